@@ -1,0 +1,58 @@
+// The operations the saver core needs from the memory system, with two implementations:
+// CUDA virtual memory management (backend_cuda.cpp) and a host one built on Linux
+// primitives (backend_host.cpp) that behaves the same way, so the core runs under test
+// on machines without a GPU.
+//
+// Life of an allocation: reserve a VA range, create physical memory, map it into the
+// range, set access. Pause: copy out (optional), unmap, release physical. Resume: create,
+// map, set access, copy in. The VA range is only given back by free_reservation.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "status.h"
+
+namespace tmsl {
+
+using PhysicalHandle = uint64_t;
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+
+  // Size every reservation and physical allocation on `device` is a multiple of.
+  virtual Status granularity(int device, size_t* out) = 0;
+
+  virtual Status reserve(int device, size_t size, size_t alignment, uintptr_t* va) = 0;
+  virtual Status free_reservation(int device, uintptr_t va, size_t size) = 0;
+
+  // Fails with Code::kOutOfMemory when the device has no room.
+  virtual Status create_physical(int device, size_t size, PhysicalHandle* out) = 0;
+  virtual Status release_physical(int device, PhysicalHandle handle, size_t size) = 0;
+
+  virtual Status map(int device, uintptr_t va, size_t size, PhysicalHandle handle) = 0;
+  virtual Status unmap(int device, uintptr_t va, size_t size) = 0;
+  virtual Status set_access(int device, uintptr_t va, size_t size) = 0;
+
+  // Synchronous copies between mapped memory and ordinary host memory.
+  virtual Status copy_to_host(int device, void* dst, uintptr_t src, size_t size) = 0;
+  virtual Status copy_from_host(int device, uintptr_t dst, const void* src, size_t size) = 0;
+
+  // Waits for all outstanding work on the device, or on one stream of it.
+  virtual Status synchronize_device(int device) = 0;
+  virtual Status synchronize_stream(int device, void* stream) = 0;
+
+  virtual Status memory_info(int device, size_t* free_bytes, size_t* total_bytes) = 0;
+};
+
+// Opens the CUDA driver (libcuda.so.1, or $TMSL_CUDA_DRIVER_LIBRARY) at run time.
+// Fails with Code::kNoDriver where there is none.
+Status make_cuda_backend(std::unique_ptr<Backend>* out);
+
+// capacity_bytes == 0 means no limit beyond the machine's own.
+std::unique_ptr<Backend> make_host_backend(size_t capacity_bytes, size_t granularity_bytes);
+
+}  // namespace tmsl

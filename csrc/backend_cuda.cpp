@@ -1,0 +1,288 @@
+// CUDA backend: the driver's virtual memory management API, opened at run time.
+//
+// The library links neither libcuda nor libcudart: it dlopen()s libcuda.so.1 when the
+// backend is first created and resolves each entry point with cuGetProcAddress at the
+// CUDA 12.0 ABI, so one binary loads on machines without a GPU and works with drivers
+// and torch builds of CUDA 12 and 13 alike.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <vector>
+
+#include "backend.h"
+
+namespace tmsl {
+namespace {
+
+// The ABI version every entry point is requested at; its signatures are the ones below.
+constexpr int kDriverAbiVersion = 12000;
+
+struct DriverApi {
+  PFN_cuGetErrorName_v6000 cuGetErrorName = nullptr;
+  PFN_cuGetErrorString_v6000 cuGetErrorString = nullptr;
+  PFN_cuInit_v2000 cuInit = nullptr;
+  PFN_cuDeviceGetCount_v2000 cuDeviceGetCount = nullptr;
+  PFN_cuDeviceGet_v2000 cuDeviceGet = nullptr;
+  PFN_cuDeviceGetAttribute_v2000 cuDeviceGetAttribute = nullptr;
+  PFN_cuDevicePrimaryCtxRetain_v7000 cuDevicePrimaryCtxRetain = nullptr;
+  PFN_cuCtxPushCurrent_v4000 cuCtxPushCurrent = nullptr;
+  PFN_cuCtxPopCurrent_v4000 cuCtxPopCurrent = nullptr;
+  PFN_cuCtxSynchronize_v2000 cuCtxSynchronize = nullptr;
+  PFN_cuStreamSynchronize_v2000 cuStreamSynchronize = nullptr;
+  PFN_cuMemGetInfo_v3020 cuMemGetInfo = nullptr;
+  PFN_cuMemGetAllocationGranularity_v10020 cuMemGetAllocationGranularity = nullptr;
+  PFN_cuMemAddressReserve_v10020 cuMemAddressReserve = nullptr;
+  PFN_cuMemAddressFree_v10020 cuMemAddressFree = nullptr;
+  PFN_cuMemCreate_v10020 cuMemCreate = nullptr;
+  PFN_cuMemRelease_v10020 cuMemRelease = nullptr;
+  PFN_cuMemMap_v10020 cuMemMap = nullptr;
+  PFN_cuMemUnmap_v10020 cuMemUnmap = nullptr;
+  PFN_cuMemSetAccess_v10020 cuMemSetAccess = nullptr;
+  PFN_cuMemcpyDtoH_v3020 cuMemcpyDtoH = nullptr;
+  PFN_cuMemcpyHtoD_v3020 cuMemcpyHtoD = nullptr;
+};
+
+Status load_driver(DriverApi* api) {
+  const char* path = getenv("TMSL_CUDA_DRIVER_LIBRARY");
+  if (path == nullptr || *path == '\0') path = "libcuda.so.1";
+  void* lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    const char* why = dlerror();
+    return Status::Error(Code::kNoDriver, std::string("no CUDA driver: cannot load ") + path +
+                                              " (" + (why ? why : "unknown reason") +
+                                              "); install the NVIDIA driver or run on a GPU machine");
+  }
+  auto get_proc = reinterpret_cast<PFN_cuGetProcAddress_v12000>(dlsym(lib, "cuGetProcAddress_v2"));
+  if (get_proc == nullptr) {
+    return Status::Error(Code::kNoDriver,
+                         "the CUDA driver is too old: cuGetProcAddress_v2 is missing; a driver "
+                         "for CUDA 12.0 or newer is needed");
+  }
+  std::string missing;
+  auto resolve = [&](const char* symbol, auto* field) {
+    void* fn = nullptr;
+    CUdriverProcAddressQueryResult found;
+    if (get_proc(symbol, &fn, kDriverAbiVersion, CU_GET_PROC_ADDRESS_DEFAULT, &found) !=
+            CUDA_SUCCESS ||
+        fn == nullptr) {
+      missing += std::string(missing.empty() ? "" : ", ") + symbol;
+    }
+    *field = reinterpret_cast<std::remove_reference_t<decltype(*field)>>(fn);
+  };
+  resolve("cuGetErrorName", &api->cuGetErrorName);
+  resolve("cuGetErrorString", &api->cuGetErrorString);
+  resolve("cuInit", &api->cuInit);
+  resolve("cuDeviceGetCount", &api->cuDeviceGetCount);
+  resolve("cuDeviceGet", &api->cuDeviceGet);
+  resolve("cuDeviceGetAttribute", &api->cuDeviceGetAttribute);
+  resolve("cuDevicePrimaryCtxRetain", &api->cuDevicePrimaryCtxRetain);
+  resolve("cuCtxPushCurrent", &api->cuCtxPushCurrent);
+  resolve("cuCtxPopCurrent", &api->cuCtxPopCurrent);
+  resolve("cuCtxSynchronize", &api->cuCtxSynchronize);
+  resolve("cuStreamSynchronize", &api->cuStreamSynchronize);
+  resolve("cuMemGetInfo", &api->cuMemGetInfo);
+  resolve("cuMemGetAllocationGranularity", &api->cuMemGetAllocationGranularity);
+  resolve("cuMemAddressReserve", &api->cuMemAddressReserve);
+  resolve("cuMemAddressFree", &api->cuMemAddressFree);
+  resolve("cuMemCreate", &api->cuMemCreate);
+  resolve("cuMemRelease", &api->cuMemRelease);
+  resolve("cuMemMap", &api->cuMemMap);
+  resolve("cuMemUnmap", &api->cuMemUnmap);
+  resolve("cuMemSetAccess", &api->cuMemSetAccess);
+  resolve("cuMemcpyDtoH", &api->cuMemcpyDtoH);
+  resolve("cuMemcpyHtoD", &api->cuMemcpyHtoD);
+  if (!missing.empty()) {
+    return Status::Error(Code::kNoDriver, "the CUDA driver lacks entry points: " + missing);
+  }
+  return Status::Ok();
+}
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const DriverApi& api) : api_(api) {}
+
+  Status init() {
+    Status s = check(api_.cuInit(0), "cuInit");
+    if (!s.ok()) return s;
+    int count = 0;
+    s = check(api_.cuDeviceGetCount(&count), "cuDeviceGetCount");
+    if (!s.ok()) return s;
+    devices_.resize(static_cast<size_t>(count));
+    return Status::Ok();
+  }
+
+  const char* name() const override { return "cuda"; }
+
+  Status granularity(int device, size_t* out) override {
+    Status s = device_state(device);
+    if (s.ok()) *out = devices_[device].granularity;
+    return s;
+  }
+
+  Status reserve(int device, size_t size, size_t alignment, uintptr_t* va) override {
+    return in_context(device, [&] {
+      CUdeviceptr ptr = 0;
+      Status s = check(api_.cuMemAddressReserve(&ptr, size, alignment, 0, 0),
+                       "cuMemAddressReserve(" + format_bytes(size) + ")");
+      *va = static_cast<uintptr_t>(ptr);
+      return s;
+    });
+  }
+
+  Status free_reservation(int device, uintptr_t va, size_t size) override {
+    return in_context(device,
+                      [&] { return check(api_.cuMemAddressFree(va, size), "cuMemAddressFree"); });
+  }
+
+  Status create_physical(int device, size_t size, PhysicalHandle* out) override {
+    return in_context(device, [&] {
+      CUmemAllocationProp prop = allocation_prop(device);
+      CUmemGenericAllocationHandle handle = 0;
+      Status s = check(api_.cuMemCreate(&handle, size, &prop, 0),
+                       "cuMemCreate(" + format_bytes(size) + " on device " +
+                           std::to_string(device) + ")");
+      *out = static_cast<PhysicalHandle>(handle);
+      return s;
+    });
+  }
+
+  Status release_physical(int device, PhysicalHandle handle, size_t) override {
+    return in_context(device, [&] { return check(api_.cuMemRelease(handle), "cuMemRelease"); });
+  }
+
+  Status map(int device, uintptr_t va, size_t size, PhysicalHandle handle) override {
+    return in_context(device,
+                      [&] { return check(api_.cuMemMap(va, size, 0, handle, 0), "cuMemMap"); });
+  }
+
+  Status unmap(int device, uintptr_t va, size_t size) override {
+    return in_context(device, [&] { return check(api_.cuMemUnmap(va, size), "cuMemUnmap"); });
+  }
+
+  Status set_access(int device, uintptr_t va, size_t size) override {
+    return in_context(device, [&] {
+      CUmemAccessDesc desc = {};
+      desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      desc.location.id = device;
+      desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      return check(api_.cuMemSetAccess(va, size, &desc, 1), "cuMemSetAccess");
+    });
+  }
+
+  Status copy_to_host(int device, void* dst, uintptr_t src, size_t size) override {
+    return in_context(device,
+                      [&] { return check(api_.cuMemcpyDtoH(dst, src, size), "cuMemcpyDtoH"); });
+  }
+
+  Status copy_from_host(int device, uintptr_t dst, const void* src, size_t size) override {
+    return in_context(device,
+                      [&] { return check(api_.cuMemcpyHtoD(dst, src, size), "cuMemcpyHtoD"); });
+  }
+
+  Status synchronize_device(int device) override {
+    return in_context(device, [&] { return check(api_.cuCtxSynchronize(), "cuCtxSynchronize"); });
+  }
+
+  Status synchronize_stream(int device, void* stream) override {
+    return in_context(device, [&] {
+      return check(api_.cuStreamSynchronize(static_cast<CUstream>(stream)), "cuStreamSynchronize");
+    });
+  }
+
+  Status memory_info(int device, size_t* free_bytes, size_t* total_bytes) override {
+    return in_context(device,
+                      [&] { return check(api_.cuMemGetInfo(free_bytes, total_bytes), "cuMemGetInfo"); });
+  }
+
+ private:
+  struct DeviceState {
+    CUcontext context = nullptr;  // the primary context, retained for the process lifetime
+    size_t granularity = 0;
+  };
+
+  static CUmemAllocationProp allocation_prop(int device) {
+    CUmemAllocationProp prop = {};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = device;
+    return prop;
+  }
+
+  Status check(CUresult result, const std::string& what) const {
+    if (result == CUDA_SUCCESS) return Status::Ok();
+    const char* name = nullptr;
+    const char* text = nullptr;
+    api_.cuGetErrorName(result, &name);
+    api_.cuGetErrorString(result, &text);
+    std::string message = what + " failed: " + (name ? name : "CUDA error " + std::to_string(result)) +
+                          (text ? std::string(" (") + text + ")" : "");
+    return Status::Error(result == CUDA_ERROR_OUT_OF_MEMORY ? Code::kOutOfMemory : Code::kDriverError,
+                         message);
+  }
+
+  // Retains the device's primary context (the one torch and the runtime use) and checks
+  // that it supports virtual memory management, once per device.
+  Status device_state(int device) {
+    if (device < 0 || static_cast<size_t>(device) >= devices_.size()) {
+      return Status::Error(Code::kInvalidArgument,
+                           "device " + std::to_string(device) + " does not exist (" +
+                               std::to_string(devices_.size()) + " CUDA devices visible)");
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    DeviceState& state = devices_[device];
+    if (state.context != nullptr) return Status::Ok();
+    CUdevice dev = 0;
+    Status s = check(api_.cuDeviceGet(&dev, device), "cuDeviceGet");
+    if (!s.ok()) return s;
+    int vmm = 0;
+    s = check(api_.cuDeviceGetAttribute(
+                  &vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev),
+              "cuDeviceGetAttribute");
+    if (!s.ok()) return s;
+    if (!vmm) {
+      return Status::Error(Code::kDriverError, "device " + std::to_string(device) +
+                                                   " does not support CUDA virtual memory management");
+    }
+    CUmemAllocationProp prop = allocation_prop(device);
+    s = check(api_.cuMemGetAllocationGranularity(&state.granularity, &prop,
+                                                 CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+              "cuMemGetAllocationGranularity");
+    if (!s.ok()) return s;
+    return check(api_.cuDevicePrimaryCtxRetain(&state.context, dev), "cuDevicePrimaryCtxRetain");
+  }
+
+  // Runs `body` with the device's primary context current, and restores the caller's.
+  template <typename Body>
+  Status in_context(int device, Body&& body) {
+    Status s = device_state(device);
+    if (!s.ok()) return s;
+    s = check(api_.cuCtxPushCurrent(devices_[device].context), "cuCtxPushCurrent");
+    if (!s.ok()) return s;
+    s = body();
+    CUcontext popped = nullptr;
+    api_.cuCtxPopCurrent(&popped);
+    return s;
+  }
+
+  const DriverApi api_;
+  std::mutex mu_;
+  std::vector<DeviceState> devices_;
+};
+
+}  // namespace
+
+Status make_cuda_backend(std::unique_ptr<Backend>* out) {
+  DriverApi api;
+  Status s = load_driver(&api);
+  if (!s.ok()) return s;
+  auto backend = std::make_unique<CudaBackend>(api);
+  s = backend->init();
+  if (!s.ok()) return s;
+  *out = std::move(backend);
+  return Status::Ok();
+}
+
+}  // namespace tmsl

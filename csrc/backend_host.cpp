@@ -1,0 +1,149 @@
+// Host backend: the CUDA VMM life cycle on Linux primitives.
+//   reserve          mmap(PROT_NONE) of anonymous memory
+//   create_physical  memfd_create + ftruncate (pages come into being when first touched)
+//   map              mmap(MAP_FIXED | MAP_SHARED) of the memfd over the reserved range,
+//                    PROT_NONE until set_access, like cuMemMap before cuMemSetAccess
+//   unmap            map PROT_NONE anonymous memory over the range again: the VA stays taken
+//   release          close(fd): with no mapping left the kernel frees the pages
+// So a pause really gives pages back, and a resume really gets fresh zero pages at the
+// same address. An optional capacity makes create_physical fail like a full GPU.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+
+#include "backend.h"
+
+namespace tmsl {
+namespace {
+
+class HostBackend final : public Backend {
+ public:
+  HostBackend(size_t capacity, size_t granularity)
+      : capacity_(capacity), granularity_(granularity) {}
+
+  const char* name() const override { return "host"; }
+
+  Status granularity(int device, size_t* out) override {
+    if (device < 0) return Status::Error(Code::kInvalidArgument, "device must be >= 0");
+    *out = granularity_;
+    return Status::Ok();
+  }
+
+  Status reserve(int, size_t size, size_t alignment, uintptr_t* va) override {
+    // Over-reserve so the start can be aligned, then trim both ends.
+    size_t span = size + alignment;
+    void* p = mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return errno_status("mmap(reserve " + format_bytes(size) + ")", errno);
+    uintptr_t start = reinterpret_cast<uintptr_t>(p);
+    uintptr_t aligned = (start + alignment - 1) / alignment * alignment;
+    if (aligned > start) munmap(p, aligned - start);
+    uintptr_t end = start + span, aligned_end = aligned + size;
+    if (end > aligned_end) munmap(reinterpret_cast<void*>(aligned_end), end - aligned_end);
+    *va = aligned;
+    return Status::Ok();
+  }
+
+  Status free_reservation(int, uintptr_t va, size_t size) override {
+    if (munmap(reinterpret_cast<void*>(va), size) != 0) return errno_status("munmap", errno);
+    return Status::Ok();
+  }
+
+  Status create_physical(int device, size_t size, PhysicalHandle* out) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (capacity_ != 0 && used_ + size > capacity_) {
+        Status s = Status::Error(
+            Code::kOutOfMemory, "host backend capacity reached on device " + std::to_string(device) +
+                                    ": " + format_bytes(size) + " requested, " +
+                                    format_bytes(capacity_ - used_) + " free");
+        return s;
+      }
+      used_ += size;
+    }
+    int fd = memfd_create("tmsl", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, static_cast<off_t>(size)) != 0) {
+      Status s = errno_status("memfd_create/ftruncate " + format_bytes(size), errno);
+      if (fd >= 0) close(fd);
+      give_back(size);
+      return s;
+    }
+    *out = static_cast<PhysicalHandle>(fd);
+    return Status::Ok();
+  }
+
+  Status release_physical(int, PhysicalHandle handle, size_t size) override {
+    int rc = close(static_cast<int>(handle));
+    give_back(size);
+    if (rc != 0) return errno_status("close(memfd)", errno);
+    return Status::Ok();
+  }
+
+  Status map(int, uintptr_t va, size_t size, PhysicalHandle handle) override {
+    void* p = mmap(reinterpret_cast<void*>(va), size, PROT_NONE, MAP_SHARED | MAP_FIXED,
+                   static_cast<int>(handle), 0);
+    if (p == MAP_FAILED) return errno_status("mmap(map memfd)", errno);
+    return Status::Ok();
+  }
+
+  Status unmap(int, uintptr_t va, size_t size) override {
+    void* p = mmap(reinterpret_cast<void*>(va), size, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return errno_status("mmap(unmap)", errno);
+    return Status::Ok();
+  }
+
+  Status set_access(int, uintptr_t va, size_t size) override {
+    if (mprotect(reinterpret_cast<void*>(va), size, PROT_READ | PROT_WRITE) != 0)
+      return errno_status("mprotect", errno);
+    return Status::Ok();
+  }
+
+  Status copy_to_host(int, void* dst, uintptr_t src, size_t size) override {
+    memcpy(dst, reinterpret_cast<const void*>(src), size);
+    return Status::Ok();
+  }
+
+  Status copy_from_host(int, uintptr_t dst, const void* src, size_t size) override {
+    memcpy(reinterpret_cast<void*>(dst), src, size);
+    return Status::Ok();
+  }
+
+  Status synchronize_device(int) override { return Status::Ok(); }
+  Status synchronize_stream(int, void*) override { return Status::Ok(); }
+
+  Status memory_info(int, size_t* free_bytes, size_t* total_bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (capacity_ == 0) {
+      long pages = sysconf(_SC_AVPHYS_PAGES), total = sysconf(_SC_PHYS_PAGES);
+      long page = sysconf(_SC_PAGESIZE);
+      *free_bytes = static_cast<size_t>(pages) * static_cast<size_t>(page);
+      *total_bytes = static_cast<size_t>(total) * static_cast<size_t>(page);
+    } else {
+      *free_bytes = capacity_ - used_;
+      *total_bytes = capacity_;
+    }
+    return Status::Ok();
+  }
+
+ private:
+  void give_back(size_t size) {
+    std::lock_guard<std::mutex> lock(mu_);
+    used_ -= size;
+  }
+
+  const size_t capacity_;
+  const size_t granularity_;
+  std::mutex mu_;
+  size_t used_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_host_backend(size_t capacity_bytes, size_t granularity_bytes) {
+  return std::make_unique<HostBackend>(capacity_bytes, granularity_bytes);
+}
+
+}  // namespace tmsl

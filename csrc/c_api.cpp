@@ -1,0 +1,189 @@
+#include "c_api.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <exception>
+#include <new>
+
+#include "registry.h"
+
+using namespace tmsl;
+
+namespace {
+
+// Runs `body`, turning a failed Status or any C++ exception into the thread's last error
+// and a status code: nothing escapes into the caller's C frames.
+template <typename Body>
+int guarded(Body&& body) {
+  Status s;
+  try {
+    s = body();
+  } catch (const std::bad_alloc&) {
+    s = Status::Error(Code::kOutOfMemory, "out of host memory for bookkeeping");
+  } catch (const std::exception& e) {
+    s = Status::Error(Code::kHostError, std::string("internal error: ") + e.what());
+  } catch (...) {
+    s = Status::Error(Code::kHostError, "internal error");
+  }
+  if (!s.ok()) set_last_error(s);
+  return static_cast<int>(s.code);
+}
+
+Status live_saver(void* handle, Saver** out) {
+  auto* saver = static_cast<Saver*>(handle);
+  if (saver == nullptr || !is_live(saver)) {
+    return Status::Error(Code::kInvalidArgument, "invalid or destroyed saver handle");
+  }
+  *out = saver;
+  return Status::Ok();
+}
+
+Status tag_selection(const char* const* tags, int ntags, TagSelection* out) {
+  out->all = ntags < 0;
+  for (int i = 0; i < ntags; ++i) {
+    if (tags[i] == nullptr) return Status::Error(Code::kInvalidArgument, "tag must not be NULL");
+    out->tags.insert(tags[i]);
+  }
+  return Status::Ok();
+}
+
+Status require(bool condition, const char* message) {
+  return condition ? Status::Ok() : Status::Error(Code::kInvalidArgument, message);
+}
+
+}  // namespace
+
+TMSL_API int tmsl_default_saver(void** out) {
+  return guarded([&] {
+    Saver* saver = nullptr;
+    Status s = default_saver(&saver);
+    *out = saver;
+    return s;
+  });
+}
+
+TMSL_API int tmsl_create_host_saver(size_t capacity_bytes, size_t granularity_bytes, void** out) {
+  return guarded([&] {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    Status s = require(granularity_bytes > 0 && granularity_bytes % page == 0,
+                       "host granularity must be a positive multiple of the page size");
+    if (!s.ok()) return s;
+    *out = add_saver(std::make_unique<Saver>(make_host_backend(capacity_bytes, granularity_bytes)));
+    return Status::Ok();
+  });
+}
+
+TMSL_API int tmsl_destroy_saver(void* handle) {
+  return guarded([&] { return remove_saver(static_cast<Saver*>(handle)); });
+}
+
+TMSL_API int tmsl_set_thread_region(void* handle, const char* tag, int enable_cpu_backup) {
+  return guarded([&] {
+    ThreadRegion& region = thread_region();
+    if (handle == nullptr) {
+      region = ThreadRegion();
+      return Status::Ok();
+    }
+    Saver* saver = nullptr;
+    Status s = live_saver(handle, &saver);
+    if (s.ok()) s = require(tag != nullptr && *tag != '\0', "tag must be a non-empty string");
+    if (!s.ok()) return s;
+    region.saver = saver;
+    region.tag = tag;
+    region.backup = enable_cpu_backup != 0;
+    return Status::Ok();
+  });
+}
+
+TMSL_API int tmsl_malloc(void* handle, size_t size, int device, const char* tag,
+                         int enable_cpu_backup, void** out) {
+  return guarded([&] {
+    Saver* saver = nullptr;
+    Status s = live_saver(handle, &saver);
+    if (s.ok()) s = require(tag != nullptr && *tag != '\0', "tag must be a non-empty string");
+    if (!s.ok()) return s;
+    uintptr_t va = 0;
+    s = saver->allocate(size, device, tag, enable_cpu_backup != 0, &va);
+    *out = reinterpret_cast<void*>(va);
+    return s;
+  });
+}
+
+TMSL_API int tmsl_free(void* handle, void* ptr, void* stream) {
+  return guarded([&] {
+    Saver* saver = nullptr;
+    Status s = live_saver(handle, &saver);
+    if (!s.ok()) return s;
+    return saver->free(reinterpret_cast<uintptr_t>(ptr), stream);
+  });
+}
+
+TMSL_API int tmsl_pause(void* handle, const char* const* tags, int ntags) {
+  return guarded([&] {
+    Saver* saver = nullptr;
+    TagSelection selection;
+    Status s = live_saver(handle, &saver);
+    if (s.ok()) s = tag_selection(tags, ntags, &selection);
+    return s.ok() ? saver->pause(selection) : s;
+  });
+}
+
+TMSL_API int tmsl_resume(void* handle, const char* const* tags, int ntags) {
+  return guarded([&] {
+    Saver* saver = nullptr;
+    TagSelection selection;
+    Status s = live_saver(handle, &saver);
+    if (s.ok()) s = tag_selection(tags, ntags, &selection);
+    return s.ok() ? saver->resume(selection) : s;
+  });
+}
+
+TMSL_API int tmsl_stats_json(void* handle, char* buf, size_t capacity, size_t* length) {
+  return guarded([&] {
+    Saver* saver = nullptr;
+    Status s = live_saver(handle, &saver);
+    if (!s.ok()) return s;
+    std::string json = saver->stats_json();
+    *length = json.size();
+    if (buf != nullptr && capacity > json.size()) memcpy(buf, json.c_str(), json.size() + 1);
+    return Status::Ok();
+  });
+}
+
+TMSL_API int tmsl_find_backup(void* handle, const void* ptr, size_t nbytes, const void** host) {
+  return guarded([&] {
+    Saver* saver = nullptr;
+    Status s = live_saver(handle, &saver);
+    return s.ok() ? saver->find_backup(reinterpret_cast<uintptr_t>(ptr), nbytes, host) : s;
+  });
+}
+
+TMSL_API int tmsl_memory_info(void* handle, int device, size_t* free_bytes, size_t* total_bytes) {
+  return guarded([&] {
+    Saver* saver = nullptr;
+    Status s = live_saver(handle, &saver);
+    return s.ok() ? saver->backend().memory_info(device, free_bytes, total_bytes) : s;
+  });
+}
+
+TMSL_API int tmsl_granularity(void* handle, int device, size_t* out) {
+  return guarded([&] {
+    Saver* saver = nullptr;
+    Status s = live_saver(handle, &saver);
+    return s.ok() ? saver->backend().granularity(device, out) : s;
+  });
+}
+
+TMSL_API int tmsl_last_error_code(void) { return static_cast<int>(last_error().code); }
+
+TMSL_API const char* tmsl_last_error_message(void) { return last_error().message.c_str(); }
+
+TMSL_API void tmsl_last_error_oom(const char** tag, size_t* bytes_needed, size_t* bytes_free,
+                                  int* device) {
+  const OomDetail& oom = last_error().oom;
+  *tag = oom.tag.c_str();
+  *bytes_needed = oom.bytes_needed;
+  *bytes_free = oom.bytes_free;
+  *device = oom.device;
+}

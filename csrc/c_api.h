@@ -1,0 +1,34 @@
+// The C ABI the Python package calls through ctypes. Every function returns a status
+// code (0 = success, else a tmsl::Code); the message and, for out-of-memory, the figures
+// of the last failure on the calling thread are read with tmsl_last_error_*.
+#pragma once
+
+#include <cstddef>
+
+#define TMSL_API extern "C" __attribute__((visibility("default")))
+
+TMSL_API int tmsl_default_saver(void** out);
+TMSL_API int tmsl_create_host_saver(size_t capacity_bytes, size_t granularity_bytes, void** out);
+TMSL_API int tmsl_destroy_saver(void* saver);
+
+// saver == NULL: the thread leaves its region (the hooks no longer route its allocations).
+TMSL_API int tmsl_set_thread_region(void* saver, const char* tag, int enable_cpu_backup);
+
+TMSL_API int tmsl_malloc(void* saver, size_t size, int device, const char* tag,
+                         int enable_cpu_backup, void** out);
+TMSL_API int tmsl_free(void* saver, void* ptr, void* stream);
+// ntags < 0: every tag.
+TMSL_API int tmsl_pause(void* saver, const char* const* tags, int ntags);
+TMSL_API int tmsl_resume(void* saver, const char* const* tags, int ntags);
+
+// Writes up to `capacity` bytes of JSON (NUL-terminated when it fits); *length is the
+// full length without the NUL, so a caller can retry with a larger buffer.
+TMSL_API int tmsl_stats_json(void* saver, char* buf, size_t capacity, size_t* length);
+TMSL_API int tmsl_find_backup(void* saver, const void* ptr, size_t nbytes, const void** host);
+TMSL_API int tmsl_memory_info(void* saver, int device, size_t* free_bytes, size_t* total_bytes);
+TMSL_API int tmsl_granularity(void* saver, int device, size_t* out);
+
+TMSL_API int tmsl_last_error_code(void);
+TMSL_API const char* tmsl_last_error_message(void);
+TMSL_API void tmsl_last_error_oom(const char** tag, size_t* bytes_needed, size_t* bytes_free,
+                                  int* device);

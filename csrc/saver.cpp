@@ -1,0 +1,341 @@
+#include "saver.h"
+
+#include <cstdio>
+
+namespace tmsl {
+namespace {
+
+Status with_context(Status s, const std::string& context) {
+  if (!s.ok()) s.message = context + ": " + s.message;
+  return s;
+}
+
+std::string json_string(const std::string& text) {
+  std::string out = "\"";
+  for (unsigned char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20) {
+      char buf[8];
+      snprintf(buf, sizeof(buf), "\\u%04x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+Saver::Saver(std::unique_ptr<Backend> backend) : backend_(std::move(backend)) {}
+
+Saver::~Saver() {
+  for (auto& entry : table_) {
+    Allocation& a = *entry.second;
+    if (a.state == State::kActive) {
+      backend_->unmap(a.device, a.va, a.size);
+      backend_->release_physical(a.device, a.physical, a.size);
+    }
+    backend_->free_reservation(a.device, a.va, a.size);
+  }
+}
+
+Status Saver::allocate(size_t size, int device, const std::string& tag, bool backup,
+                       uintptr_t* va) {
+  if (size == 0) return Status::Error(Code::kInvalidArgument, "allocation size must be > 0");
+  const std::string where = "allocating " + format_bytes(size) + " in region '" + tag +
+                            "' on device " + std::to_string(device);
+  size_t granularity = 0;
+  Status s = backend_->granularity(device, &granularity);
+  if (!s.ok()) return with_context(s, where);
+  if (size > SIZE_MAX - granularity) {
+    return Status::Error(Code::kInvalidArgument, where + ": size too large");
+  }
+  const size_t rounded = (size + granularity - 1) / granularity * granularity;
+
+  uintptr_t address = 0;
+  s = backend_->reserve(device, rounded, granularity, &address);
+  if (!s.ok()) return with_context(s, where);
+  PhysicalHandle physical = 0;
+  s = backend_->create_physical(device, rounded, &physical);
+  if (!s.ok()) {
+    backend_->free_reservation(device, address, rounded);
+    if (s.code == Code::kOutOfMemory) {
+      size_t free_bytes = 0, total = 0;
+      backend_->memory_info(device, &free_bytes, &total);
+      s.oom = {tag, rounded, free_bytes, device};
+      s.message += "; " + format_bytes(free_bytes) + " free";
+    }
+    return with_context(s, where);
+  }
+  s = backend_->map(device, address, rounded, physical);
+  if (s.ok()) {
+    s = backend_->set_access(device, address, rounded);
+    if (!s.ok()) backend_->unmap(device, address, rounded);
+  }
+  if (!s.ok()) {
+    backend_->release_physical(device, physical, rounded);
+    backend_->free_reservation(device, address, rounded);
+    return with_context(s, where);
+  }
+
+  auto a = std::make_unique<Allocation>();
+  a->va = address;
+  a->size = rounded;
+  a->device = device;
+  a->tag = tag;
+  a->backup = backup;
+  a->physical = physical;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    table_[address] = std::move(a);
+  }
+  *va = address;
+  return Status::Ok();
+}
+
+Status Saver::free(uintptr_t va, void* stream) {
+  std::unique_ptr<Allocation> a;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      auto it = table_.find(va);
+      if (it == table_.end()) {
+        return Status::Error(Code::kInvalidArgument,
+                             "free of " + format_address(va) +
+                                 ": not an allocation of torch_mem_saver_lite (freed twice, or "
+                                 "made by another allocator)");
+      }
+      State state = it->second->state;
+      if (state == State::kActive || state == State::kPaused) {
+        a = std::move(it->second);
+        table_.erase(it);
+        break;
+      }
+      settled_.wait(lock);  // a pause or resume is working on it
+    }
+  }
+  Status first;
+  auto keep_first = [&first](Status s) {
+    if (first.ok() && !s.ok()) first = std::move(s);
+  };
+  if (a->state == State::kActive) {
+    // Work queued on the stream may still use the memory; other streams are the caller's
+    // business (torch waits for their events before it frees a block).
+    keep_first(backend_->synchronize_stream(a->device, stream));
+    keep_first(backend_->unmap(a->device, a->va, a->size));
+    keep_first(backend_->release_physical(a->device, a->physical, a->size));
+  }
+  keep_first(backend_->free_reservation(a->device, a->va, a->size));
+  return with_context(first, "freeing " + format_address(va) + " (region '" + a->tag + "')");
+}
+
+std::vector<Saver::Allocation*> Saver::claim(const TagSelection& selection, State from,
+                                             State to) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Allocation*> batch;
+  for (auto& entry : table_) {
+    Allocation& a = *entry.second;
+    if (a.state == from && selection.matches(a.tag)) {
+      a.state = to;
+      batch.push_back(&a);
+    }
+  }
+  return batch;
+}
+
+void Saver::settle(const std::vector<Allocation*>& batch, size_t done, State done_state,
+                   State rest_state, bool drop_backups) {
+  std::vector<std::unique_ptr<HostBuffer>> dropped;  // freed after the lock is released
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      Allocation& a = *batch[i];
+      a.state = i < done ? done_state : rest_state;
+      if (i < done && drop_backups && a.host_copy) dropped.push_back(std::move(a.host_copy));
+    }
+  }
+  settled_.notify_all();
+}
+
+Status Saver::synchronize_devices(const std::vector<Allocation*>& batch) {
+  std::set<int> devices;
+  for (const Allocation* a : batch) devices.insert(a->device);
+  for (int device : devices) {
+    Status s = backend_->synchronize_device(device);
+    if (!s.ok()) return with_context(s, "waiting for device " + std::to_string(device));
+  }
+  return Status::Ok();
+}
+
+Status Saver::pause(const TagSelection& selection) {
+  std::lock_guard<std::mutex> op(op_mu_);
+  std::vector<Allocation*> batch = claim(selection, State::kActive, State::kPausing);
+  if (batch.empty()) return Status::Ok();
+  // Kernels still queued may read or write these pages.
+  Status s = synchronize_devices(batch);
+  size_t done = 0;
+  while (s.ok() && done < batch.size()) {
+    bool unmapped = false;
+    s = pause_one(*batch[done], &unmapped);
+    if (s.ok() || unmapped) ++done;
+  }
+  settle(batch, done, State::kPaused, State::kActive, false);
+  return s;
+}
+
+Status Saver::pause_one(Allocation& a, bool* unmapped) {
+  const std::string where = "pausing region '" + a.tag + "' (" + format_bytes(a.size) + " at " +
+                            format_address(a.va) + " on device " + std::to_string(a.device) + ")";
+  if (a.backup) {
+    std::unique_ptr<HostBuffer> copy;
+    Status s = HostBuffer::allocate(a.size, &copy);
+    if (s.ok()) s = backend_->copy_to_host(a.device, copy->data(), a.va, a.size);
+    if (!s.ok()) return with_context(s, where + "; it stays resident with its content");
+    a.host_copy = std::move(copy);
+  }
+  Status s = backend_->unmap(a.device, a.va, a.size);
+  if (!s.ok()) {
+    a.host_copy.reset();
+    return with_context(s, where + "; it stays resident with its content");
+  }
+  *unmapped = true;
+  s = backend_->release_physical(a.device, a.physical, a.size);
+  a.physical = 0;
+  return with_context(s, where);
+}
+
+Status Saver::resume(const TagSelection& selection) {
+  std::lock_guard<std::mutex> op(op_mu_);
+  std::vector<Allocation*> batch = claim(selection, State::kPaused, State::kResuming);
+  if (batch.empty()) return Status::Ok();
+  size_t done = 0;
+  Status s;
+  while (s.ok() && done < batch.size()) {
+    s = resume_one(*batch[done]);
+    if (s.ok()) ++done;
+  }
+  // Copies from pageable host memory may still be in flight when they return.
+  if (s.ok()) s = synchronize_devices(batch);
+  if (!s.ok()) {
+    for (size_t i = 0; i < done; ++i) {
+      Allocation& a = *batch[i];
+      backend_->unmap(a.device, a.va, a.size);
+      backend_->release_physical(a.device, a.physical, a.size);
+      a.physical = 0;
+    }
+    if (s.code == Code::kOutOfMemory && done < batch.size()) {
+      s = out_of_memory_on_resume(batch, *batch[done], s);
+    }
+    settle(batch, 0, State::kActive, State::kPaused, false);
+    return s;
+  }
+  settle(batch, batch.size(), State::kActive, State::kPaused, true);
+  return Status::Ok();
+}
+
+Status Saver::resume_one(Allocation& a) {
+  PhysicalHandle physical = 0;
+  Status s = backend_->create_physical(a.device, a.size, &physical);
+  if (!s.ok()) return s;
+  s = backend_->map(a.device, a.va, a.size, physical);
+  if (s.ok()) {
+    s = backend_->set_access(a.device, a.va, a.size);
+    if (s.ok() && a.host_copy) {
+      s = backend_->copy_from_host(a.device, a.va, a.host_copy->data(), a.size);
+    }
+    if (!s.ok()) backend_->unmap(a.device, a.va, a.size);
+  }
+  if (!s.ok()) {
+    backend_->release_physical(a.device, physical, a.size);
+    return with_context(s, "resuming region '" + a.tag + "' at " + format_address(a.va));
+  }
+  a.physical = physical;
+  return Status::Ok();
+}
+
+Status Saver::out_of_memory_on_resume(const std::vector<Allocation*>& batch,
+                                      const Allocation& failed, const Status& cause) {
+  size_t needed = 0;
+  for (const Allocation* a : batch) {
+    if (a->device == failed.device) needed += a->size;
+  }
+  size_t free_bytes = 0, total = 0;
+  backend_->memory_info(failed.device, &free_bytes, &total);
+  Status s = Status::Error(
+      Code::kOutOfMemory,
+      "cannot resume region '" + failed.tag + "' on device " + std::to_string(failed.device) +
+          ": this resume needs " + format_bytes(needed) + " there and " + format_bytes(free_bytes) +
+          " is free (" + cause.message + "). Everything it covered stays paused" +
+          " with its backups kept; free memory and call resume again.");
+  s.oom = {failed.tag, needed, free_bytes, failed.device};
+  return s;
+}
+
+std::string Saver::stats_json() const {
+  struct Totals {
+    size_t allocations = 0, reserved = 0, resident = 0, paused = 0, host_backup = 0;
+  };
+  std::map<std::string, Totals> per_tag;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& entry : table_) {
+      const Allocation& a = *entry.second;
+      Totals& t = per_tag[a.tag];
+      t.allocations += 1;
+      t.reserved += a.size;
+      // An allocation mid-pause still holds its memory; one mid-resume does not yet.
+      bool resident = a.state == State::kActive || a.state == State::kPausing;
+      (resident ? t.resident : t.paused) += a.size;
+      if (a.state != State::kPausing && a.host_copy) t.host_backup += a.host_copy->size();
+    }
+  }
+  std::string out = "{";
+  for (const auto& entry : per_tag) {
+    const Totals& t = entry.second;
+    if (out.size() > 1) out += ",";
+    out += json_string(entry.first) + ":{\"allocations\":" + std::to_string(t.allocations) +
+           ",\"reserved_bytes\":" + std::to_string(t.reserved) +
+           ",\"resident_bytes\":" + std::to_string(t.resident) +
+           ",\"paused_bytes\":" + std::to_string(t.paused) +
+           ",\"host_backup_bytes\":" + std::to_string(t.host_backup) + "}";
+  }
+  return out + "}";
+}
+
+const Saver::Allocation* Saver::containing(uintptr_t address) const {
+  auto it = table_.upper_bound(address);
+  if (it == table_.begin()) return nullptr;
+  --it;
+  const Allocation& a = *it->second;
+  return address < a.va + a.size ? &a : nullptr;
+}
+
+Status Saver::find_backup(uintptr_t address, size_t nbytes, const void** host) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Allocation* a = containing(address);
+  if (a == nullptr || nbytes > a->va + a->size - address) {
+    return Status::Error(Code::kInvalidArgument,
+                         "memory at " + format_address(address) +
+                             " was not allocated inside a region (or has been freed)");
+  }
+  if (!a->backup) {
+    return Status::Error(Code::kInvalidArgument,
+                         "region '" + a->tag +
+                             "' keeps no CPU backup: enter it with enable_cpu_backup=True");
+  }
+  const bool held = a->state == State::kPaused || a->state == State::kResuming;
+  *host = held && a->host_copy
+              ? static_cast<const char*>(a->host_copy->data()) + (address - a->va)
+              : nullptr;
+  return Status::Ok();
+}
+
+bool Saver::owns(uintptr_t va) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return table_.count(va) != 0;
+}
+
+}  // namespace tmsl

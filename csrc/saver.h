@@ -1,0 +1,102 @@
+// The saver core: a table of the allocations made inside regions, keyed by virtual
+// address, and the pause/resume operations over them. Backend-agnostic; thread-safe.
+//
+// Locking: `mu_` guards the table and every allocation's state; it is never held across
+// backend calls. Pause and resume run one at a time (`op_mu_`); they mark the allocations
+// they work on as pausing/resuming, and a free of such an allocation waits until the
+// operation has settled it (`settled_`). Frees and allocations of other memory proceed.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "backend.h"
+#include "backup.h"
+#include "status.h"
+
+namespace tmsl {
+
+// Which tags a pause or resume covers: all of them, or the ones named.
+struct TagSelection {
+  bool all = true;
+  std::set<std::string> tags;
+  bool matches(const std::string& tag) const { return all || tags.count(tag) != 0; }
+};
+
+class Saver {
+ public:
+  explicit Saver(std::unique_ptr<Backend> backend);
+  // Gives back everything still held, paused or not.
+  ~Saver();
+
+  Backend& backend() { return *backend_; }
+
+  Status allocate(size_t size, int device, const std::string& tag, bool backup, uintptr_t* va);
+  // Frees an allocation, paused or not. `stream` is the stream the memory was last used
+  // on (torch passes it); only that stream is waited for, never the whole device.
+  Status free(uintptr_t va, void* stream);
+
+  // Waits for the devices' outstanding work, copies content to the host where the
+  // allocation asked for a backup, then unmaps and releases the physical memory. The VA
+  // stays reserved. Already paused allocations are skipped. On error, every allocation
+  // is either still active with its content or paused with a complete backup.
+  Status pause(const TagSelection& selection);
+  // Maps fresh physical memory at the same addresses and restores backed-up content.
+  // All or nothing: on error (out of memory, say) whatever this call mapped is unmapped
+  // again and everything it covered stays paused, backups intact; a later call can succeed.
+  Status resume(const TagSelection& selection);
+
+  // {"<tag>": {"allocations": n, "reserved_bytes": n, "resident_bytes": n,
+  //            "paused_bytes": n, "host_backup_bytes": n}, ...}
+  std::string stats_json() const;
+
+  // For [address, address + nbytes) inside one backed-up allocation: *host points at its
+  // copy while paused, nullptr while resident.
+  Status find_backup(uintptr_t address, size_t nbytes, const void** host) const;
+
+  bool owns(uintptr_t va) const;
+
+ private:
+  enum class State { kActive, kPausing, kPaused, kResuming };
+
+  struct Allocation {
+    uintptr_t va = 0;
+    size_t size = 0;  // reserved = mapped bytes, a multiple of the granularity
+    int device = 0;
+    std::string tag;
+    bool backup = false;
+    State state = State::kActive;
+    // Written only by the pause/resume that has claimed the allocation (state kPausing or
+    // kResuming) or under mu_.
+    PhysicalHandle physical = 0;            // meaningful while active
+    std::unique_ptr<HostBuffer> host_copy;  // while paused with backup
+  };
+
+  // Marks the allocations in `from` state that match `selection` as `to`, under the lock.
+  std::vector<Allocation*> claim(const TagSelection& selection, State from, State to);
+  // Moves claimed allocations [0, done) to `done_state` (dropping their host copies if
+  // asked) and the rest to `rest_state`, then wakes frees waiting on them.
+  void settle(const std::vector<Allocation*>& batch, size_t done, State done_state,
+              State rest_state, bool drop_backups);
+  Status synchronize_devices(const std::vector<Allocation*>& batch);
+  Status pause_one(Allocation& a, bool* unmapped);
+  Status resume_one(Allocation& a);
+  Status out_of_memory_on_resume(const std::vector<Allocation*>& batch, const Allocation& failed,
+                                 const Status& cause);
+  const Allocation* containing(uintptr_t address) const;  // needs mu_
+
+  std::unique_ptr<Backend> backend_;
+  std::mutex op_mu_;
+  mutable std::mutex mu_;
+  std::condition_variable settled_;
+  std::map<uintptr_t, std::unique_ptr<Allocation>> table_;
+};
+
+}  // namespace tmsl
