@@ -1,0 +1,33 @@
+"""torch_mem_saver_lite: release the GPU memory behind tensors and CUDA graphs while
+keeping their virtual addresses, and take it back later.
+
+    from torch_mem_saver_lite import saver
+    with saver.region("kv_cache"):
+        kv = torch.empty(n, device="cuda")
+    saver.pause("kv_cache")   # device memory released, kv.data_ptr() unchanged
+    saver.resume("kv_cache")  # fresh memory mapped at the same address
+"""
+
+from .errors import (
+    CudaDriverError,
+    DriverNotFoundError,
+    InvalidArgumentError,
+    MemorySaverError,
+    OutOfMemoryError,
+)
+from .saver import MemorySaver
+from .stats import TagStats
+
+saver = MemorySaver()
+"""The process-wide saver (CUDA backend)."""
+
+__all__ = [
+    "CudaDriverError",
+    "DriverNotFoundError",
+    "InvalidArgumentError",
+    "MemorySaver",
+    "MemorySaverError",
+    "OutOfMemoryError",
+    "TagStats",
+    "saver",
+]

@@ -1,0 +1,196 @@
+"""Loads the native library with ctypes and wraps its C ABI (csrc/c_api.h).
+
+``NativeSaver`` is a thin, typed view of one saver handle; every failed call becomes
+an exception from ``errors``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.metadata
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from .errors import (
+    CudaDriverError,
+    DriverNotFoundError,
+    InvalidArgumentError,
+    MemorySaverError,
+    OutOfMemoryError,
+)
+
+LIBRARY_FILE = "libtorch_mem_saver_lite.so"
+
+# Status codes of csrc/status.h.
+_OK, _INVALID_ARGUMENT, _OUT_OF_MEMORY, _NO_DRIVER, _DRIVER_ERROR = 0, 1, 2, 3, 4
+
+_vp, _sz, _int = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
+_SIGNATURES = {
+    "tmsl_default_saver": ([ctypes.POINTER(_vp)], _int),
+    "tmsl_create_host_saver": ([_sz, _sz, ctypes.POINTER(_vp)], _int),
+    "tmsl_destroy_saver": ([_vp], _int),
+    "tmsl_set_thread_region": ([_vp, ctypes.c_char_p, _int], _int),
+    "tmsl_malloc": ([_vp, _sz, _int, ctypes.c_char_p, _int, ctypes.POINTER(_vp)], _int),
+    "tmsl_free": ([_vp, _vp, _vp], _int),
+    "tmsl_pause": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
+    "tmsl_resume": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
+    "tmsl_stats_json": ([_vp, ctypes.c_char_p, _sz, ctypes.POINTER(_sz)], _int),
+    "tmsl_find_backup": ([_vp, _vp, _sz, ctypes.POINTER(_vp)], _int),
+    "tmsl_memory_info": ([_vp, _int, ctypes.POINTER(_sz), ctypes.POINTER(_sz)], _int),
+    "tmsl_granularity": ([_vp, _int, ctypes.POINTER(_sz)], _int),
+    "tmsl_last_error_code": ([], _int),
+    "tmsl_last_error_message": ([], ctypes.c_char_p),
+    "tmsl_last_error_oom": (
+        [ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(_sz), ctypes.POINTER(_sz), ctypes.POINTER(_int)],
+        None,
+    ),
+    "tmsl_torch_malloc": ([ctypes.c_ssize_t, _int, _vp], _vp),
+    "tmsl_torch_free": ([_vp, _sz, _int, _vp], None),
+}
+
+
+def _candidate_paths() -> list[Path]:
+    paths = []
+    if os.environ.get("TMSL_LIBRARY"):
+        paths.append(Path(os.environ["TMSL_LIBRARY"]))
+    paths.append(Path(__file__).with_name(LIBRARY_FILE))
+    # An installed copy, for when a source checkout shadows the installed package.
+    try:
+        for file in importlib.metadata.distribution("torch-mem-saver-lite").files or []:
+            if file.name == LIBRARY_FILE:
+                paths.append(Path(file.locate()))
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    return paths
+
+
+@functools.cache
+def library_path() -> str:
+    """Absolute path of the native library; MemorySaverError if it was never built."""
+    for path in _candidate_paths():
+        if path.is_file():
+            return str(path.resolve())
+    raise MemorySaverError(
+        f"{LIBRARY_FILE} not found (looked in: {', '.join(str(p) for p in _candidate_paths())}); "
+        "install the package with `pip install .` so the native library is built"
+    )
+
+
+@functools.cache
+def lib() -> ctypes.CDLL:
+    """The loaded native library, with argument and result types declared."""
+    handle = ctypes.CDLL(library_path())
+    for name, (argtypes, restype) in _SIGNATURES.items():
+        function = getattr(handle, name)
+        function.argtypes = argtypes
+        function.restype = restype
+    return handle
+
+
+def last_error() -> MemorySaverError:
+    """The exception for the calling thread's last native failure."""
+    native = lib()
+    code = native.tmsl_last_error_code()
+    message = (native.tmsl_last_error_message() or b"").decode(errors="replace")
+    if code == _OUT_OF_MEMORY:
+        tag, needed, free, device = ctypes.c_char_p(), _sz(), _sz(), _int()
+        native.tmsl_last_error_oom(ctypes.byref(tag), ctypes.byref(needed), ctypes.byref(free),
+                                   ctypes.byref(device))
+        return OutOfMemoryError(message, (tag.value or b"").decode(errors="replace"),
+                                needed.value, free.value, device.value)
+    kind = {
+        _INVALID_ARGUMENT: InvalidArgumentError,
+        _NO_DRIVER: DriverNotFoundError,
+        _DRIVER_ERROR: CudaDriverError,
+    }.get(code, MemorySaverError)
+    return kind(message)
+
+
+def check(status: int) -> None:
+    """Raise the matching exception unless ``status`` is success."""
+    if status != _OK:
+        raise last_error()
+
+
+def _tag_array(tags: Sequence[str] | None):
+    if tags is None:
+        return None, -1
+    encoded = [t.encode() for t in tags]
+    return (ctypes.c_char_p * max(len(encoded), 1))(*encoded), len(encoded)
+
+
+class NativeSaver:
+    """One saver of the native library (the process-wide CUDA one, or a host one)."""
+
+    def __init__(self, handle: int, backend: str):
+        self.handle = handle
+        self.backend = backend
+
+    @classmethod
+    def process_wide(cls) -> NativeSaver:
+        handle = _vp()
+        check(lib().tmsl_default_saver(ctypes.byref(handle)))
+        return cls(handle.value, "cuda")
+
+    @classmethod
+    def host(cls, capacity_bytes: int, granularity_bytes: int) -> NativeSaver:
+        handle = _vp()
+        check(lib().tmsl_create_host_saver(capacity_bytes, granularity_bytes, ctypes.byref(handle)))
+        return cls(handle.value, "host")
+
+    def destroy(self) -> None:
+        check(lib().tmsl_destroy_saver(self.handle))
+
+    def enter_thread_region(self, tag: str, enable_cpu_backup: bool) -> None:
+        check(lib().tmsl_set_thread_region(self.handle, tag.encode(), int(enable_cpu_backup)))
+
+    def malloc(self, size: int, device: int, tag: str, enable_cpu_backup: bool) -> int:
+        out = _vp()
+        check(lib().tmsl_malloc(self.handle, size, device, tag.encode(), int(enable_cpu_backup),
+                                ctypes.byref(out)))
+        return out.value
+
+    def free(self, ptr: int, stream: int | None = None) -> None:
+        check(lib().tmsl_free(self.handle, ptr, stream))
+
+    def pause(self, tags: Sequence[str] | None) -> None:
+        array, count = _tag_array(tags)
+        check(lib().tmsl_pause(self.handle, array, count))
+
+    def resume(self, tags: Sequence[str] | None) -> None:
+        array, count = _tag_array(tags)
+        check(lib().tmsl_resume(self.handle, array, count))
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        length = _sz()
+        capacity = 4096
+        while True:
+            buffer = ctypes.create_string_buffer(capacity)
+            check(lib().tmsl_stats_json(self.handle, buffer, capacity, ctypes.byref(length)))
+            if length.value < capacity:
+                return json.loads(buffer.value.decode())
+            capacity = length.value + 4096
+
+    def find_backup(self, ptr: int, nbytes: int) -> int | None:
+        """Address of the host copy of [ptr, ptr + nbytes), None while resident."""
+        host = _vp()
+        check(lib().tmsl_find_backup(self.handle, ptr, nbytes, ctypes.byref(host)))
+        return host.value
+
+    def memory_info(self, device: int) -> tuple[int, int]:
+        free, total = _sz(), _sz()
+        check(lib().tmsl_memory_info(self.handle, device, ctypes.byref(free), ctypes.byref(total)))
+        return free.value, total.value
+
+    def granularity(self, device: int) -> int:
+        out = _sz()
+        check(lib().tmsl_granularity(self.handle, device, ctypes.byref(out)))
+        return out.value
+
+
+def leave_thread_region() -> None:
+    """The calling thread's allocations are no longer routed to any saver."""
+    check(lib().tmsl_set_thread_region(None, None, 0))

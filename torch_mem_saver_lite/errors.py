@@ -1,0 +1,42 @@
+"""Exceptions raised by torch_mem_saver_lite."""
+
+from __future__ import annotations
+
+import torch
+
+
+class MemorySaverError(RuntimeError):
+    """A torch_mem_saver_lite operation failed; the message says what and what to do."""
+
+
+class DriverNotFoundError(MemorySaverError):
+    """No usable CUDA driver (libcuda.so.1) is on this machine."""
+
+
+class CudaDriverError(MemorySaverError):
+    """The CUDA driver reported an error."""
+
+
+class InvalidArgumentError(MemorySaverError, ValueError):
+    """The native library rejected an argument (an unknown pointer, say)."""
+
+
+class OutOfMemoryError(MemorySaverError, torch.cuda.OutOfMemoryError):
+    """An allocation or a resume found too little free memory.
+
+    A failed resume leaves everything it covered paused, with its backups; call
+    ``resume`` again once memory has been freed.
+
+    Attributes:
+        tag: the region that could not get its memory.
+        bytes_needed: bytes the call needed on ``device``.
+        bytes_free: bytes free on ``device`` when it failed.
+        device: the device index.
+    """
+
+    def __init__(self, message: str, tag: str, bytes_needed: int, bytes_free: int, device: int):
+        super().__init__(message)
+        self.tag = tag
+        self.bytes_needed = bytes_needed
+        self.bytes_free = bytes_free
+        self.device = device

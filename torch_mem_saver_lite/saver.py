@@ -1,0 +1,264 @@
+"""The user-facing MemorySaver: regions, pause/resume by tag, backups, stats."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import threading
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from . import _lib
+from .errors import MemorySaverError
+from .hooks import TorchPools
+from .stats import TagStats
+
+_HOOK_MODES = ("torch", "preload")
+_MAX_TAG_LENGTH = 256
+
+# Regions nest per thread, across savers: each entry is (native saver, tag, backup).
+_thread = threading.local()
+
+
+def _check_tag(tag: object) -> str:
+    if not isinstance(tag, str):
+        raise TypeError(f"tag must be a str, got {type(tag).__name__}")
+    if not tag or len(tag) > _MAX_TAG_LENGTH or "\0" in tag:
+        raise ValueError(f"tag must be 1 to {_MAX_TAG_LENGTH} characters without NUL, got {tag!r}")
+    return tag
+
+
+def _check_bool(value: object, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+@contextlib.contextmanager
+def _thread_region(native: _lib.NativeSaver, tag: str, backup: bool) -> Iterator[None]:
+    stack = _thread.__dict__.setdefault("stack", [])
+    native.enter_thread_region(tag, backup)
+    stack.append((native, tag, backup))
+    try:
+        yield
+    finally:
+        stack.pop()
+        if stack:
+            outer, outer_tag, outer_backup = stack[-1]
+            outer.enter_thread_region(outer_tag, outer_backup)
+        else:
+            _lib.leave_thread_region()
+
+
+class MemorySaver:
+    """Releases the device memory of tagged allocations and gives it back at the same addresses.
+
+    Use the process-wide instance, ``torch_mem_saver_lite.saver``. ``MemorySaver(backend="host")``
+    builds one over host memory (memfd + mmap) with the same semantics, for tests and for
+    machines without a GPU; its allocations are made through the native hook directly.
+
+    Reading a paused tensor is a user error: the GPU reports it as an illegal memory
+    access, which ends the CUDA context. Resume before touching paused memory.
+    """
+
+    def __init__(
+        self,
+        backend: str = "cuda",
+        *,
+        host_capacity_bytes: int = 0,
+        host_granularity_bytes: int = 2 << 20,
+    ):
+        """
+        Args:
+            backend: ``"cuda"`` (CUDA virtual memory) or ``"host"``.
+            host_capacity_bytes: host backend only: physical bytes it may hold at once
+                (0 = no limit), so out-of-memory paths can be exercised.
+            host_granularity_bytes: host backend only: allocation rounding (a multiple of
+                the page size).
+        """
+        if backend not in ("cuda", "host"):
+            raise ValueError(f"backend must be 'cuda' or 'host', got {backend!r}")
+        self._backend = backend
+        self._host_options = (int(host_capacity_bytes), int(host_granularity_bytes))
+        self._native: _lib.NativeSaver | None = None
+        self._hook_mode = "torch"
+        self._lock = threading.RLock()
+        self._tags: dict[str, bool] = {}  # tag -> enable_cpu_backup, from first region entry
+        self._pools: TorchPools | None = None
+
+    # ----- configuration -------------------------------------------------------------
+    @property
+    def hook_mode(self) -> str:
+        """How allocations are intercepted: ``"torch"`` (pluggable allocator + MemPool)."""
+        return self._hook_mode
+
+    @hook_mode.setter
+    def hook_mode(self, mode: str) -> None:
+        if mode not in _HOOK_MODES:
+            raise ValueError(f"hook_mode must be one of {_HOOK_MODES}, got {mode!r}")
+        if self._native is not None and mode != self._hook_mode:
+            raise MemorySaverError(
+                f"hook_mode is already {self._hook_mode!r} and the saver is in use; "
+                "set hook_mode before the first region"
+            )
+        if mode == "preload":
+            raise MemorySaverError("hook_mode 'preload' is not available in this version; use 'torch'")
+        self._hook_mode = mode
+
+    @property
+    def backend(self) -> str:
+        """``"cuda"`` or ``"host"``."""
+        return self._backend
+
+    def _core(self) -> _lib.NativeSaver:
+        with self._lock:
+            if self._native is None:
+                if self._backend == "cuda":
+                    self._native = _lib.NativeSaver.process_wide()
+                else:
+                    self._native = _lib.NativeSaver.host(*self._host_options)
+            return self._native
+
+    # ----- regions -------------------------------------------------------------------
+    @contextlib.contextmanager
+    def region(self, tag: str = "default", enable_cpu_backup: bool = False) -> Iterator[None]:
+        """Allocations made on this thread inside the block become pauseable under ``tag``.
+
+        Args:
+            tag: names the memory for ``pause``/``resume``.
+            enable_cpu_backup: keep the content across a pause (copied to host memory);
+                without it a resumed allocation holds fresh memory of undefined content.
+                A tag keeps the setting it was first used with.
+
+        Regions nest; leaving one restores the enclosing one. Allocations on the current
+        CUDA device are routed.
+        """
+        tag = _check_tag(tag)
+        backup = _check_bool(enable_cpu_backup, "enable_cpu_backup")
+        if self._backend == "cuda" and not torch.cuda.is_available():
+            raise MemorySaverError(
+                f"torch {torch.__version__} sees no CUDA GPU, so there is nothing to route into "
+                "a region; run `python -m torch_mem_saver_lite` to see what is missing"
+            )
+        native = self._core()
+        self._remember_tag(tag, backup)
+        if native.stats().get(tag, {}).get("paused_bytes", 0):
+            raise MemorySaverError(
+                f"region {tag!r} is paused; resume it before allocating in it (a new tensor "
+                "could be placed in its released memory)"
+            )
+        with _thread_region(native, tag, backup):
+            if self._backend == "cuda":
+                with self._torch_pools().route(tag):
+                    yield
+            else:
+                yield
+
+    def _remember_tag(self, tag: str, backup: bool) -> None:
+        with self._lock:
+            known = self._tags.setdefault(tag, backup)
+        if known != backup:
+            raise ValueError(
+                f"tag {tag!r} was first used with enable_cpu_backup={known}; a tag keeps one "
+                "backup setting, so use another tag for memory that needs the other"
+            )
+
+    def _torch_pools(self) -> TorchPools:
+        with self._lock:
+            if self._pools is None:
+                self._pools = TorchPools(_lib.library_path())
+            return self._pools
+
+    # ----- pause / resume --------------------------------------------------------------
+    def _selection(self, tag: str | Sequence[str] | None) -> list[str] | None:
+        if tag is None:
+            return None
+        if isinstance(tag, str):
+            names = [tag]
+        elif isinstance(tag, (list, tuple, set, frozenset)):
+            names = list(tag)
+        else:
+            raise TypeError(f"tag must be a str, a list of str or None, got {type(tag).__name__}")
+        with self._lock:
+            known = sorted(self._tags)
+        for name in names:
+            _check_tag(name)
+            if name not in known:
+                raise ValueError(
+                    f"unknown tag {name!r}: no region has used it; known tags: {known or 'none yet'}"
+                )
+        return names
+
+    def pause(self, tag: str | Sequence[str] | None = None) -> None:
+        """Release the device memory of the tag(s) (None: every tag), keeping addresses.
+
+        Waits for the devices' queued work first; content of regions with
+        ``enable_cpu_backup`` is copied to host memory. Pausing a paused tag does nothing.
+        On failure every allocation is either still resident or paused with a full backup.
+        """
+        names = self._selection(tag)
+        if self._native is None:
+            return  # nothing was ever allocated
+        self._native.pause(names)
+
+    def resume(self, tag: str | Sequence[str] | None = None) -> None:
+        """Give the tag(s) (None: every tag) device memory again, at the same addresses.
+
+        Backed-up content is restored. Resuming an active tag does nothing. Raises
+        ``OutOfMemoryError`` if the memory is not there; then everything this call covered
+        stays paused with its backups and a later ``resume`` can succeed.
+        """
+        names = self._selection(tag)
+        if self._native is None:
+            return
+        self._native.resume(names)
+
+    @contextlib.contextmanager
+    def paused(self, tag: str | Sequence[str] | None = None) -> Iterator[None]:
+        """Pause the tag(s) for the block and resume them on exit, also when it raises."""
+        self.pause(tag)
+        try:
+            yield
+        finally:
+            self.resume(tag)
+
+    # ----- inspection ------------------------------------------------------------------
+    def stats(self) -> dict[str, TagStats]:
+        """Per tag: allocations, reserved, resident, paused and host backup bytes."""
+        native = self._native.stats() if self._native is not None else {}
+        with self._lock:
+            tags = set(self._tags) | set(native)
+        return {tag: TagStats.from_native(native.get(tag, {})) for tag in sorted(tags)}
+
+    def get_cpu_backup(self, x: torch.Tensor, zero_copy: bool = False) -> torch.Tensor | None:
+        """The host copy of a paused tensor from a region with ``enable_cpu_backup=True``.
+
+        Returns None while the tensor is resident (no host copy exists then). With
+        ``zero_copy=True`` the result shares the backup's memory, which the next
+        successful ``resume`` frees: do not use it after that.
+        """
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"get_cpu_backup needs a torch.Tensor, got {type(x).__name__}")
+        if not x.is_contiguous():
+            raise ValueError("get_cpu_backup needs a contiguous tensor; pass the tensor it views")
+        nbytes = x.numel() * x.element_size()
+        if nbytes == 0:
+            return torch.empty(x.shape, dtype=x.dtype)
+        host = self._core().find_backup(x.data_ptr(), nbytes)
+        if host is None:
+            return None
+        raw = torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(host), dtype=torch.uint8)
+        cpu = raw.view(x.dtype).view(x.shape)
+        return cpu if zero_copy else cpu.clone()
+
+    # ----- lifetime ----------------------------------------------------------------------
+    def close(self) -> None:
+        """Free everything a host-backend saver holds. The process-wide saver lives until exit."""
+        if self._backend == "cuda":
+            raise MemorySaverError("the process-wide CUDA saver cannot be closed")
+        with self._lock:
+            if self._native is not None:
+                self._native.destroy()
+                self._native = None
+            self._tags.clear()
