@@ -1,0 +1,64 @@
+"""Helpers for host-backend tests: allocate through the same hook torch calls, read and
+write raw memory, and observe the process's memory from the kernel's side."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+from torch_mem_saver_lite import _lib
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+class HostMemory:
+    """Allocation through tmsl_torch_malloc/tmsl_torch_free, as torch's pluggable allocator does."""
+
+    def malloc(self, size: int, device: int = 0) -> int:
+        ptr = _lib.lib().tmsl_torch_malloc(size, device, None)
+        if not ptr:
+            raise _lib.last_error()
+        return ptr
+
+    def free(self, ptr: int) -> None:
+        _lib.lib().tmsl_torch_free(ptr, 0, 0, None)
+
+    @staticmethod
+    def write(ptr: int, data: bytes) -> None:
+        ctypes.memmove(ptr, data, len(data))
+
+    @staticmethod
+    def read(ptr: int, size: int) -> bytes:
+        return ctypes.string_at(ptr, size)
+
+
+def rss_shmem_bytes() -> int:
+    """Shared-memory pages (the memfds) mapped into this process, from /proc/self/status."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("RssShmem:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("RssShmem not in /proc/self/status")
+
+
+def open_memfds() -> int:
+    """File descriptors open on the host backend's memfds (one per resident allocation)."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:tmsl"):
+                count += 1
+        except OSError:
+            pass
+    return count
+
+
+def resident_pages(ptr: int, size: int) -> int | None:
+    """Pages of [ptr, ptr+size) in RAM per mincore(2); None if the range is not mapped at all."""
+    pages = (size + PAGE - 1) // PAGE
+    vec = (ctypes.c_ubyte * pages)()
+    if _libc.mincore(ptr, size, vec) != 0:
+        return None
+    return sum(v & 1 for v in vec)

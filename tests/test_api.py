@@ -1,0 +1,147 @@
+"""The Python API's argument checks and errors, and the C ABI's answers to bad input."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from torch_mem_saver_lite import (
+    DriverNotFoundError,
+    InvalidArgumentError,
+    MemorySaver,
+    MemorySaverError,
+    _lib,
+    saver,
+)
+
+MiB = 1 << 20
+
+
+def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True, text=True, timeout=120, env={**os.environ, **env},
+    )
+
+
+def test_unknown_tag_is_a_value_error_listing_known_tags(host_saver, mem):
+    with host_saver.region("weights"):
+        mem.malloc(MiB)
+    with host_saver.region("kv_cache"):
+        mem.malloc(MiB)
+    with pytest.raises(ValueError, match=r"unknown tag 'kv'.*\['kv_cache', 'weights'\]"):
+        host_saver.pause("kv")
+    with pytest.raises(ValueError, match="unknown tag"):
+        host_saver.resume(["weights", "nope"])
+    assert host_saver.stats()["weights"].paused_bytes == 0  # nothing was paused
+
+
+@pytest.mark.parametrize(
+    "call, error",
+    [
+        (lambda s: s.region(3).__enter__(), TypeError),
+        (lambda s: s.region("").__enter__(), ValueError),
+        (lambda s: s.region("x" * 300).__enter__(), ValueError),
+        (lambda s: s.region("kv", enable_cpu_backup="yes").__enter__(), TypeError),
+        (lambda s: s.pause(42), TypeError),
+        (lambda s: s.resume({"kv": 1}), TypeError),
+        (lambda s: s.pause([None]), TypeError),
+    ],
+)
+def test_bad_arguments_raise_clear_errors(host_saver, call, error):
+    with pytest.raises(error):
+        call(host_saver)
+
+
+def test_a_tag_keeps_its_backup_setting(host_saver, mem):
+    with host_saver.region("weights", enable_cpu_backup=True):
+        mem.malloc(MiB)
+    with pytest.raises(ValueError, match="enable_cpu_backup=True"):
+        with host_saver.region("weights", enable_cpu_backup=False):
+            pass
+
+
+def test_region_of_a_paused_tag_is_refused(host_saver, mem):
+    with host_saver.region("kv"):
+        mem.malloc(MiB)
+    host_saver.pause("kv")
+    with pytest.raises(MemorySaverError, match="resume it before allocating"):
+        with host_saver.region("kv"):
+            pass
+    host_saver.resume("kv")
+    with host_saver.region("kv"):
+        mem.malloc(MiB)
+
+
+def test_hook_mode_values(host_saver):
+    with pytest.raises(ValueError, match="hook_mode"):
+        host_saver.hook_mode = "magic"
+    with pytest.raises(MemorySaverError, match="preload"):
+        host_saver.hook_mode = "preload"
+    assert host_saver.hook_mode == "torch"
+
+
+def test_pause_and_resume_before_any_region_do_nothing():
+    fresh = MemorySaver(backend="host")
+    fresh.pause()
+    fresh.resume()
+    assert fresh.stats() == {}
+
+
+def test_c_abi_rejects_double_free_unknown_pointers_and_dead_handles(host_saver, mem):
+    with host_saver.region("kv"):
+        ptr = mem.malloc(MiB)
+    native = host_saver._core()
+    native.free(ptr)
+    with pytest.raises(InvalidArgumentError, match="freed twice"):
+        native.free(ptr)
+    with pytest.raises(InvalidArgumentError, match="not an allocation"):
+        native.free(0x1234)
+    other = _lib.NativeSaver.host(0, 2 * MiB)
+    other.destroy()
+    with pytest.raises(InvalidArgumentError, match="handle"):
+        other.pause(None)
+    with pytest.raises(InvalidArgumentError, match="granularity"):
+        _lib.NativeSaver.host(0, 1000)
+
+
+def test_process_wide_saver_cannot_be_closed():
+    with pytest.raises(MemorySaverError):
+        saver.close()
+
+
+def test_without_a_driver_import_works_and_use_says_so():
+    result = run_python(
+        """
+        import torch_mem_saver_lite as t
+        from torch_mem_saver_lite import _lib
+        try:
+            _lib.NativeSaver.process_wide()
+        except t.DriverNotFoundError as e:
+            print("ERROR:", e)
+        """,
+        TMSL_CUDA_DRIVER_LIBRARY="/nonexistent/libcuda.so.1",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "ERROR: no CUDA driver" in result.stdout
+    assert issubclass(DriverNotFoundError, MemorySaverError)
+
+
+def test_process_exits_cleanly_while_memory_is_paused():
+    result = run_python(
+        """
+        from torch_mem_saver_lite import MemorySaver, _lib
+        s = MemorySaver(backend="host")
+        with s.region("kv", enable_cpu_backup=True):
+            ptrs = [_lib.lib().tmsl_torch_malloc(4 << 20, 0, None) for _ in range(4)]
+        s.pause("kv")
+        print("paused", s.stats()["kv"].paused_bytes)
+        """
+    )
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"paused {16 * MiB}"
+    assert result.stderr == ""
