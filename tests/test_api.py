@@ -145,3 +145,13 @@ def test_process_exits_cleanly_while_memory_is_paused():
     assert result.returncode == 0
     assert result.stdout.strip() == f"paused {16 * MiB}"
     assert result.stderr == ""
+
+
+def test_cli_says_what_is_missing_without_a_gpu():
+    result = subprocess.run([sys.executable, "-m", "torch_mem_saver_lite"], capture_output=True,
+                            text=True, timeout=120,
+                            env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    if result.returncode == 0:
+        pytest.fail("CLI claimed readiness with no visible GPU:\n" + result.stdout)
+    assert "Missing for GPU use:" in result.stdout
+    assert "native library:   /" in result.stdout
