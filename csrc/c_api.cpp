@@ -52,6 +52,18 @@ Status require(bool condition, const char* message) {
   return condition ? Status::Ok() : Status::Error(Code::kInvalidArgument, message);
 }
 
+// pause or resume over the named tags (ntags < 0: all).
+int on_tags(void* handle, const char* const* tags, int ntags,
+            Status (Saver::*operation)(const TagSelection&)) {
+  return guarded([&] {
+    Saver* saver = nullptr;
+    TagSelection selection;
+    Status s = live_saver(handle, &saver);
+    if (s.ok()) s = tag_selection(tags, ntags, &selection);
+    return s.ok() ? (saver->*operation)(selection) : s;
+  });
+}
+
 }  // namespace
 
 TMSL_API int tmsl_default_saver(void** out) {
@@ -120,23 +132,11 @@ TMSL_API int tmsl_free(void* handle, void* ptr, void* stream) {
 }
 
 TMSL_API int tmsl_pause(void* handle, const char* const* tags, int ntags) {
-  return guarded([&] {
-    Saver* saver = nullptr;
-    TagSelection selection;
-    Status s = live_saver(handle, &saver);
-    if (s.ok()) s = tag_selection(tags, ntags, &selection);
-    return s.ok() ? saver->pause(selection) : s;
-  });
+  return on_tags(handle, tags, ntags, &Saver::pause);
 }
 
 TMSL_API int tmsl_resume(void* handle, const char* const* tags, int ntags) {
-  return guarded([&] {
-    Saver* saver = nullptr;
-    TagSelection selection;
-    Status s = live_saver(handle, &saver);
-    if (s.ok()) s = tag_selection(tags, ntags, &selection);
-    return s.ok() ? saver->resume(selection) : s;
-  });
+  return on_tags(handle, tags, ntags, &Saver::resume);
 }
 
 TMSL_API int tmsl_stats_json(void* handle, char* buf, size_t capacity, size_t* length) {
