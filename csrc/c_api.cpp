@@ -81,8 +81,10 @@ TMSL_API int tmsl_create_host_saver(size_t capacity_bytes, size_t granularity_by
     Status s = require(granularity_bytes > 0 && granularity_bytes % page == 0,
                        "host granularity must be a positive multiple of the page size");
     if (!s.ok()) return s;
-    *out = add_saver(std::make_unique<Saver>(make_host_backend(capacity_bytes, granularity_bytes)));
-    return Status::Ok();
+    Saver* saver = nullptr;
+    s = add_saver(std::make_unique<Saver>(make_host_backend(capacity_bytes, granularity_bytes)), &saver);
+    *out = saver;
+    return s;
   });
 }
 
@@ -94,7 +96,7 @@ TMSL_API int tmsl_set_thread_region(void* handle, const char* tag, int enable_cp
   return guarded([&] {
     ThreadRegion& region = thread_region();
     if (handle == nullptr) {
-      region = ThreadRegion();
+      region = ThreadRegion();  // back to the process defaults
       return Status::Ok();
     }
     Saver* saver = nullptr;
@@ -104,8 +106,38 @@ TMSL_API int tmsl_set_thread_region(void* handle, const char* tag, int enable_cp
     region.saver = saver;
     region.tag = tag;
     region.backup = enable_cpu_backup != 0;
+    region.explicit_none = false;
     return Status::Ok();
   });
+}
+
+TMSL_API int tmsl_disable_thread_region(void) {
+  ThreadRegion& region = thread_region();
+  region = ThreadRegion();
+  region.explicit_none = true;
+  return 0;
+}
+
+TMSL_API int tmsl_set_memory_margin(void* handle, size_t bytes) {
+  return guarded([&] {
+    Saver* saver = nullptr;
+    Status s = live_saver(handle, &saver);
+    if (s.ok()) saver->set_memory_margin(bytes);
+    return s;
+  });
+}
+
+TMSL_API int tmsl_set_retain_backups(void* handle, int retain) {
+  return guarded([&] {
+    Saver* saver = nullptr;
+    Status s = live_saver(handle, &saver);
+    if (s.ok()) saver->set_retain_backups(retain != 0);
+    return s;
+  });
+}
+
+TMSL_API const char* tmsl_process_defaults_error(void) {
+  return process_defaults().error.c_str();
 }
 
 TMSL_API int tmsl_malloc(void* handle, size_t size, int device, const char* tag,

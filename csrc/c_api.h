@@ -11,8 +11,18 @@ TMSL_API int tmsl_default_saver(void** out);
 TMSL_API int tmsl_create_host_saver(size_t capacity_bytes, size_t granularity_bytes, void** out);
 TMSL_API int tmsl_destroy_saver(void* saver);
 
-// saver == NULL: the thread leaves its region (the hooks no longer route its allocations).
+// saver == NULL: the thread leaves its region and follows the process defaults again
+// (no region, unless TMSL_REGION_ALL_THREADS=1).
 TMSL_API int tmsl_set_thread_region(void* saver, const char* tag, int enable_cpu_backup);
+// The thread allocates outside any region, whatever the defaults say (saver.disable()).
+TMSL_API int tmsl_disable_thread_region(void);
+
+TMSL_API int tmsl_set_memory_margin(void* saver, size_t bytes);
+TMSL_API int tmsl_set_retain_backups(void* saver, int retain);
+// "" when the TMSL_* environment variables are valid, else what is wrong with them.
+TMSL_API const char* tmsl_process_defaults_error(void);
+// 1 when this library's cudaMalloc is the one the process calls (LD_PRELOAD in effect).
+TMSL_API int tmsl_preload_active(void);
 
 TMSL_API int tmsl_malloc(void* saver, size_t size, int device, const char* tag,
                          int enable_cpu_backup, void** out);

@@ -1,22 +1,59 @@
 #include "registry.h"
 
-#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
-#include <vector>
 
 namespace tmsl {
 namespace {
 
+constexpr size_t kMaxSavers = 64;
+
 struct Registry {
-  std::mutex mu;
-  std::vector<Saver*> savers;
-  Saver* process_wide = nullptr;
+  std::mutex mu;  // serializes changes; readers use the atomics
+  std::array<std::atomic<Saver*>, kMaxSavers> savers{};
+  std::atomic<Saver*> process_wide{nullptr};
 };
 
 // Never destroyed: the allocation hooks may run during static destruction.
 Registry& registry() {
   static Registry* r = new Registry();
   return *r;
+}
+
+bool parse_flag(const char* name, bool* out, std::string* error) {
+  const char* value = getenv(name);
+  if (value == nullptr || *value == '\0') return true;
+  if (strcmp(value, "1") == 0 || strcmp(value, "true") == 0) {
+    *out = true;
+  } else if (strcmp(value, "0") == 0 || strcmp(value, "false") == 0) {
+    *out = false;
+  } else {
+    *error += std::string(error->empty() ? "" : "; ") + name + " must be 0 or 1, got '" + value + "'";
+    return false;
+  }
+  return true;
+}
+
+ProcessDefaults read_process_defaults() {
+  ProcessDefaults d;
+  bool ok = parse_flag("TMSL_REGION_ALL_THREADS", &d.all_threads, &d.error);
+  ok = parse_flag("TMSL_DEFAULT_CPU_BACKUP", &d.backup, &d.error) && ok;
+  const char* tag = getenv("TMSL_DEFAULT_TAG");
+  if (tag != nullptr) {
+    size_t length = strlen(tag);
+    if (length == 0 || length > 256) {
+      d.error += std::string(d.error.empty() ? "" : "; ") +
+                 "TMSL_DEFAULT_TAG must be 1 to 256 characters";
+      ok = false;
+    } else {
+      d.tag = tag;
+    }
+  }
+  if (!ok) d.all_threads = false;
+  return d;
 }
 
 }  // namespace
@@ -26,37 +63,79 @@ ThreadRegion& thread_region() {
   return region;
 }
 
+const ProcessDefaults& process_defaults() {
+  static const ProcessDefaults* defaults = new ProcessDefaults(read_process_defaults());
+  return *defaults;
+}
+
+ThreadRegion effective_region() {
+  const ThreadRegion& region = thread_region();
+  if (region.saver != nullptr || region.explicit_none) return region;
+  const ProcessDefaults& d = process_defaults();
+  ThreadRegion result;
+  if (d.all_threads && default_saver(&result.saver).ok()) {
+    result.tag = d.tag;
+    result.backup = d.backup;
+  }
+  return result;
+}
+
 Status default_saver(Saver** out) {
   Registry& r = registry();
+  if (Saver* existing = r.process_wide.load(std::memory_order_acquire)) {
+    *out = existing;
+    return Status::Ok();
+  }
   std::lock_guard<std::mutex> lock(r.mu);
-  if (r.process_wide == nullptr) {
+  if (r.process_wide.load() == nullptr) {
     std::unique_ptr<Backend> backend;
     Status s = make_cuda_backend(&backend);
     if (!s.ok()) return s;
-    r.process_wide = new Saver(std::move(backend));
-    r.savers.push_back(r.process_wide);
+    auto* saver = new Saver(std::move(backend));
+    for (auto& slot : r.savers) {
+      if (slot.load() == nullptr) {
+        slot.store(saver, std::memory_order_release);
+        break;
+      }
+    }
+    r.process_wide.store(saver, std::memory_order_release);
   }
-  *out = r.process_wide;
+  *out = r.process_wide.load();
   return Status::Ok();
 }
 
-Saver* add_saver(std::unique_ptr<Saver> saver) {
+Saver* default_saver_if_created() {
+  return registry().process_wide.load(std::memory_order_acquire);
+}
+
+Status add_saver(std::unique_ptr<Saver> saver, Saver** out) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
-  r.savers.push_back(saver.get());
-  return saver.release();
+  for (auto& slot : r.savers) {
+    if (slot.load() == nullptr) {
+      *out = saver.release();
+      slot.store(*out, std::memory_order_release);
+      return Status::Ok();
+    }
+  }
+  return Status::Error(Code::kInvalidArgument, "too many savers (at most 64 at once)");
 }
 
 Status remove_saver(Saver* saver) {
   Registry& r = registry();
   {
     std::lock_guard<std::mutex> lock(r.mu);
-    if (saver == r.process_wide) {
+    if (saver != nullptr && saver == r.process_wide.load()) {
       return Status::Error(Code::kInvalidArgument, "the process-wide saver cannot be destroyed");
     }
-    auto it = std::find(r.savers.begin(), r.savers.end(), saver);
-    if (it == r.savers.end()) return Status::Error(Code::kInvalidArgument, "unknown saver handle");
-    r.savers.erase(it);
+    bool found = false;
+    for (auto& slot : r.savers) {
+      if (saver != nullptr && slot.load() == saver) {
+        slot.store(nullptr, std::memory_order_release);
+        found = true;
+      }
+    }
+    if (!found) return Status::Error(Code::kInvalidArgument, "unknown saver handle");
   }
   ThreadRegion& region = thread_region();
   if (region.saver == saver) region = ThreadRegion();
@@ -65,16 +144,17 @@ Status remove_saver(Saver* saver) {
 }
 
 bool is_live(const Saver* saver) {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  return std::find(r.savers.begin(), r.savers.end(), saver) != r.savers.end();
+  if (saver == nullptr) return false;
+  for (const auto& slot : registry().savers) {
+    if (slot.load(std::memory_order_acquire) == saver) return true;
+  }
+  return false;
 }
 
 Saver* owner_of(uintptr_t va) {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  for (Saver* saver : r.savers) {
-    if (saver->owns(va)) return saver;
+  for (const auto& slot : registry().savers) {
+    Saver* saver = slot.load(std::memory_order_acquire);
+    if (saver != nullptr && saver->owns(va)) return saver;
   }
   return nullptr;
 }

@@ -3,7 +3,7 @@
 // The process-wide saver (CUDA backend) is what the allocation hooks serve; further
 // savers (host backend) exist for tests. Savers live on the heap and the process-wide one
 // is never destroyed, so frees that arrive during interpreter or process teardown still
-// find it.
+// find it. Lookups from the hooks (owner_of) read a fixed array of atomics: no lock.
 #pragma once
 
 #include <cstdint>
@@ -14,19 +14,41 @@
 
 namespace tmsl {
 
-// Where the allocation hooks send this thread's allocations; saver == nullptr means
-// "not in a region": the hooks leave the allocation alone.
+// Where the allocation hooks send this thread's allocations. A thread that never set a
+// region follows the process defaults (environment variables, see preload_defaults);
+// `explicit_none` is a region turned off on purpose (saver.disable()).
 struct ThreadRegion {
   Saver* saver = nullptr;
   std::string tag;
   bool backup = false;
+  bool explicit_none = false;
 };
 ThreadRegion& thread_region();
 
+// The region an allocation on this thread belongs to right now, defaults applied;
+// saver == nullptr: none, the hooks leave the allocation to the ordinary allocator.
+ThreadRegion effective_region();
+
+// Process defaults from the environment, read once:
+//   TMSL_REGION_ALL_THREADS=1   every thread allocates in a region unless told otherwise
+//   TMSL_DEFAULT_TAG=<tag>      that region's tag (default "default")
+//   TMSL_DEFAULT_CPU_BACKUP=1   and its backup setting (default 0)
+// A bad value leaves regions off and is kept in `error`, naming the variable.
+struct ProcessDefaults {
+  bool all_threads = false;
+  std::string tag = "default";
+  bool backup = false;
+  std::string error;
+};
+const ProcessDefaults& process_defaults();
+
 // Creates the CUDA-backed saver on first call; fails (and retries next time) without a driver.
 Status default_saver(Saver** out);
-Saver* add_saver(std::unique_ptr<Saver> saver);
-// Destroys a saver made by add_saver; the process-wide one cannot be removed.
+// The process-wide saver if it exists, without creating it or locking.
+Saver* default_saver_if_created();
+Status add_saver(std::unique_ptr<Saver> saver, Saver** out);
+// Destroys a saver made by add_saver; the process-wide one cannot be removed. Must not
+// race with frees of its memory.
 Status remove_saver(Saver* saver);
 bool is_live(const Saver* saver);
 // The saver holding an allocation that starts at va, or nullptr.

@@ -59,7 +59,7 @@ Status Saver::allocate(size_t size, int device, const std::string& tag, bool bac
   s = backend_->reserve(device, rounded, granularity, &address);
   if (!s.ok()) return with_context(s, where);
   PhysicalHandle physical = 0;
-  s = backend_->create_physical(device, rounded, &physical);
+  s = create_within_margin(device, rounded, &physical);
   if (!s.ok()) {
     backend_->free_reservation(device, address, rounded);
     if (s.code == Code::kOutOfMemory) {
@@ -92,6 +92,7 @@ Status Saver::allocate(size_t size, int device, const std::string& tag, bool bac
     std::lock_guard<std::mutex> lock(mu_);
     table_[address] = std::move(a);
   }
+  index_.insert(address);
   *va = address;
   return Status::Ok();
 }
@@ -112,6 +113,7 @@ Status Saver::free(uintptr_t va, void* stream) {
       if (state == State::kActive || state == State::kPaused) {
         a = std::move(it->second);
         table_.erase(it);
+        index_.erase(va);
         break;
       }
       settled_.wait(lock);  // a pause or resume is working on it
@@ -190,8 +192,8 @@ Status Saver::pause_one(Allocation& a, bool* unmapped) {
   const std::string where = "pausing region '" + a.tag + "' (" + format_bytes(a.size) + " at " +
                             format_address(a.va) + " on device " + std::to_string(a.device) + ")";
   if (a.backup) {
-    std::unique_ptr<HostBuffer> copy;
-    Status s = HostBuffer::allocate(a.size, &copy);
+    std::unique_ptr<HostBuffer> copy = std::move(a.host_copy);  // retained from the last cycle
+    Status s = copy ? Status::Ok() : HostBuffer::allocate(a.size, &copy);
     if (s.ok()) s = backend_->copy_to_host(a.device, copy->data(), a.va, a.size);
     if (!s.ok()) return with_context(s, where + "; it stays resident with its content");
     a.host_copy = std::move(copy);
@@ -232,13 +234,13 @@ Status Saver::resume(const TagSelection& selection) {
     settle(batch, 0, State::kActive, State::kPaused, false);
     return s;
   }
-  settle(batch, batch.size(), State::kActive, State::kPaused, true);
+  settle(batch, batch.size(), State::kActive, State::kPaused, !retain_backups_.load());
   return Status::Ok();
 }
 
 Status Saver::resume_one(Allocation& a) {
   PhysicalHandle physical = 0;
-  Status s = backend_->create_physical(a.device, a.size, &physical);
+  Status s = create_within_margin(a.device, a.size, &physical);
   if (!s.ok()) return s;
   s = backend_->map(a.device, a.va, a.size, physical);
   if (s.ok()) {
@@ -289,7 +291,7 @@ std::string Saver::stats_json() const {
       // An allocation mid-pause still holds its memory; one mid-resume does not yet.
       bool resident = a.state == State::kActive || a.state == State::kPausing;
       (resident ? t.resident : t.paused) += a.size;
-      if (a.state != State::kPausing && a.host_copy) t.host_backup += a.host_copy->size();
+      if (a.state != State::kPausing && a.host_copy) t.host_backup += a.host_copy->size();  // retained copies count too
     }
   }
   std::string out = "{";
@@ -333,9 +335,20 @@ Status Saver::find_backup(uintptr_t address, size_t nbytes, const void** host) c
   return Status::Ok();
 }
 
-bool Saver::owns(uintptr_t va) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return table_.count(va) != 0;
+Status Saver::create_within_margin(int device, size_t size, PhysicalHandle* out) {
+  const size_t margin = margin_bytes_.load();
+  if (margin != 0) {
+    size_t free_bytes = 0, total = 0;
+    Status s = backend_->memory_info(device, &free_bytes, &total);
+    if (!s.ok()) return s;
+    if (free_bytes < size || free_bytes - size < margin) {
+      return Status::Error(Code::kOutOfMemory,
+                           format_bytes(size) + " would leave less than the memory margin of " +
+                               format_bytes(margin) + " free on device " + std::to_string(device) +
+                               " (" + format_bytes(free_bytes) + " free)");
+    }
+  }
+  return backend_->create_physical(device, size, out);
 }
 
 }  // namespace tmsl

@@ -7,6 +7,7 @@
 // operation has settled it (`settled_`). Frees and allocations of other memory proceed.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "address_index.h"
 #include "backend.h"
 #include "backup.h"
 #include "status.h"
@@ -61,7 +63,17 @@ class Saver {
   // copy while paused, nullptr while resident.
   Status find_backup(uintptr_t address, size_t nbytes, const void** host) const;
 
-  bool owns(uintptr_t va) const;
+  // Whether va is the start of one of this saver's allocations; takes no saver-wide lock.
+  bool owns(uintptr_t va) const { return index_.contains(va); }
+
+  // Free device memory an allocation or a resume must leave behind (0: none). Checked
+  // before each physical allocation, so the saver never takes the last bytes another
+  // engine on the GPU counts on.
+  void set_memory_margin(size_t bytes) { margin_bytes_.store(bytes); }
+  size_t memory_margin() const { return margin_bytes_.load(); }
+  // Keep host backups after a successful resume and reuse them at the next pause, so a
+  // pause/resume cycle stops paying for host allocation.
+  void set_retain_backups(bool retain) { retain_backups_.store(retain); }
 
  private:
   enum class State { kActive, kPausing, kPaused, kResuming };
@@ -91,12 +103,17 @@ class Saver {
   Status out_of_memory_on_resume(const std::vector<Allocation*>& batch, const Allocation& failed,
                                  const Status& cause);
   const Allocation* containing(uintptr_t address) const;  // needs mu_
+  // create_physical, refused with kOutOfMemory when it would cut into the margin.
+  Status create_within_margin(int device, size_t size, PhysicalHandle* out);
 
   std::unique_ptr<Backend> backend_;
   std::mutex op_mu_;
   mutable std::mutex mu_;
   std::condition_variable settled_;
   std::map<uintptr_t, std::unique_ptr<Allocation>> table_;
+  AddressIndex index_;
+  std::atomic<size_t> margin_bytes_{0};
+  std::atomic<bool> retain_backups_{false};
 };
 
 }  // namespace tmsl

@@ -15,11 +15,15 @@ from .errors import (
     MemorySaverError,
     OutOfMemoryError,
 )
+from .preload import configure_subprocess
 from .saver import MemorySaver
 from .stats import TagStats
 
 saver = MemorySaver()
 """The process-wide saver (CUDA backend)."""
+
+torch_memory_saver = saver
+"""torch_memory_saver's name for the same object: switching is one import."""
 
 __all__ = [
     "CudaDriverError",
@@ -29,5 +33,7 @@ __all__ = [
     "MemorySaverError",
     "OutOfMemoryError",
     "TagStats",
+    "configure_subprocess",
     "saver",
+    "torch_memory_saver",
 ]

@@ -47,6 +47,11 @@ _SIGNATURES = {
         [ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(_sz), ctypes.POINTER(_sz), ctypes.POINTER(_int)],
         None,
     ),
+    "tmsl_disable_thread_region": ([], _int),
+    "tmsl_set_memory_margin": ([_vp, _sz], _int),
+    "tmsl_set_retain_backups": ([_vp, _int], _int),
+    "tmsl_process_defaults_error": ([], ctypes.c_char_p),
+    "tmsl_preload_active": ([], _int),
     "tmsl_torch_malloc": ([ctypes.c_ssize_t, _int, _vp], _vp),
     "tmsl_torch_free": ([_vp, _sz, _int, _vp], None),
 }
@@ -147,6 +152,12 @@ class NativeSaver:
     def enter_thread_region(self, tag: str, enable_cpu_backup: bool) -> None:
         check(lib().tmsl_set_thread_region(self.handle, tag.encode(), int(enable_cpu_backup)))
 
+    def set_memory_margin(self, nbytes: int) -> None:
+        check(lib().tmsl_set_memory_margin(self.handle, nbytes))
+
+    def set_retain_backups(self, retain: bool) -> None:
+        check(lib().tmsl_set_retain_backups(self.handle, int(retain)))
+
     def malloc(self, size: int, device: int, tag: str, enable_cpu_backup: bool) -> int:
         out = _vp()
         check(lib().tmsl_malloc(self.handle, size, device, tag.encode(), int(enable_cpu_backup),
@@ -192,5 +203,10 @@ class NativeSaver:
 
 
 def leave_thread_region() -> None:
-    """The calling thread's allocations are no longer routed to any saver."""
+    """The calling thread follows the process defaults again (normally: no region)."""
     check(lib().tmsl_set_thread_region(None, None, 0))
+
+
+def disable_thread_region() -> None:
+    """The calling thread allocates outside any region until told otherwise."""
+    check(lib().tmsl_disable_thread_region())

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import threading
+import warnings
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -12,12 +14,14 @@ import torch
 from . import _lib
 from .errors import MemorySaverError
 from .hooks import TorchPools
+from .preload import check_preload_ready, expandable_segments_enabled
 from .stats import TagStats
 
 _HOOK_MODES = ("torch", "preload")
 _MAX_TAG_LENGTH = 256
 
-# Regions nest per thread, across savers: each entry is (native saver, tag, backup).
+# Regions nest per thread, across savers: each entry is (native saver, tag, backup), or
+# None inside saver.disable().
 _thread = threading.local()
 
 
@@ -35,20 +39,45 @@ def _check_bool(value: object, name: str) -> bool:
     return value
 
 
+def _apply_thread_region(entry) -> None:
+    if entry is None:
+        _lib.disable_thread_region()
+    else:
+        native, tag, backup = entry
+        native.enter_thread_region(tag, backup)
+
+
 @contextlib.contextmanager
-def _thread_region(native: _lib.NativeSaver, tag: str, backup: bool) -> Iterator[None]:
+def _thread_region(entry) -> Iterator[None]:
+    """Make ``entry`` this thread's region for the block (None: no region)."""
     stack = _thread.__dict__.setdefault("stack", [])
-    native.enter_thread_region(tag, backup)
-    stack.append((native, tag, backup))
+    _apply_thread_region(entry)
+    stack.append(entry)
     try:
         yield
     finally:
         stack.pop()
         if stack:
-            outer, outer_tag, outer_backup = stack[-1]
-            outer.enter_thread_region(outer_tag, outer_backup)
+            _apply_thread_region(stack[-1])
         else:
             _lib.leave_thread_region()
+
+
+def _turn_off_nccl_graph_registration() -> None:
+    """NCCL registers buffers captured in graphs; a pause replaces their physical memory and
+    a replay would use stale registrations. Registration must be off before NCCL reads it."""
+    if os.environ.get("NCCL_GRAPH_REGISTER") == "0":
+        return
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and "nccl" in str(dist.get_backend()).lower():
+        raise MemorySaverError(
+            "pauseable CUDA graphs need NCCL_GRAPH_REGISTER=0 (NCCL's graph buffer registrations go "
+            "stale when a pause replaces physical memory, and a replay can hang), but NCCL is "
+            "already initialized: set NCCL_GRAPH_REGISTER=0 in the environment before "
+            "torch.distributed.init_process_group"
+        )
+    os.environ["NCCL_GRAPH_REGISTER"] = "0"
 
 
 class MemorySaver:
@@ -86,25 +115,64 @@ class MemorySaver:
         self._lock = threading.RLock()
         self._tags: dict[str, bool] = {}  # tag -> enable_cpu_backup, from first region entry
         self._pools: TorchPools | None = None
+        self._memory_margin_bytes = 0
+        self._retain_cpu_backup = False
 
     # ----- configuration -------------------------------------------------------------
     @property
     def hook_mode(self) -> str:
-        """How allocations are intercepted: ``"torch"`` (pluggable allocator + MemPool)."""
+        """How allocations are intercepted.
+
+        ``"torch"`` (default): a ``CUDAPluggableAllocator`` under one MemPool per tag.
+        ``"preload"``: the library, preloaded with ``LD_PRELOAD``, answers ``cudaMalloc`` and
+        ``cudaFree`` for the whole process. Set it before the first region.
+        """
         return self._hook_mode
 
     @hook_mode.setter
     def hook_mode(self, mode: str) -> None:
         if mode not in _HOOK_MODES:
             raise ValueError(f"hook_mode must be one of {_HOOK_MODES}, got {mode!r}")
-        if self._native is not None and mode != self._hook_mode:
+        if mode == self._hook_mode:
+            return
+        if self._pools is not None or self._tags:
             raise MemorySaverError(
-                f"hook_mode is already {self._hook_mode!r} and the saver is in use; "
+                f"hook_mode is already {self._hook_mode!r} and regions have used it; "
                 "set hook_mode before the first region"
             )
         if mode == "preload":
-            raise MemorySaverError("hook_mode 'preload' is not available in this version; use 'torch'")
+            check_preload_ready()
         self._hook_mode = mode
+
+    @property
+    def memory_margin_bytes(self) -> int:
+        """Device memory (bytes) allocations and resumes must leave free; 0 = none."""
+        return self._memory_margin_bytes
+
+    @memory_margin_bytes.setter
+    def memory_margin_bytes(self, nbytes: int) -> None:
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
+            raise ValueError(f"memory_margin_bytes must be an int >= 0, got {nbytes!r}")
+        self._memory_margin_bytes = nbytes
+        if self._native is not None:
+            self._native.set_memory_margin(nbytes)
+
+    @property
+    def retain_cpu_backup(self) -> bool:
+        """Keep host backups after resume and reuse them at the next pause (faster cycles,
+        host memory held throughout). Default False: backups are freed after resume."""
+        return self._retain_cpu_backup
+
+    @retain_cpu_backup.setter
+    def retain_cpu_backup(self, retain: bool) -> None:
+        self._retain_cpu_backup = _check_bool(retain, "retain_cpu_backup")
+        if self._native is not None:
+            self._native.set_retain_backups(retain)
+
+    @property
+    def enabled(self) -> bool:
+        """Always True (torch_memory_saver compatibility)."""
+        return True
 
     @property
     def backend(self) -> str:
@@ -115,9 +183,12 @@ class MemorySaver:
         with self._lock:
             if self._native is None:
                 if self._backend == "cuda":
-                    self._native = _lib.NativeSaver.process_wide()
+                    native = _lib.NativeSaver.process_wide()
                 else:
-                    self._native = _lib.NativeSaver.host(*self._host_options)
+                    native = _lib.NativeSaver.host(*self._host_options)
+                native.set_memory_margin(self._memory_margin_bytes)
+                native.set_retain_backups(self._retain_cpu_backup)
+                self._native = native
             return self._native
 
     # ----- regions -------------------------------------------------------------------
@@ -134,13 +205,25 @@ class MemorySaver:
         Regions nest; leaving one restores the enclosing one. Allocations on the current
         CUDA device are routed.
         """
-        tag = _check_tag(tag)
+        native = self._enter(tag, enable_cpu_backup)
+        with _thread_region((native, tag, enable_cpu_backup)):
+            if self._backend == "cuda":
+                with self._torch_pools().route(tag):
+                    yield
+            else:
+                yield
+
+    def _enter(self, tag: str, enable_cpu_backup: bool) -> _lib.NativeSaver:
+        """Checks shared by region() and cuda_graph(); returns the native saver."""
+        _check_tag(tag)
         backup = _check_bool(enable_cpu_backup, "enable_cpu_backup")
         if self._backend == "cuda" and not torch.cuda.is_available():
             raise MemorySaverError(
                 f"torch {torch.__version__} sees no CUDA GPU, so there is nothing to route into "
                 "a region; run `python -m torch_mem_saver_lite` to see what is missing"
             )
+        if self._hook_mode == "preload" and expandable_segments_enabled():
+            check_preload_ready()  # raises, naming the setting
         native = self._core()
         self._remember_tag(tag, backup)
         if native.stats().get(tag, {}).get("paused_bytes", 0):
@@ -148,9 +231,51 @@ class MemorySaver:
                 f"region {tag!r} is paused; resume it before allocating in it (a new tensor "
                 "could be placed in its released memory)"
             )
-        with _thread_region(native, tag, backup):
-            if self._backend == "cuda":
-                with self._torch_pools().route(tag):
+        return native
+
+    @contextlib.contextmanager
+    def cuda_graph(
+        self,
+        cuda_graph: torch.cuda.CUDAGraph,
+        pool=None,
+        stream: torch.cuda.Stream | None = None,
+        capture_error_mode: str = "global",
+        tag: str = "cuda_graph",
+        enable_cpu_backup: bool = False,
+    ) -> Iterator[None]:
+        """Like ``torch.cuda.graph``, with the graph's memory pool pauseable under ``tag``.
+
+        Graphs captured with the same tag share one pool (on the current device), as
+        inference engines do when they capture one graph per batch size, largest first.
+        In torch hook mode that pool is the tag's saver pool, and a ``pool`` argument other
+        than it is ignored with a warning; in preload mode a given ``pool`` is used and its
+        memory is pauseable because its ``cudaMalloc`` calls happen inside the region.
+
+        Turns NCCL's graph buffer registration off for the process (``NCCL_GRAPH_REGISTER=0``),
+        or raises if NCCL is already initialized without it.
+        """
+        native = self._enter(tag, enable_cpu_backup)
+        _turn_off_nccl_graph_registration()
+        pools = self._torch_pools()
+        tag_pool = pools.pool(tag, torch.cuda.current_device()).id
+        if self._hook_mode == "torch":
+            if pool is not None and tuple(pool) != tuple(tag_pool):
+                warnings.warn("saver.cuda_graph: in torch hook mode the graph uses the tag's pauseable "
+                              "pool; the pool argument is ignored", stacklevel=3)
+            pool = tag_pool
+        elif pool is None:
+            pool = tag_pool
+        with _thread_region((native, tag, enable_cpu_backup)), pools.suspended():
+            with torch.cuda.graph(cuda_graph, pool=pool, stream=stream,
+                                  capture_error_mode=capture_error_mode):
+                yield
+
+    @contextlib.contextmanager
+    def disable(self) -> Iterator[None]:
+        """Allocations on this thread inside the block are ordinary, even within a region."""
+        with _thread_region(None):
+            if self._pools is not None:
+                with self._pools.suspended():
                     yield
             else:
                 yield
@@ -167,7 +292,8 @@ class MemorySaver:
     def _torch_pools(self) -> TorchPools:
         with self._lock:
             if self._pools is None:
-                self._pools = TorchPools(_lib.library_path())
+                torch_mode = self._hook_mode == "torch"
+                self._pools = TorchPools(_lib.library_path() if torch_mode else None)
             return self._pools
 
     # ----- pause / resume --------------------------------------------------------------
@@ -181,7 +307,10 @@ class MemorySaver:
         else:
             raise TypeError(f"tag must be a str, a list of str or None, got {type(tag).__name__}")
         with self._lock:
-            known = sorted(self._tags)
+            known = set(self._tags)
+        if self._native is not None:
+            known |= set(self._native.stats())
+        known = sorted(known)
         for name in names:
             _check_tag(name)
             if name not in known:

@@ -1,0 +1,112 @@
+// preload hook mode: this library's cudaMalloc/cudaFree, in front of the CUDA runtime's
+// under LD_PRELOAD. An allocation on a thread inside a region goes to the saver; every
+// other call goes straight to the runtime's function (found with dlsym(RTLD_NEXT)). The
+// path for foreign pointers takes no global lock and never synchronizes: a thread-local
+// read for cudaMalloc, a sharded address lookup for cudaFree.
+#include <dlfcn.h>
+
+#include <cstdio>
+
+#include "c_api.h"
+#include "registry.h"
+
+using namespace tmsl;
+
+namespace {
+
+// cudaError_t values (driver_types.h), without pulling in the runtime's headers.
+constexpr int kCudaSuccess = 0;
+constexpr int kCudaErrorMemoryAllocation = 2;
+constexpr int kCudaErrorInitializationError = 3;
+constexpr int kCudaErrorUnknown = 999;
+
+using MallocFn = int (*)(void**, size_t);
+using FreeFn = int (*)(void*);
+using GetDeviceFn = int (*)(int*);
+
+// The runtime's own function: the next definition after this library, or, where the
+// runtime was loaded privately (RTLD_LOCAL), the one in an already loaded libcudart.
+void* runtime_symbol(const char* name) {
+  void* fn = dlsym(RTLD_NEXT, name);
+  for (const char* lib : {"libcudart.so.13", "libcudart.so.12", "libcudart.so"}) {
+    if (fn != nullptr) break;
+    if (void* handle = dlopen(lib, RTLD_NOW | RTLD_NOLOAD)) fn = dlsym(handle, name);
+  }
+  return fn;
+}
+
+MallocFn runtime_malloc() {
+  static MallocFn fn = reinterpret_cast<MallocFn>(runtime_symbol("cudaMalloc"));
+  return fn;
+}
+FreeFn runtime_free() {
+  static FreeFn fn = reinterpret_cast<FreeFn>(runtime_symbol("cudaFree"));
+  return fn;
+}
+GetDeviceFn runtime_get_device() {
+  static GetDeviceFn fn = reinterpret_cast<GetDeviceFn>(runtime_symbol("cudaGetDevice"));
+  return fn;
+}
+
+// A bad TMSL_* variable is never fatal: say so once, then run without default regions.
+void warn_about_defaults_once() {
+  static bool warned = [] {
+    const std::string& error = process_defaults().error;
+    if (!error.empty()) fprintf(stderr, "torch_mem_saver_lite: %s; regions stay off\n", error.c_str());
+    return true;
+  }();
+  (void)warned;
+}
+
+}  // namespace
+
+TMSL_API int cudaMalloc(void** ptr, size_t size) {
+  warn_about_defaults_once();
+  const ThreadRegion region = size == 0 ? ThreadRegion() : effective_region();
+  if (region.saver == nullptr) {
+    MallocFn real = runtime_malloc();
+    return real != nullptr ? real(ptr, size) : kCudaErrorInitializationError;
+  }
+  int device = 0;
+  GetDeviceFn get_device = runtime_get_device();
+  if (get_device != nullptr && get_device(&device) != kCudaSuccess) return kCudaErrorInitializationError;
+  uintptr_t va = 0;
+  Status s = region.saver->allocate(size, device, region.tag, region.backup, &va);
+  if (!s.ok()) {
+    set_last_error(s);
+    return s.code == Code::kOutOfMemory ? kCudaErrorMemoryAllocation : kCudaErrorUnknown;
+  }
+  *ptr = reinterpret_cast<void*>(va);
+  return kCudaSuccess;
+}
+
+TMSL_API int cudaFree(void* ptr) {
+  if (ptr != nullptr) {
+    if (Saver* saver = owner_of(reinterpret_cast<uintptr_t>(ptr))) {
+      // nullptr: the legacy default stream, which cudaFree's callers expect to be waited for.
+      Status s = saver->free(reinterpret_cast<uintptr_t>(ptr), nullptr);
+      if (!s.ok()) set_last_error(s);
+      return s.ok() ? kCudaSuccess : kCudaErrorUnknown;
+    }
+  }
+  FreeFn real = runtime_free();
+  return real != nullptr ? real(ptr) : kCudaErrorInitializationError;
+}
+
+namespace {
+void this_library() {}
+}  // namespace
+
+// Asks the global scope (the main program's handle: RTLD_DEFAULT would also search this
+// library's own scope when it was loaded locally) and compares shared objects, not
+// addresses: inside this library `&cudaMalloc` may be bound to the runtime's definition.
+TMSL_API int tmsl_preload_active(void) {
+  void* global_scope = dlopen(nullptr, RTLD_NOW);
+  void* first = global_scope != nullptr ? dlsym(global_scope, "cudaMalloc") : nullptr;
+  Dl_info found, mine;
+  if (first == nullptr || dladdr(first, &found) == 0 ||
+      dladdr(reinterpret_cast<void*>(&this_library), &mine) == 0) {
+    return 0;
+  }
+  return found.dli_fbase == mine.dli_fbase ? 1 : 0;
+}

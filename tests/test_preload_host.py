@@ -1,0 +1,119 @@
+"""Preload mode's cudaMalloc/cudaFree, exercised under LD_PRELOAD with the host backend."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import torch_mem_saver_lite
+from torch_mem_saver_lite import MemorySaverError, _lib, configure_subprocess, saver
+
+MiB = 1 << 20
+
+
+def run_preloaded(code: str, **env: str) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "LD_PRELOAD": _lib.library_path(), **env}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=120, env=environment)
+
+
+def test_preloaded_cuda_malloc_serves_regions_and_forwards_everything_else():
+    result = run_preloaded(
+        """
+        import ctypes
+        from torch_mem_saver_lite import MemorySaver, _lib, saver
+        process = ctypes.CDLL(None)
+        malloc, free = process.cudaMalloc, process.cudaFree
+        malloc.argtypes, free.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t], [ctypes.c_void_p]
+        host = MemorySaver(backend="host")
+        ptr = ctypes.c_void_p()
+        rc = malloc(ctypes.byref(ptr), 1 << 20)   # outside a region: the runtime's, if any
+        print("outside", rc in (0, 3), host._core().stats() == {})
+        if rc == 0:
+            print("foreign free", free(ptr))
+        with host.region("kv"):
+            print("inside", malloc(ctypes.byref(ptr), 3 << 20), host.stats()["kv"].reserved_bytes)
+        print("ours free", free(ptr), host.stats()["kv"].allocations)
+        print("active", _lib.lib().tmsl_preload_active())
+        saver.hook_mode = "preload"
+        print("mode", saver.hook_mode)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "outside True True" in lines
+    assert f"inside 0 {4 * MiB}" in lines
+    assert "ours free 0 0" in lines
+    assert "active 1" in lines and "mode preload" in lines
+
+
+def test_preload_mode_without_the_library_preloaded_says_how_to_fix_it():
+    fresh = torch_mem_saver_lite.MemorySaver(backend="host")
+    with pytest.raises(MemorySaverError, match="LD_PRELOAD="):
+        fresh.hook_mode = "preload"
+    assert fresh.hook_mode == "torch"
+
+
+def test_bad_environment_values_are_named_and_never_fatal():
+    result = run_preloaded(
+        """
+        import ctypes
+        from torch_mem_saver_lite import saver
+        process = ctypes.CDLL(None)
+        process.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+        process.cudaMalloc(ctypes.byref(ctypes.c_void_p()), 1 << 20)
+        try:
+            saver.hook_mode = "preload"
+        except Exception as e:
+            print("raised:", e)
+        """,
+        TMSL_REGION_ALL_THREADS="maybe", TMSL_DEFAULT_CPU_BACKUP="2",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "raised: bad environment" in result.stdout
+    assert "TMSL_REGION_ALL_THREADS must be 0 or 1, got 'maybe'" in result.stdout
+    assert "TMSL_DEFAULT_CPU_BACKUP must be 0 or 1, got '2'" in result.stdout
+    assert result.stderr.count("TMSL_REGION_ALL_THREADS") == 1  # warned once, no crash
+
+
+def test_preload_refuses_expandable_segments():
+    result = run_preloaded(
+        """
+        from torch_mem_saver_lite import saver
+        try:
+            saver.hook_mode = "preload"
+        except Exception as e:
+            print("raised:", e)
+        """,
+        PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True",
+    )
+    assert "raised:" in result.stdout and "expandable" in result.stdout
+
+
+def test_configure_subprocess_preloads_children_and_restores_the_environment():
+    before = os.environ.get("LD_PRELOAD")
+    with configure_subprocess():
+        assert os.environ["LD_PRELOAD"].split()[0] == _lib.library_path()
+        child = subprocess.run(
+            [sys.executable, "-c", "from torch_mem_saver_lite import _lib; print(_lib.lib().tmsl_preload_active())"],
+            capture_output=True, text=True, timeout=120)
+    assert child.stdout.strip() == "1", child.stderr
+    assert os.environ.get("LD_PRELOAD") == before
+
+
+def test_torch_memory_saver_name_is_the_same_object_with_its_signatures():
+    assert torch_mem_saver_lite.torch_memory_saver is saver
+    params = lambda f: list(inspect.signature(f).parameters)
+    assert params(saver.region) == ["tag", "enable_cpu_backup"]
+    assert params(saver.pause) == ["tag"] and params(saver.resume) == ["tag"]
+    assert params(saver.cuda_graph) == ["cuda_graph", "pool", "stream", "capture_error_mode", "tag",
+                                        "enable_cpu_backup"]
+    assert params(saver.get_cpu_backup) == ["x", "zero_copy"]
+    assert params(saver.disable) == []
+    for name in ("hook_mode", "memory_margin_bytes", "retain_cpu_backup"):
+        assert isinstance(inspect.getattr_static(type(saver), name), property)

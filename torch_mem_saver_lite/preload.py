@@ -1,0 +1,56 @@
+"""Preload hook mode: checks that the library really answers cudaMalloc, and
+``configure_subprocess()`` to start child processes with it preloaded."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+from . import _lib
+from .errors import MemorySaverError
+
+
+def expandable_segments_enabled() -> bool:
+    """Whether PyTorch's expandable segments are on, which bypass cudaMalloc entirely."""
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        settings = os.environ.get(name, "").replace(" ", "")
+        if "expandable_segments:True" in settings or "expandable_segments:true" in settings:
+            return True
+    return False
+
+
+def check_preload_ready() -> None:
+    """Raise MemorySaverError unless preload mode can work in this process."""
+    path = _lib.library_path()
+    if not _lib.lib().tmsl_preload_active():
+        raise MemorySaverError(
+            "hook_mode='preload' needs the library preloaded, and this process's cudaMalloc is "
+            f"not ours: start it with LD_PRELOAD={path} (for child processes, start them inside "
+            "torch_mem_saver_lite.configure_subprocess()), or use hook_mode='torch'"
+        )
+    error = _lib.lib().tmsl_process_defaults_error().decode()
+    if error:
+        raise MemorySaverError(f"bad environment for torch_mem_saver_lite: {error}")
+    if expandable_segments_enabled():
+        raise MemorySaverError(
+            "hook_mode='preload' cannot see PyTorch's expandable segments (they bypass cudaMalloc), "
+            "so nothing would be paused: drop expandable_segments:True from PYTORCH_CUDA_ALLOC_CONF "
+            "or use hook_mode='torch', which works with it"
+        )
+
+
+@contextlib.contextmanager
+def configure_subprocess() -> Iterator[None]:
+    """Child processes started inside the block have the library in LD_PRELOAD."""
+    path = _lib.library_path()
+    old = os.environ.get("LD_PRELOAD")
+    entries = [e for e in (old or "").replace(":", " ").split() if e and e != path]
+    os.environ["LD_PRELOAD"] = " ".join([path, *entries])
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("LD_PRELOAD", None)
+        else:
+            os.environ["LD_PRELOAD"] = old
