@@ -45,6 +45,6 @@ def test_two_processes_with_nccl_replay_a_captured_all_reduce_after_resume():
     worker = Path(__file__).with_name("nccl_worker.py")
     env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29517"}
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                             str(worker)], capture_output=True, text=True, timeout=300, env=env)
+                             str(worker)], capture_output=True, text=True, timeout=240, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert result.stdout.count("rank ok") == 2, result.stdout
