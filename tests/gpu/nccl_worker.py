@@ -60,4 +60,8 @@ assert torch.all(buf == expected), buf[:4]
 assert torch.all(weights == float(rank + 1))
 dist.barrier()
 print(f"rank ok {rank}", flush=True)
-dist.destroy_process_group()
+if os.environ.get("TMSL_WORKER_TEARDOWN", "reset") == "reset":
+    graph.reset()  # drop the captured collective before NCCL's communicator goes away
+    torch.cuda.synchronize()
+    dist.destroy_process_group()
+stage("done")
