@@ -117,3 +117,11 @@ def test_torch_memory_saver_name_is_the_same_object_with_its_signatures():
     assert params(saver.disable) == []
     for name in ("hook_mode", "memory_margin_bytes", "retain_cpu_backup"):
         assert isinstance(inspect.getattr_static(type(saver), name), property)
+
+
+def test_pauseable_graphs_turn_nccl_graph_registration_off(monkeypatch):
+    from torch_mem_saver_lite.saver import _turn_off_nccl_graph_registration
+
+    monkeypatch.delenv("NCCL_GRAPH_REGISTER", raising=False)
+    _turn_off_nccl_graph_registration()  # NCCL not initialized here: it can still be set
+    assert os.environ["NCCL_GRAPH_REGISTER"] == "0"
