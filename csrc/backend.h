@@ -37,9 +37,15 @@ class Backend {
   virtual Status unmap(int device, uintptr_t va, size_t size) = 0;
   virtual Status set_access(int device, uintptr_t va, size_t size) = 0;
 
-  // Synchronous copies between mapped memory and ordinary host memory.
-  virtual Status copy_to_host(int device, void* dst, uintptr_t src, size_t size) = 0;
-  virtual Status copy_from_host(int device, uintptr_t dst, const void* src, size_t size) = 0;
+  // Page-locks host memory for DMA from every device (a no-op on the host backend).
+  virtual Status register_host(int device, void* ptr, size_t size) = 0;
+  virtual Status unregister_host(int device, void* ptr) = 0;
+
+  // Copies between mapped memory and registered host memory, queued on the backend's own
+  // copy stream for `device`; wait_copies returns when every queued copy has landed.
+  virtual Status copy_to_host_async(int device, void* dst, uintptr_t src, size_t size) = 0;
+  virtual Status copy_from_host_async(int device, uintptr_t dst, const void* src, size_t size) = 0;
+  virtual Status wait_copies(int device) = 0;
 
   // Waits for all outstanding work on the device, or on one stream of it.
   virtual Status synchronize_device(int device) = 0;

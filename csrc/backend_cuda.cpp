@@ -41,8 +41,11 @@ struct DriverApi {
   PFN_cuMemMap_v10020 cuMemMap = nullptr;
   PFN_cuMemUnmap_v10020 cuMemUnmap = nullptr;
   PFN_cuMemSetAccess_v10020 cuMemSetAccess = nullptr;
-  PFN_cuMemcpyDtoH_v3020 cuMemcpyDtoH = nullptr;
-  PFN_cuMemcpyHtoD_v3020 cuMemcpyHtoD = nullptr;
+  PFN_cuMemHostRegister_v6050 cuMemHostRegister = nullptr;
+  PFN_cuMemHostUnregister_v4000 cuMemHostUnregister = nullptr;
+  PFN_cuStreamCreate_v2000 cuStreamCreate = nullptr;
+  PFN_cuMemcpyDtoHAsync_v3020 cuMemcpyDtoHAsync = nullptr;
+  PFN_cuMemcpyHtoDAsync_v3020 cuMemcpyHtoDAsync = nullptr;
 };
 
 Status load_driver(DriverApi* api) {
@@ -92,8 +95,11 @@ Status load_driver(DriverApi* api) {
   resolve("cuMemMap", &api->cuMemMap);
   resolve("cuMemUnmap", &api->cuMemUnmap);
   resolve("cuMemSetAccess", &api->cuMemSetAccess);
-  resolve("cuMemcpyDtoH", &api->cuMemcpyDtoH);
-  resolve("cuMemcpyHtoD", &api->cuMemcpyHtoD);
+  resolve("cuMemHostRegister", &api->cuMemHostRegister);
+  resolve("cuMemHostUnregister", &api->cuMemHostUnregister);
+  resolve("cuStreamCreate", &api->cuStreamCreate);
+  resolve("cuMemcpyDtoHAsync", &api->cuMemcpyDtoHAsync);
+  resolve("cuMemcpyHtoDAsync", &api->cuMemcpyHtoDAsync);
   if (!missing.empty()) {
     return Status::Error(Code::kNoDriver, "the CUDA driver lacks entry points: " + missing);
   }
@@ -172,14 +178,35 @@ class CudaBackend final : public Backend {
     });
   }
 
-  Status copy_to_host(int device, void* dst, uintptr_t src, size_t size) override {
-    return in_context(device,
-                      [&] { return check(api_.cuMemcpyDtoH(dst, src, size), "cuMemcpyDtoH"); });
+  Status register_host(int device, void* ptr, size_t size) override {
+    return in_context(device, [&] {
+      return check(api_.cuMemHostRegister(ptr, size, CU_MEMHOSTREGISTER_PORTABLE),
+                   "cuMemHostRegister(" + format_bytes(size) + ")");
+    });
   }
 
-  Status copy_from_host(int device, uintptr_t dst, const void* src, size_t size) override {
-    return in_context(device,
-                      [&] { return check(api_.cuMemcpyHtoD(dst, src, size), "cuMemcpyHtoD"); });
+  Status unregister_host(int device, void* ptr) override {
+    return in_context(device, [&] { return check(api_.cuMemHostUnregister(ptr), "cuMemHostUnregister"); });
+  }
+
+  Status copy_to_host_async(int device, void* dst, uintptr_t src, size_t size) override {
+    return in_context(device, [&] {
+      return check(api_.cuMemcpyDtoHAsync(dst, src, size, devices_[device].copy_stream),
+                   "cuMemcpyDtoHAsync");
+    });
+  }
+
+  Status copy_from_host_async(int device, uintptr_t dst, const void* src, size_t size) override {
+    return in_context(device, [&] {
+      return check(api_.cuMemcpyHtoDAsync(dst, src, size, devices_[device].copy_stream),
+                   "cuMemcpyHtoDAsync");
+    });
+  }
+
+  Status wait_copies(int device) override {
+    return in_context(device, [&] {
+      return check(api_.cuStreamSynchronize(devices_[device].copy_stream), "cuStreamSynchronize");
+    });
   }
 
   Status synchronize_device(int device) override {
@@ -201,6 +228,7 @@ class CudaBackend final : public Backend {
   struct DeviceState {
     CUcontext context = nullptr;  // the primary context, retained for the process lifetime
     size_t granularity = 0;
+    CUstream copy_stream = nullptr;  // backups travel here, apart from the user's streams
   };
 
   static CUmemAllocationProp allocation_prop(int device) {
@@ -251,7 +279,16 @@ class CudaBackend final : public Backend {
                                                  CU_MEM_ALLOC_GRANULARITY_MINIMUM),
               "cuMemGetAllocationGranularity");
     if (!s.ok()) return s;
-    return check(api_.cuDevicePrimaryCtxRetain(&state.context, dev), "cuDevicePrimaryCtxRetain");
+    CUcontext context = nullptr;
+    s = check(api_.cuDevicePrimaryCtxRetain(&context, dev), "cuDevicePrimaryCtxRetain");
+    if (!s.ok()) return s;
+    s = check(api_.cuCtxPushCurrent(context), "cuCtxPushCurrent");
+    if (!s.ok()) return s;
+    s = check(api_.cuStreamCreate(&state.copy_stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    CUcontext popped = nullptr;
+    api_.cuCtxPopCurrent(&popped);
+    if (s.ok()) state.context = context;  // published last: it marks the device ready
+    return s;
   }
 
   // Runs `body` with the device's primary context current, and restores the caller's.

@@ -136,6 +136,15 @@ TMSL_API int tmsl_set_retain_backups(void* handle, int retain) {
   });
 }
 
+TMSL_API int tmsl_wait_for_released_backups(void* handle) {
+  return guarded([&] {
+    Saver* saver = nullptr;
+    Status s = live_saver(handle, &saver);
+    if (s.ok()) saver->wait_for_released_backups();
+    return s;
+  });
+}
+
 TMSL_API const char* tmsl_process_defaults_error(void) {
   return process_defaults().error.c_str();
 }

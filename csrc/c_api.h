@@ -19,6 +19,8 @@ TMSL_API int tmsl_disable_thread_region(void);
 
 TMSL_API int tmsl_set_memory_margin(void* saver, size_t bytes);
 TMSL_API int tmsl_set_retain_backups(void* saver, int retain);
+// Returns once the backups resume let go of have been freed (that happens in the background).
+TMSL_API int tmsl_wait_for_released_backups(void* saver);
 // "" when the TMSL_* environment variables are valid, else what is wrong with them.
 TMSL_API const char* tmsl_process_defaults_error(void);
 // 1 when this library's cudaMalloc is the one the process calls (LD_PRELOAD in effect).

@@ -149,16 +149,27 @@ std::vector<Saver::Allocation*> Saver::claim(const TagSelection& selection, Stat
 }
 
 void Saver::settle(const std::vector<Allocation*>& batch, size_t done, State done_state,
-                   State rest_state, bool drop_backups) {
-  std::vector<std::unique_ptr<HostBuffer>> dropped;  // freed after the lock is released
+                   State rest_state, std::vector<HostBuffer>* backups, bool drop_backups) {
+  std::vector<HostBuffer> let_go;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t i = 0; i < batch.size(); ++i) {
       Allocation& a = *batch[i];
       a.state = i < done ? done_state : rest_state;
-      if (i < done && drop_backups && a.host_copy) dropped.push_back(std::move(a.host_copy));
+      if (i < done && backups != nullptr) {
+        if (a.host_copy) let_go.push_back(std::move(a.host_copy));
+        a.host_copy = std::move((*backups)[i]);
+      } else if (i < done && drop_backups && a.host_copy) {
+        let_go.push_back(std::move(a.host_copy));
+      }
     }
   }
+  if (backups != nullptr) {
+    for (HostBuffer& unused : *backups) {
+      if (unused) let_go.push_back(std::move(unused));
+    }
+  }
+  releaser_.release(std::move(let_go));
   settled_.notify_all();
 }
 
@@ -172,37 +183,84 @@ Status Saver::synchronize_devices(const std::vector<Allocation*>& batch) {
   return Status::Ok();
 }
 
+Status Saver::wait_copies(const std::vector<Allocation*>& batch) {
+  std::set<int> devices;
+  for (const Allocation* a : batch) devices.insert(a->device);
+  Status first;
+  for (int device : devices) {
+    Status s = backend_->wait_copies(device);
+    if (first.ok() && !s.ok()) first = s;
+  }
+  return first;
+}
+
 Status Saver::pause(const TagSelection& selection) {
   std::lock_guard<std::mutex> op(op_mu_);
   std::vector<Allocation*> batch = claim(selection, State::kActive, State::kPausing);
   if (batch.empty()) return Status::Ok();
   // Kernels still queued may read or write these pages.
   Status s = synchronize_devices(batch);
+  std::vector<HostBuffer> backups(batch.size());
+  if (s.ok()) s = copy_out(batch, &backups);
   size_t done = 0;
   while (s.ok() && done < batch.size()) {
     bool unmapped = false;
-    s = pause_one(*batch[done], &unmapped);
+    s = release_physical(*batch[done], &unmapped);
     if (s.ok() || unmapped) ++done;
   }
-  settle(batch, done, State::kPaused, State::kActive, false);
+  settle(batch, done, State::kPaused, State::kActive, &backups, false);
   return s;
 }
 
-Status Saver::pause_one(Allocation& a, bool* unmapped) {
+Status Saver::copy_out(const std::vector<Allocation*>& batch, std::vector<HostBuffer>* backups) {
+  // One arena for every backup that has no retained host memory of the right size.
+  size_t needed = 0;
+  int arena_device = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const Allocation& a = *batch[i];
+    if (!a.backup) continue;
+    if (a.host_copy && a.host_copy.size == a.size) {
+      (*backups)[i] = a.host_copy;  // retained from the last cycle: reused
+    } else {
+      needed += a.size;
+      arena_device = a.device;
+    }
+  }
+  std::shared_ptr<HostArena> arena;
+  if (needed != 0) {
+    Status s = HostArena::create(backend_.get(), arena_device, needed, &arena);
+    if (!s.ok()) return with_context(s, "pausing: everything stays resident with its content");
+  }
+  size_t offset = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (batch[i]->backup && !(*backups)[i]) {
+      (*backups)[i] = HostBuffer{arena, offset, batch[i]->size};
+      offset += batch[i]->size;
+    }
+  }
+  Status s;
+  for (size_t i = 0; i < batch.size() && s.ok(); ++i) {
+    const Allocation& a = *batch[i];
+    if (!(*backups)[i]) continue;
+    s = (*backups)[i].for_each_chunk([&](size_t at, char* host, size_t length) {
+      return backend_->copy_to_host_async(a.device, host, a.va + at, length);
+    });
+  }
+  // Also after an error: copies in flight still write into the host memory.
+  Status waited = wait_copies(batch);
+  if (s.ok()) s = waited;
+  if (!s.ok()) {
+    backups->assign(batch.size(), HostBuffer());
+    return with_context(s, "copying backups to the host; everything stays resident with its content");
+  }
+  return Status::Ok();
+}
+
+Status Saver::release_physical(Allocation& a, bool* unmapped) {
   const std::string where = "pausing region '" + a.tag + "' (" + format_bytes(a.size) + " at " +
                             format_address(a.va) + " on device " + std::to_string(a.device) + ")";
-  if (a.backup) {
-    std::unique_ptr<HostBuffer> copy = std::move(a.host_copy);  // retained from the last cycle
-    Status s = copy ? Status::Ok() : HostBuffer::allocate(a.size, &copy);
-    if (s.ok()) s = backend_->copy_to_host(a.device, copy->data(), a.va, a.size);
-    if (!s.ok()) return with_context(s, where + "; it stays resident with its content");
-    a.host_copy = std::move(copy);
-  }
   Status s = backend_->unmap(a.device, a.va, a.size);
-  if (!s.ok()) {
-    a.host_copy.reset();
-    return with_context(s, where + "; it stays resident with its content");
-  }
+  if (!s.ok()) return with_context(s, where + "; it stays resident with its content");
   *unmapped = true;
   s = backend_->release_physical(a.device, a.physical, a.size);
   a.physical = 0;
@@ -216,11 +274,10 @@ Status Saver::resume(const TagSelection& selection) {
   size_t done = 0;
   Status s;
   while (s.ok() && done < batch.size()) {
-    s = resume_one(*batch[done]);
+    s = map_fresh(*batch[done]);
     if (s.ok()) ++done;
   }
-  // Copies from pageable host memory may still be in flight when they return.
-  if (s.ok()) s = synchronize_devices(batch);
+  if (s.ok()) s = copy_in(batch);
   if (!s.ok()) {
     for (size_t i = 0; i < done; ++i) {
       Allocation& a = *batch[i];
@@ -231,23 +288,20 @@ Status Saver::resume(const TagSelection& selection) {
     if (s.code == Code::kOutOfMemory && done < batch.size()) {
       s = out_of_memory_on_resume(batch, *batch[done], s);
     }
-    settle(batch, 0, State::kActive, State::kPaused, false);
+    settle(batch, 0, State::kActive, State::kPaused, nullptr, false);
     return s;
   }
-  settle(batch, batch.size(), State::kActive, State::kPaused, !retain_backups_.load());
+  settle(batch, batch.size(), State::kActive, State::kPaused, nullptr, !retain_backups_.load());
   return Status::Ok();
 }
 
-Status Saver::resume_one(Allocation& a) {
+Status Saver::map_fresh(Allocation& a) {
   PhysicalHandle physical = 0;
   Status s = create_within_margin(a.device, a.size, &physical);
   if (!s.ok()) return s;
   s = backend_->map(a.device, a.va, a.size, physical);
   if (s.ok()) {
     s = backend_->set_access(a.device, a.va, a.size);
-    if (s.ok() && a.host_copy) {
-      s = backend_->copy_from_host(a.device, a.va, a.host_copy->data(), a.size);
-    }
     if (!s.ok()) backend_->unmap(a.device, a.va, a.size);
   }
   if (!s.ok()) {
@@ -256,6 +310,20 @@ Status Saver::resume_one(Allocation& a) {
   }
   a.physical = physical;
   return Status::Ok();
+}
+
+Status Saver::copy_in(const std::vector<Allocation*>& batch) {
+  Status s;
+  for (size_t i = 0; i < batch.size() && s.ok(); ++i) {
+    const Allocation& a = *batch[i];
+    if (!a.host_copy) continue;
+    s = a.host_copy.for_each_chunk([&](size_t at, char* host, size_t length) {
+      return backend_->copy_from_host_async(a.device, a.va + at, host, length);
+    });
+  }
+  // Also after an error: the memory must not be unmapped under a running copy.
+  Status waited = wait_copies(batch);
+  return with_context(s.ok() ? waited : s, "restoring backups");
 }
 
 Status Saver::out_of_memory_on_resume(const std::vector<Allocation*>& batch,
@@ -291,7 +359,7 @@ std::string Saver::stats_json() const {
       // An allocation mid-pause still holds its memory; one mid-resume does not yet.
       bool resident = a.state == State::kActive || a.state == State::kPausing;
       (resident ? t.resident : t.paused) += a.size;
-      if (a.state != State::kPausing && a.host_copy) t.host_backup += a.host_copy->size();  // retained copies count too
+      if (a.state != State::kPausing && a.host_copy) t.host_backup += a.host_copy.size;  // retained copies count too
     }
   }
   std::string out = "{";
@@ -329,9 +397,7 @@ Status Saver::find_backup(uintptr_t address, size_t nbytes, const void** host) c
                              "' keeps no CPU backup: enter it with enable_cpu_backup=True");
   }
   const bool held = a->state == State::kPaused || a->state == State::kResuming;
-  *host = held && a->host_copy
-              ? static_cast<const char*>(a->host_copy->data()) + (address - a->va)
-              : nullptr;
+  *host = held && a->host_copy ? a->host_copy.data() + (address - a->va) : nullptr;
   return Status::Ok();
 }
 

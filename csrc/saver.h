@@ -45,15 +45,20 @@ class Saver {
   // on (torch passes it); only that stream is waited for, never the whole device.
   Status free(uintptr_t va, void* stream);
 
-  // Waits for the devices' outstanding work, copies content to the host where the
-  // allocation asked for a backup, then unmaps and releases the physical memory. The VA
-  // stays reserved. Already paused allocations are skipped. On error, every allocation
-  // is either still active with its content or paused with a complete backup.
+  // Waits for the devices' outstanding work, copies the content of backed-up allocations
+  // to pinned host memory (all of them, before anything is released), then unmaps and
+  // releases the physical memory. The VA stays reserved. Already paused allocations are
+  // skipped. On error, every allocation is either still active with its content or paused
+  // with a complete backup.
   Status pause(const TagSelection& selection);
   // Maps fresh physical memory at the same addresses and restores backed-up content.
   // All or nothing: on error (out of memory, say) whatever this call mapped is unmapped
   // again and everything it covered stays paused, backups intact; a later call can succeed.
+  // Backups are freed in the background afterwards unless retention is on.
   Status resume(const TagSelection& selection);
+
+  // Returns once backups handed to the background releaser have been freed.
+  void wait_for_released_backups() { releaser_.wait_idle(); }
 
   // {"<tag>": {"allocations": n, "reserved_bytes": n, "resident_bytes": n,
   //            "paused_bytes": n, "host_backup_bytes": n}, ...}
@@ -87,19 +92,26 @@ class Saver {
     State state = State::kActive;
     // Written only by the pause/resume that has claimed the allocation (state kPausing or
     // kResuming) or under mu_.
-    PhysicalHandle physical = 0;            // meaningful while active
-    std::unique_ptr<HostBuffer> host_copy;  // while paused with backup
+    PhysicalHandle physical = 0;  // meaningful while active
+    HostBuffer host_copy;         // while paused with backup (or retained)
   };
 
   // Marks the allocations in `from` state that match `selection` as `to`, under the lock.
   std::vector<Allocation*> claim(const TagSelection& selection, State from, State to);
-  // Moves claimed allocations [0, done) to `done_state` (dropping their host copies if
-  // asked) and the rest to `rest_state`, then wakes frees waiting on them.
+  // Moves claimed allocations [0, done) to `done_state` and the rest to `rest_state`, then
+  // wakes frees waiting on them. With `backups` (a pause), batch[i < done] takes
+  // backups[i] as its host copy; with `drop_backups` (a resume), batch[i < done] gives its
+  // host copy up. Whatever is let go is freed in the background.
   void settle(const std::vector<Allocation*>& batch, size_t done, State done_state,
-              State rest_state, bool drop_backups);
+              State rest_state, std::vector<HostBuffer>* backups, bool drop_backups);
   Status synchronize_devices(const std::vector<Allocation*>& batch);
-  Status pause_one(Allocation& a, bool* unmapped);
-  Status resume_one(Allocation& a);
+  // Copies every backed-up allocation of the batch into host memory; on error none is kept.
+  Status copy_out(const std::vector<Allocation*>& batch, std::vector<HostBuffer>* backups);
+  // Copies every host copy of the batch back to its (freshly mapped) allocation.
+  Status copy_in(const std::vector<Allocation*>& batch);
+  Status wait_copies(const std::vector<Allocation*>& batch);
+  Status release_physical(Allocation& a, bool* unmapped);
+  Status map_fresh(Allocation& a);
   Status out_of_memory_on_resume(const std::vector<Allocation*>& batch, const Allocation& failed,
                                  const Status& cause);
   const Allocation* containing(uintptr_t address) const;  // needs mu_
@@ -114,6 +126,7 @@ class Saver {
   AddressIndex index_;
   std::atomic<size_t> margin_bytes_{0};
   std::atomic<bool> retain_backups_{false};
+  BackgroundReleaser releaser_;  // declared after backend_: freeing backups uses it
 };
 
 }  // namespace tmsl

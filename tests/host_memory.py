@@ -62,3 +62,12 @@ def resident_pages(ptr: int, size: int) -> int | None:
     if _libc.mincore(ptr, size, vec) != 0:
         return None
     return sum(v & 1 for v in vec)
+
+
+def rss_anon_bytes() -> int:
+    """Anonymous private pages of this process (where host backups live), from /proc/self/status."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("RssAnon not in /proc/self/status")

@@ -50,6 +50,7 @@ _SIGNATURES = {
     "tmsl_disable_thread_region": ([], _int),
     "tmsl_set_memory_margin": ([_vp, _sz], _int),
     "tmsl_set_retain_backups": ([_vp, _int], _int),
+    "tmsl_wait_for_released_backups": ([_vp], _int),
     "tmsl_process_defaults_error": ([], ctypes.c_char_p),
     "tmsl_preload_active": ([], _int),
     "tmsl_torch_malloc": ([ctypes.c_ssize_t, _int, _vp], _vp),
@@ -157,6 +158,9 @@ class NativeSaver:
 
     def set_retain_backups(self, retain: bool) -> None:
         check(lib().tmsl_set_retain_backups(self.handle, int(retain)))
+
+    def wait_for_released_backups(self) -> None:
+        check(lib().tmsl_wait_for_released_backups(self.handle))
 
     def malloc(self, size: int, device: int, tag: str, enable_cpu_backup: bool) -> int:
         out = _vp()

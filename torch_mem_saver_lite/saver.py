@@ -381,6 +381,15 @@ class MemorySaver:
         cpu = raw.view(x.dtype).view(x.shape)
         return cpu if zero_copy else cpu.clone()
 
+    def wait_for_released_backups(self) -> None:
+        """Wait until host backups that resumes let go of are freed.
+
+        A resume returns as soon as the content is back on the device and frees its host
+        memory on a background thread; call this before measuring host memory.
+        """
+        if self._native is not None:
+            self._native.wait_for_released_backups()
+
     # ----- lifetime ----------------------------------------------------------------------
     def close(self) -> None:
         """Free everything a host-backend saver holds. The process-wide saver lives until exit."""

@@ -1,0 +1,62 @@
+"""Host memory of backups: given back after a non-retaining resume, and a pause that runs
+out of host memory leaves everything resident with its content."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+from host_memory import rss_anon_bytes
+
+MiB = 1 << 20
+
+
+def test_host_memory_returns_after_a_non_retaining_resume(host_saver, mem):
+    with host_saver.region("weights", enable_cpu_backup=True):
+        ptrs = [mem.malloc(32 * MiB) for _ in range(3)]
+    for i, ptr in enumerate(ptrs):
+        mem.write(ptr, bytes([i + 1]) * (32 * MiB))
+    before = rss_anon_bytes()
+    for _ in range(3):
+        host_saver.pause("weights")
+        assert rss_anon_bytes() - before >= 96 * MiB  # the backups are really in host memory
+        host_saver.resume("weights")
+        host_saver.wait_for_released_backups()
+        assert rss_anon_bytes() - before < 8 * MiB, "backup memory was not given back"
+    assert all(mem.read(p, 4) == bytes([i + 1]) * 4 for i, p in enumerate(ptrs))
+
+
+def test_pause_that_runs_out_of_host_memory_keeps_everything_resident():
+    code = textwrap.dedent(
+        """
+        import resource
+        from host_memory import HostMemory
+        from torch_mem_saver_lite import MemorySaver, OutOfMemoryError
+        mem, saver = HostMemory(), MemorySaver(backend="host")
+        with saver.region("weights", enable_cpu_backup=True):
+            ptrs = [mem.malloc(32 << 20) for _ in range(2)]
+        for i, p in enumerate(ptrs):
+            mem.write(p, bytes([7 + i]) * (32 << 20))
+        with open("/proc/self/status") as f:
+            vm = next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmSize:"))
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        resource.setrlimit(resource.RLIMIT_AS, (vm + (16 << 20), hard))  # no room for 64 MiB
+        try:
+            saver.pause("weights")
+        except OutOfMemoryError as e:
+            print("oom:", "stays resident" in str(e))
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+        s = saver.stats()["weights"]
+        print("state", s.resident_bytes, s.paused_bytes, s.host_backup_bytes)
+        print("content", all(mem.read(p, 32 << 20) == bytes([7 + i]) * (32 << 20) for i, p in enumerate(ptrs)))
+        saver.pause("weights")
+        saver.resume("weights")
+        print("retry", all(mem.read(p, 32 << 20) == bytes([7 + i]) * (32 << 20) for i, p in enumerate(ptrs)))
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(__file__) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["oom: True", f"state {64 * MiB} 0 0", "content True", "retry True"]
