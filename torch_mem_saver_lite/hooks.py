@@ -86,6 +86,12 @@ class TorchPools:
                     self._pools[key] = torch.cuda.MemPool(allocator)
             return self._pools[key]
 
+    def drop(self, tag: str) -> None:
+        """Forget ``tag``'s pools; torch frees their cached segments at its next empty_cache()."""
+        with self._lock:
+            for key in [k for k in self._pools if k[0] == tag]:
+                del self._pools[key]
+
     def route(self, tag: str) -> contextlib.AbstractContextManager[None]:
         """Send this thread's allocations on the current device to ``tag``'s pool."""
         device = torch.cuda.current_device()

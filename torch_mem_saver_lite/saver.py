@@ -381,6 +381,18 @@ class MemorySaver:
         cpu = raw.view(x.dtype).view(x.shape)
         return cpu if zero_copy else cpu.clone()
 
+    def empty_cache(self, tag: str) -> None:
+        """Free the memory ``tag``'s pool caches for tensors that no longer exist.
+
+        PyTorch keeps freed blocks of a region cached in the tag's pool (so pausing the tag
+        still covers them). Call this once none of the tag's tensors is alive to give that
+        memory back for good; the next region of the tag starts a new pool.
+        """
+        _check_tag(tag)
+        if self._pools is not None:
+            self._pools.drop(tag)
+        torch.cuda.empty_cache()
+
     def wait_for_released_backups(self) -> None:
         """Wait until host backups that resumes let go of are freed.
 
