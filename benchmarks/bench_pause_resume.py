@@ -97,8 +97,9 @@ def run_workload(saver, workload: str, total: int, variant: str, backup: bool, r
     saver.retain_cpu_backup = retain
     with saver.region(tag, enable_cpu_backup=backup):
         tensors = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in tensor_sizes(workload, total)]
-    for i, t in enumerate(tensors):
-        t.fill_(i % 251)
+    for i, tensor in enumerate(tensors):
+        tensor.fill_(i % 251)
+    del tensor  # only `tensors` may hold them: empty_cache below must free every segment
     sums = [int(t.sum(dtype=torch.int64)) for t in tensors] if backup else None
     nbytes = saver.stats()[tag].reserved_bytes
     rss_start = rss_anon()

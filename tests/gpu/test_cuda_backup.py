@@ -35,7 +35,7 @@ def test_backup_content_identical_after_five_cycles(workload, retain):
     try:
         with saver.region(tag, enable_cpu_backup=True):
             tensors = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in tensor_sizes(workload, GiB)]
-        rss_before = rss_anon()
+        rss_before = None
         for cycle in range(5):
             # New content every cycle: a stale (retained) backup would be caught.
             for i, t in enumerate(tensors):
@@ -46,15 +46,18 @@ def test_backup_content_identical_after_five_cycles(workload, retain):
             for i, t in enumerate(tensors):
                 assert torch.equal(t, pattern(t.numel(), 1000 * cycle + i)), f"cycle {cycle} tensor {i}"
             saver.wait_for_released_backups()
+            # Measured from the end of the first cycle: the process's first pinned transfer
+            # costs the CUDA driver some host memory of its own once.
+            rss_before = rss_anon() if rss_before is None else rss_before
             grown = rss_anon() - rss_before
             if retain:
                 assert saver.stats()[tag].host_backup_bytes == saver.stats()[tag].reserved_bytes
             else:
                 assert saver.stats()[tag].host_backup_bytes == 0
-                assert grown < 64 * MiB, f"host memory not given back: +{grown / MiB:.0f} MiB"
+                assert grown < 32 * MiB, f"host memory not given back: +{grown / MiB:.0f} MiB"
     finally:
         saver.retain_cpu_backup = False
-    del tensors
+    del tensors, t
     saver.empty_cache(tag)
     assert saver.stats()[tag].allocations == 0  # device memory and retained backups given back
 
