@@ -34,13 +34,17 @@ class HostMemory:
         return ctypes.string_at(ptr, size)
 
 
-def rss_shmem_bytes() -> int:
-    """Shared-memory pages (the memfds) mapped into this process, from /proc/self/status."""
+def _status_bytes(field: str) -> int:
     with open("/proc/self/status") as status:
         for line in status:
-            if line.startswith("RssShmem:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
-    raise RuntimeError("RssShmem not in /proc/self/status")
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def rss_shmem_bytes() -> int:
+    """Shared-memory pages (the memfds) mapped into this process."""
+    return _status_bytes("RssShmem")
 
 
 def open_memfds() -> int:
@@ -65,9 +69,5 @@ def resident_pages(ptr: int, size: int) -> int | None:
 
 
 def rss_anon_bytes() -> int:
-    """Anonymous private pages of this process (where host backups live), from /proc/self/status."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("RssAnon not in /proc/self/status")
+    """Anonymous private pages of this process (where host backups live)."""
+    return _status_bytes("RssAnon")
