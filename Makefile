@@ -6,10 +6,10 @@ PIP := $(PYTHON) -m pip install -q --disable-pip-version-check
 
 install:
 	$(PIP) scikit-build-core
-	$(PIP) --no-build-isolation -e ".[test]"
+	$(PIP) --no-build-isolation -e ".[test,examples]"
 
 run: install
-	$(PYTHON) examples/demo.py
+	$(PYTHON) examples/rl_example.py
 
 test: install
 	$(PYTHON) -m pytest -q tests

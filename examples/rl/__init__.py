@@ -1,0 +1,1 @@
+"""Pieces of the RL example: policy model, task, rollout engine, trainer."""

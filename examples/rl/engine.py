@@ -1,0 +1,113 @@
+"""The rollout engine: its own copy of the weights, a preallocated KV cache, a prefill
+step, and the decode step captured as CUDA graphs for batch sizes 1, 2, 4, ... (padded to
+the nearest captured size, as serving engines do).
+
+With a saver, the weights, the KV cache and the graph pool live in the regions "weights",
+"kv_cache" and "cuda_graph", so the whole engine can be paused while the trainer runs.
+The small static tensors the graphs read (rotary tables, step inputs) stay outside the
+regions: they must keep their content across a pause.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from .model import ModelConfig, Policy
+from .task import digit_logits
+
+
+class RolloutEngine:
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], batch_sizes: list[int],
+                 prompt_length: int, completion_length: int, device: torch.device, saver=None):
+        self.saver = saver
+        self.device = device
+        self.prompt_length = prompt_length
+        self.completion_length = completion_length
+        self.batch_sizes = sorted(batch_sizes)
+        with self._region("weights"), torch.device(device):
+            self.model = Policy(config).requires_grad_(False).eval()
+        self.load_weights(weights)
+        with self._region("kv_cache"):
+            self.kv_cache = self.model.new_kv_cache(self.batch_sizes[-1], device)
+        self.cos, self.sin = self.model.rotary(device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.static_tokens = torch.zeros(self.batch_sizes[-1], dtype=torch.long, device=device)
+        self.static_positions = torch.zeros(self.batch_sizes[-1], dtype=torch.long, device=device)
+        self.static_logits: dict[int, torch.Tensor] = {}
+        if device.type == "cuda":
+            self._capture()
+
+    def _region(self, tag: str):
+        return self.saver.region(tag) if self.saver is not None else contextlib.nullcontext()
+
+    def _decode_eager(self, b: int) -> torch.Tensor:
+        return self.model.decode(self.static_tokens[:b], self.static_positions[:b], self.kv_cache,
+                                 self.cos, self.sin)
+
+    def _capture(self) -> None:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for b in self.batch_sizes:
+                self._decode_eager(b)  # warm-up outside capture
+        torch.cuda.current_stream().wait_stream(side)
+        shared_pool = None if self.saver is not None else torch.cuda.graph_pool_handle()
+        for b in reversed(self.batch_sizes):  # largest first: smaller ones reuse its memory
+            graph = torch.cuda.CUDAGraph()
+            if self.saver is not None:
+                capture = self.saver.cuda_graph(graph, tag="cuda_graph")
+            else:
+                capture = torch.cuda.graph(graph, pool=shared_pool)
+            with capture:
+                self.static_logits[b] = self._decode_eager(b)
+            self.graphs[b] = graph
+
+    def padded_size(self, n: int) -> int:
+        for b in self.batch_sizes:
+            if b >= n:
+                return b
+        raise ValueError(f"{n} sequences exceed the largest captured batch size {self.batch_sizes[-1]}")
+
+    def _step(self, b: int, tokens: torch.Tensor, position: int) -> torch.Tensor:
+        self.static_tokens[:b].copy_(tokens)
+        self.static_positions[:b].fill_(position)
+        if b in self.graphs:
+            self.graphs[b].replay()
+            return self.static_logits[b]
+        return self._decode_eager(b)
+
+    @torch.no_grad()
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Copy in place, so the addresses the graphs recorded stay valid."""
+        for name, parameter in self.model.named_parameters():
+            parameter.copy_(weights[name], non_blocking=True)
+
+    @torch.no_grad()
+    def generate(self, prompts: torch.Tensor, temperature: float, generator: torch.Generator) -> torch.Tensor:
+        """Completions [n, completion_length] of digits for prompts [n, prompt_length]."""
+        n = prompts.shape[0]
+        b = self.padded_size(n)
+        padded = torch.cat([prompts, prompts[:1].expand(b - n, -1)]) if b > n else prompts
+        logits = self.model.prefill(padded, self.kv_cache, self.cos, self.sin)
+        tokens = [self._sample(logits, temperature, generator)]
+        for t in range(self.completion_length - 1):
+            logits = self._step(b, tokens[-1], self.prompt_length + t)
+            tokens.append(self._sample(logits, temperature, generator))
+        return torch.stack(tokens, dim=1)[:n]
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, temperature: float, generator: torch.Generator) -> torch.Tensor:
+        probs = torch.softmax(digit_logits(logits.float()) / temperature, dim=-1)
+        return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+    @torch.no_grad()
+    def graph_vs_eager(self, prompts: torch.Tensor) -> float:
+        """Largest |graph - eager| over one decode step's logits for the largest batch."""
+        b = self.batch_sizes[-1]
+        padded = torch.cat([prompts, prompts[:1].expand(b - prompts.shape[0], -1)])[:b]
+        first = self.model.prefill(padded, self.kv_cache, self.cos, self.sin).argmax(-1)
+        graph_logits = self._step(b, first, self.prompt_length).clone()
+        eager_logits = self._decode_eager(b)
+        return float((graph_logits - eager_logits).abs().max())
