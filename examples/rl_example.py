@@ -7,10 +7,11 @@ take turns, each paused with torch_mem_saver_lite while the other runs.
     python examples/rl_example.py --hook-mode preload      # re-executes itself with LD_PRELOAD
     torchrun --nproc-per-node 2 examples/rl_example.py     # data-parallel, an engine per rank
 
-Each step (GRPO): generate groups of completions for digit-sum prompts, score them,
-pause the engine ("weights", "kv_cache", "cuda_graph") and train with the trainer's state
-resumed, resume the engine and push the new weights into it in place, pause the trainer,
-then check one decode step through the graph against the same step run eagerly.
+Each step (GRPO): generate groups of completions for digit-sum prompts, score them, then
+`with saver.paused(["weights", "kv_cache", "cuda_graph"])`: resume the trainer's state,
+take an optimizer step, pause the trainer again (its state goes to pinned host memory).
+Once the engine is back, push the new weights into it in place from the trainer's host
+backup, and check one decode step through the graph against the same step run eagerly.
 Writes <out>/summary.json and <out>/memory.png.
 """
 
@@ -144,7 +145,12 @@ def plot(timeline: Timeline, rewards: list[float], path: Path) -> None:
     memory.set_xlabel("seconds")
     memory.set_ylabel("GPU memory in use (GiB)")
     memory.set_title("memory by phase")
-    reward.plot(range(1, len(rewards) + 1), rewards)
+    reward.plot(range(1, len(rewards) + 1), rewards, alpha=0.4, label="per step")
+    window = max(1, len(rewards) // 20)
+    smooth = [sum(rewards[max(0, i - window + 1):i + 1]) / len(rewards[max(0, i - window + 1):i + 1])
+              for i in range(len(rewards))]
+    reward.plot(range(1, len(rewards) + 1), smooth, label=f"mean of {window}")
+    reward.legend(fontsize=8)
     reward.set_xlabel("step")
     reward.set_ylabel("mean reward")
     reward.set_title("reward")
@@ -253,10 +259,17 @@ def run() -> int:
             record["train_used_bytes"] = timeline.mark("train")
             if saver is not None:
                 record["train_resident_bytes"] = saver.stats()["train"].resident_bytes
+                with phases("pause-train"):
+                    saver.pause("train")  # to host memory, before the engine needs the GPU back
         with phases("sync"):
-            engine.load_weights(trainer.weights())
+            # New weights go into the engine's own tensors in place: the graphs keep their
+            # addresses. With the saver they come from the trainer's pinned host backup, so
+            # trainer and engine never need the GPU at the same time.
             if saver is not None:
-                saver.pause("train")
+                engine.load_weights({name: saver.get_cpu_backup(p, zero_copy=True)
+                                     for name, p in trainer.weights().items()})
+            else:
+                engine.load_weights(trainer.weights())
         timeline.mark("sync")
         if device.type == "cuda":
             record["guard_max_diff"] = engine.graph_vs_eager(prompts[:1])

@@ -80,9 +80,12 @@ class RolloutEngine:
 
     @torch.no_grad()
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        """Copy in place, so the addresses the graphs recorded stay valid."""
+        """Copy in place, so the addresses the graphs recorded stay valid. Returns once the
+        copies are done, so host sources may be freed right after."""
         for name, parameter in self.model.named_parameters():
             parameter.copy_(weights[name], non_blocking=True)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
 
     @torch.no_grad()
     def generate(self, prompts: torch.Tensor, temperature: float, generator: torch.Generator) -> torch.Tensor:
