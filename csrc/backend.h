@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "status.h"
 
@@ -52,6 +53,15 @@ class Backend {
   virtual Status synchronize_stream(int device, void* stream) = 0;
 
   virtual Status memory_info(int device, size_t* free_bytes, size_t* total_bytes) = 0;
+
+  // Test hook: make the `after_calls`-th next call of `operation` (a method name above,
+  // e.g. "map") fail as a driver error would. Only the host backend supports it.
+  virtual Status inject_fault(const std::string& operation, long after_calls) {
+    (void)operation;
+    (void)after_calls;
+    return Status::Error(Code::kInvalidArgument, std::string("the ") + name() +
+                                                     " backend has no fault injection");
+  }
 };
 
 // Opens the CUDA driver (libcuda.so.1, or $TMSL_CUDA_DRIVER_LIBRARY) at run time.

@@ -12,12 +12,54 @@
 
 #include <cerrno>
 #include <cstring>
+#include <map>
+#include <set>
 #include <mutex>
 
 #include "backend.h"
 
 namespace tmsl {
 namespace {
+
+// Injected failures: operation -> calls left until the one that fails.
+class FaultPlan {
+ public:
+  static const std::set<std::string>& operations() {
+    static const std::set<std::string> names = {
+        "reserve", "free_reservation", "create_physical", "release_physical", "map", "unmap",
+        "set_access", "register_host", "copy_to_host_async", "copy_from_host_async",
+        "wait_copies", "synchronize_device"};
+    return names;
+  }
+
+  Status arm(const std::string& operation, long after_calls) {
+    if (operations().count(operation) == 0 || after_calls < 1) {
+      return Status::Error(Code::kInvalidArgument, "cannot inject a fault into '" + operation +
+                                                       "' after " + std::to_string(after_calls) + " calls");
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    countdown_[operation] = after_calls;
+    return Status::Ok();
+  }
+
+  Status check(const char* operation) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = countdown_.find(operation);
+    if (it == countdown_.end() || --it->second > 0) return Status::Ok();
+    countdown_.erase(it);
+    return Status::Error(Code::kDriverError, std::string("injected fault in ") + operation);
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, long> countdown_;
+};
+
+#define TMSL_FAULT_POINT(op)                 \
+  do {                                       \
+    Status injected = faults_.check(op);     \
+    if (!injected.ok()) return injected;     \
+  } while (0)
 
 class HostBackend final : public Backend {
  public:
@@ -33,6 +75,7 @@ class HostBackend final : public Backend {
   }
 
   Status reserve(int, size_t size, size_t alignment, uintptr_t* va) override {
+    TMSL_FAULT_POINT("reserve");
     // Over-reserve so the start can be aligned, then trim both ends.
     size_t span = size + alignment;
     void* p = mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -47,11 +90,13 @@ class HostBackend final : public Backend {
   }
 
   Status free_reservation(int, uintptr_t va, size_t size) override {
+    TMSL_FAULT_POINT("free_reservation");
     if (munmap(reinterpret_cast<void*>(va), size) != 0) return errno_status("munmap", errno);
     return Status::Ok();
   }
 
   Status create_physical(int device, size_t size, PhysicalHandle* out) override {
+    TMSL_FAULT_POINT("create_physical");
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (capacity_ != 0 && used_ + size > capacity_) {
@@ -75,6 +120,7 @@ class HostBackend final : public Backend {
   }
 
   Status release_physical(int, PhysicalHandle handle, size_t size) override {
+    TMSL_FAULT_POINT("release_physical");
     int rc = close(static_cast<int>(handle));
     give_back(size);
     if (rc != 0) return errno_status("close(memfd)", errno);
@@ -82,6 +128,7 @@ class HostBackend final : public Backend {
   }
 
   Status map(int, uintptr_t va, size_t size, PhysicalHandle handle) override {
+    TMSL_FAULT_POINT("map");
     void* p = mmap(reinterpret_cast<void*>(va), size, PROT_NONE, MAP_SHARED | MAP_FIXED,
                    static_cast<int>(handle), 0);
     if (p == MAP_FAILED) return errno_status("mmap(map memfd)", errno);
@@ -89,6 +136,7 @@ class HostBackend final : public Backend {
   }
 
   Status unmap(int, uintptr_t va, size_t size) override {
+    TMSL_FAULT_POINT("unmap");
     void* p = mmap(reinterpret_cast<void*>(va), size, PROT_NONE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) return errno_status("mmap(unmap)", errno);
@@ -96,29 +144,45 @@ class HostBackend final : public Backend {
   }
 
   Status set_access(int, uintptr_t va, size_t size) override {
+    TMSL_FAULT_POINT("set_access");
     if (mprotect(reinterpret_cast<void*>(va), size, PROT_READ | PROT_WRITE) != 0)
       return errno_status("mprotect", errno);
     return Status::Ok();
   }
 
-  Status register_host(int, void*, size_t) override { return Status::Ok(); }
+  Status register_host(int, void*, size_t) override {
+    TMSL_FAULT_POINT("register_host");
+    return Status::Ok();
+  }
   Status unregister_host(int, void*) override { return Status::Ok(); }
 
   // Host memory has no copy engine: the copies happen at once.
   Status copy_to_host_async(int, void* dst, uintptr_t src, size_t size) override {
+    TMSL_FAULT_POINT("copy_to_host_async");
     memcpy(dst, reinterpret_cast<const void*>(src), size);
     return Status::Ok();
   }
 
   Status copy_from_host_async(int, uintptr_t dst, const void* src, size_t size) override {
+    TMSL_FAULT_POINT("copy_from_host_async");
     memcpy(reinterpret_cast<void*>(dst), src, size);
     return Status::Ok();
   }
 
-  Status wait_copies(int) override { return Status::Ok(); }
+  Status wait_copies(int) override {
+    TMSL_FAULT_POINT("wait_copies");
+    return Status::Ok();
+  }
 
-  Status synchronize_device(int) override { return Status::Ok(); }
+  Status synchronize_device(int) override {
+    TMSL_FAULT_POINT("synchronize_device");
+    return Status::Ok();
+  }
   Status synchronize_stream(int, void*) override { return Status::Ok(); }
+
+  Status inject_fault(const std::string& operation, long after_calls) override {
+    return faults_.arm(operation, after_calls);
+  }
 
   Status memory_info(int, size_t* free_bytes, size_t* total_bytes) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -142,6 +206,7 @@ class HostBackend final : public Backend {
 
   const size_t capacity_;
   const size_t granularity_;
+  FaultPlan faults_;
   std::mutex mu_;
   size_t used_ = 0;
 };

@@ -216,6 +216,15 @@ TMSL_API int tmsl_granularity(void* handle, int device, size_t* out) {
   });
 }
 
+TMSL_API int tmsl_inject_fault(void* handle, const char* operation, long after_calls) {
+  return guarded([&] {
+    Saver* saver = nullptr;
+    Status s = live_saver(handle, &saver);
+    if (s.ok()) s = require(operation != nullptr, "operation must not be NULL");
+    return s.ok() ? saver->backend().inject_fault(operation, after_calls) : s;
+  });
+}
+
 TMSL_API int tmsl_last_error_code(void) { return static_cast<int>(last_error().code); }
 
 TMSL_API const char* tmsl_last_error_message(void) { return last_error().message.c_str(); }

@@ -40,6 +40,9 @@ TMSL_API int tmsl_find_backup(void* saver, const void* ptr, size_t nbytes, const
 TMSL_API int tmsl_memory_info(void* saver, int device, size_t* free_bytes, size_t* total_bytes);
 TMSL_API int tmsl_granularity(void* saver, int device, size_t* out);
 
+// Test hook (host backend): the `after_calls`-th next call of `operation` fails.
+TMSL_API int tmsl_inject_fault(void* saver, const char* operation, long after_calls);
+
 TMSL_API int tmsl_last_error_code(void);
 TMSL_API const char* tmsl_last_error_message(void);
 TMSL_API void tmsl_last_error_oom(const char** tag, size_t* bytes_needed, size_t* bytes_free,

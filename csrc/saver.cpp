@@ -194,12 +194,28 @@ Status Saver::wait_copies(const std::vector<Allocation*>& batch) {
   return first;
 }
 
+std::string Saver::describe(const std::vector<Allocation*>& batch) {
+  std::set<std::string> tags;
+  size_t bytes = 0;
+  for (const Allocation* a : batch) {
+    tags.insert("'" + a->tag + "'");
+    bytes += a->size;
+  }
+  std::string names;
+  for (const std::string& tag : tags) names += (names.empty() ? "" : ", ") + tag;
+  return "region" + std::string(tags.size() > 1 ? "s " : " ") + names + " (" + format_bytes(bytes) + ")";
+}
+
 Status Saver::pause(const TagSelection& selection) {
   std::lock_guard<std::mutex> op(op_mu_);
   std::vector<Allocation*> batch = claim(selection, State::kActive, State::kPausing);
   if (batch.empty()) return Status::Ok();
   // Kernels still queued may read or write these pages.
   Status s = synchronize_devices(batch);
+  if (!s.ok()) {
+    s = with_context(s, "pausing " + describe(batch) + ": everything stays resident with its content, call "
+                        "pause again");
+  }
   std::vector<HostBuffer> backups(batch.size());
   if (s.ok()) s = copy_out(batch, &backups);
   size_t done = 0;
@@ -229,7 +245,11 @@ Status Saver::copy_out(const std::vector<Allocation*>& batch, std::vector<HostBu
   std::shared_ptr<HostArena> arena;
   if (needed != 0) {
     Status s = HostArena::create(backend_.get(), arena_device, needed, &arena);
-    if (!s.ok()) return with_context(s, "pausing: everything stays resident with its content");
+    if (!s.ok()) {
+      return with_context(s, "pausing " + describe(batch) + ": no host memory for " + format_bytes(needed) +
+                                 " of backups; everything stays resident with its content, call pause "
+                                 "again once host memory is free");
+    }
   }
   size_t offset = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -251,7 +271,8 @@ Status Saver::copy_out(const std::vector<Allocation*>& batch, std::vector<HostBu
   if (s.ok()) s = waited;
   if (!s.ok()) {
     backups->assign(batch.size(), HostBuffer());
-    return with_context(s, "copying backups to the host; everything stays resident with its content");
+    return with_context(s, "pausing " + describe(batch) + ": copying backups to the host failed; everything "
+                               "stays resident with its content, call pause again");
   }
   return Status::Ok();
 }
@@ -287,6 +308,9 @@ Status Saver::resume(const TagSelection& selection) {
     }
     if (s.code == Code::kOutOfMemory && done < batch.size()) {
       s = out_of_memory_on_resume(batch, *batch[done], s);
+    } else {
+      s = with_context(s, "resuming " + describe(batch) + " failed; everything it covered stays paused with "
+                              "its backups kept, call resume again");
     }
     settle(batch, 0, State::kActive, State::kPaused, nullptr, false);
     return s;

@@ -111,6 +111,8 @@ class Saver {
   Status copy_in(const std::vector<Allocation*>& batch);
   Status wait_copies(const std::vector<Allocation*>& batch);
   Status release_physical(Allocation& a, bool* unmapped);
+  // "region 'kv' (2.00 GiB)" or "regions 'kv', 'weights' (...)": what a pause or resume covered.
+  static std::string describe(const std::vector<Allocation*>& batch);
   Status map_fresh(Allocation& a);
   Status out_of_memory_on_resume(const std::vector<Allocation*>& batch, const Allocation& failed,
                                  const Status& cause);

@@ -41,6 +41,7 @@ _SIGNATURES = {
     "tmsl_find_backup": ([_vp, _vp, _sz, ctypes.POINTER(_vp)], _int),
     "tmsl_memory_info": ([_vp, _int, ctypes.POINTER(_sz), ctypes.POINTER(_sz)], _int),
     "tmsl_granularity": ([_vp, _int, ctypes.POINTER(_sz)], _int),
+    "tmsl_inject_fault": ([_vp, ctypes.c_char_p, ctypes.c_long], _int),
     "tmsl_last_error_code": ([], _int),
     "tmsl_last_error_message": ([], ctypes.c_char_p),
     "tmsl_last_error_oom": (
@@ -161,6 +162,10 @@ class NativeSaver:
 
     def wait_for_released_backups(self) -> None:
         check(lib().tmsl_wait_for_released_backups(self.handle))
+
+    def inject_fault(self, operation: str, after_calls: int = 1) -> None:
+        """Test hook (host backend): the `after_calls`-th next call of `operation` fails."""
+        check(lib().tmsl_inject_fault(self.handle, operation.encode(), after_calls))
 
     def malloc(self, size: int, device: int, tag: str, enable_cpu_backup: bool) -> int:
         out = _vp()
