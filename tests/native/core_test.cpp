@@ -1,0 +1,223 @@
+// The saver core through its C ABI on the host backend, as a plain executable, so it can
+// run under AddressSanitizer + UndefinedBehaviorSanitizer and under ThreadSanitizer
+// (`make sanitize`). Prints "N passed, M failed"; exits non-zero on any failure.
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../../csrc/c_api.h"
+
+extern "C" void* tmsl_torch_malloc(ssize_t size, int device, void* stream);
+extern "C" void tmsl_torch_free(void* ptr, size_t size, int device, void* stream);
+
+namespace {
+
+constexpr size_t MiB = 1 << 20;
+int g_failures = 0;
+
+#define CHECK(cond)                                                                  \
+  do {                                                                               \
+    if (!(cond)) {                                                                   \
+      fprintf(stderr, "  %s:%d: CHECK(%s) failed; last error: %s\n", __FILE__, __LINE__, #cond, \
+              tmsl_last_error_message());                                            \
+      ++g_failures;                                                                  \
+    }                                                                                \
+  } while (0)
+
+struct Saver {
+  void* handle = nullptr;
+  explicit Saver(size_t capacity = 0) { tmsl_create_host_saver(capacity, 2 * MiB, &handle); }
+  ~Saver() { tmsl_destroy_saver(handle); }
+  void* malloc(size_t size, const char* tag, bool backup) {
+    void* p = nullptr;
+    return tmsl_malloc(handle, size, 0, tag, backup, &p) == 0 ? p : nullptr;
+  }
+  int pause(const char* tag) { return tag ? tmsl_pause(handle, &tag, 1) : tmsl_pause(handle, nullptr, -1); }
+  int resume(const char* tag) { return tag ? tmsl_resume(handle, &tag, 1) : tmsl_resume(handle, nullptr, -1); }
+  std::string stats() {
+    char buf[4096];
+    size_t length = 0;
+    tmsl_stats_json(handle, buf, sizeof(buf), &length);
+    return length < sizeof(buf) ? std::string(buf, length) : std::string();
+  }
+};
+
+bool filled_with(const void* p, size_t size, unsigned char value) {
+  const auto* bytes = static_cast<const unsigned char*>(p);
+  for (size_t i = 0; i < size; ++i) {
+    if (bytes[i] != value) return false;
+  }
+  return true;
+}
+
+void backup_round_trip() {
+  Saver s;
+  std::vector<void*> ptrs;
+  for (int i = 0; i < 3; ++i) {
+    ptrs.push_back(s.malloc(3 * MiB + 17, "weights", true));
+    CHECK(ptrs.back() != nullptr);
+    memset(ptrs.back(), 'a' + i, 3 * MiB + 17);
+  }
+  CHECK(s.pause("weights") == 0);
+  CHECK(s.pause("weights") == 0);  // a no-op
+  CHECK(s.resume("weights") == 0);
+  for (int i = 0; i < 3; ++i) CHECK(filled_with(ptrs[i], 3 * MiB + 17, 'a' + i));
+  for (void* p : ptrs) CHECK(tmsl_free(s.handle, p, nullptr) == 0);
+}
+
+void no_backup_gets_fresh_zero_memory() {
+  Saver s;
+  void* p = s.malloc(4 * MiB, "kv", false);
+  memset(p, 0x5a, 4 * MiB);
+  CHECK(s.pause("kv") == 0);
+  CHECK(s.resume("kv") == 0);
+  CHECK(filled_with(p, 4 * MiB, 0));
+  CHECK(tmsl_free(s.handle, p, nullptr) == 0);
+}
+
+void free_while_paused_and_bad_frees() {
+  Saver s;
+  void* p = s.malloc(2 * MiB, "kv", true);
+  CHECK(s.pause("kv") == 0);
+  CHECK(tmsl_free(s.handle, p, nullptr) == 0);
+  CHECK(tmsl_free(s.handle, p, nullptr) != 0);  // twice
+  CHECK(strstr(tmsl_last_error_message(), "freed twice") != nullptr);
+  int local = 0;
+  CHECK(tmsl_free(s.handle, &local, nullptr) != 0);  // never allocated
+  CHECK(s.stats() == "{\"kv\":{\"allocations\":0,\"reserved_bytes\":0,\"resident_bytes\":0,"
+                     "\"paused_bytes\":0,\"host_backup_bytes\":0}}" || s.stats() == "{}");
+}
+
+void out_of_memory_resume_rolls_back_and_retries() {
+  Saver s(16 * MiB);
+  void* a = s.malloc(6 * MiB, "weights", true);
+  void* b = s.malloc(6 * MiB, "weights", true);
+  memset(a, 1, 6 * MiB);
+  memset(b, 2, 6 * MiB);
+  CHECK(s.pause("weights") == 0);
+  void* hog = s.malloc(8 * MiB, "other", false);
+  CHECK(hog != nullptr);
+  CHECK(s.resume("weights") == 2);  // out of memory
+  const char* tag = nullptr;
+  size_t needed = 0, free_bytes = 0;
+  int device = -1;
+  tmsl_last_error_oom(&tag, &needed, &free_bytes, &device);
+  CHECK(std::string(tag) == "weights" && needed == 12 * MiB && free_bytes == 8 * MiB);
+  CHECK(tmsl_free(s.handle, hog, nullptr) == 0);
+  CHECK(s.resume("weights") == 0);
+  CHECK(filled_with(a, 6 * MiB, 1) && filled_with(b, 6 * MiB, 2));
+}
+
+void injected_faults_keep_state_recoverable() {
+  Saver s;
+  void* p = s.malloc(4 * MiB, "weights", true);
+  memset(p, 7, 4 * MiB);
+  CHECK(tmsl_inject_fault(s.handle, "copy_to_host_async", 1) == 0);
+  CHECK(s.pause("weights") != 0);
+  CHECK(filled_with(p, 4 * MiB, 7));  // still resident
+  CHECK(s.pause("weights") == 0);
+  CHECK(tmsl_inject_fault(s.handle, "set_access", 1) == 0);
+  CHECK(s.resume("weights") != 0);
+  CHECK(s.resume("weights") == 0);
+  CHECK(filled_with(p, 4 * MiB, 7));
+}
+
+void retained_backups_are_reused_and_fresh() {
+  Saver s;
+  CHECK(tmsl_set_retain_backups(s.handle, 1) == 0);
+  void* p = s.malloc(4 * MiB, "weights", true);
+  for (unsigned char round = 1; round <= 5; ++round) {
+    memset(p, round, 4 * MiB);
+    CHECK(s.pause("weights") == 0);
+    CHECK(s.resume("weights") == 0);
+    CHECK(filled_with(p, 4 * MiB, round));
+  }
+  CHECK(tmsl_wait_for_released_backups(s.handle) == 0);
+}
+
+void hooks_route_by_thread_region() {
+  Saver s;
+  CHECK(tmsl_torch_malloc(2 * MiB, 0, nullptr) == nullptr);  // no region: refused
+  CHECK(tmsl_set_thread_region(s.handle, "kv", 0) == 0);
+  void* p = tmsl_torch_malloc(2 * MiB, 0, nullptr);
+  CHECK(p != nullptr);
+  CHECK(tmsl_set_thread_region(nullptr, nullptr, 0) == 0);
+  tmsl_torch_free(p, 2 * MiB, 0, nullptr);
+  CHECK(tmsl_free(s.handle, p, nullptr) != 0);  // already freed through the hook
+}
+
+void threads_allocate_and_free_while_another_tag_cycles() {
+  Saver s;
+  std::vector<void*> idle;
+  for (int i = 0; i < 4; ++i) {
+    idle.push_back(s.malloc(2 * MiB, "idle", true));
+    memset(idle.back(), 'i' + i, 2 * MiB);
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<int> errors{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 6; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 200; ++i) {
+        size_t size = (1 + (t + i) % 3) * MiB;
+        void* p = s.malloc(size, t % 2 ? "busy-1" : "busy-0", t % 3 == 0);
+        if (p == nullptr) {
+          ++errors;
+          continue;
+        }
+        memset(p, t, size);
+        if (!filled_with(p, size, static_cast<unsigned char>(t))) ++errors;
+        if (tmsl_free(s.handle, p, nullptr) != 0) ++errors;
+      }
+    });
+  }
+  std::thread cycler([&] {
+    while (!stop) {
+      if (s.pause("idle") != 0 || s.resume("idle") != 0) ++errors;
+      for (int i = 0; i < 4; ++i) {
+        if (!filled_with(idle[i], 2 * MiB, 'i' + i)) ++errors;
+      }
+    }
+  });
+  std::thread reader([&] {
+    while (!stop) {
+      if (s.stats().empty()) ++errors;
+    }
+  });
+  for (auto& t : threads) t.join();
+  stop = true;
+  cycler.join();
+  reader.join();
+  CHECK(errors == 0);
+}
+
+}  // namespace
+
+int main() {
+  const std::vector<std::pair<const char*, std::function<void()>>> tests = {
+      {"backup_round_trip", backup_round_trip},
+      {"no_backup_gets_fresh_zero_memory", no_backup_gets_fresh_zero_memory},
+      {"free_while_paused_and_bad_frees", free_while_paused_and_bad_frees},
+      {"out_of_memory_resume_rolls_back_and_retries", out_of_memory_resume_rolls_back_and_retries},
+      {"injected_faults_keep_state_recoverable", injected_faults_keep_state_recoverable},
+      {"retained_backups_are_reused_and_fresh", retained_backups_are_reused_and_fresh},
+      {"hooks_route_by_thread_region", hooks_route_by_thread_region},
+      {"threads_allocate_and_free_while_another_tag_cycles", threads_allocate_and_free_while_another_tag_cycles},
+  };
+  int passed = 0, failed = 0;
+  for (const auto& test : tests) {
+    int before = g_failures;
+    test.second();
+    bool ok = g_failures == before;
+    printf("%s %s\n", ok ? "PASS" : "FAIL", test.first);
+    (ok ? passed : failed)++;
+  }
+  printf("%d passed, %d failed\n", passed, failed);
+  return failed == 0 ? 0 : 1;
+}
