@@ -329,6 +329,7 @@ class MemorySaver:
         names = self._selection(tag)
         if self._native is None:
             return  # nothing was ever allocated
+        self._refuse_during_capture("pause")
         self._native.pause(names)
 
     def resume(self, tag: str | Sequence[str] | None = None) -> None:
@@ -341,7 +342,14 @@ class MemorySaver:
         names = self._selection(tag)
         if self._native is None:
             return
+        self._refuse_during_capture("resume")
         self._native.resume(names)
+
+    def _refuse_during_capture(self, what: str) -> None:
+        # Synchronizing or remapping while a graph captures would break the capture.
+        if self._backend == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise MemorySaverError(f"cannot {what} while a CUDA graph is being captured on this "
+                                   f"thread's stream; {what} before or after the capture")
 
     @contextlib.contextmanager
     def paused(self, tag: str | Sequence[str] | None = None) -> Iterator[None]:
