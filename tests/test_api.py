@@ -155,3 +155,25 @@ def test_cli_says_what_is_missing_without_a_gpu():
         pytest.fail("CLI claimed readiness with no visible GPU:\n" + result.stdout)
     assert "Missing for GPU use:" in result.stdout
     assert "native library:   /" in result.stdout
+
+
+def test_hook_mode_cannot_change_after_first_use(host_saver, mem):
+    with host_saver.region("kv"):
+        mem.malloc(MiB)
+    with pytest.raises(MemorySaverError, match="before the first region"):
+        host_saver.hook_mode = "preload"
+    assert host_saver.hook_mode == "torch"
+
+
+def test_get_cpu_backup_of_freed_memory_is_refused(host_saver, mem):
+    import ctypes
+
+    import torch
+
+    with host_saver.region("weights", enable_cpu_backup=True):
+        ptr = mem.malloc(2 * MiB)
+    view = torch.frombuffer((ctypes.c_uint8 * 64).from_address(ptr), dtype=torch.uint8)
+    host_saver.pause("weights")
+    mem.free(ptr)
+    with pytest.raises(ValueError, match="has been freed"):
+        host_saver.get_cpu_backup(view)

@@ -78,3 +78,70 @@ def test_free_waits_for_a_pause_in_progress_instead_of_tearing_state(mem):
         assert saver.stats()["kv"].host_backup_bytes == 0
     finally:
         saver.close()
+
+
+def test_random_operations_on_many_threads_keep_every_invariant(mem):
+    """Each thread drives its own tag with random operations and checks its own allocations
+    after every step; a watcher checks the saver-wide invariants all the while."""
+    import random
+
+    saver = MemorySaver(backend="host", host_granularity_bytes=64 << 10)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def worker(index: int) -> None:
+        rng = random.Random(index)
+        tag, backup = f"t{index}", index % 2 == 0
+        live: dict[int, tuple[int, int]] = {}  # ptr -> (size, byte)
+        paused = known = False
+        try:
+            for step in range(300):
+                op = rng.choice(["alloc", "alloc", "free", "pause", "resume"])
+                if op == "alloc" and not paused:
+                    with saver.region(tag, enable_cpu_backup=backup):
+                        size = rng.randint(1, 200_000)
+                        ptr = mem.malloc(size)
+                    live[ptr] = (size, step % 250 + 1)
+                    known = True
+                    mem.write(ptr, bytes([step % 250 + 1]) * size)
+                elif op == "free" and live:
+                    ptr = rng.choice(sorted(live))
+                    mem.free(ptr)
+                    del live[ptr]
+                elif op == "pause" and live:
+                    saver.pause(tag)
+                    paused = True
+                elif op == "resume" and known:
+                    saver.resume(tag)
+                    if paused and not backup:
+                        live = {p: (size, 0) for p, (size, _) in live.items()}
+                    paused = False
+                if not paused:
+                    for ptr, (size, byte) in live.items():
+                        assert mem.read(ptr, size) == bytes([byte]) * size, (tag, step, op)
+        except BaseException as e:
+            errors.append(e)
+
+    def watcher() -> None:
+        try:
+            while not stop.is_set():
+                for tag, s in saver.stats().items():
+                    assert s.resident_bytes + s.paused_bytes == s.reserved_bytes, (tag, s)
+                    assert s.host_backup_bytes <= s.reserved_bytes, (tag, s)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    watch = threading.Thread(target=watcher)
+    try:
+        watch.start()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        stop.set()
+        watch.join(timeout=60)
+        assert not errors, errors[:3]
+        assert not any(t.is_alive() for t in threads + [watch]), "deadlock"
+    finally:
+        saver.close()
