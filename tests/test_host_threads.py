@@ -10,6 +10,20 @@ from torch_mem_saver_lite import MemorySaver
 MiB = 1 << 20
 
 
+def run_concurrently(workers: list[threading.Thread], background: threading.Thread,
+                     stop: threading.Event, errors: list[BaseException]) -> None:
+    """Run the workers with `background` alongside until they finish; fail on errors or hangs."""
+    background.start()
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(timeout=120)
+    stop.set()
+    background.join(timeout=120)
+    assert not errors, errors[:3]
+    assert not any(t.is_alive() for t in workers + [background]), "deadlock"
+
+
 def test_alloc_free_threads_run_while_another_tag_is_paused_and_resumed(mem):
     saver = MemorySaver(backend="host")  # no capacity limit
     try:
@@ -45,17 +59,7 @@ def test_alloc_free_threads_run_while_another_tag_is_paused_and_resumed(mem):
                 errors.append(e)
 
         workers = [threading.Thread(target=churn, args=(w,)) for w in range(6)]
-        pauser = threading.Thread(target=pause_resume)
-        pauser.start()
-        for t in workers:
-            t.start()
-        for t in workers:
-            t.join(timeout=120)
-        stop.set()
-        pauser.join(timeout=120)
-
-        assert not errors, errors
-        assert not any(t.is_alive() for t in workers + [pauser]), "deadlock"
+        run_concurrently(workers, threading.Thread(target=pause_resume), stop, errors)
         stats = saver.stats()
         assert stats["busy-0"].allocations == stats["busy-1"].allocations == 0
         assert stats["idle"].allocations == 8 and stats["idle"].resident_bytes == 16 * MiB
@@ -132,16 +136,7 @@ def test_random_operations_on_many_threads_keep_every_invariant(mem):
             errors.append(e)
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-    watch = threading.Thread(target=watcher)
     try:
-        watch.start()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
-        stop.set()
-        watch.join(timeout=60)
-        assert not errors, errors[:3]
-        assert not any(t.is_alive() for t in threads + [watch]), "deadlock"
+        run_concurrently(threads, threading.Thread(target=watcher), stop, errors)
     finally:
         saver.close()
