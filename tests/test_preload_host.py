@@ -81,7 +81,8 @@ def test_bad_environment_values_are_named_and_never_fatal():
     assert result.stderr.count("TMSL_REGION_ALL_THREADS") == 1  # warned once, no crash
 
 
-def test_preload_refuses_expandable_segments():
+@pytest.mark.parametrize("setting", ["expandable_segments:True", "backend:cudaMallocAsync"])
+def test_preload_refuses_allocator_settings_that_bypass_cudamalloc(setting):
     result = run_preloaded(
         """
         from torch_mem_saver_lite import saver
@@ -90,9 +91,9 @@ def test_preload_refuses_expandable_segments():
         except Exception as e:
             print("raised:", e)
         """,
-        PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True",
+        PYTORCH_CUDA_ALLOC_CONF=f"garbage_collection_threshold:0.8, {setting}",
     )
-    assert "raised:" in result.stdout and "expandable" in result.stdout
+    assert "raised:" in result.stdout and setting in result.stdout
 
 
 def test_configure_subprocess_preloads_children_and_restores_the_environment():

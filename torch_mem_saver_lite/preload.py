@@ -11,13 +11,19 @@ from . import _lib
 from .errors import MemorySaverError
 
 
-def expandable_segments_enabled() -> bool:
-    """Whether PyTorch's expandable segments are on, which bypass cudaMalloc entirely."""
-    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
-        settings = os.environ.get(name, "").replace(" ", "")
-        if "expandable_segments:True" in settings or "expandable_segments:true" in settings:
-            return True
-    return False
+def _allocator_settings() -> str:
+    return ",".join(os.environ.get(name, "") for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+                    ).replace(" ", "").lower()
+
+
+def cudamalloc_bypassed() -> str | None:
+    """The PyTorch allocator setting that makes it allocate without cudaMalloc, if any."""
+    settings = _allocator_settings()
+    if "expandable_segments:true" in settings:
+        return "expandable_segments:True"
+    if "backend:cudamallocasync" in settings:
+        return "backend:cudaMallocAsync"
+    return None
 
 
 def check_preload_ready() -> None:
@@ -32,10 +38,11 @@ def check_preload_ready() -> None:
     error = _lib.lib().tmsl_process_defaults_error().decode()
     if error:
         raise MemorySaverError(f"bad environment for torch_mem_saver_lite: {error}")
-    if expandable_segments_enabled():
+    bypass = cudamalloc_bypassed()
+    if bypass:
         raise MemorySaverError(
-            "hook_mode='preload' cannot see PyTorch's expandable segments (they bypass cudaMalloc), "
-            "so nothing would be paused: drop expandable_segments:True from PYTORCH_CUDA_ALLOC_CONF "
+            f"hook_mode='preload' cannot see allocations made with PyTorch's {bypass} (they bypass "
+            f"cudaMalloc), so nothing would be paused: drop {bypass} from PYTORCH_CUDA_ALLOC_CONF "
             "or use hook_mode='torch', which works with it"
         )
 

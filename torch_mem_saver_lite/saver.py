@@ -14,7 +14,7 @@ import torch
 from . import _lib
 from .errors import MemorySaverError
 from .hooks import TorchPools
-from .preload import check_preload_ready, expandable_segments_enabled
+from .preload import check_preload_ready, cudamalloc_bypassed
 from .stats import TagStats
 
 _HOOK_MODES = ("torch", "preload")
@@ -222,7 +222,7 @@ class MemorySaver:
                 f"torch {torch.__version__} sees no CUDA GPU, so there is nothing to route into "
                 "a region; run `python -m torch_mem_saver_lite` to see what is missing"
             )
-        if self._hook_mode == "preload" and expandable_segments_enabled():
+        if self._hook_mode == "preload" and cudamalloc_bypassed():
             check_preload_ready()  # raises, naming the setting
         native = self._core()
         self._remember_tag(tag, backup)
