@@ -140,3 +140,45 @@ def test_random_operations_on_many_threads_keep_every_invariant(mem):
         run_concurrently(threads, threading.Thread(target=watcher), stop, errors)
     finally:
         saver.close()
+
+
+def test_frees_of_other_memory_complete_while_a_long_pause_copies(mem):
+    """The saver's lock is not held across copies: allocation and free of unrelated memory
+    go on while a pause backs up a large region."""
+    import time
+
+    saver = MemorySaver(backend="host")
+    try:
+        with saver.region("weights", enable_cpu_backup=True):
+            big = [mem.malloc(64 * MiB) for _ in range(12)]
+        for p in big:
+            mem.write(p, b"\x01" * (64 * MiB))
+        stop = threading.Event()
+        done_at: list[float] = []
+        errors: list[BaseException] = []
+
+        def churn() -> None:
+            try:
+                with saver.region("other"):
+                    while not stop.is_set():
+                        mem.free(mem.malloc(2 * MiB))
+                        done_at.append(time.perf_counter())
+            except BaseException as e:
+                errors.append(e)
+
+        worker = threading.Thread(target=churn)
+        worker.start()
+        while not done_at:
+            time.sleep(0.001)
+        started = time.perf_counter()
+        saver.pause("weights")
+        finished = time.perf_counter()
+        stop.set()
+        worker.join(timeout=60)
+        assert not errors, errors
+        during = [t for t in done_at if started < t < finished]
+        assert len(during) >= 3, f"only {len(during)} frees finished during a {finished - started:.3f} s pause"
+        saver.resume("weights")
+        assert all(mem.read(p, 8) == b"\x01" * 8 for p in big)
+    finally:
+        saver.close()
