@@ -200,22 +200,6 @@ TMSL_API int tmsl_find_backup(void* handle, const void* ptr, size_t nbytes, cons
   });
 }
 
-TMSL_API int tmsl_memory_info(void* handle, int device, size_t* free_bytes, size_t* total_bytes) {
-  return guarded([&] {
-    Saver* saver = nullptr;
-    Status s = live_saver(handle, &saver);
-    return s.ok() ? saver->backend().memory_info(device, free_bytes, total_bytes) : s;
-  });
-}
-
-TMSL_API int tmsl_granularity(void* handle, int device, size_t* out) {
-  return guarded([&] {
-    Saver* saver = nullptr;
-    Status s = live_saver(handle, &saver);
-    return s.ok() ? saver->backend().granularity(device, out) : s;
-  });
-}
-
 TMSL_API int tmsl_inject_fault(void* handle, const char* operation, long after_calls) {
   return guarded([&] {
     Saver* saver = nullptr;

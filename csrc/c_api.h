@@ -37,8 +37,6 @@ TMSL_API int tmsl_resume(void* saver, const char* const* tags, int ntags);
 // full length without the NUL, so a caller can retry with a larger buffer.
 TMSL_API int tmsl_stats_json(void* saver, char* buf, size_t capacity, size_t* length);
 TMSL_API int tmsl_find_backup(void* saver, const void* ptr, size_t nbytes, const void** host);
-TMSL_API int tmsl_memory_info(void* saver, int device, size_t* free_bytes, size_t* total_bytes);
-TMSL_API int tmsl_granularity(void* saver, int device, size_t* out);
 
 // Test hook (host backend): the `after_calls`-th next call of `operation` fails.
 TMSL_API int tmsl_inject_fault(void* saver, const char* operation, long after_calls);

@@ -104,10 +104,6 @@ Status default_saver(Saver** out) {
   return Status::Ok();
 }
 
-Saver* default_saver_if_created() {
-  return registry().process_wide.load(std::memory_order_acquire);
-}
-
 Status add_saver(std::unique_ptr<Saver> saver, Saver** out) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);

@@ -44,8 +44,6 @@ const ProcessDefaults& process_defaults();
 
 // Creates the CUDA-backed saver on first call; fails (and retries next time) without a driver.
 Status default_saver(Saver** out);
-// The process-wide saver if it exists, without creating it or locking.
-Saver* default_saver_if_created();
 Status add_saver(std::unique_ptr<Saver> saver, Saver** out);
 // Destroys a saver made by add_saver; the process-wide one cannot be removed. Must not
 // race with frees of its memory.

@@ -39,8 +39,6 @@ _SIGNATURES = {
     "tmsl_resume": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
     "tmsl_stats_json": ([_vp, ctypes.c_char_p, _sz, ctypes.POINTER(_sz)], _int),
     "tmsl_find_backup": ([_vp, _vp, _sz, ctypes.POINTER(_vp)], _int),
-    "tmsl_memory_info": ([_vp, _int, ctypes.POINTER(_sz), ctypes.POINTER(_sz)], _int),
-    "tmsl_granularity": ([_vp, _int, ctypes.POINTER(_sz)], _int),
     "tmsl_inject_fault": ([_vp, ctypes.c_char_p, ctypes.c_long], _int),
     "tmsl_last_error_code": ([], _int),
     "tmsl_last_error_message": ([], ctypes.c_char_p),
@@ -200,15 +198,6 @@ class NativeSaver:
         check(lib().tmsl_find_backup(self.handle, ptr, nbytes, ctypes.byref(host)))
         return host.value
 
-    def memory_info(self, device: int) -> tuple[int, int]:
-        free, total = _sz(), _sz()
-        check(lib().tmsl_memory_info(self.handle, device, ctypes.byref(free), ctypes.byref(total)))
-        return free.value, total.value
-
-    def granularity(self, device: int) -> int:
-        out = _sz()
-        check(lib().tmsl_granularity(self.handle, device, ctypes.byref(out)))
-        return out.value
 
 
 def leave_thread_region() -> None:
