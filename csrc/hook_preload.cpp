@@ -62,8 +62,8 @@ void warn_about_defaults_once() {
 
 TMSL_API int cudaMalloc(void** ptr, size_t size) {
   warn_about_defaults_once();
-  const ThreadRegion region = size == 0 ? ThreadRegion() : effective_region();
-  if (region.saver == nullptr) {
+  const ThreadRegion& region = effective_region();
+  if (size == 0 || region.saver == nullptr) {
     MallocFn real = runtime_malloc();
     return real != nullptr ? real(ptr, size) : kCudaErrorInitializationError;
   }

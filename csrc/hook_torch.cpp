@@ -10,7 +10,7 @@ using namespace tmsl;
 
 TMSL_API void* tmsl_torch_malloc(ssize_t size, int device, void* /*stream*/) {
   if (size <= 0) return nullptr;
-  const ThreadRegion region = effective_region();
+  const ThreadRegion& region = effective_region();
   if (region.saver == nullptr) {
     set_last_error(Status::Error(
         Code::kInvalidArgument,

@@ -68,16 +68,17 @@ const ProcessDefaults& process_defaults() {
   return *defaults;
 }
 
-ThreadRegion effective_region() {
+const ThreadRegion& effective_region() {
   const ThreadRegion& region = thread_region();
   if (region.saver != nullptr || region.explicit_none) return region;
+  // The process defaults as this thread's region, filled in once the saver exists.
+  static thread_local ThreadRegion from_defaults;
   const ProcessDefaults& d = process_defaults();
-  ThreadRegion result;
-  if (d.all_threads && default_saver(&result.saver).ok()) {
-    result.tag = d.tag;
-    result.backup = d.backup;
+  if (from_defaults.saver == nullptr && d.all_threads && default_saver(&from_defaults.saver).ok()) {
+    from_defaults.tag = d.tag;
+    from_defaults.backup = d.backup;
   }
-  return result;
+  return from_defaults;
 }
 
 Status default_saver(Saver** out) {

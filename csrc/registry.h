@@ -27,7 +27,8 @@ ThreadRegion& thread_region();
 
 // The region an allocation on this thread belongs to right now, defaults applied;
 // saver == nullptr: none, the hooks leave the allocation to the ordinary allocator.
-ThreadRegion effective_region();
+// A reference, not a copy: the hooked malloc path reads it on every call.
+const ThreadRegion& effective_region();
 
 // Process defaults from the environment, read once:
 //   TMSL_REGION_ALL_THREADS=1   every thread allocates in a region unless told otherwise
