@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from cuda_evidence import pattern, unique_tag
+from host_memory import rss_anon_bytes
 from torch_mem_saver_lite import saver
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -20,11 +21,6 @@ from workloads import WORKLOADS, tensor_sizes  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 MiB, GiB = 1 << 20, 1 << 30
-
-
-def rss_anon() -> int:
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("RssAnon:"))
 
 
 @pytest.mark.parametrize("retain", [False, True], ids=["released", "retained"])
@@ -48,8 +44,8 @@ def test_backup_content_identical_after_five_cycles(workload, retain):
             saver.wait_for_released_backups()
             # Measured from the end of the first cycle: the process's first pinned transfer
             # costs the CUDA driver some host memory of its own once.
-            rss_before = rss_anon() if rss_before is None else rss_before
-            grown = rss_anon() - rss_before
+            rss_before = rss_anon_bytes() if rss_before is None else rss_before
+            grown = rss_anon_bytes() - rss_before
             if retain:
                 assert saver.stats()[tag].host_backup_bytes == saver.stats()[tag].reserved_bytes
             else:
