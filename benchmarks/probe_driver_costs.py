@@ -3,12 +3,15 @@
 1. Do several threads speed up creating/mapping many 2 MiB allocations, and how fast do
    4096 x 2 MiB saver allocations (no backup) pause and resume?
 2. How much device memory does page-locking host memory (cuMemHostRegister) take?
+3. How fast is page-locking pre-faulted memory in one call, in 64 MiB pieces, and in 64 MiB
+   pieces on 16 threads; and can one CUDA copy cross from one registration into the next?
 
-    python benchmarks/probe_driver_costs.py
+    python benchmarks/probe_driver_costs.py [--only allocations,footprint,pinning]
 """
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import mmap
 import threading
@@ -40,9 +43,75 @@ def threaded_mallocs(native, count: int, threads: int, tag: str) -> tuple[float,
     return time.perf_counter() - start, ptrs
 
 
-def main() -> None:
-    torch.cuda.init()
-    torch.empty(1, device="cuda")
+def host_buffer(size: int) -> tuple[mmap.mmap, int]:
+    """Anonymous memory with huge pages advised, faulted in by 16 threads (ctypes.memset
+    releases the GIL)."""
+    buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    buf.madvise(mmap.MADV_HUGEPAGE)
+    address = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    piece = size // 16
+    workers = [threading.Thread(target=ctypes.memset, args=(address + i * piece, 1, piece)) for i in range(16)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return buf, address
+
+
+def pinning_speed() -> None:
+    libcuda = ctypes.CDLL("libcuda.so.1")  # ctypes calls release the GIL: threads really run in parallel
+    register, unregister = libcuda.cuMemHostRegister_v2, libcuda.cuMemHostUnregister
+    register.argtypes, unregister.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint], [ctypes.c_void_p]
+    context = ctypes.c_void_p()
+    assert libcuda.cuCtxGetCurrent(ctypes.byref(context)) == 0 and context.value  # torch made it current
+    size, piece = 8 * GiB, 64 * MiB
+    buf, address = host_buffer(size)
+    print("page-locking 8 GiB of faulted-in huge-page memory:")
+
+    def timed(label: str, ranges: list[tuple[int, int]], threads: int) -> None:
+        def work(part: list[tuple[int, int]]) -> None:
+            assert libcuda.cuCtxSetCurrent(context) == 0
+            for start, length in part:
+                assert register(start, length, 0) == 0
+
+        parts = [ranges[t::threads] for t in range(threads)]
+        workers = [threading.Thread(target=work, args=(part,)) for part in parts]
+        t0 = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        seconds = time.perf_counter() - t0
+        for start, _ in ranges:
+            unregister(start)
+        print(f"  {label:34s}: {seconds * 1e3:7.1f} ms = {size / seconds / 1e9:6.1f} GB/s")
+
+    pieces = [(address + o, piece) for o in range(0, size, piece)]
+    timed("one call", [(address, size)], 1)
+    timed("128 x 64 MiB, one thread", pieces, 1)
+    timed("128 x 64 MiB, 16 threads", pieces, 16)
+    timed("one call again", [(address, size)], 1)
+
+    print("one CUDA copy across two adjacent registrations:")
+    for label, ranges in (("one registration", [(address, 2 * piece)]),
+                          ("two registrations", [(address, piece), (address + piece, piece)])):
+        for start, length in ranges:
+            assert register(start, length, 0) == 0
+        host = torch.frombuffer(buf, dtype=torch.uint8, count=2 * piece)
+        try:
+            torch.empty(2 * piece, dtype=torch.uint8, device="cuda").copy_(host, non_blocking=True)
+            torch.cuda.synchronize()
+            outcome = "works"
+        except Exception as error:  # noqa: BLE001 - the probe reports whatever the driver says
+            outcome = f"fails: {str(error).splitlines()[0]}"
+        for start, _ in ranges:
+            unregister(start)
+        print(f"  {label:18s}: {outcome}")
+    del host
+    buf.close()
+
+
+def allocations() -> None:
     native = saver._core()
     print("4096 x 2 MiB saver allocations (8 GiB), no backup:")
     for threads in (1, 4, 8, 16):
@@ -58,6 +127,8 @@ def main() -> None:
         for p in ptrs:
             native.free(p)
 
+
+def footprint() -> None:
     print("device memory taken by page-locking 8 GiB of host memory:")
     for advice in ("4 KiB pages", "huge pages (madvise)"):
         buf = mmap.mmap(-1, 8 * GiB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -77,6 +148,19 @@ def main() -> None:
               f"({(free0 - free1) / (8 * GiB):.2%}); AnonHugePages {int(huge) // 1024} MiB")
         del address
         buf.close()
+
+
+SECTIONS = {"allocations": allocations, "footprint": footprint, "pinning": pinning_speed}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default=",".join(SECTIONS))
+    names = parser.parse_args().only.split(",")
+    torch.cuda.init()
+    torch.empty(1, device="cuda")
+    for name in names:
+        SECTIONS[name]()
 
 
 if __name__ == "__main__":

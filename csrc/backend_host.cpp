@@ -12,6 +12,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <set>
 #include <mutex>
@@ -60,6 +61,47 @@ class FaultPlan {
     Status injected = faults_.check(op);     \
     if (!injected.ok()) return injected;     \
   } while (0)
+
+// Page-locked host ranges, kept as the driver keeps them. One CUDA copy may not cross from
+// one registration into the next (cuMemcpy answers "invalid value"), so this backend
+// refuses such a copy too: CI then catches a backup that spans two registrations.
+class HostRegistrations {
+ public:
+  Status add(void* p, size_t size) {
+    const uintptr_t start = reinterpret_cast<uintptr_t>(p);
+    std::lock_guard<std::mutex> lock(mu_);
+    auto next = ranges_.lower_bound(start);
+    bool overlaps = (next != ranges_.end() && next->first < start + size) ||
+                    (next != ranges_.begin() && std::prev(next)->second > start);
+    if (overlaps) {
+      return Status::Error(Code::kInvalidArgument, format_bytes(size) + " at " + format_address(start) +
+                                                       " overlaps memory already page-locked");
+    }
+    ranges_[start] = start + size;
+    return Status::Ok();
+  }
+
+  void remove(void* p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ranges_.erase(reinterpret_cast<uintptr_t>(p));
+  }
+
+  Status check_copy(const void* host, size_t size) {
+    const uintptr_t start = reinterpret_cast<uintptr_t>(host);
+    std::lock_guard<std::mutex> lock(mu_);
+    auto after = ranges_.upper_bound(start);
+    if (after == ranges_.begin() || std::prev(after)->second < start + size) {
+      return Status::Error(Code::kInvalidArgument,
+                           "copy of " + format_bytes(size) + " at host address " + format_address(start) +
+                               " does not lie inside one page-locked range (CUDA refuses it the same way)");
+    }
+    return Status::Ok();
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<uintptr_t, uintptr_t> ranges_;  // start -> end
+};
 
 class HostBackend final : public Backend {
  public:
@@ -150,23 +192,28 @@ class HostBackend final : public Backend {
     return Status::Ok();
   }
 
-  Status register_host(int, void*, size_t) override {
+  Status register_host(int, void* p, size_t size) override {
     TMSL_FAULT_POINT("register_host");
+    return registrations_.add(p, size);
+  }
+  Status unregister_host(int, void* p) override {
+    registrations_.remove(p);
     return Status::Ok();
   }
-  Status unregister_host(int, void*) override { return Status::Ok(); }
 
   // Host memory has no copy engine: the copies happen at once.
   Status copy_to_host_async(int, void* dst, uintptr_t src, size_t size) override {
     TMSL_FAULT_POINT("copy_to_host_async");
-    memcpy(dst, reinterpret_cast<const void*>(src), size);
-    return Status::Ok();
+    Status s = registrations_.check_copy(dst, size);
+    if (s.ok()) memcpy(dst, reinterpret_cast<const void*>(src), size);
+    return s;
   }
 
   Status copy_from_host_async(int, uintptr_t dst, const void* src, size_t size) override {
     TMSL_FAULT_POINT("copy_from_host_async");
-    memcpy(reinterpret_cast<void*>(dst), src, size);
-    return Status::Ok();
+    Status s = registrations_.check_copy(src, size);
+    if (s.ok()) memcpy(reinterpret_cast<void*>(dst), src, size);
+    return s;
   }
 
   Status wait_copies(int) override {
@@ -209,6 +256,7 @@ class HostBackend final : public Backend {
   FaultPlan faults_;
   std::mutex mu_;
   size_t used_ = 0;
+  HostRegistrations registrations_;
 };
 
 }  // namespace

@@ -9,82 +9,95 @@
 namespace tmsl {
 namespace {
 
-size_t worker_count(size_t chunks) {
+constexpr size_t kRangeAlignment = 2 << 20;  // huge-page aligned: no page is in two ranges
+constexpr size_t kBufferAlignment = 4096;
+
+size_t round_up(size_t n, size_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+size_t worker_count(size_t pieces) {
   size_t cores = std::max<size_t>(1, std::thread::hardware_concurrency());
-  return std::min<size_t>({chunks, cores, 16});
+  return std::min<size_t>({pieces, cores, 16});
 }
 
 }  // namespace
 
-Status HostArena::create(Backend* backend, int device, size_t size, std::shared_ptr<HostArena>* out) {
-  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+Status HostArena::create(Backend* backend, int device, const std::vector<size_t>& buffer_sizes,
+                         std::shared_ptr<HostArena>* out) {
+  std::shared_ptr<HostArena> arena(new HostArena(backend, device, buffer_sizes));
+  void* p = mmap(nullptr, arena->size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {
-    return errno_status("cannot allocate " + format_bytes(size) + " of host memory for backups", errno);
+    return errno_status("cannot allocate " + format_bytes(arena->size_) + " of host memory for backups", errno);
   }
-  madvise(p, size, MADV_HUGEPAGE);  // advisory: a kernel without THP still works
-  std::shared_ptr<HostArena> arena(new HostArena(backend, device, static_cast<char*>(p), size));
-  // Worker t prepares chunks t, t + n, t + 2n, ...: the first chunks are ready first.
-  const size_t workers = worker_count(arena->chunks_.size());
-  for (size_t t = 0; t < workers; ++t) {
-    arena->workers_.emplace_back([a = arena.get(), t, workers] { a->prepare(t, workers); });
+  madvise(p, arena->size_, MADV_HUGEPAGE);  // advisory: a kernel without THP still works
+  arena->data_ = static_cast<char*>(p);
+  for (size_t t = 0, n = worker_count(arena->pieces_.size()); t < n; ++t) {
+    arena->workers_.emplace_back([a = arena.get()] { a->prepare(); });
   }
   *out = std::move(arena);
   return Status::Ok();
 }
 
-HostArena::HostArena(Backend* backend, int device, char* data, size_t size)
-    : backend_(backend),
-      device_(device),
-      data_(data),
-      size_(size),
-      chunks_((size + kChunkBytes - 1) / kChunkBytes) {}
+HostArena::HostArena(Backend* backend, int device, const std::vector<size_t>& buffer_sizes)
+    : backend_(backend), device_(device) {
+  // Buffers in order; a new range starts once the current one has kRangeBytes.
+  for (size_t size : buffer_sizes) {
+    if (ranges_.empty() || ranges_.back().size >= kRangeBytes) {
+      size_ = round_up(size_, kRangeAlignment);
+      ranges_.push_back(Range{size_, 0});
+    }
+    buffer_offsets_.push_back(size_);
+    size_ = round_up(size_ + size, kBufferAlignment);
+    ranges_.back().size = size_ - ranges_.back().start;
+  }
+  for (size_t r = 0; r < ranges_.size(); ++r) {
+    for (size_t at = 0; at < ranges_[r].size; at += kPieceBytes) {
+      pieces_.push_back(Piece{r, ranges_[r].start + at, std::min(kPieceBytes, ranges_[r].size - at)});
+      ++ranges_[r].pieces_left;
+    }
+    ranges_[r].done = ranges_[r].pieces_left == 0;  // only empty buffers: nothing to lock
+  }
+}
 
-void HostArena::prepare(size_t first_chunk, size_t stride) {
+void HostArena::prepare() {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  for (size_t c = first_chunk; c < chunks_.size(); c += stride) {
-    char* start = data_ + c * kChunkBytes;
-    const size_t length = std::min(kChunkBytes, size_ - c * kChunkBytes);
+  // Pieces are taken in order, so the first ranges are ready first.
+  for (size_t p = next_piece_++; p < pieces_.size(); p = next_piece_++) {
+    const Piece& piece = pieces_[p];
     // Fault the pages in here, in parallel, rather than inside the registration call.
-    for (size_t off = 0; off < length; off += page) start[off] = 0;
-    Status s = backend_->register_host(device_, start, length);
+    for (size_t off = 0; off < piece.size; off += page) data_[piece.start + off] = 0;
+    Range& range = ranges_[piece.range];
     {
       std::lock_guard<std::mutex> lock(mu_);
-      chunks_[c].registered = s.ok();
-      chunks_[c].status = std::move(s);
-      chunks_[c].done = true;
+      if (--range.pieces_left != 0) continue;
     }
-    chunk_done_.notify_all();
+    // The range's last piece is in: page-lock all of it in one registration.
+    Status s = backend_->register_host(device_, data_ + range.start, range.size);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      range.registered = s.ok();
+      range.status = std::move(s);
+      range.done = true;
+    }
+    range_done_.notify_all();
   }
 }
 
 Status HostArena::wait_ready(size_t offset) {
+  // The last range starting at or before `offset` holds it.
+  auto after = std::upper_bound(ranges_.begin(), ranges_.end(), offset,
+                                [](size_t at, const Range& r) { return at < r.start; });
+  Range& range = *(after - 1);
   std::unique_lock<std::mutex> lock(mu_);
-  Chunk& chunk = chunks_[offset / kChunkBytes];
-  chunk_done_.wait(lock, [&] { return chunk.done; });
-  return chunk.status;
+  range_done_.wait(lock, [&] { return range.done; });
+  return range.status;
 }
 
 HostArena::~HostArena() {
   for (std::thread& worker : workers_) worker.join();
-  for (size_t c = 0; c < chunks_.size(); ++c) {
-    if (chunks_[c].registered) backend_->unregister_host(device_, data_ + c * kChunkBytes);
+  for (const Range& range : ranges_) {
+    if (range.registered) backend_->unregister_host(device_, data_ + range.start);
   }
-  munmap(data_, size_);
-}
-
-Status HostBuffer::for_each_chunk(const std::function<Status(size_t, char*, size_t)>& fn) const {
-  size_t done = 0;
-  while (done < size) {
-    const size_t arena_offset = offset + done;
-    Status s = arena->wait_ready(arena_offset);
-    if (!s.ok()) return s;
-    const size_t chunk_end = (arena_offset / HostArena::kChunkBytes + 1) * HostArena::kChunkBytes;
-    const size_t length = std::min(size - done, chunk_end - arena_offset);
-    s = fn(done, arena->data() + arena_offset, length);
-    if (!s.ok()) return s;
-    done += length;
-  }
-  return Status::Ok();
+  if (data_ != nullptr) munmap(data_, size_);
 }
 
 BackgroundReleaser::BackgroundReleaser() : worker_([this] { run(); }) {}

@@ -1,16 +1,19 @@
 // Host memory that holds the content of paused allocations.
 //
 // A pause takes one HostArena for all the backups it needs and carves it into one
-// HostBuffer per allocation. Worker threads prepare the arena chunk by chunk (fault the
-// pages in, with transparent huge pages, then page-lock them for DMA); a copy into a chunk
-// starts as soon as that chunk is ready, so preparing host memory overlaps the transfer.
-// An arena lives as long as any buffer cut from it.
+// HostBuffer per allocation. The arena is page-locked in ranges of whole buffers: one CUDA
+// copy may not cross from one registration into the next (the driver answers "invalid
+// value"), and users copy from backups with torch (get_cpu_backup(zero_copy=True)), so a
+// buffer never spans two ranges. Worker threads fault the pages in, 64 MiB at a time and
+// with transparent huge pages, and page-lock each range once its pages are in; a copy
+// starts as soon as its buffer's range is ready, so preparing host memory overlaps the
+// transfers. An arena lives as long as any buffer cut from it.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -23,42 +26,57 @@ namespace tmsl {
 
 class HostArena {
  public:
-  // Each chunk is registered on its own, so a DMA copy must not cross a chunk boundary.
-  static constexpr size_t kChunkBytes = 64 << 20;
+  // Buffers are grouped into page-locked ranges of at least this size (a larger buffer is
+  // a range of its own): few registrations, and the first copies can start early.
+  static constexpr size_t kRangeBytes = 64 << 20;
+  // Pages are faulted in by the workers in pieces of at most this size.
+  static constexpr size_t kPieceBytes = 64 << 20;
 
-  // Maps the memory and starts preparing it; fails with Code::kOutOfMemory when the host
-  // cannot provide it.
-  static Status create(Backend* backend, int device, size_t size, std::shared_ptr<HostArena>* out);
+  // Maps memory for buffers of the given sizes and starts preparing it; fails with
+  // Code::kOutOfMemory when the host cannot provide it.
+  static Status create(Backend* backend, int device, const std::vector<size_t>& buffer_sizes,
+                       std::shared_ptr<HostArena>* out);
   ~HostArena();  // waits for its workers, unregisters, unmaps
   HostArena(const HostArena&) = delete;
   HostArena& operator=(const HostArena&) = delete;
 
   char* data() const { return data_; }
-  size_t size() const { return size_; }
-  // Blocks until the chunk holding `offset` is prepared; its error if preparing it failed.
+  size_t buffer_offset(size_t i) const { return buffer_offsets_[i]; }
+  // Blocks until the range holding `offset` is page-locked; its error if that failed.
   Status wait_ready(size_t offset);
 
  private:
-  HostArena(Backend* backend, int device, char* data, size_t size);
-  void prepare(size_t first_chunk, size_t stride);
-
-  struct Chunk {
+  struct Range {
+    size_t start = 0;
+    size_t size = 0;
+    size_t pieces_left = 0;
     bool done = false;
     bool registered = false;
     Status status;
   };
+  struct Piece {
+    size_t range;
+    size_t start;
+    size_t size;
+  };
+
+  HostArena(Backend* backend, int device, const std::vector<size_t>& buffer_sizes);
+  void prepare();  // one worker: fault in pieces in order, page-lock each range it completes
 
   Backend* const backend_;
   const int device_;
-  char* const data_;
-  const size_t size_;
+  char* data_ = nullptr;
+  size_t size_ = 0;
+  std::vector<size_t> buffer_offsets_;
+  std::vector<Range> ranges_;
+  std::vector<Piece> pieces_;
+  std::atomic<size_t> next_piece_{0};
   std::mutex mu_;
-  std::condition_variable chunk_done_;
-  std::vector<Chunk> chunks_;
+  std::condition_variable range_done_;
   std::vector<std::thread> workers_;
 };
 
-// One allocation's backup: a slice of an arena.
+// One allocation's backup: a slice of an arena, inside one page-locked range.
 struct HostBuffer {
   std::shared_ptr<HostArena> arena;
   size_t offset = 0;
@@ -66,9 +84,8 @@ struct HostBuffer {
 
   explicit operator bool() const { return arena != nullptr; }
   char* data() const { return arena->data() + offset; }
-  // Calls fn(offset within the buffer, host pointer, length) for each piece of the buffer
-  // that lies within one arena chunk, after waiting for that chunk; stops at an error.
-  Status for_each_chunk(const std::function<Status(size_t, char*, size_t)>& fn) const;
+  // Blocks until the buffer is page-locked and may take a copy.
+  Status wait_ready() const { return arena->wait_ready(offset); }
 };
 
 // Frees backups off the caller's thread: unpinning and unmapping gigabytes takes a good

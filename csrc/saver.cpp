@@ -230,7 +230,7 @@ Status Saver::pause(const TagSelection& selection) {
 
 Status Saver::copy_out(const std::vector<Allocation*>& batch, std::vector<HostBuffer>* backups) {
   // One arena for every backup that has no retained host memory of the right size.
-  size_t needed = 0;
+  std::vector<size_t> needed;  // sizes of the new buffers, in batch order
   int arena_device = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     const Allocation& a = *batch[i];
@@ -238,33 +238,32 @@ Status Saver::copy_out(const std::vector<Allocation*>& batch, std::vector<HostBu
     if (a.host_copy && a.host_copy.size == a.size) {
       (*backups)[i] = a.host_copy;  // retained from the last cycle: reused
     } else {
-      needed += a.size;
+      needed.push_back(a.size);
       arena_device = a.device;
     }
   }
-  std::shared_ptr<HostArena> arena;
-  if (needed != 0) {
+  if (!needed.empty()) {
+    std::shared_ptr<HostArena> arena;
     Status s = HostArena::create(backend_.get(), arena_device, needed, &arena);
     if (!s.ok()) {
-      return with_context(s, "pausing " + describe(batch) + ": no host memory for " + format_bytes(needed) +
+      size_t bytes = 0;
+      for (size_t size : needed) bytes += size;
+      return with_context(s, "pausing " + describe(batch) + ": no host memory for " + format_bytes(bytes) +
                                  " of backups; everything stays resident with its content, call pause "
                                  "again once host memory is free");
     }
-  }
-  size_t offset = 0;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    if (batch[i]->backup && !(*backups)[i]) {
-      (*backups)[i] = HostBuffer{arena, offset, batch[i]->size};
-      offset += batch[i]->size;
+    for (size_t i = 0, k = 0; i < batch.size(); ++i) {
+      if (batch[i]->backup && !(*backups)[i]) {
+        (*backups)[i] = HostBuffer{arena, arena->buffer_offset(k++), batch[i]->size};
+      }
     }
   }
   Status s;
   for (size_t i = 0; i < batch.size() && s.ok(); ++i) {
     const Allocation& a = *batch[i];
     if (!(*backups)[i]) continue;
-    s = (*backups)[i].for_each_chunk([&](size_t at, char* host, size_t length) {
-      return backend_->copy_to_host_async(a.device, host, a.va + at, length);
-    });
+    s = (*backups)[i].wait_ready();
+    if (s.ok()) s = backend_->copy_to_host_async(a.device, (*backups)[i].data(), a.va, a.size);
   }
   // Also after an error: copies in flight still write into the host memory.
   Status waited = wait_copies(batch);
@@ -341,9 +340,8 @@ Status Saver::copy_in(const std::vector<Allocation*>& batch) {
   for (size_t i = 0; i < batch.size() && s.ok(); ++i) {
     const Allocation& a = *batch[i];
     if (!a.host_copy) continue;
-    s = a.host_copy.for_each_chunk([&](size_t at, char* host, size_t length) {
-      return backend_->copy_from_host_async(a.device, a.va + at, host, length);
-    });
+    s = a.host_copy.wait_ready();
+    if (s.ok()) s = backend_->copy_from_host_async(a.device, a.va, a.host_copy.data(), a.size);
   }
   // Also after an error: the memory must not be unmapped under a running copy.
   Status waited = wait_copies(batch);

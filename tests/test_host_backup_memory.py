@@ -60,3 +60,22 @@ def test_pause_that_runs_out_of_host_memory_keeps_everything_resident():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["oom: True", f"state {64 * MiB} 0 0", "content True", "retry True"]
+
+
+def test_backups_larger_than_a_page_locked_range_and_at_odd_offsets_keep_their_content(host_saver, mem):
+    # The host backend refuses a copy that crosses from one page-locked range into the next,
+    # as CUDA does; every backup must therefore lie inside one range, whatever its size and
+    # place in the arena (ranges hold 64 MiB of buffers; one buffer here is larger).
+    sizes = [3 * MiB, 96 * MiB, 40 * MiB, 100 * MiB]
+    with host_saver.region("weights", enable_cpu_backup=True):
+        ptrs = [mem.malloc(size) for size in sizes]
+    for retain in (False, True):
+        host_saver.retain_cpu_backup = retain
+        for cycle in range(2):
+            contents = [os.urandom(1 << 16) * (size >> 16) for size in sizes]
+            for ptr, content in zip(ptrs, contents):
+                mem.write(ptr, content)
+            host_saver.pause("weights")
+            host_saver.resume("weights")
+            for i, (ptr, content) in enumerate(zip(ptrs, contents)):
+                assert mem.read(ptr, sizes[i]) == content, f"retain={retain} cycle {cycle} buffer {i}"

@@ -372,8 +372,9 @@ class MemorySaver:
         """The host copy of a paused tensor from a region with ``enable_cpu_backup=True``.
 
         Returns None while the tensor is resident (no host copy exists then). With
-        ``zero_copy=True`` the result shares the backup's memory, which the next
-        successful ``resume`` frees: do not use it after that.
+        ``zero_copy=True`` the result shares the backup's page-locked memory (a copy to
+        the GPU from it runs at full link speed), which the next successful ``resume``
+        frees: do not use it after that.
         """
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"get_cpu_backup needs a torch.Tensor, got {type(x).__name__}")
