@@ -47,4 +47,4 @@ class Trainer:
             torch.nn.utils.clip_grad_norm_(self.policy.parameters(), 1.0)
             self.optimizer.step()  # the first step creates AdamW's state, inside the region
             self.optimizer.zero_grad(set_to_none=False)  # keep the gradient tensors where they are
-        return float(loss)
+        return float(loss.detach())
