@@ -54,7 +54,7 @@ HostArena::HostArena(Backend* backend, int device, const std::vector<size_t>& bu
       pieces_.push_back(Piece{r, ranges_[r].start + at, std::min(kPieceBytes, ranges_[r].size - at)});
       ++ranges_[r].pieces_left;
     }
-    ranges_[r].done = ranges_[r].locked = ranges_[r].pieces_left == 0;  // only empty buffers
+    ranges_[r].done = ranges_[r].pieces_left == 0;  // only empty buffers: nothing to lock
   }
 }
 
@@ -63,28 +63,22 @@ void HostArena::prepare() {
   // Pieces are taken in order, so the first ranges are ready first.
   for (size_t p = next_piece_++; p < pieces_.size(); p = next_piece_++) {
     const Piece& piece = pieces_[p];
-    Range& range = ranges_[piece.range];
     // Fault the pages in here, in parallel, rather than inside the registration call.
     for (size_t off = 0; off < piece.size; off += page) data_[piece.start + off] = 0;
-    // Once its first piece is in, page-lock the whole range in one call while the other
-    // workers fault in the rest: the driver pins what they have touched and faults in what
-    // they have not reached yet, so a large backup's locking overlaps its preparation.
-    const bool first = piece.start == range.start;
-    Status s;
-    if (first) s = backend_->register_host(device_, data_ + range.start, range.size);
-    bool ready;
+    Range& range = ranges_[piece.range];
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (first) {
-        range.registered = s.ok();
-        range.status = std::move(s);
-        range.locked = true;
-      }
-      // Copies may start once the range is locked and no worker writes into it any more.
-      --range.pieces_left;
-      ready = range.done = range.locked && range.pieces_left == 0;
+      if (--range.pieces_left != 0) continue;
     }
-    if (ready) range_done_.notify_all();
+    // The range's last piece is in: page-lock all of it in one registration.
+    Status s = backend_->register_host(device_, data_ + range.start, range.size);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      range.registered = s.ok();
+      range.status = std::move(s);
+      range.done = true;
+    }
+    range_done_.notify_all();
   }
 }
 

@@ -5,7 +5,7 @@
 // copy may not cross from one registration into the next (the driver answers "invalid
 // value"), and users copy from backups with torch (get_cpu_backup(zero_copy=True)), so a
 // buffer never spans two ranges. Worker threads fault the pages in, 64 MiB at a time and
-// with transparent huge pages, and page-lock each range while its pages come in; a copy
+// with transparent huge pages, and page-lock each range once its pages are in; a copy
 // starts as soon as its buffer's range is ready, so preparing host memory overlaps the
 // transfers. An arena lives as long as any buffer cut from it.
 #pragma once
@@ -49,9 +49,8 @@ class HostArena {
   struct Range {
     size_t start = 0;
     size_t size = 0;
-    size_t pieces_left = 0;  // pieces not yet faulted in
-    bool locked = false;     // the registration call has returned
-    bool done = false;       // locked and every piece in: copies may start
+    size_t pieces_left = 0;
+    bool done = false;
     bool registered = false;
     Status status;
   };
@@ -62,7 +61,7 @@ class HostArena {
   };
 
   HostArena(Backend* backend, int device, const std::vector<size_t>& buffer_sizes);
-  void prepare();  // one worker: fault in pieces in order; a range's first piece page-locks it
+  void prepare();  // one worker: fault in pieces in order, page-lock each range it completes
 
   Backend* const backend_;
   const int device_;
