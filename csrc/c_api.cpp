@@ -39,6 +39,16 @@ Status live_saver(void* handle, Saver** out) {
   return Status::Ok();
 }
 
+// guarded(), for a call on a saver handle that must be live.
+template <typename Body>
+int on_saver(void* handle, Body&& body) {
+  return guarded([&] {
+    Saver* saver = nullptr;
+    Status s = live_saver(handle, &saver);
+    return s.ok() ? body(*saver) : s;
+  });
+}
+
 Status tag_selection(const char* const* tags, int ntags, TagSelection* out) {
   out->all = ntags < 0;
   for (int i = 0; i < ntags; ++i) {
@@ -55,12 +65,10 @@ Status require(bool condition, const char* message) {
 // pause or resume over the named tags (ntags < 0: all).
 int on_tags(void* handle, const char* const* tags, int ntags,
             Status (Saver::*operation)(const TagSelection&)) {
-  return guarded([&] {
-    Saver* saver = nullptr;
+  return on_saver(handle, [&](Saver& saver) {
     TagSelection selection;
-    Status s = live_saver(handle, &saver);
-    if (s.ok()) s = tag_selection(tags, ntags, &selection);
-    return s.ok() ? (saver->*operation)(selection) : s;
+    Status s = tag_selection(tags, ntags, &selection);
+    return s.ok() ? (saver.*operation)(selection) : s;
   });
 }
 
@@ -119,29 +127,23 @@ TMSL_API int tmsl_disable_thread_region(void) {
 }
 
 TMSL_API int tmsl_set_memory_margin(void* handle, size_t bytes) {
-  return guarded([&] {
-    Saver* saver = nullptr;
-    Status s = live_saver(handle, &saver);
-    if (s.ok()) saver->set_memory_margin(bytes);
-    return s;
+  return on_saver(handle, [&](Saver& saver) {
+    saver.set_memory_margin(bytes);
+    return Status::Ok();
   });
 }
 
 TMSL_API int tmsl_set_retain_backups(void* handle, int retain) {
-  return guarded([&] {
-    Saver* saver = nullptr;
-    Status s = live_saver(handle, &saver);
-    if (s.ok()) saver->set_retain_backups(retain != 0);
-    return s;
+  return on_saver(handle, [&](Saver& saver) {
+    saver.set_retain_backups(retain != 0);
+    return Status::Ok();
   });
 }
 
 TMSL_API int tmsl_wait_for_released_backups(void* handle) {
-  return guarded([&] {
-    Saver* saver = nullptr;
-    Status s = live_saver(handle, &saver);
-    if (s.ok()) saver->wait_for_released_backups();
-    return s;
+  return on_saver(handle, [&](Saver& saver) {
+    saver.wait_for_released_backups();
+    return Status::Ok();
   });
 }
 
@@ -151,25 +153,18 @@ TMSL_API const char* tmsl_process_defaults_error(void) {
 
 TMSL_API int tmsl_malloc(void* handle, size_t size, int device, const char* tag,
                          int enable_cpu_backup, void** out) {
-  return guarded([&] {
-    Saver* saver = nullptr;
-    Status s = live_saver(handle, &saver);
-    if (s.ok()) s = require(tag != nullptr && *tag != '\0', "tag must be a non-empty string");
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = require(tag != nullptr && *tag != '\0', "tag must be a non-empty string");
     if (!s.ok()) return s;
     uintptr_t va = 0;
-    s = saver->allocate(size, device, tag, enable_cpu_backup != 0, &va);
+    s = saver.allocate(size, device, tag, enable_cpu_backup != 0, &va);
     *out = reinterpret_cast<void*>(va);
     return s;
   });
 }
 
 TMSL_API int tmsl_free(void* handle, void* ptr, void* stream) {
-  return guarded([&] {
-    Saver* saver = nullptr;
-    Status s = live_saver(handle, &saver);
-    if (!s.ok()) return s;
-    return saver->free(reinterpret_cast<uintptr_t>(ptr), stream);
-  });
+  return on_saver(handle, [&](Saver& saver) { return saver.free(reinterpret_cast<uintptr_t>(ptr), stream); });
 }
 
 TMSL_API int tmsl_pause(void* handle, const char* const* tags, int ntags) {
@@ -181,11 +176,8 @@ TMSL_API int tmsl_resume(void* handle, const char* const* tags, int ntags) {
 }
 
 TMSL_API int tmsl_stats_json(void* handle, char* buf, size_t capacity, size_t* length) {
-  return guarded([&] {
-    Saver* saver = nullptr;
-    Status s = live_saver(handle, &saver);
-    if (!s.ok()) return s;
-    std::string json = saver->stats_json();
+  return on_saver(handle, [&](Saver& saver) {
+    std::string json = saver.stats_json();
     *length = json.size();
     if (buf != nullptr && capacity > json.size()) memcpy(buf, json.c_str(), json.size() + 1);
     return Status::Ok();
@@ -193,19 +185,15 @@ TMSL_API int tmsl_stats_json(void* handle, char* buf, size_t capacity, size_t* l
 }
 
 TMSL_API int tmsl_find_backup(void* handle, const void* ptr, size_t nbytes, const void** host) {
-  return guarded([&] {
-    Saver* saver = nullptr;
-    Status s = live_saver(handle, &saver);
-    return s.ok() ? saver->find_backup(reinterpret_cast<uintptr_t>(ptr), nbytes, host) : s;
+  return on_saver(handle, [&](Saver& saver) {
+    return saver.find_backup(reinterpret_cast<uintptr_t>(ptr), nbytes, host);
   });
 }
 
 TMSL_API int tmsl_inject_fault(void* handle, const char* operation, long after_calls) {
-  return guarded([&] {
-    Saver* saver = nullptr;
-    Status s = live_saver(handle, &saver);
-    if (s.ok()) s = require(operation != nullptr, "operation must not be NULL");
-    return s.ok() ? saver->backend().inject_fault(operation, after_calls) : s;
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = require(operation != nullptr, "operation must not be NULL");
+    return s.ok() ? saver.backend().inject_fault(operation, after_calls) : s;
   });
 }
 

@@ -59,7 +59,7 @@ Status Saver::allocate(size_t size, int device, const std::string& tag, bool bac
   s = backend_->reserve(device, rounded, granularity, &address);
   if (!s.ok()) return with_context(s, where);
   PhysicalHandle physical = 0;
-  s = create_within_margin(device, rounded, &physical);
+  s = map_new_physical(device, address, rounded, &physical);
   if (!s.ok()) {
     backend_->free_reservation(device, address, rounded);
     if (s.code == Code::kOutOfMemory) {
@@ -68,16 +68,6 @@ Status Saver::allocate(size_t size, int device, const std::string& tag, bool bac
       s.oom = {tag, rounded, free_bytes, device};
       s.message += "; " + format_bytes(free_bytes) + " free";
     }
-    return with_context(s, where);
-  }
-  s = backend_->map(device, address, rounded, physical);
-  if (s.ok()) {
-    s = backend_->set_access(device, address, rounded);
-    if (!s.ok()) backend_->unmap(device, address, rounded);
-  }
-  if (!s.ok()) {
-    backend_->release_physical(device, physical, rounded);
-    backend_->free_reservation(device, address, rounded);
     return with_context(s, where);
   }
 
@@ -173,10 +163,14 @@ void Saver::settle(const std::vector<Allocation*>& batch, size_t done, State don
   settled_.notify_all();
 }
 
-Status Saver::synchronize_devices(const std::vector<Allocation*>& batch) {
+std::set<int> Saver::devices_of(const std::vector<Allocation*>& batch) {
   std::set<int> devices;
   for (const Allocation* a : batch) devices.insert(a->device);
-  for (int device : devices) {
+  return devices;
+}
+
+Status Saver::synchronize_devices(const std::vector<Allocation*>& batch) {
+  for (int device : devices_of(batch)) {
     Status s = backend_->synchronize_device(device);
     if (!s.ok()) return with_context(s, "waiting for device " + std::to_string(device));
   }
@@ -184,10 +178,8 @@ Status Saver::synchronize_devices(const std::vector<Allocation*>& batch) {
 }
 
 Status Saver::wait_copies(const std::vector<Allocation*>& batch) {
-  std::set<int> devices;
-  for (const Allocation* a : batch) devices.insert(a->device);
   Status first;
-  for (int device : devices) {
+  for (int device : devices_of(batch)) {
     Status s = backend_->wait_copies(device);
     if (first.ok() && !s.ok()) first = s;
   }
@@ -320,18 +312,27 @@ Status Saver::resume(const TagSelection& selection) {
 
 Status Saver::map_fresh(Allocation& a) {
   PhysicalHandle physical = 0;
-  Status s = create_within_margin(a.device, a.size, &physical);
+  Status s = map_new_physical(a.device, a.va, a.size, &physical);
+  if (s.code == Code::kOutOfMemory) return s;  // the caller explains what the resume needed
+  if (!s.ok()) return with_context(s, "resuming region '" + a.tag + "' at " + format_address(a.va));
+  a.physical = physical;
+  return Status::Ok();
+}
+
+Status Saver::map_new_physical(int device, uintptr_t va, size_t size, PhysicalHandle* out) {
+  PhysicalHandle physical = 0;
+  Status s = create_within_margin(device, size, &physical);
   if (!s.ok()) return s;
-  s = backend_->map(a.device, a.va, a.size, physical);
+  s = backend_->map(device, va, size, physical);
   if (s.ok()) {
-    s = backend_->set_access(a.device, a.va, a.size);
-    if (!s.ok()) backend_->unmap(a.device, a.va, a.size);
+    s = backend_->set_access(device, va, size);
+    if (!s.ok()) backend_->unmap(device, va, size);
   }
   if (!s.ok()) {
-    backend_->release_physical(a.device, physical, a.size);
-    return with_context(s, "resuming region '" + a.tag + "' at " + format_address(a.va));
+    backend_->release_physical(device, physical, size);
+    return s;
   }
-  a.physical = physical;
+  *out = physical;
   return Status::Ok();
 }
 

@@ -104,6 +104,7 @@ class Saver {
   // host copy up. Whatever is let go is freed in the background.
   void settle(const std::vector<Allocation*>& batch, size_t done, State done_state,
               State rest_state, std::vector<HostBuffer>* backups, bool drop_backups);
+  static std::set<int> devices_of(const std::vector<Allocation*>& batch);
   Status synchronize_devices(const std::vector<Allocation*>& batch);
   // Copies every backed-up allocation of the batch into host memory; on error none is kept.
   Status copy_out(const std::vector<Allocation*>& batch, std::vector<HostBuffer>* backups);
@@ -114,6 +115,9 @@ class Saver {
   // "region 'kv' (2.00 GiB)" or "regions 'kv', 'weights' (...)": what a pause or resume covered.
   static std::string describe(const std::vector<Allocation*>& batch);
   Status map_fresh(Allocation& a);
+  // Creates physical memory (within the margin) and maps it read-write at [va, va + size);
+  // on error nothing of it is left behind.
+  Status map_new_physical(int device, uintptr_t va, size_t size, PhysicalHandle* out);
   Status out_of_memory_on_resume(const std::vector<Allocation*>& batch, const Allocation& failed,
                                  const Status& cause);
   const Allocation* containing(uintptr_t address) const;  // needs mu_
