@@ -56,6 +56,17 @@ ProcessDefaults read_process_defaults() {
   return d;
 }
 
+// Puts a saver in a free slot, where owner_of finds it. Needs the registry's lock.
+Status publish(Registry& r, Saver* saver) {
+  for (auto& slot : r.savers) {
+    if (slot.load() == nullptr) {
+      slot.store(saver, std::memory_order_release);
+      return Status::Ok();
+    }
+  }
+  return Status::Error(Code::kInvalidArgument, "too many savers (at most 64 at once)");
+}
+
 }  // namespace
 
 ThreadRegion& thread_region() {
@@ -92,14 +103,11 @@ Status default_saver(Saver** out) {
     std::unique_ptr<Backend> backend;
     Status s = make_cuda_backend(&backend);
     if (!s.ok()) return s;
-    auto* saver = new Saver(std::move(backend));
-    for (auto& slot : r.savers) {
-      if (slot.load() == nullptr) {
-        slot.store(saver, std::memory_order_release);
-        break;
-      }
-    }
-    r.process_wide.store(saver, std::memory_order_release);
+    auto saver = std::make_unique<Saver>(std::move(backend));
+    // Unpublished, the hooks could not find its allocations to free them.
+    s = publish(r, saver.get());
+    if (!s.ok()) return s;
+    r.process_wide.store(saver.release(), std::memory_order_release);
   }
   *out = r.process_wide.load();
   return Status::Ok();
@@ -108,14 +116,9 @@ Status default_saver(Saver** out) {
 Status add_saver(std::unique_ptr<Saver> saver, Saver** out) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
-  for (auto& slot : r.savers) {
-    if (slot.load() == nullptr) {
-      *out = saver.release();
-      slot.store(*out, std::memory_order_release);
-      return Status::Ok();
-    }
-  }
-  return Status::Error(Code::kInvalidArgument, "too many savers (at most 64 at once)");
+  Status s = publish(r, saver.get());
+  if (s.ok()) *out = saver.release();
+  return s;
 }
 
 Status remove_saver(Saver* saver) {
