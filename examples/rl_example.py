@@ -160,12 +160,13 @@ def plot(timeline: Timeline, rewards: list[float], path: Path) -> None:
 
 def reexec_with_preload() -> None:
     """Preload mode needs the library in LD_PRELOAD from the start: run again with it."""
-    from torch_mem_saver_lite import _lib
+    from torch_mem_saver_lite import _lib, configure_subprocess
 
-    path = _lib.library_path()
-    if path not in os.environ.get("LD_PRELOAD", "").split():
-        env = {**os.environ, "LD_PRELOAD": " ".join([path, *os.environ.get("LD_PRELOAD", "").split()])}
-        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+    if _lib.library_path() in os.environ.get("LD_PRELOAD", "").replace(":", " ").split():
+        return  # this is the re-executed process
+    with configure_subprocess():
+        env = dict(os.environ)
+    os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 
 def main() -> int:
