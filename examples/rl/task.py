@@ -1,8 +1,11 @@
-"""A synthetic task with a verifiable reward: write `length` digits whose sum hits a target.
+"""A synthetic task with a verifiable reward: count on from a number, one digit at a time.
 
-Prompt: [BOS, tens digit of the target, units digit, SEP]. Completion: `length` digits.
-Reward: 1 - |sum - target| / (9 * length), so 1.0 is exact and a random policy scores
-around 0.7; learning to condition on the target is what moves it up.
+Prompt: [BOS, tens digit of n, units digit of n, SEP] for n in [0, 99]. Each completion
+digit should be one more (mod 10) than the digit before it, the first one more than the
+units digit of n, so the perfect completion is the units digits of n + 1, ..., n + length.
+Each digit is judged against the one actually written before it, so one slip costs one
+digit, not the rest of the line. The reward is the share of right digits: a random policy
+scores 0.1 and a policy that has learned to count scores 1.0, so learning is plain to see.
 """
 
 from __future__ import annotations
@@ -13,21 +16,21 @@ DIGITS = 10
 BOS, SEP = 10, 11
 VOCAB = 12
 PROMPT_LENGTH = 4
+CHANCE = 1 / DIGITS  # expected reward of a uniformly random policy
 
 
-def make_prompts(count: int, length: int, generator: torch.Generator, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(prompts [count, 4], targets [count]) with targets uniform in [0, 9 * length]."""
-    targets = torch.randint(0, 9 * length + 1, (count,), generator=generator, device="cpu").to(device)
-    prompts = torch.stack([torch.full_like(targets, BOS), targets // 10, targets % 10,
-                           torch.full_like(targets, SEP)], dim=1)
-    return prompts, targets
+def make_prompts(count: int, generator: torch.Generator, device) -> torch.Tensor:
+    """Prompts [count, 4] for numbers uniform in [0, 99]."""
+    numbers = torch.randint(0, 100, (count,), generator=generator, device="cpu")
+    prompts = torch.stack([torch.full_like(numbers, BOS), numbers // 10, numbers % 10,
+                           torch.full_like(numbers, SEP)], dim=1)
+    return prompts.to(device)
 
 
-def rewards(completions: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """completions [n, length] of digits, targets [n] -> rewards [n] in [0, 1]."""
-    length = completions.shape[1]
-    error = (completions.sum(dim=1) - targets).abs().float()
-    return 1.0 - error / (9 * length)
+def rewards(prompts: torch.Tensor, completions: torch.Tensor) -> torch.Tensor:
+    """prompts [n, 4] and completions [n, length] of digits -> rewards [n] in [0, 1]."""
+    before = torch.cat([prompts[:, 2:3], completions[:, :-1]], dim=1)
+    return (completions == (before + 1) % DIGITS).float().mean(dim=1)
 
 
 def digit_logits(logits: torch.Tensor) -> torch.Tensor:
