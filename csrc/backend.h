@@ -46,6 +46,8 @@ class Backend {
   // copy stream for `device`; wait_copies returns when every queued copy has landed.
   virtual Status copy_to_host_async(int device, void* dst, uintptr_t src, size_t size) = 0;
   virtual Status copy_from_host_async(int device, uintptr_t dst, const void* src, size_t size) = 0;
+  // Sets every byte of mapped memory to `value`, queued like the copies (poison on resume).
+  virtual Status fill_async(int device, uintptr_t va, size_t size, unsigned char value) = 0;
   virtual Status wait_copies(int device) = 0;
 
   // Waits for all outstanding work on the device, or on one stream of it.

@@ -46,6 +46,7 @@ struct DriverApi {
   PFN_cuStreamCreate_v2000 cuStreamCreate = nullptr;
   PFN_cuMemcpyDtoHAsync_v3020 cuMemcpyDtoHAsync = nullptr;
   PFN_cuMemcpyHtoDAsync_v3020 cuMemcpyHtoDAsync = nullptr;
+  PFN_cuMemsetD8Async_v3020 cuMemsetD8Async = nullptr;
 };
 
 Status load_driver(DriverApi* api) {
@@ -100,6 +101,7 @@ Status load_driver(DriverApi* api) {
   resolve("cuStreamCreate", &api->cuStreamCreate);
   resolve("cuMemcpyDtoHAsync", &api->cuMemcpyDtoHAsync);
   resolve("cuMemcpyHtoDAsync", &api->cuMemcpyHtoDAsync);
+  resolve("cuMemsetD8Async", &api->cuMemsetD8Async);
   if (!missing.empty()) {
     return Status::Error(Code::kNoDriver, "the CUDA driver lacks entry points: " + missing);
   }
@@ -200,6 +202,13 @@ class CudaBackend final : public Backend {
     return in_context(device, [&] {
       return check(api_.cuMemcpyHtoDAsync(dst, src, size, devices_[device].copy_stream),
                    "cuMemcpyHtoDAsync");
+    });
+  }
+
+  Status fill_async(int device, uintptr_t va, size_t size, unsigned char value) override {
+    return in_context(device, [&] {
+      return check(api_.cuMemsetD8Async(va, value, size, devices_[device].copy_stream),
+                   "cuMemsetD8Async");
     });
   }
 

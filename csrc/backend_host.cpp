@@ -216,6 +216,11 @@ class HostBackend final : public Backend {
     return s;
   }
 
+  Status fill_async(int, uintptr_t va, size_t size, unsigned char value) override {
+    memset(reinterpret_cast<void*>(va), value, size);
+    return Status::Ok();
+  }
+
   Status wait_copies(int) override {
     TMSL_FAULT_POINT("wait_copies");
     return Status::Ok();

@@ -62,6 +62,23 @@ Status require(bool condition, const char* message) {
   return condition ? Status::Ok() : Status::Error(Code::kInvalidArgument, message);
 }
 
+Status backup_choice(int value, BackupChoice* out) {
+  if (value < -1 || value > 1) {
+    return Status::Error(Code::kInvalidArgument, "enable_cpu_backup must be -1 (not given), 0 or 1");
+  }
+  *out = static_cast<BackupChoice>(value);
+  return Status::Ok();
+}
+
+// The thread region for (saver, tag, backup), argument checks included.
+Status region_for(void* handle, const char* tag, int enable_cpu_backup, ThreadRegion* out) {
+  Status s = live_saver(handle, &out->saver);
+  if (s.ok()) s = require(tag != nullptr && *tag != '\0', "tag must be a non-empty string");
+  if (s.ok()) s = backup_choice(enable_cpu_backup, &out->backup);
+  if (s.ok()) out->tag = tag;
+  return s;
+}
+
 // pause or resume over the named tags (ntags < 0: all).
 int on_tags(void* handle, const char* const* tags, int ntags,
             Status (Saver::*operation)(const TagSelection&)) {
@@ -100,22 +117,22 @@ TMSL_API int tmsl_destroy_saver(void* handle) {
   return guarded([&] { return remove_saver(static_cast<Saver*>(handle)); });
 }
 
+TMSL_API int tmsl_enter_region(void* handle, const char* tag, int enable_cpu_backup) {
+  return guarded([&] {
+    ThreadRegion region;
+    Status s = region_for(handle, tag, enable_cpu_backup, &region);
+    if (s.ok()) s = region.saver->enter_tag(region.tag, region.backup);
+    if (s.ok()) thread_region() = std::move(region);
+    return s;
+  });
+}
+
 TMSL_API int tmsl_set_thread_region(void* handle, const char* tag, int enable_cpu_backup) {
   return guarded([&] {
-    ThreadRegion& region = thread_region();
-    if (handle == nullptr) {
-      region = ThreadRegion();  // back to the process defaults
-      return Status::Ok();
-    }
-    Saver* saver = nullptr;
-    Status s = live_saver(handle, &saver);
-    if (s.ok()) s = require(tag != nullptr && *tag != '\0', "tag must be a non-empty string");
-    if (!s.ok()) return s;
-    region.saver = saver;
-    region.tag = tag;
-    region.backup = enable_cpu_backup != 0;
-    region.explicit_none = false;
-    return Status::Ok();
+    ThreadRegion region;  // saver == NULL: back to the process defaults
+    Status s = handle == nullptr ? Status::Ok() : region_for(handle, tag, enable_cpu_backup, &region);
+    if (s.ok()) thread_region() = std::move(region);
+    return s;
   });
 }
 
@@ -140,6 +157,37 @@ TMSL_API int tmsl_set_retain_backups(void* handle, int retain) {
   });
 }
 
+TMSL_API int tmsl_set_poison_on_resume(void* handle, int poison) {
+  return on_saver(handle, [&](Saver& saver) {
+    saver.set_poison_on_resume(poison != 0);
+    return Status::Ok();
+  });
+}
+
+TMSL_API int tmsl_get_poison_on_resume(void* handle, int* out) {
+  return on_saver(handle, [&](Saver& saver) {
+    *out = saver.poison_on_resume() ? 1 : 0;
+    return Status::Ok();
+  });
+}
+
+TMSL_API int tmsl_note_graph_capture(void) {
+  return guarded([&] {
+    const ThreadRegion& region = effective_region();
+    return region.saver != nullptr ? region.saver->mark_graph_memory(region.tag) : Status::Ok();
+  });
+}
+
+TMSL_API int tmsl_tag_state(void* handle, const char* tag, int* state) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = require(tag != nullptr, "tag must not be NULL");
+    if (!s.ok()) return s;
+    TagInfo info;
+    *state = !saver.tag_info(tag, &info) ? 0 : info.paused ? 2 : 1;
+    return Status::Ok();
+  });
+}
+
 TMSL_API int tmsl_wait_for_released_backups(void* handle) {
   return on_saver(handle, [&](Saver& saver) {
     saver.wait_for_released_backups();
@@ -155,9 +203,11 @@ TMSL_API int tmsl_malloc(void* handle, size_t size, int device, const char* tag,
                          int enable_cpu_backup, void** out) {
   return on_saver(handle, [&](Saver& saver) {
     Status s = require(tag != nullptr && *tag != '\0', "tag must be a non-empty string");
+    BackupChoice backup = BackupChoice::kAuto;
+    if (s.ok()) s = backup_choice(enable_cpu_backup, &backup);
     if (!s.ok()) return s;
     uintptr_t va = 0;
-    s = saver.allocate(size, device, tag, enable_cpu_backup != 0, &va);
+    s = saver.allocate(size, device, tag, backup, &va);
     *out = reinterpret_cast<void*>(va);
     return s;
   });

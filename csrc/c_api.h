@@ -11,6 +11,13 @@ TMSL_API int tmsl_default_saver(void** out);
 TMSL_API int tmsl_create_host_saver(size_t capacity_bytes, size_t granularity_bytes, void** out);
 TMSL_API int tmsl_destroy_saver(void* saver);
 
+// enable_cpu_backup: -1 = not given (the tag's setting; a new tag backs up graph memory
+// only), 0 = off, 1 = on. A tag keeps the first explicit setting it was given.
+
+// Checks that `tag` may take allocations (not paused, backup setting consistent), enters
+// it in the saver's tag catalogue, and makes it the calling thread's region.
+TMSL_API int tmsl_enter_region(void* saver, const char* tag, int enable_cpu_backup);
+// Makes (saver, tag) the thread's region again without checks (leaving a nested region).
 // saver == NULL: the thread leaves its region and follows the process defaults again
 // (no region, unless TMSL_REGION_ALL_THREADS=1).
 TMSL_API int tmsl_set_thread_region(void* saver, const char* tag, int enable_cpu_backup);
@@ -19,6 +26,14 @@ TMSL_API int tmsl_disable_thread_region(void);
 
 TMSL_API int tmsl_set_memory_margin(void* saver, size_t bytes);
 TMSL_API int tmsl_set_retain_backups(void* saver, int retain);
+// Fill resumed memory that has no backup with 0xFF bytes (NaN as floats); *out reads it.
+TMSL_API int tmsl_set_poison_on_resume(void* saver, int poison);
+TMSL_API int tmsl_get_poison_on_resume(void* saver, int* out);
+// A CUDA graph capture is beginning on the calling thread: the tag of the thread's region
+// (if any) holds graph memory from now on. No region: nothing to do.
+TMSL_API int tmsl_note_graph_capture(void);
+// *state: 0 = no region has used the tag, 1 = active, 2 = paused.
+TMSL_API int tmsl_tag_state(void* saver, const char* tag, int* state);
 // Returns once the backups resume let go of have been freed (that happens in the background).
 TMSL_API int tmsl_wait_for_released_backups(void* saver);
 // "" when the TMSL_* environment variables are valid, else what is wrong with them.

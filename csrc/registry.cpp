@@ -40,7 +40,14 @@ bool parse_flag(const char* name, bool* out, std::string* error) {
 ProcessDefaults read_process_defaults() {
   ProcessDefaults d;
   bool ok = parse_flag("TMSL_REGION_ALL_THREADS", &d.all_threads, &d.error);
-  ok = parse_flag("TMSL_DEFAULT_CPU_BACKUP", &d.backup, &d.error) && ok;
+  bool backup = false;
+  const char* backup_value = getenv("TMSL_DEFAULT_CPU_BACKUP");
+  if (parse_flag("TMSL_DEFAULT_CPU_BACKUP", &backup, &d.error)) {
+    if (backup_value != nullptr && *backup_value != '\0') d.backup = backup ? BackupChoice::kOn : BackupChoice::kOff;
+  } else {
+    ok = false;
+  }
+  ok = parse_flag("TMSL_POISON_ON_RESUME", &d.poison_on_resume, &d.error) && ok;
   const char* tag = getenv("TMSL_DEFAULT_TAG");
   if (tag != nullptr) {
     size_t length = strlen(tag);
@@ -104,6 +111,7 @@ Status default_saver(Saver** out) {
     Status s = make_cuda_backend(&backend);
     if (!s.ok()) return s;
     auto saver = std::make_unique<Saver>(std::move(backend));
+    saver->set_poison_on_resume(process_defaults().poison_on_resume);
     // Unpublished, the hooks could not find its allocations to free them.
     s = publish(r, saver.get());
     if (!s.ok()) return s;
@@ -114,6 +122,7 @@ Status default_saver(Saver** out) {
 }
 
 Status add_saver(std::unique_ptr<Saver> saver, Saver** out) {
+  saver->set_poison_on_resume(process_defaults().poison_on_resume);
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   Status s = publish(r, saver.get());

@@ -20,7 +20,7 @@ namespace tmsl {
 struct ThreadRegion {
   Saver* saver = nullptr;
   std::string tag;
-  bool backup = false;
+  BackupChoice backup = BackupChoice::kAuto;
   bool explicit_none = false;
 };
 ThreadRegion& thread_region();
@@ -33,12 +33,14 @@ const ThreadRegion& effective_region();
 // Process defaults from the environment, read once:
 //   TMSL_REGION_ALL_THREADS=1   every thread allocates in a region unless told otherwise
 //   TMSL_DEFAULT_TAG=<tag>      that region's tag (default "default")
-//   TMSL_DEFAULT_CPU_BACKUP=1   and its backup setting (default 0)
+//   TMSL_DEFAULT_CPU_BACKUP=0|1 and its backup setting (unset: back up graph memory only)
+//   TMSL_POISON_ON_RESUME=1     savers start with poison on resume turned on
 // A bad value leaves regions off and is kept in `error`, naming the variable.
 struct ProcessDefaults {
   bool all_threads = false;
   std::string tag = "default";
-  bool backup = false;
+  BackupChoice backup = BackupChoice::kAuto;
+  bool poison_on_resume = false;
   std::string error;
 };
 const ProcessDefaults& process_defaults();

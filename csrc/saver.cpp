@@ -34,17 +34,96 @@ Saver::Saver(std::unique_ptr<Backend> backend) : backend_(std::move(backend)) {}
 Saver::~Saver() {
   for (auto& entry : table_) {
     Allocation& a = *entry.second;
-    if (a.state == State::kActive) {
-      backend_->unmap(a.device, a.va, a.size);
-      backend_->release_physical(a.device, a.physical, a.size);
-    }
+    if (a.state == State::kActive) unmap_and_release(a.device, a.va, a.size, a.physical);
     backend_->free_reservation(a.device, a.va, a.size);
   }
 }
 
-Status Saver::allocate(size_t size, int device, const std::string& tag, bool backup,
+Status Saver::unmap_and_release(int device, uintptr_t va, size_t size, PhysicalHandle physical,
+                                bool* unmapped) {
+  Status s = backend_->unmap(device, va, size);
+  if (!s.ok()) return s;
+  if (unmapped != nullptr) *unmapped = true;
+  return backend_->release_physical(device, physical, size);
+}
+
+namespace {
+const char* choice_name(BackupChoice backup) {
+  return backup == BackupChoice::kOn ? "enable_cpu_backup=True" : "enable_cpu_backup=False";
+}
+
+Status tag_paused_error(const std::string& tag) {
+  return Status::Error(Code::kTagPaused, "tag '" + tag + "' is paused; resume it before allocating in it (a new "
+                                         "tensor could be placed in its released memory)");
+}
+}  // namespace
+
+Status Saver::admit(const std::string& tag, BackupChoice backup) {
+  auto it = tags_.find(tag);
+  if (it == tags_.end()) {
+    tags_[tag].backup = backup;
+    return Status::Ok();
+  }
+  TagInfo& info = it->second;
+  if (info.paused) return tag_paused_error(tag);
+  if (backup != BackupChoice::kAuto) {
+    if (info.backup == BackupChoice::kAuto) {
+      info.backup = backup;  // the first explicit choice decides
+    } else if (info.backup != backup) {
+      return Status::Error(Code::kInvalidArgument,
+                           "tag '" + tag + "' was first used with " + choice_name(info.backup) +
+                               "; a tag keeps one backup setting, so use another tag for memory "
+                               "that needs the other");
+    }
+  }
+  return Status::Ok();
+}
+
+Status Saver::enter_tag(const std::string& tag, BackupChoice backup) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return admit(tag, backup);
+}
+
+Status Saver::mark_graph_memory(const std::string& tag) {
+  std::lock_guard<std::mutex> lock(mu_);
+  tags_[tag].graph_memory = true;
+  return Status::Ok();
+}
+
+bool Saver::tag_info(const std::string& tag, TagInfo* out) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = tags_.find(tag);
+  if (it == tags_.end()) return false;
+  *out = it->second;
+  return true;
+}
+
+Status Saver::check_known(const TagSelection& selection) const {
+  for (const std::string& tag : selection.tags) {
+    if (selection.all || tags_.count(tag) != 0) continue;
+    std::string known;
+    for (const auto& entry : tags_) known += (known.empty() ? "'" : ", '") + entry.first + "'";
+    return Status::Error(Code::kInvalidArgument,
+                         "unknown tag '" + tag + "': no region has used it; known tags: " +
+                             (known.empty() ? "none yet" : "[" + known + "]"));
+  }
+  return Status::Ok();
+}
+
+void Saver::set_paused(const TagSelection& selection, bool paused) {
+  for (auto& entry : tags_) {
+    if (selection.matches(entry.first)) entry.second.paused = paused;
+  }
+}
+
+Status Saver::allocate(size_t size, int device, const std::string& tag, BackupChoice backup,
                        uintptr_t* va) {
   if (size == 0) return Status::Error(Code::kInvalidArgument, "allocation size must be > 0");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Status s = admit(tag, backup);
+    if (!s.ok()) return s;
+  }
   const std::string where = "allocating " + format_bytes(size) + " in region '" + tag +
                             "' on device " + std::to_string(device);
   size_t granularity = 0;
@@ -76,11 +155,18 @@ Status Saver::allocate(size_t size, int device, const std::string& tag, bool bac
   a->size = rounded;
   a->device = device;
   a->tag = tag;
-  a->backup = backup;
   a->physical = physical;
+  bool refused = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    table_[address] = std::move(a);
+    // A pause of the tag may have begun since admit(): it would not cover this one.
+    refused = tags_[tag].paused;
+    if (!refused) table_[address] = std::move(a);
+  }
+  if (refused) {
+    unmap_and_release(device, address, rounded, physical);
+    backend_->free_reservation(device, address, rounded);
+    return tag_paused_error(tag);
   }
   index_.insert(address);
   *va = address;
@@ -117,8 +203,7 @@ Status Saver::free(uintptr_t va, void* stream) {
     // Work queued on the stream may still use the memory; other streams are the caller's
     // business (torch waits for their events before it frees a block).
     keep_first(backend_->synchronize_stream(a->device, stream));
-    keep_first(backend_->unmap(a->device, a->va, a->size));
-    keep_first(backend_->release_physical(a->device, a->physical, a->size));
+    keep_first(unmap_and_release(a->device, a->va, a->size, a->physical));
   }
   keep_first(backend_->free_reservation(a->device, a->va, a->size));
   return with_context(first, "freeing " + format_address(va) + " (region '" + a->tag + "')");
@@ -126,12 +211,12 @@ Status Saver::free(uintptr_t va, void* stream) {
 
 std::vector<Saver::Allocation*> Saver::claim(const TagSelection& selection, State from,
                                              State to) {
-  std::lock_guard<std::mutex> lock(mu_);
   std::vector<Allocation*> batch;
   for (auto& entry : table_) {
     Allocation& a = *entry.second;
     if (a.state == from && selection.matches(a.tag)) {
       a.state = to;
+      a.backup = tags_[a.tag].backs_up();
       batch.push_back(&a);
     }
   }
@@ -200,7 +285,14 @@ std::string Saver::describe(const std::vector<Allocation*>& batch) {
 
 Status Saver::pause(const TagSelection& selection) {
   std::lock_guard<std::mutex> op(op_mu_);
-  std::vector<Allocation*> batch = claim(selection, State::kActive, State::kPausing);
+  std::vector<Allocation*> batch;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Status s = check_known(selection);
+    if (!s.ok()) return s;
+    set_paused(selection, true);  // from here on new allocations in these tags are refused
+    batch = claim(selection, State::kActive, State::kPausing);
+  }
   if (batch.empty()) return Status::Ok();
   // Kernels still queued may read or write these pages.
   Status s = synchronize_devices(batch);
@@ -217,6 +309,17 @@ Status Saver::pause(const TagSelection& selection) {
     if (s.ok() || unmapped) ++done;
   }
   settle(batch, done, State::kPaused, State::kActive, &backups, false);
+  if (!s.ok()) {
+    // A tag stays paused only where some of its memory was released.
+    std::lock_guard<std::mutex> lock(mu_);
+    std::set<std::string> released;
+    for (const auto& entry : table_) {
+      if (entry.second->state == State::kPaused) released.insert(entry.second->tag);
+    }
+    for (auto& entry : tags_) {
+      if (selection.matches(entry.first)) entry.second.paused = released.count(entry.first) != 0;
+    }
+  }
   return s;
 }
 
@@ -271,18 +374,25 @@ Status Saver::copy_out(const std::vector<Allocation*>& batch, std::vector<HostBu
 Status Saver::release_physical(Allocation& a, bool* unmapped) {
   const std::string where = "pausing region '" + a.tag + "' (" + format_bytes(a.size) + " at " +
                             format_address(a.va) + " on device " + std::to_string(a.device) + ")";
-  Status s = backend_->unmap(a.device, a.va, a.size);
-  if (!s.ok()) return with_context(s, where + "; it stays resident with its content");
-  *unmapped = true;
-  s = backend_->release_physical(a.device, a.physical, a.size);
+  Status s = unmap_and_release(a.device, a.va, a.size, a.physical, unmapped);
+  if (!*unmapped) return with_context(s, where + "; it stays resident with its content");
   a.physical = 0;
   return with_context(s, where);
 }
 
 Status Saver::resume(const TagSelection& selection) {
   std::lock_guard<std::mutex> op(op_mu_);
-  std::vector<Allocation*> batch = claim(selection, State::kPaused, State::kResuming);
-  if (batch.empty()) return Status::Ok();
+  std::vector<Allocation*> batch;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Status s = check_known(selection);
+    if (!s.ok()) return s;
+    batch = claim(selection, State::kPaused, State::kResuming);
+    if (batch.empty()) {
+      set_paused(selection, false);
+      return Status::Ok();
+    }
+  }
   size_t done = 0;
   Status s;
   while (s.ok() && done < batch.size()) {
@@ -293,8 +403,7 @@ Status Saver::resume(const TagSelection& selection) {
   if (!s.ok()) {
     for (size_t i = 0; i < done; ++i) {
       Allocation& a = *batch[i];
-      backend_->unmap(a.device, a.va, a.size);
-      backend_->release_physical(a.device, a.physical, a.size);
+      unmap_and_release(a.device, a.va, a.size, a.physical);
       a.physical = 0;
     }
     if (s.code == Code::kOutOfMemory && done < batch.size()) {
@@ -305,6 +414,10 @@ Status Saver::resume(const TagSelection& selection) {
     }
     settle(batch, 0, State::kActive, State::kPaused, nullptr, false);
     return s;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    set_paused(selection, false);
   }
   settle(batch, batch.size(), State::kActive, State::kPaused, nullptr, !retain_backups_.load());
   return Status::Ok();
@@ -324,12 +437,13 @@ Status Saver::map_new_physical(int device, uintptr_t va, size_t size, PhysicalHa
   Status s = create_within_margin(device, size, &physical);
   if (!s.ok()) return s;
   s = backend_->map(device, va, size, physical);
-  if (s.ok()) {
-    s = backend_->set_access(device, va, size);
-    if (!s.ok()) backend_->unmap(device, va, size);
-  }
   if (!s.ok()) {
     backend_->release_physical(device, physical, size);
+    return s;
+  }
+  s = backend_->set_access(device, va, size);
+  if (!s.ok()) {
+    unmap_and_release(device, va, size, physical);
     return s;
   }
   *out = physical;
@@ -337,10 +451,14 @@ Status Saver::map_new_physical(int device, uintptr_t va, size_t size, PhysicalHa
 }
 
 Status Saver::copy_in(const std::vector<Allocation*>& batch) {
+  const bool poison = poison_on_resume_.load();
   Status s;
   for (size_t i = 0; i < batch.size() && s.ok(); ++i) {
     const Allocation& a = *batch[i];
-    if (!a.host_copy) continue;
+    if (!a.host_copy) {
+      if (poison) s = backend_->fill_async(a.device, a.va, a.size, kPoisonByte);
+      continue;
+    }
     s = a.host_copy.wait_ready();
     if (s.ok()) s = backend_->copy_from_host_async(a.device, a.va, a.host_copy.data(), a.size);
   }
@@ -370,10 +488,12 @@ Status Saver::out_of_memory_on_resume(const std::vector<Allocation*>& batch,
 std::string Saver::stats_json() const {
   struct Totals {
     size_t allocations = 0, reserved = 0, resident = 0, paused = 0, host_backup = 0;
+    TagInfo info;
   };
   std::map<std::string, Totals> per_tag;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& entry : tags_) per_tag[entry.first].info = entry.second;
     for (const auto& entry : table_) {
       const Allocation& a = *entry.second;
       Totals& t = per_tag[a.tag];
@@ -393,7 +513,10 @@ std::string Saver::stats_json() const {
            ",\"reserved_bytes\":" + std::to_string(t.reserved) +
            ",\"resident_bytes\":" + std::to_string(t.resident) +
            ",\"paused_bytes\":" + std::to_string(t.paused) +
-           ",\"host_backup_bytes\":" + std::to_string(t.host_backup) + "}";
+           ",\"host_backup_bytes\":" + std::to_string(t.host_backup) +
+           ",\"paused\":" + (t.info.paused ? "true" : "false") +
+           ",\"graph_memory\":" + (t.info.graph_memory ? "true" : "false") +
+           ",\"backs_up\":" + (t.info.backs_up() ? "true" : "false") + "}";
   }
   return out + "}";
 }
@@ -414,10 +537,10 @@ Status Saver::find_backup(uintptr_t address, size_t nbytes, const void** host) c
                          "memory at " + format_address(address) +
                              " was not allocated inside a region (or has been freed)");
   }
-  if (!a->backup) {
+  if (!tags_.at(a->tag).backs_up() && !a->host_copy) {
     return Status::Error(Code::kInvalidArgument,
-                         "region '" + a->tag +
-                             "' keeps no CPU backup: enter it with enable_cpu_backup=True");
+                         "tag '" + a->tag +
+                             "' keeps no CPU backup: enter its region with enable_cpu_backup=True");
   }
   const bool held = a->state == State::kPaused || a->state == State::kResuming;
   *host = held && a->host_copy ? a->host_copy.data() + (address - a->va) : nullptr;

@@ -25,6 +25,26 @@
 
 namespace tmsl {
 
+// Whether a pause copies a tag's content to host memory. kAuto (a region's default) backs
+// it up only once it holds graph memory: a CUDA graph captured while one of the tag's
+// regions was open reads state written at capture time that replays never rewrite, so
+// releasing it without a copy would make later replays compute something else.
+enum class BackupChoice : int { kAuto = -1, kOff = 0, kOn = 1 };
+
+// What poison-on-resume writes into every byte: 0xFF.. is NaN in every float format.
+constexpr unsigned char kPoisonByte = 0xFF;
+
+// What the saver knows of one tag: its catalogue entry, created by the first region or
+// allocation that names it.
+struct TagInfo {
+  BackupChoice backup = BackupChoice::kAuto;  // the first explicit choice; kAuto until one
+  bool graph_memory = false;  // a CUDA graph was captured into it
+  bool paused = false;        // paused and not resumed since
+  bool backs_up() const {
+    return backup == BackupChoice::kOn || (backup == BackupChoice::kAuto && graph_memory);
+  }
+};
+
 // Which tags a pause or resume covers: all of them, or the ones named.
 struct TagSelection {
   bool all = true;
@@ -40,7 +60,17 @@ class Saver {
 
   Backend& backend() { return *backend_; }
 
-  Status allocate(size_t size, int device, const std::string& tag, bool backup, uintptr_t* va);
+  // Checks that `tag` may take new allocations with this backup choice (it is not paused,
+  // and an explicit choice matches the tag's), and enters it in the catalogue.
+  Status enter_tag(const std::string& tag, BackupChoice backup);
+  // Records that a CUDA graph is being captured while a region of `tag` is open: from now
+  // on a pause backs the tag up unless it was entered with an explicit kOff.
+  Status mark_graph_memory(const std::string& tag);
+  // The tag's catalogue entry; false when no region or allocation has named it.
+  bool tag_info(const std::string& tag, TagInfo* out) const;
+
+  // Admits the allocation as enter_tag does, then reserves and maps it.
+  Status allocate(size_t size, int device, const std::string& tag, BackupChoice backup, uintptr_t* va);
   // Frees an allocation, paused or not. `stream` is the stream the memory was last used
   // on (torch passes it); only that stream is waited for, never the whole device.
   Status free(uintptr_t va, void* stream);
@@ -51,7 +81,8 @@ class Saver {
   // skipped. On error, every allocation is either still active with its content or paused
   // with a complete backup.
   Status pause(const TagSelection& selection);
-  // Maps fresh physical memory at the same addresses and restores backed-up content.
+  // Maps fresh physical memory at the same addresses and restores backed-up content;
+  // with poison on, memory without a backup is filled with 0xFF bytes (NaN as floats).
   // All or nothing: on error (out of memory, say) whatever this call mapped is unmapped
   // again and everything it covered stays paused, backups intact; a later call can succeed.
   // Backups are freed in the background afterwards unless retention is on.
@@ -61,7 +92,8 @@ class Saver {
   void wait_for_released_backups() { releaser_.wait_idle(); }
 
   // {"<tag>": {"allocations": n, "reserved_bytes": n, "resident_bytes": n,
-  //            "paused_bytes": n, "host_backup_bytes": n}, ...}
+  //            "paused_bytes": n, "host_backup_bytes": n, "paused": b, "graph_memory": b,
+  //            "backs_up": b}, ...} for every tag in the catalogue
   std::string stats_json() const;
 
   // For [address, address + nbytes) inside one backed-up allocation: *host points at its
@@ -79,6 +111,10 @@ class Saver {
   // Keep host backups after a successful resume and reuse them at the next pause, so a
   // pause/resume cycle stops paying for host allocation.
   void set_retain_backups(bool retain) { retain_backups_.store(retain); }
+  // Fill resumed memory that has no backup with 0xFF bytes, so code that wrongly reads
+  // discarded content sees NaN instead of plausible leftovers (a debugging aid).
+  void set_poison_on_resume(bool poison) { poison_on_resume_.store(poison); }
+  bool poison_on_resume() const { return poison_on_resume_.load(); }
 
  private:
   enum class State { kActive, kPausing, kPaused, kResuming };
@@ -88,7 +124,7 @@ class Saver {
     size_t size = 0;  // reserved = mapped bytes, a multiple of the granularity
     int device = 0;
     std::string tag;
-    bool backup = false;
+    bool backup = false;  // whether the pause that claimed it copies it out (from its tag)
     State state = State::kActive;
     // Written only by the pause/resume that has claimed the allocation (state kPausing or
     // kResuming) or under mu_.
@@ -96,8 +132,15 @@ class Saver {
     HostBuffer host_copy;         // while paused with backup (or retained)
   };
 
-  // Marks the allocations in `from` state that match `selection` as `to`, under the lock.
+  // Checks that every tag `selection` names is in the catalogue; needs mu_.
+  Status check_known(const TagSelection& selection) const;
+  // The catalogue check behind enter_tag and allocate; needs mu_.
+  Status admit(const std::string& tag, BackupChoice backup);
+  // Marks the allocations in `from` state that match `selection` as `to`, each with its
+  // tag's backup decision, under the lock.
   std::vector<Allocation*> claim(const TagSelection& selection, State from, State to);
+  // Sets the paused flag of the tags `selection` covers; needs mu_.
+  void set_paused(const TagSelection& selection, bool paused);
   // Moves claimed allocations [0, done) to `done_state` and the rest to `rest_state`, then
   // wakes frees waiting on them. With `backups` (a pause), batch[i < done] takes
   // backups[i] as its host copy; with `drop_backups` (a resume), batch[i < done] gives its
@@ -112,6 +155,10 @@ class Saver {
   Status copy_in(const std::vector<Allocation*>& batch);
   Status wait_copies(const std::vector<Allocation*>& batch);
   Status release_physical(Allocation& a, bool* unmapped);
+  // The one way a mapping is taken down: unmap, then release the physical memory (not
+  // released when the unmap fails: it is still mapped). *unmapped tells which happened.
+  Status unmap_and_release(int device, uintptr_t va, size_t size, PhysicalHandle physical,
+                           bool* unmapped = nullptr);
   // "region 'kv' (2.00 GiB)" or "regions 'kv', 'weights' (...)": what a pause or resume covered.
   static std::string describe(const std::vector<Allocation*>& batch);
   Status map_fresh(Allocation& a);
@@ -129,9 +176,11 @@ class Saver {
   mutable std::mutex mu_;
   std::condition_variable settled_;
   std::map<uintptr_t, std::unique_ptr<Allocation>> table_;
+  std::map<std::string, TagInfo> tags_;  // the tag catalogue, under mu_
   AddressIndex index_;
   std::atomic<size_t> margin_bytes_{0};
   std::atomic<bool> retain_backups_{false};
+  std::atomic<bool> poison_on_resume_{false};
   BackgroundReleaser releaser_;  // declared after backend_: freeing backups uses it
 };
 

@@ -16,6 +16,7 @@ enum class Code : int {
   kNoDriver = 3,
   kDriverError = 4,
   kHostError = 5,
+  kTagPaused = 6,  // the operation needs the tag resident (entering or allocating in a paused tag)
 };
 
 struct OomDetail {

@@ -27,13 +27,15 @@ class SaverModel(RuleBasedStateMachine):
         self.saver = MemorySaver(backend="host", host_granularity_bytes=GRANULE)
         self.mem = HostMemory()
         self.live: dict[int, dict] = {}  # ptr -> {tag, size, byte, paused}
+        self.known: set[str] = set()  # tags a region has used
+        self.paused_tags: set[str] = set()  # paused and not resumed since, allocations or not
         self.counter = 0
 
     def teardown(self):
         self.saver.close()
 
     def tag_paused(self, tag: str) -> bool:
-        return any(a["paused"] for a in self.live.values() if a["tag"] == tag)
+        return tag in self.paused_tags
 
     @rule(tag=st.sampled_from(sorted(TAGS)), size=st.integers(1, 3 * GRANULE + 5))
     def allocate(self, tag, size):
@@ -45,6 +47,7 @@ class SaverModel(RuleBasedStateMachine):
                 return
         with self.saver.region(tag, enable_cpu_backup=TAGS[tag]):
             ptr = self.mem.malloc(size)
+        self.known.add(tag)
         self.counter += 1
         value = self.counter % 251 + 1
         ctypes.memset(ptr, value, size)
@@ -59,20 +62,20 @@ class SaverModel(RuleBasedStateMachine):
 
     @rule(tags=st.one_of(st.none(), st.lists(st.sampled_from(sorted(TAGS)), max_size=3)))
     def pause(self, tags):
-        known = {a["tag"] for a in self.live.values()} | set(self.saver.stats())
-        if tags is not None and not set(tags) <= known:
+        if tags is not None and not set(tags) <= self.known:
             return  # an unknown tag is a ValueError, tested elsewhere
         self.saver.pause(tags)
+        self.paused_tags |= self.known if tags is None else set(tags)
         for a in self.live.values():
             if tags is None or a["tag"] in tags:
                 a["paused"] = True
 
     @rule(tags=st.one_of(st.none(), st.lists(st.sampled_from(sorted(TAGS)), max_size=3)))
     def resume(self, tags):
-        known = {a["tag"] for a in self.live.values()} | set(self.saver.stats())
-        if tags is not None and not set(tags) <= known:
+        if tags is not None and not set(tags) <= self.known:
             return
         self.saver.resume(tags)
+        self.paused_tags -= self.known if tags is None else set(tags)
         for a in self.live.values():
             if a["paused"] and (tags is None or a["tag"] in tags):
                 a["paused"] = False
@@ -93,6 +96,8 @@ class SaverModel(RuleBasedStateMachine):
             assert s.reserved_bytes == sum(rounded(a["size"]) for a in mine)
             assert s.paused_bytes == paused
             assert s.host_backup_bytes == (paused if backup else 0)
+            assert s.paused == (tag in self.paused_tags)
+            assert s.backs_up == backup
 
     @invariant()
     def resident_content_matches_the_model(self):

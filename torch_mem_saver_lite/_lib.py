@@ -25,14 +25,22 @@ from .errors import (
 LIBRARY_FILE = "libtorch_mem_saver_lite.so"
 
 # Status codes of csrc/status.h.
-_OK, _INVALID_ARGUMENT, _OUT_OF_MEMORY, _NO_DRIVER, _DRIVER_ERROR = 0, 1, 2, 3, 4
+_OK, _INVALID_ARGUMENT, _OUT_OF_MEMORY, _NO_DRIVER, _DRIVER_ERROR, _HOST_ERROR, _TAG_PAUSED = range(7)
+
+# A tag's state, as tmsl_tag_state reports it.
+TAG_UNKNOWN, TAG_ACTIVE, TAG_PAUSED = 0, 1, 2
 
 _vp, _sz, _int = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
 _SIGNATURES = {
     "tmsl_default_saver": ([ctypes.POINTER(_vp)], _int),
     "tmsl_create_host_saver": ([_sz, _sz, ctypes.POINTER(_vp)], _int),
     "tmsl_destroy_saver": ([_vp], _int),
+    "tmsl_enter_region": ([_vp, ctypes.c_char_p, _int], _int),
     "tmsl_set_thread_region": ([_vp, ctypes.c_char_p, _int], _int),
+    "tmsl_set_poison_on_resume": ([_vp, _int], _int),
+    "tmsl_get_poison_on_resume": ([_vp, ctypes.POINTER(_int)], _int),
+    "tmsl_note_graph_capture": ([], _int),
+    "tmsl_tag_state": ([_vp, ctypes.c_char_p, ctypes.POINTER(_int)], _int),
     "tmsl_malloc": ([_vp, _sz, _int, ctypes.c_char_p, _int, ctypes.POINTER(_vp)], _int),
     "tmsl_free": ([_vp, _vp, _vp], _int),
     "tmsl_pause": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
@@ -120,6 +128,11 @@ def check(status: int) -> None:
         raise last_error()
 
 
+def backup_choice(enable_cpu_backup: bool | None) -> int:
+    """The C ABI's encoding of a region's enable_cpu_backup: -1 = not given, 0, 1."""
+    return -1 if enable_cpu_backup is None else int(enable_cpu_backup)
+
+
 def _tag_array(tags: Sequence[str] | None):
     if tags is None:
         return None, -1
@@ -149,8 +162,27 @@ class NativeSaver:
     def destroy(self) -> None:
         check(lib().tmsl_destroy_saver(self.handle))
 
-    def enter_thread_region(self, tag: str, enable_cpu_backup: bool) -> None:
-        check(lib().tmsl_set_thread_region(self.handle, tag.encode(), int(enable_cpu_backup)))
+    def enter_region(self, tag: str, enable_cpu_backup: bool | None) -> None:
+        """Check the tag against the catalogue and make it this thread's region."""
+        check(lib().tmsl_enter_region(self.handle, tag.encode(), backup_choice(enable_cpu_backup)))
+
+    def set_thread_region(self, tag: str, enable_cpu_backup: bool | None) -> None:
+        """Make the tag this thread's region again, unchecked (leaving a nested region)."""
+        check(lib().tmsl_set_thread_region(self.handle, tag.encode(), backup_choice(enable_cpu_backup)))
+
+    def set_poison_on_resume(self, poison: bool) -> None:
+        check(lib().tmsl_set_poison_on_resume(self.handle, int(poison)))
+
+    def poison_on_resume(self) -> bool:
+        out = _int()
+        check(lib().tmsl_get_poison_on_resume(self.handle, ctypes.byref(out)))
+        return bool(out.value)
+
+    def tag_state(self, tag: str) -> int:
+        """TAG_UNKNOWN, TAG_ACTIVE or TAG_PAUSED."""
+        out = _int()
+        check(lib().tmsl_tag_state(self.handle, tag.encode(), ctypes.byref(out)))
+        return out.value
 
     def set_memory_margin(self, nbytes: int) -> None:
         check(lib().tmsl_set_memory_margin(self.handle, nbytes))
@@ -165,9 +197,9 @@ class NativeSaver:
         """Test hook (host backend): the `after_calls`-th next call of `operation` fails."""
         check(lib().tmsl_inject_fault(self.handle, operation.encode(), after_calls))
 
-    def malloc(self, size: int, device: int, tag: str, enable_cpu_backup: bool) -> int:
+    def malloc(self, size: int, device: int, tag: str, enable_cpu_backup: bool | None) -> int:
         out = _vp()
-        check(lib().tmsl_malloc(self.handle, size, device, tag.encode(), int(enable_cpu_backup),
+        check(lib().tmsl_malloc(self.handle, size, device, tag.encode(), backup_choice(enable_cpu_backup),
                                 ctypes.byref(out)))
         return out.value
 
@@ -203,6 +235,11 @@ class NativeSaver:
 def leave_thread_region() -> None:
     """The calling thread follows the process defaults again (normally: no region)."""
     check(lib().tmsl_set_thread_region(None, None, 0))
+
+
+def note_graph_capture() -> None:
+    """A CUDA graph capture begins on this thread: its region's tag now holds graph memory."""
+    check(lib().tmsl_note_graph_capture())
 
 
 def disable_thread_region() -> None:

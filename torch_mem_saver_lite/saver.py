@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import threading
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from . import _lib
-from .errors import MemorySaverError
+from .errors import InvalidArgumentError, MemorySaverError
 from .hooks import TorchPools
 from .preload import check_preload_ready, cudamalloc_bypassed
 from .stats import TagStats
@@ -23,6 +25,27 @@ _MAX_TAG_LENGTH = 256
 # Regions nest per thread, across savers: each entry is (native saver, tag, backup), or
 # None inside saver.disable().
 _thread = threading.local()
+
+Hook = Callable[[], object]
+
+
+@dataclass(frozen=True, eq=False)  # one registration, compared by identity
+class _TagHooks:
+    before_pause: Hook | None
+    after_resume: Hook | None
+
+
+def _run_quietly(hooks) -> None:
+    """Undo hooks while an exception is already on its way: one that fails too is reported
+    as a warning rather than hiding the original error."""
+    for hook in hooks:
+        if hook is None:
+            continue
+        try:
+            hook()
+        except Exception as error:  # noqa: BLE001 - the original error is what propagates
+            warnings.warn(f"torch_mem_saver_lite: a hook failed while undoing a failed pause/resume: "
+                          f"{error!r}", RuntimeWarning, stacklevel=3)
 
 
 def _check_tag(tag: object) -> str:
@@ -39,19 +62,30 @@ def _check_bool(value: object, name: str) -> bool:
     return value
 
 
+def _check_backup(value: object, name: str = "enable_cpu_backup") -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise TypeError(f"{name} must be True, False or None, got {value!r}")
+    return value
+
+
 def _apply_thread_region(entry) -> None:
     if entry is None:
         _lib.disable_thread_region()
     else:
         native, tag, backup = entry
-        native.enter_thread_region(tag, backup)
+        native.set_thread_region(tag, backup)
 
 
 @contextlib.contextmanager
 def _thread_region(entry) -> Iterator[None]:
-    """Make ``entry`` this thread's region for the block (None: no region)."""
+    """Make ``entry`` this thread's region for the block (None: no region). A region entry
+    is checked against the saver's tag catalogue first; restoring an outer one is not."""
     stack = _thread.__dict__.setdefault("stack", [])
-    _apply_thread_region(entry)
+    if entry is None:
+        _lib.disable_thread_region()
+    else:
+        native, tag, backup = entry
+        native.enter_region(tag, backup)
     stack.append(entry)
     try:
         yield
@@ -61,6 +95,23 @@ def _thread_region(entry) -> Iterator[None]:
             _apply_thread_region(stack[-1])
         else:
             _lib.leave_thread_region()
+
+
+@functools.cache
+def _note_graph_captures() -> None:
+    """Make every CUDA graph capture tell the saver that the capturing thread's region now
+    holds graph memory (torch.cuda.graph, make_graphed_callables and torch.compile's graph
+    trees all begin a capture through CUDAGraph.capture_begin). Installed once, on the first
+    region; outside regions it only forwards."""
+    graph_class = torch.cuda.CUDAGraph
+    original = graph_class.capture_begin
+
+    @functools.wraps(original)
+    def capture_begin(self, *args, **kwargs):
+        _lib.note_graph_capture()
+        return original(self, *args, **kwargs)
+
+    graph_class.capture_begin = capture_begin
 
 
 def _turn_off_nccl_graph_registration() -> None:
@@ -113,10 +164,11 @@ class MemorySaver:
         self._native: _lib.NativeSaver | None = None
         self._hook_mode = "torch"
         self._lock = threading.RLock()
-        self._tags: dict[str, bool] = {}  # tag -> enable_cpu_backup, from first region entry
         self._pools: TorchPools | None = None
         self._memory_margin_bytes = 0
         self._retain_cpu_backup = False
+        self._poison_on_resume: bool | None = None  # None: the process default (environment)
+        self._hooks: dict[str, list[_TagHooks]] = {}
 
     # ----- configuration -------------------------------------------------------------
     @property
@@ -135,7 +187,7 @@ class MemorySaver:
             raise ValueError(f"hook_mode must be one of {_HOOK_MODES}, got {mode!r}")
         if mode == self._hook_mode:
             return
-        if self._pools is not None or self._tags:
+        if self._pools is not None or (self._native is not None and self._native.stats()):
             raise MemorySaverError(
                 f"hook_mode is already {self._hook_mode!r} and regions have used it; "
                 "set hook_mode before the first region"
@@ -170,6 +222,23 @@ class MemorySaver:
             self._native.set_retain_backups(retain)
 
     @property
+    def poison_on_resume(self) -> bool:
+        """Debugging aid: fill resumed memory that has no backup with 0xFF bytes (NaN in every
+        float format, -1 as integers), so code that wrongly relies on discarded content fails
+        visibly instead of reading leftovers. Default: off, or ``TMSL_POISON_ON_RESUME=1``."""
+        if self._native is not None:
+            return self._native.poison_on_resume()
+        if self._poison_on_resume is not None:
+            return self._poison_on_resume
+        return os.environ.get("TMSL_POISON_ON_RESUME", "0") in ("1", "true")
+
+    @poison_on_resume.setter
+    def poison_on_resume(self, poison: bool) -> None:
+        self._poison_on_resume = _check_bool(poison, "poison_on_resume")
+        if self._native is not None:
+            self._native.set_poison_on_resume(poison)
+
+    @property
     def enabled(self) -> bool:
         """Always True (torch_memory_saver compatibility)."""
         return True
@@ -188,35 +257,43 @@ class MemorySaver:
                     native = _lib.NativeSaver.host(*self._host_options)
                 native.set_memory_margin(self._memory_margin_bytes)
                 native.set_retain_backups(self._retain_cpu_backup)
+                if self._poison_on_resume is not None:
+                    native.set_poison_on_resume(self._poison_on_resume)
                 self._native = native
             return self._native
 
     # ----- regions -------------------------------------------------------------------
     @contextlib.contextmanager
-    def region(self, tag: str = "default", enable_cpu_backup: bool = False) -> Iterator[None]:
+    def region(self, tag: str = "default", enable_cpu_backup: bool | None = None) -> Iterator[None]:
         """Allocations made on this thread inside the block become pauseable under ``tag``.
 
         Args:
             tag: names the memory for ``pause``/``resume``.
-            enable_cpu_backup: keep the content across a pause (copied to host memory);
-                without it a resumed allocation holds fresh memory of undefined content.
-                A tag keeps the setting it was first used with.
+            enable_cpu_backup: ``True``: keep the content across a pause (copied to host
+                memory). Not given: a resumed allocation holds fresh memory of undefined
+                content, except that a tag holding *graph memory* (a CUDA graph was captured
+                while one of its regions was open, e.g. ``torch.compile(mode=
+                "reduce-overhead")`` recording its graphs) is backed up, because replays read
+                state written at capture time. ``False``: never back up, graph memory
+                included; a replay after resume may then compute something else. A tag keeps
+                the first explicit setting it was given.
 
         Regions nest; leaving one restores the enclosing one. Allocations on the current
-        CUDA device are routed.
+        CUDA device are routed. Routing is per thread: a thread started inside a region is
+        not routed.
         """
-        native = self._enter(tag, enable_cpu_backup)
-        with _thread_region((native, tag, enable_cpu_backup)):
+        native = self._enter()
+        with _thread_region((native, _check_tag(tag), _check_backup(enable_cpu_backup))):
+            if self._backend == "cuda" and torch.cuda.is_current_stream_capturing():
+                _lib.note_graph_capture()  # entered inside a capture: graph memory too
             if self._backend == "cuda":
                 with self._torch_pools().route(tag):
                     yield
             else:
                 yield
 
-    def _enter(self, tag: str, enable_cpu_backup: bool) -> _lib.NativeSaver:
+    def _enter(self) -> _lib.NativeSaver:
         """Checks shared by region() and cuda_graph(); returns the native saver."""
-        _check_tag(tag)
-        backup = _check_bool(enable_cpu_backup, "enable_cpu_backup")
         if self._backend == "cuda" and not torch.cuda.is_available():
             raise MemorySaverError(
                 f"torch {torch.__version__} sees no CUDA GPU, so there is nothing to route into "
@@ -224,14 +301,9 @@ class MemorySaver:
             )
         if self._hook_mode == "preload" and cudamalloc_bypassed():
             check_preload_ready()  # raises, naming the setting
-        native = self._core()
-        self._remember_tag(tag, backup)
-        if native.stats().get(tag, {}).get("paused_bytes", 0):
-            raise MemorySaverError(
-                f"region {tag!r} is paused; resume it before allocating in it (a new tensor "
-                "could be placed in its released memory)"
-            )
-        return native
+        if self._backend == "cuda":
+            _note_graph_captures()
+        return self._core()
 
     @contextlib.contextmanager
     def cuda_graph(
@@ -241,9 +313,14 @@ class MemorySaver:
         stream: torch.cuda.Stream | None = None,
         capture_error_mode: str = "global",
         tag: str = "cuda_graph",
-        enable_cpu_backup: bool = False,
+        enable_cpu_backup: bool | None = None,
     ) -> Iterator[None]:
         """Like ``torch.cuda.graph``, with the graph's memory pool pauseable under ``tag``.
+
+        The pool is backed up at a pause unless ``enable_cpu_backup=False`` is given: a graph
+        pool holds state written once at capture time (or filled after it) that replays read
+        but never rewrite, so without a backup a replay after resume can compute something
+        else. Opt out only for pools whose every byte each replay rewrites before reading.
 
         Graphs captured with the same tag share one pool (on the current device), as
         inference engines do when they capture one graph per batch size, largest first.
@@ -254,7 +331,8 @@ class MemorySaver:
         Turns NCCL's graph buffer registration off for the process (``NCCL_GRAPH_REGISTER=0``),
         or raises if NCCL is already initialized without it.
         """
-        native = self._enter(tag, enable_cpu_backup)
+        native = self._enter()
+        entry = (native, _check_tag(tag), _check_backup(enable_cpu_backup))
         _turn_off_nccl_graph_registration()
         pools = self._torch_pools()
         tag_pool = pools.pool(tag, torch.cuda.current_device()).id
@@ -265,7 +343,8 @@ class MemorySaver:
             pool = tag_pool
         elif pool is None:
             pool = tag_pool
-        with _thread_region((native, tag, enable_cpu_backup)), pools.suspended():
+        with _thread_region(entry), pools.suspended():
+            _lib.note_graph_capture()  # the tag is graph memory even if the capture allocates nothing
             with torch.cuda.graph(cuda_graph, pool=pool, stream=stream,
                                   capture_error_mode=capture_error_mode):
                 yield
@@ -279,15 +358,6 @@ class MemorySaver:
                     yield
             else:
                 yield
-
-    def _remember_tag(self, tag: str, backup: bool) -> None:
-        with self._lock:
-            known = self._tags.setdefault(tag, backup)
-        if known != backup:
-            raise ValueError(
-                f"tag {tag!r} was first used with enable_cpu_backup={known}; a tag keeps one "
-                "backup setting, so use another tag for memory that needs the other"
-            )
 
     def _torch_pools(self) -> TorchPools:
         with self._lock:
@@ -306,44 +376,117 @@ class MemorySaver:
             names = list(tag)
         else:
             raise TypeError(f"tag must be a str, a list of str or None, got {type(tag).__name__}")
-        with self._lock:
-            known = set(self._tags)
-        if self._native is not None:
-            known |= set(self._native.stats())
-        known = sorted(known)
-        for name in names:
-            _check_tag(name)
-            if name not in known:
-                raise ValueError(
-                    f"unknown tag {name!r}: no region has used it; known tags: {known or 'none yet'}"
-                )
-        return names
+        return [_check_tag(name) for name in names]
+
+    def _native_for(self, names: list[str] | None) -> _lib.NativeSaver | None:
+        """The native saver for a pause/resume of ``names``; None when nothing was ever
+        allocated (then naming a tag is an error, as the core would say)."""
+        if self._native is None and names:
+            raise InvalidArgumentError(f"unknown tag {names[0]!r}: no region has used it; known tags: none yet")
+        return self._native
 
     def pause(self, tag: str | Sequence[str] | None = None) -> None:
         """Release the device memory of the tag(s) (None: every tag), keeping addresses.
 
         Waits for the devices' queued work first; content of regions with
-        ``enable_cpu_backup`` is copied to host memory. Pausing a paused tag does nothing.
-        On failure every allocation is either still resident or paused with a full backup.
+        ``enable_cpu_backup`` (and graph memory) is copied to host memory. Pausing a paused
+        tag does nothing. Hooks registered for a tag run before its memory is released. On
+        failure every allocation is either still resident or paused with a full backup.
         """
         names = self._selection(tag)
-        if self._native is None:
-            return  # nothing was ever allocated
+        native = self._native_for(names)
+        if native is None:
+            return
         self._refuse_during_capture("pause")
-        self._native.pause(names)
+        hooks = self._hooks_of(native, names, _lib.TAG_ACTIVE)
+        ran: list[_TagHooks] = []
+        try:
+            for hook in hooks:
+                if hook.before_pause is not None:
+                    hook.before_pause()
+                ran.append(hook)
+            native.pause(names)
+        except BaseException:
+            # Nothing is lost: memory a failed pause released comes back, then the hooks
+            # that ran are undone by their after_resume, newest first.
+            if hooks:
+                with contextlib.suppress(Exception):
+                    native.resume(self._hooked_tags(hooks))
+            _run_quietly(hook.after_resume for hook in reversed(ran))
+            raise
 
     def resume(self, tag: str | Sequence[str] | None = None) -> None:
         """Give the tag(s) (None: every tag) device memory again, at the same addresses.
 
-        Backed-up content is restored. Resuming an active tag does nothing. Raises
-        ``OutOfMemoryError`` if the memory is not there; then everything this call covered
-        stays paused with its backups and a later ``resume`` can succeed.
+        Backed-up content is restored, then hooks registered for a tag run (newest first).
+        Resuming an active tag does nothing. Raises ``OutOfMemoryError`` if the memory is
+        not there; then everything this call covered stays paused with its backups and a
+        later ``resume`` can succeed. A hook that raises leaves the call's tags paused again.
         """
         names = self._selection(tag)
-        if self._native is None:
+        native = self._native_for(names)
+        if native is None:
             return
         self._refuse_during_capture("resume")
-        self._native.resume(names)
+        hooks = list(reversed(self._hooks_of(native, names, _lib.TAG_PAUSED)))
+        paused_before = self._paused_tags(native, names) if hooks else []
+        native.resume(names)
+        ran: list[_TagHooks] = []
+        try:
+            for hook in hooks:
+                if hook.after_resume is not None:
+                    hook.after_resume()
+                ran.append(hook)
+        except BaseException:
+            _run_quietly(hook.before_pause for hook in reversed(ran))
+            native.pause(paused_before)
+            raise
+
+    # ----- hooks ---------------------------------------------------------------------------
+    def register_hooks(self, tag: str, before_pause: Hook | None = None,
+                       after_resume: Hook | None = None) -> Callable[[], None]:
+        """Run ``before_pause()`` before ``tag``'s memory is released and ``after_resume()``
+        after it is mapped again (and its backup restored). For state that lives exactly as
+        long as a mapping: CUDA IPC handles, NCCL buffer registrations, RDMA registrations.
+
+        Hooks run only when the tag really changes state, on the thread that calls
+        pause/resume: before_pause in registration order, after_resume in reverse. A
+        before_pause that raises aborts the pause (the hooks that already ran get their
+        after_resume) and nothing is released; an after_resume that raises pauses the call's
+        tags again (hooks that ran get their before_pause) and the exception propagates.
+        Returns a function that removes the hooks.
+        """
+        _check_tag(tag)
+        for name, hook in (("before_pause", before_pause), ("after_resume", after_resume)):
+            if hook is not None and not callable(hook):
+                raise TypeError(f"{name} must be callable or None, got {type(hook).__name__}")
+        entry = _TagHooks(before_pause, after_resume)
+        with self._lock:
+            self._hooks.setdefault(tag, []).append(entry)
+
+        def remove() -> None:
+            with self._lock:
+                if entry in self._hooks.get(tag, []):
+                    self._hooks[tag].remove(entry)
+        return remove
+
+    def _hooks_of(self, native: _lib.NativeSaver, names: list[str] | None, state: int) -> list[_TagHooks]:
+        """The hooks of the selected tags that are in ``state`` (so the call changes them)."""
+        with self._lock:
+            hooked = {tag: list(hooks) for tag, hooks in self._hooks.items() if hooks}
+        if not hooked:
+            return []
+        selected = [t for t in (names if names is not None else sorted(hooked)) if t in hooked]
+        return [hook for t in dict.fromkeys(selected) if native.tag_state(t) == state for hook in hooked[t]]
+
+    def _hooked_tags(self, hooks: list[_TagHooks]) -> list[str]:
+        with self._lock:
+            return [tag for tag, entries in self._hooks.items() if any(h in entries for h in hooks)]
+
+    @staticmethod
+    def _paused_tags(native: _lib.NativeSaver, names: list[str] | None) -> list[str]:
+        tags = names if names is not None else list(native.stats())
+        return [t for t in tags if native.tag_state(t) == _lib.TAG_PAUSED]
 
     def _refuse_during_capture(self, what: str) -> None:
         # Synchronizing or remapping while a graph captures would break the capture.
@@ -362,11 +505,10 @@ class MemorySaver:
 
     # ----- inspection ------------------------------------------------------------------
     def stats(self) -> dict[str, TagStats]:
-        """Per tag: allocations, reserved, resident, paused and host backup bytes."""
+        """Per tag: allocations, reserved, resident, paused and host backup bytes, and
+        whether the tag is paused, holds graph memory and is backed up at a pause."""
         native = self._native.stats() if self._native is not None else {}
-        with self._lock:
-            tags = set(self._tags) | set(native)
-        return {tag: TagStats.from_native(native.get(tag, {})) for tag in sorted(tags)}
+        return {tag: TagStats.from_native(values) for tag, values in sorted(native.items())}
 
     def get_cpu_backup(self, x: torch.Tensor, zero_copy: bool = False) -> torch.Tensor | None:
         """The host copy of a paused tensor from a region with ``enable_cpu_backup=True``.
@@ -420,4 +562,3 @@ class MemorySaver:
             if self._native is not None:
                 self._native.destroy()
                 self._native = None
-            self._tags.clear()

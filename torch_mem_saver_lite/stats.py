@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 
 @dataclass(frozen=True)
@@ -15,6 +15,10 @@ class TagStats:
         resident_bytes: bytes backed by device memory now.
         paused_bytes: bytes whose device memory is released (reserved - resident).
         host_backup_bytes: host memory holding paused content.
+        paused: the tag is paused (and not resumed since).
+        graph_memory: a CUDA graph was captured while a region of the tag was open.
+        backs_up: a pause copies the tag's content to host memory (``enable_cpu_backup=True``,
+            or graph memory in a region that did not opt out).
     """
 
     allocations: int = 0
@@ -22,7 +26,10 @@ class TagStats:
     resident_bytes: int = 0
     paused_bytes: int = 0
     host_backup_bytes: int = 0
+    paused: bool = False
+    graph_memory: bool = False
+    backs_up: bool = False
 
     @classmethod
-    def from_native(cls, fields: dict[str, int]) -> TagStats:
-        return cls(**{name: int(fields.get(name, 0)) for name in cls.__dataclass_fields__})
+    def from_native(cls, values: dict[str, int | bool]) -> TagStats:
+        return cls(**{f.name: type(f.default)(values.get(f.name, f.default)) for f in fields(cls)})

@@ -1,0 +1,112 @@
+"""Graph memory across pause/resume with the default settings (marker gpu): state a graph
+reads but never rewrites, torch.compile's graph trees, poison, and tag hooks on real memory.
+test_preload_mode.py runs this file again in preload mode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cuda_evidence import device_free_bytes, unique_tag
+from torch_mem_saver_lite import saver
+
+pytestmark = pytest.mark.gpu
+N = 1 << 22  # floats: 16 MiB per tensor
+
+
+def capture_graph_reading_a_table(tag: str, **backup):
+    """A graph that reads `table`, memory of its pool written once after capture and never
+    by a replay (as engines fill buffers they allocated while capturing)."""
+    static_in = torch.randn(N, device="cuda")  # outside regions: the caller's input
+    graph = torch.cuda.CUDAGraph()
+    with saver.cuda_graph(graph, tag=tag, **backup):
+        table = torch.empty(N, device="cuda")
+        out = static_in * table + 1
+    table.copy_(torch.linspace(-3, 3, N, device="cuda"))
+    graph.replay()
+    return graph, out, out.clone()
+
+
+def test_a_graph_reading_state_written_once_replays_right_after_resume_by_default():
+    tag = unique_tag("graphs")
+    graph, out, expected = capture_graph_reading_a_table(tag)
+    stats = saver.stats()[tag]
+    assert stats.graph_memory and stats.backs_up
+    free = device_free_bytes()
+    saver.pause(tag)
+    assert device_free_bytes() - free >= 0.99 * stats.reserved_bytes
+    saver.resume(tag)
+    graph.replay()
+    assert torch.equal(out, expected)
+
+
+def test_without_the_backup_the_same_graph_reads_the_poison_pattern():
+    tag = unique_tag("graphs")
+    graph, out, expected = capture_graph_reading_a_table(tag, enable_cpu_backup=False)
+    assert not saver.stats()[tag].backs_up
+    saver.poison_on_resume = True
+    try:
+        saver.pause(tag)
+        saver.resume(tag)
+    finally:
+        saver.poison_on_resume = False
+    graph.replay()
+    assert torch.isnan(out).all()  # the table came back as NaN, loudly
+
+
+def test_reduce_overhead_model_recorded_in_a_region_is_bit_equal_after_resume():
+    tag = unique_tag("compiled")
+    torch.manual_seed(0)
+    x = torch.randn(256, 1024, device="cuda")
+    with saver.region(tag), torch.no_grad():  # weights, compiled constants and graph trees
+        model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(),
+                                    torch.nn.Linear(4096, 1024)).cuda()
+        compiled = torch.compile(model, mode="reduce-overhead")
+        for _ in range(3):  # warm-up, record, replay
+            compiled(x)
+    with torch.no_grad():
+        before = compiled(x).clone()
+        eager = model(x)
+    torch.testing.assert_close(before, eager)
+    stats = saver.stats()[tag]
+    assert stats.graph_memory and stats.backs_up  # the capture inside the region was noticed
+
+    free = device_free_bytes()
+    saver.pause(tag)
+    assert device_free_bytes() - free >= 0.99 * stats.reserved_bytes
+    saver.resume(tag)
+    with torch.no_grad():
+        after = [compiled(x).clone() for _ in range(3)]
+    for result in after:
+        assert torch.equal(result, before)
+
+
+def test_tag_hooks_bracket_real_mappings_and_a_failing_hook_leaves_the_tag_paused():
+    tag = unique_tag("registered")
+    with saver.region(tag, enable_cpu_backup=True):
+        t = torch.arange(N, device="cuda", dtype=torch.float32)
+    expected = float(t.sum())
+    seen = []
+    remove = saver.register_hooks(tag, before_pause=lambda: seen.append(("pause", float(t.sum()))),
+                                  after_resume=lambda: seen.append(("resume", float(t.sum()))))
+    saver.pause(tag)
+    saver.resume(tag)
+    assert seen == [("pause", expected), ("resume", expected)]  # mapped, with content, both times
+
+    failing = {"now": True}
+
+    def reregister():
+        if failing["now"]:
+            raise RuntimeError("re-registration failed")
+
+    remove_failing = saver.register_hooks(tag, after_resume=reregister)
+    saver.pause(tag)
+    with pytest.raises(RuntimeError, match="re-registration failed"):
+        saver.resume(tag)
+    stats = saver.stats()[tag]
+    assert stats.paused and stats.resident_bytes == 0 and stats.host_backup_bytes == stats.reserved_bytes
+    failing["now"] = False
+    saver.resume(tag)
+    assert float(t.sum()) == expected
+    remove()
+    remove_failing()

@@ -1,0 +1,142 @@
+"""Graph memory is backed up by default, and poison on resume makes stale reads loud
+(host backend: the core's decisions; the GPU tests check real graphs)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from torch_mem_saver_lite import MemorySaver, MemorySaverError, _lib
+
+MiB = 1 << 20
+
+
+def as_floats(ptr: int, size: int) -> torch.Tensor:
+    import ctypes
+
+    return torch.frombuffer((ctypes.c_uint8 * size).from_address(ptr), dtype=torch.float32)
+
+
+def test_a_region_that_saw_a_graph_capture_is_backed_up_by_default(host_saver, mem):
+    with host_saver.region("compiled"):
+        plain = mem.malloc(2 * MiB)
+        _lib.note_graph_capture()  # what CUDAGraph.capture_begin reports inside a region
+        captured = mem.malloc(2 * MiB)
+    mem.write(plain, b"written before the capture" * 100)
+    mem.write(captured, b"written at capture time" * 100)
+    stats = host_saver.stats()["compiled"]
+    assert stats.graph_memory and stats.backs_up
+
+    host_saver.pause("compiled")
+    assert host_saver.stats()["compiled"].host_backup_bytes == 4 * MiB  # the whole tag
+    host_saver.resume("compiled")
+
+    # Blocks handed out during a capture may sit in segments made before it: all of it is kept.
+    assert mem.read(plain, 2600) == b"written before the capture" * 100
+    assert mem.read(captured, 2300) == b"written at capture time" * 100
+
+
+def test_an_explicit_opt_out_is_honoured_for_graph_memory(host_saver, mem):
+    with host_saver.region("graphs", enable_cpu_backup=False):
+        _lib.note_graph_capture()
+        ptr = mem.malloc(2 * MiB)
+    mem.write(ptr, b"state")
+    assert host_saver.stats()["graphs"].graph_memory and not host_saver.stats()["graphs"].backs_up
+    host_saver.pause("graphs")
+    host_saver.resume("graphs")
+    assert mem.read(ptr, 5) == bytes(5)  # fresh memory: the caller took that risk
+
+
+def test_a_region_without_a_capture_is_not_backed_up(host_saver, mem):
+    with host_saver.region("kv"):
+        ptr = mem.malloc(2 * MiB)
+    mem.write(ptr, b"cache")
+    host_saver.pause("kv")
+    assert host_saver.stats()["kv"].host_backup_bytes == 0
+    host_saver.resume("kv")
+    assert mem.read(ptr, 5) == bytes(5)
+    assert not host_saver.stats()["kv"].graph_memory
+
+
+def test_a_capture_outside_any_region_marks_nothing(host_saver, mem):
+    _lib.note_graph_capture()
+    with host_saver.region("kv"):
+        mem.malloc(2 * MiB)
+    assert not host_saver.stats()["kv"].graph_memory
+
+
+def test_a_later_explicit_setting_decides_and_conflicts_are_refused(host_saver, mem):
+    with host_saver.region("w"):  # not given: the tag waits for an explicit choice
+        ptr = mem.malloc(2 * MiB)
+    with host_saver.region("w", enable_cpu_backup=True):
+        pass
+    with host_saver.region("w"):  # not given again: keeps True
+        pass
+    with pytest.raises(ValueError, match="first used with enable_cpu_backup=True"):
+        with host_saver.region("w", enable_cpu_backup=False):
+            pass
+    mem.write(ptr, b"weights")
+    host_saver.pause("w")
+    host_saver.resume("w")
+    assert mem.read(ptr, 7) == b"weights"
+
+
+def test_poison_fills_resumed_memory_without_backup_and_spares_backups(host_saver, mem):
+    host_saver.poison_on_resume = True
+    assert host_saver.poison_on_resume
+    with host_saver.region("kv"):
+        kv = mem.malloc(2 * MiB)
+    with host_saver.region("weights", enable_cpu_backup=True):
+        weights = mem.malloc(2 * MiB)
+    as_floats(kv, 2 * MiB).fill_(1.5)
+    as_floats(weights, 2 * MiB).fill_(2.5)
+    host_saver.pause()
+    host_saver.resume()
+    assert torch.isnan(as_floats(kv, 2 * MiB)).all()  # every float reads NaN
+    assert mem.read(kv, 2 * MiB) == b"\xff" * (2 * MiB)
+    assert torch.equal(as_floats(weights, 2 * MiB), torch.full((MiB // 2,), 2.5))
+
+    host_saver.poison_on_resume = False
+    host_saver.pause("kv")
+    host_saver.resume("kv")
+    assert mem.read(kv, 2 * MiB) == bytes(2 * MiB)  # plain fresh memory again
+
+
+def test_poison_setting_before_first_use_and_bad_values():
+    saver = MemorySaver(backend="host")
+    try:
+        assert saver.poison_on_resume is False
+        saver.poison_on_resume = True
+        saver._core()  # created after the setting: it takes it over
+        assert saver.poison_on_resume is True
+        with pytest.raises(TypeError, match="poison_on_resume"):
+            saver.poison_on_resume = "yes"
+    finally:
+        saver.close()
+
+
+@pytest.mark.parametrize("value, expected", [("1", True), ("0", False)])
+def test_poison_from_the_environment(value, expected):
+    code = ("from torch_mem_saver_lite import MemorySaver; s = MemorySaver(backend='host'); "
+            "s._core(); print(s.poison_on_resume); s.close()")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "TMSL_POISON_ON_RESUME": value})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(expected)
+
+
+def test_allocations_into_a_tag_paused_while_its_region_is_open_are_refused(host_saver, mem):
+    with host_saver.region("kv"):
+        mem.malloc(2 * MiB)
+        host_saver.pause("kv")  # the region is still open on this thread
+        with pytest.raises(MemorySaverError, match="'kv' is paused"):
+            mem.malloc(2 * MiB)
+    assert host_saver.stats()["kv"].allocations == 1
+    host_saver.resume("kv")
+    with host_saver.region("kv"):
+        mem.malloc(2 * MiB)
+    assert host_saver.stats()["kv"].allocations == 2

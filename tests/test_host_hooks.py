@@ -1,0 +1,121 @@
+"""saver.register_hooks: order, only on real transitions, and failures that lose nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+MiB = 1 << 20
+
+
+class Recorder:
+    def __init__(self):
+        self.calls: list[str] = []
+
+    def hook(self, name: str, fail: bool = False):
+        def run():
+            self.calls.append(name)
+            if fail:
+                raise RuntimeError(f"{name} failed")
+        return run
+
+
+@pytest.fixture
+def two_tags(host_saver, mem):
+    """Tags 'a' (backed up) and 'b', each with one 2 MiB allocation holding known bytes."""
+    with host_saver.region("a", enable_cpu_backup=True):
+        a = mem.malloc(2 * MiB)
+    with host_saver.region("b", enable_cpu_backup=True):
+        b = mem.malloc(2 * MiB)
+    mem.write(a, b"content of a")
+    mem.write(b, b"content of b")
+    return a, b
+
+
+def test_hooks_run_in_order_and_only_when_the_tag_changes_state(host_saver, mem, two_tags):
+    r = Recorder()
+    host_saver.register_hooks("a", before_pause=r.hook("a1-pause"), after_resume=r.hook("a1-resume"))
+    host_saver.register_hooks("a", before_pause=r.hook("a2-pause"), after_resume=r.hook("a2-resume"))
+    host_saver.register_hooks("b", before_pause=r.hook("b-pause"), after_resume=r.hook("b-resume"))
+
+    seen_resident = []
+    host_saver.register_hooks("a", before_pause=lambda: seen_resident.append(
+        host_saver.stats()["a"].resident_bytes))
+    host_saver.pause(["a", "b"])
+    assert r.calls == ["a1-pause", "a2-pause", "b-pause"]
+    assert seen_resident == [2 * MiB]  # before_pause sees the memory still mapped
+    host_saver.pause("a")  # already paused: no hook
+    host_saver.resume()
+    assert r.calls[3:] == ["b-resume", "a2-resume", "a1-resume"]
+    host_saver.resume("a")  # already active: no hook
+    assert len(r.calls) == 6
+    assert mem.read(two_tags[0], 12) == b"content of a"
+
+
+def test_after_resume_sees_the_restored_content(host_saver, mem, two_tags):
+    seen = []
+    host_saver.register_hooks("a", after_resume=lambda: seen.append(mem.read(two_tags[0], 12)))
+    host_saver.pause("a")
+    host_saver.resume("a")
+    assert seen == [b"content of a"]
+
+
+def test_a_failing_before_pause_aborts_the_pause_and_undoes_the_hooks_that_ran(host_saver, mem, two_tags):
+    r = Recorder()
+    host_saver.register_hooks("a", before_pause=r.hook("a-pause"), after_resume=r.hook("a-resume"))
+    host_saver.register_hooks("b", before_pause=r.hook("b-pause", fail=True), after_resume=r.hook("b-resume"))
+    with pytest.raises(RuntimeError, match="b-pause failed"):
+        host_saver.pause(["a", "b"])
+    assert r.calls == ["a-pause", "b-pause", "a-resume"]
+    stats = host_saver.stats()
+    assert stats["a"].paused_bytes == stats["b"].paused_bytes == 0  # nothing released
+    assert not stats["a"].paused and not stats["b"].paused
+    assert mem.read(two_tags[0], 12) == b"content of a"
+    assert mem.read(two_tags[1], 12) == b"content of b"
+
+
+def test_a_failing_after_resume_leaves_the_tags_paused_with_their_backups(host_saver, mem, two_tags):
+    r = Recorder()
+    fail = {"now": True}
+
+    def flaky():
+        r.calls.append("b-resume")
+        if fail["now"]:
+            raise RuntimeError("b-resume failed")
+
+    host_saver.register_hooks("a", before_pause=r.hook("a-pause"), after_resume=r.hook("a-resume"))
+    host_saver.register_hooks("b", before_pause=r.hook("b-pause"), after_resume=flaky)
+    host_saver.pause(["a", "b"])
+    with pytest.raises(RuntimeError, match="b-resume failed"):
+        host_saver.resume(["a", "b"])
+    stats = host_saver.stats()
+    assert stats["a"].paused and stats["b"].paused
+    assert stats["a"].host_backup_bytes == stats["b"].host_backup_bytes == 2 * MiB
+    fail["now"] = False
+    host_saver.resume(["a", "b"])  # a retry works and restores everything
+    assert mem.read(two_tags[0], 12) == b"content of a"
+    assert mem.read(two_tags[1], 12) == b"content of b"
+    assert r.calls == ["a-pause", "b-pause", "b-resume", "b-resume", "a-resume"]
+
+
+def test_a_failed_native_pause_gives_hooks_their_after_resume(host_saver, mem, two_tags):
+    r = Recorder()
+    host_saver.register_hooks("a", before_pause=r.hook("a-pause"), after_resume=r.hook("a-resume"))
+    host_saver._core().inject_fault("copy_to_host_async", 1)
+    with pytest.raises(Exception, match="injected fault"):
+        host_saver.pause("a")
+    assert r.calls == ["a-pause", "a-resume"]
+    assert host_saver.stats()["a"].resident_bytes == 2 * MiB
+    assert mem.read(two_tags[0], 12) == b"content of a"
+
+
+def test_removed_hooks_no_longer_run_and_bad_hooks_are_refused(host_saver, mem, two_tags):
+    r = Recorder()
+    remove = host_saver.register_hooks("a", before_pause=r.hook("a-pause"))
+    remove()
+    remove()  # twice is harmless
+    host_saver.pause("a")
+    assert r.calls == []
+    with pytest.raises(TypeError, match="before_pause must be callable"):
+        host_saver.register_hooks("a", before_pause="not callable")
+    with pytest.raises(TypeError):
+        host_saver.register_hooks(3)
