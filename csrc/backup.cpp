@@ -43,7 +43,8 @@ HostArena::HostArena(Backend* backend, int device, const std::vector<size_t>& bu
   for (size_t size : buffer_sizes) {
     if (ranges_.empty() || ranges_.back().size >= kRangeBytes) {
       size_ = round_up(size_, kRangeAlignment);
-      ranges_.push_back(Range{size_, 0});
+      ranges_.emplace_back();
+      ranges_.back().start = size_;
     }
     buffer_offsets_.push_back(size_);
     size_ = round_up(size_ + size, kBufferAlignment);

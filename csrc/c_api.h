@@ -1,15 +1,30 @@
-// The C ABI the Python package calls through ctypes. Every function returns a status
-// code (0 = success, else a tmsl::Code); the message and, for out-of-memory, the figures
-// of the last failure on the calling thread are read with tmsl_last_error_*.
+// The library's whole production ABI: what the Python package calls through ctypes, and
+// the allocation hooks torch or the dynamic linker call. The testing ABI (host savers,
+// direct allocation, fault injection) is in c_api_testing.h.
+//
+// Functions returning int return a status code (0 = success; tmsl_status_names() names
+// them in order); the message and, for out-of-memory, the figures of the calling thread's
+// last failure are read with tmsl_last_error_*. A saver is named by an opaque handle.
 #pragma once
+
+#include <sys/types.h>
 
 #include <cstddef>
 
 #define TMSL_API extern "C" __attribute__((visibility("default")))
 
+// "ok,invalid_argument,...": the status codes' names, code 0 first.
+TMSL_API const char* tmsl_status_names(void);
+TMSL_API int tmsl_last_error_code(void);
+TMSL_API const char* tmsl_last_error_message(void);
+TMSL_API void tmsl_last_error_oom(const char** tag, size_t* bytes_needed, size_t* bytes_free,
+                                  int* device);
+// 1 when an allocation hook failed on this thread since the last call (its error is then
+// the thread's last error), else 0. Clears the mark.
+TMSL_API int tmsl_take_allocation_failure(void);
+
+// The process-wide (CUDA) saver, created on first call.
 TMSL_API int tmsl_default_saver(void** out);
-TMSL_API int tmsl_create_host_saver(size_t capacity_bytes, size_t granularity_bytes, void** out);
-TMSL_API int tmsl_destroy_saver(void* saver);
 
 // enable_cpu_backup: -1 = not given (the tag's setting; a new tag backs up graph memory
 // only), 0 = off, 1 = on. A tag keeps the first explicit setting it was given.
@@ -23,40 +38,42 @@ TMSL_API int tmsl_enter_region(void* saver, const char* tag, int enable_cpu_back
 TMSL_API int tmsl_set_thread_region(void* saver, const char* tag, int enable_cpu_backup);
 // The thread allocates outside any region, whatever the defaults say (saver.disable()).
 TMSL_API int tmsl_disable_thread_region(void);
+// A CUDA graph capture is beginning on the calling thread: the tag of the thread's region
+// (if any) holds graph memory from now on. No region: nothing to do.
+TMSL_API int tmsl_note_graph_capture(void);
+
+// ntags < 0: every tag. A named tag no region has used is an error.
+TMSL_API int tmsl_pause(void* saver, const char* const* tags, int ntags);
+TMSL_API int tmsl_resume(void* saver, const char* const* tags, int ntags);
+// *state: 0 = no region has used the tag, 1 = active, 2 = paused.
+TMSL_API int tmsl_tag_state(void* saver, const char* tag, int* state);
 
 TMSL_API int tmsl_set_memory_margin(void* saver, size_t bytes);
 TMSL_API int tmsl_set_retain_backups(void* saver, int retain);
 // Fill resumed memory that has no backup with 0xFF bytes (NaN as floats); *out reads it.
 TMSL_API int tmsl_set_poison_on_resume(void* saver, int poison);
 TMSL_API int tmsl_get_poison_on_resume(void* saver, int* out);
-// A CUDA graph capture is beginning on the calling thread: the tag of the thread's region
-// (if any) holds graph memory from now on. No region: nothing to do.
-TMSL_API int tmsl_note_graph_capture(void);
-// *state: 0 = no region has used the tag, 1 = active, 2 = paused.
-TMSL_API int tmsl_tag_state(void* saver, const char* tag, int* state);
 // Returns once the backups resume let go of have been freed (that happens in the background).
 TMSL_API int tmsl_wait_for_released_backups(void* saver);
-// "" when the TMSL_* environment variables are valid, else what is wrong with them.
-TMSL_API const char* tmsl_process_defaults_error(void);
-// 1 when this library's cudaMalloc is the one the process calls (LD_PRELOAD in effect).
-TMSL_API int tmsl_preload_active(void);
-
-TMSL_API int tmsl_malloc(void* saver, size_t size, int device, const char* tag,
-                         int enable_cpu_backup, void** out);
-TMSL_API int tmsl_free(void* saver, void* ptr, void* stream);
-// ntags < 0: every tag.
-TMSL_API int tmsl_pause(void* saver, const char* const* tags, int ntags);
-TMSL_API int tmsl_resume(void* saver, const char* const* tags, int ntags);
 
 // Writes up to `capacity` bytes of JSON (NUL-terminated when it fits); *length is the
 // full length without the NUL, so a caller can retry with a larger buffer.
 TMSL_API int tmsl_stats_json(void* saver, char* buf, size_t capacity, size_t* length);
 TMSL_API int tmsl_find_backup(void* saver, const void* ptr, size_t nbytes, const void** host);
 
-// Test hook (host backend): the `after_calls`-th next call of `operation` fails.
-TMSL_API int tmsl_inject_fault(void* saver, const char* operation, long after_calls);
+// "" when the TMSL_* environment variables are valid, else what is wrong with them.
+TMSL_API const char* tmsl_process_defaults_error(void);
+// 1 when TMSL_POISON_ON_RESUME=1: savers start with poison on resume turned on.
+TMSL_API int tmsl_process_default_poison(void);
+// 1 when this library's cudaMalloc is the one the process calls (LD_PRELOAD in effect).
+TMSL_API int tmsl_preload_active(void);
 
-TMSL_API int tmsl_last_error_code(void);
-TMSL_API const char* tmsl_last_error_message(void);
-TMSL_API void tmsl_last_error_oom(const char** tag, size_t* bytes_needed, size_t* bytes_free,
-                                  int* device);
+// torch hook mode (hook_torch.cpp): a CUDAPluggableAllocator's malloc and free. Allocations
+// go to the calling thread's region; a failure returns NULL and is kept as above.
+TMSL_API void* tmsl_torch_malloc(ssize_t size, int device, void* stream);
+TMSL_API void tmsl_torch_free(void* ptr, size_t size, int device, void* stream);
+
+// preload hook mode (hook_preload.cpp): in front of the CUDA runtime's functions under
+// LD_PRELOAD. They return cudaError_t values.
+TMSL_API int cudaMalloc(void** ptr, size_t size);
+TMSL_API int cudaFree(void* ptr);

@@ -7,8 +7,9 @@
 
 #include <cstdio>
 
+#include "abi_guard.h"
 #include "c_api.h"
-#include "registry.h"
+#include "thread_region.h"
 
 using namespace tmsl;
 
@@ -16,6 +17,7 @@ namespace {
 
 // cudaError_t values (driver_types.h), without pulling in the runtime's headers.
 constexpr int kCudaSuccess = 0;
+constexpr int kCudaErrorInvalidValue = 1;
 constexpr int kCudaErrorMemoryAllocation = 2;
 constexpr int kCudaErrorInitializationError = 3;
 constexpr int kCudaErrorUnknown = 999;
@@ -63,30 +65,44 @@ void warn_about_defaults_once() {
 TMSL_API int cudaMalloc(void** ptr, size_t size) {
   warn_about_defaults_once();
   const ThreadRegion& region = effective_region();
-  if (size == 0 || region.saver == nullptr) {
+  if (size == 0 || region.saver == 0) {
     MallocFn real = runtime_malloc();
     return real != nullptr ? real(ptr, size) : kCudaErrorInitializationError;
   }
-  int device = 0;
-  GetDeviceFn get_device = runtime_get_device();
-  if (get_device != nullptr && get_device(&device) != kCudaSuccess) return kCudaErrorInitializationError;
-  uintptr_t va = 0;
-  Status s = region.saver->allocate(size, device, region.tag, region.backup, &va);
-  if (!s.ok()) {
-    set_last_error(s);
-    return s.code == Code::kOutOfMemory ? kCudaErrorMemoryAllocation : kCudaErrorUnknown;
-  }
-  *ptr = reinterpret_cast<void*>(va);
-  return kCudaSuccess;
+  int result = kCudaErrorUnknown;
+  guarded([&] {
+    if (ptr == nullptr) {
+      result = kCudaErrorInvalidValue;
+      return Status::Error(Code::kInvalidArgument, "cudaMalloc: the result pointer must not be NULL");
+    }
+    int device = 0;
+    GetDeviceFn get_device = runtime_get_device();
+    if (get_device != nullptr && get_device(&device) != kCudaSuccess) {
+      result = kCudaErrorInitializationError;
+      return Status::Error(Code::kDriverError, "cudaMalloc: cudaGetDevice failed");
+    }
+    Saver* saver = nullptr;
+    Status s = region_saver(region, &saver);
+    uintptr_t va = 0;
+    if (s.ok()) s = saver->allocate(size, device, region.tag, region.backup, &va);
+    if (!s.ok()) {
+      note_allocation_failure(s);
+      result = s.code == Code::kOutOfMemory ? kCudaErrorMemoryAllocation : kCudaErrorUnknown;
+      return s;
+    }
+    *ptr = reinterpret_cast<void*>(va);
+    result = kCudaSuccess;
+    return s;
+  });
+  return result;
 }
 
 TMSL_API int cudaFree(void* ptr) {
   if (ptr != nullptr) {
     if (Saver* saver = owner_of(reinterpret_cast<uintptr_t>(ptr))) {
       // nullptr: the legacy default stream, which cudaFree's callers expect to be waited for.
-      Status s = saver->free(reinterpret_cast<uintptr_t>(ptr), nullptr);
-      if (!s.ok()) set_last_error(s);
-      return s.ok() ? kCudaSuccess : kCudaErrorUnknown;
+      int status = guarded([&] { return saver->free(reinterpret_cast<uintptr_t>(ptr), nullptr); });
+      return status == 0 ? kCudaSuccess : kCudaErrorUnknown;
     }
   }
   FreeFn real = runtime_free();

@@ -2,19 +2,25 @@
 
 #include <array>
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <mutex>
+
+#include "thread_region.h"
 
 namespace tmsl {
 namespace {
 
 constexpr size_t kMaxSavers = 64;
+constexpr int kSlotBits = 8;  // a handle: generation << kSlotBits | (slot + 1)
+
+struct Slot {
+  std::atomic<Saver*> saver{nullptr};
+  std::atomic<uint64_t> generation{0};
+};
 
 struct Registry {
   std::mutex mu;  // serializes changes; readers use the atomics
-  std::array<std::atomic<Saver*>, kMaxSavers> savers{};
-  std::atomic<Saver*> process_wide{nullptr};
+  std::array<Slot, kMaxSavers> slots{};
+  std::atomic<SaverHandle> process_wide{0};
 };
 
 // Never destroyed: the allocation hooks may run during static destruction.
@@ -23,146 +29,87 @@ Registry& registry() {
   return *r;
 }
 
-bool parse_flag(const char* name, bool* out, std::string* error) {
-  const char* value = getenv(name);
-  if (value == nullptr || *value == '\0') return true;
-  if (strcmp(value, "1") == 0 || strcmp(value, "true") == 0) {
-    *out = true;
-  } else if (strcmp(value, "0") == 0 || strcmp(value, "false") == 0) {
-    *out = false;
-  } else {
-    *error += std::string(error->empty() ? "" : "; ") + name + " must be 0 or 1, got '" + value + "'";
-    return false;
+// Puts a saver in a free slot, where owner_of and find_saver see it. Needs the lock.
+Status publish(Registry& r, Saver* saver, SaverHandle* out) {
+  for (size_t i = 0; i < kMaxSavers; ++i) {
+    Slot& slot = r.slots[i];
+    if (slot.saver.load() != nullptr) continue;
+    uint64_t generation = slot.generation.load() + 1;
+    slot.generation.store(generation, std::memory_order_release);
+    slot.saver.store(saver, std::memory_order_release);
+    *out = generation << kSlotBits | (i + 1);
+    return Status::Ok();
   }
-  return true;
-}
-
-ProcessDefaults read_process_defaults() {
-  ProcessDefaults d;
-  bool ok = parse_flag("TMSL_REGION_ALL_THREADS", &d.all_threads, &d.error);
-  bool backup = false;
-  const char* backup_value = getenv("TMSL_DEFAULT_CPU_BACKUP");
-  if (parse_flag("TMSL_DEFAULT_CPU_BACKUP", &backup, &d.error)) {
-    if (backup_value != nullptr && *backup_value != '\0') d.backup = backup ? BackupChoice::kOn : BackupChoice::kOff;
-  } else {
-    ok = false;
-  }
-  ok = parse_flag("TMSL_POISON_ON_RESUME", &d.poison_on_resume, &d.error) && ok;
-  const char* tag = getenv("TMSL_DEFAULT_TAG");
-  if (tag != nullptr) {
-    size_t length = strlen(tag);
-    if (length == 0 || length > 256) {
-      d.error += std::string(d.error.empty() ? "" : "; ") +
-                 "TMSL_DEFAULT_TAG must be 1 to 256 characters";
-      ok = false;
-    } else {
-      d.tag = tag;
-    }
-  }
-  if (!ok) d.all_threads = false;
-  return d;
-}
-
-// Puts a saver in a free slot, where owner_of finds it. Needs the registry's lock.
-Status publish(Registry& r, Saver* saver) {
-  for (auto& slot : r.savers) {
-    if (slot.load() == nullptr) {
-      slot.store(saver, std::memory_order_release);
-      return Status::Ok();
-    }
-  }
-  return Status::Error(Code::kInvalidArgument, "too many savers (at most 64 at once)");
+  return Status::Error(Code::kInvalidArgument,
+                       "too many savers (at most 64 at once): close() the ones no longer needed");
 }
 
 }  // namespace
 
-ThreadRegion& thread_region() {
-  static thread_local ThreadRegion region;
-  return region;
-}
-
-const ProcessDefaults& process_defaults() {
-  static const ProcessDefaults* defaults = new ProcessDefaults(read_process_defaults());
-  return *defaults;
-}
-
-const ThreadRegion& effective_region() {
-  const ThreadRegion& region = thread_region();
-  if (region.saver != nullptr || region.explicit_none) return region;
-  // The process defaults as this thread's region, filled in once the saver exists.
-  static thread_local ThreadRegion from_defaults;
-  const ProcessDefaults& d = process_defaults();
-  if (from_defaults.saver == nullptr && d.all_threads && default_saver(&from_defaults.saver).ok()) {
-    from_defaults.tag = d.tag;
-    from_defaults.backup = d.backup;
-  }
-  return from_defaults;
-}
-
-Status default_saver(Saver** out) {
+Status default_saver(SaverHandle* out) {
   Registry& r = registry();
-  if (Saver* existing = r.process_wide.load(std::memory_order_acquire)) {
+  if (SaverHandle existing = r.process_wide.load(std::memory_order_acquire)) {
     *out = existing;
     return Status::Ok();
   }
   std::lock_guard<std::mutex> lock(r.mu);
-  if (r.process_wide.load() == nullptr) {
+  if (r.process_wide.load() == 0) {
     std::unique_ptr<Backend> backend;
     Status s = make_cuda_backend(&backend);
     if (!s.ok()) return s;
     auto saver = std::make_unique<Saver>(std::move(backend));
     saver->set_poison_on_resume(process_defaults().poison_on_resume);
     // Unpublished, the hooks could not find its allocations to free them.
-    s = publish(r, saver.get());
+    SaverHandle handle = 0;
+    s = publish(r, saver.get(), &handle);
     if (!s.ok()) return s;
-    r.process_wide.store(saver.release(), std::memory_order_release);
+    saver.release();
+    r.process_wide.store(handle, std::memory_order_release);
   }
   *out = r.process_wide.load();
   return Status::Ok();
 }
 
-Status add_saver(std::unique_ptr<Saver> saver, Saver** out) {
+Status add_saver(std::unique_ptr<Saver> saver, SaverHandle* out) {
   saver->set_poison_on_resume(process_defaults().poison_on_resume);
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
-  Status s = publish(r, saver.get());
-  if (s.ok()) *out = saver.release();
+  Status s = publish(r, saver.get(), out);
+  if (s.ok()) saver.release();
   return s;
 }
 
-Status remove_saver(Saver* saver) {
+Status remove_saver(SaverHandle handle) {
   Registry& r = registry();
+  Saver* saver = nullptr;
   {
     std::lock_guard<std::mutex> lock(r.mu);
-    if (saver != nullptr && saver == r.process_wide.load()) {
+    if (handle != 0 && handle == r.process_wide.load()) {
       return Status::Error(Code::kInvalidArgument, "the process-wide saver cannot be destroyed");
     }
-    bool found = false;
-    for (auto& slot : r.savers) {
-      if (saver != nullptr && slot.load() == saver) {
-        slot.store(nullptr, std::memory_order_release);
-        found = true;
-      }
-    }
-    if (!found) return Status::Error(Code::kInvalidArgument, "unknown saver handle");
+    saver = find_saver(handle);
+    if (saver == nullptr) return Status::Error(Code::kInvalidArgument, "invalid or destroyed saver handle");
+    Slot& slot = r.slots[(handle & ((1u << kSlotBits) - 1)) - 1];
+    slot.generation.store(slot.generation.load() + 1, std::memory_order_release);  // handles die first
+    slot.saver.store(nullptr, std::memory_order_release);
   }
-  ThreadRegion& region = thread_region();
-  if (region.saver == saver) region = ThreadRegion();
   delete saver;
   return Status::Ok();
 }
 
-bool is_live(const Saver* saver) {
-  if (saver == nullptr) return false;
-  for (const auto& slot : registry().savers) {
-    if (slot.load(std::memory_order_acquire) == saver) return true;
-  }
-  return false;
+Saver* find_saver(SaverHandle handle) {
+  const uint64_t index = handle & ((1u << kSlotBits) - 1);
+  if (index == 0 || index > kMaxSavers) return nullptr;
+  const Slot& slot = registry().slots[index - 1];
+  const uint64_t generation = handle >> kSlotBits;
+  if (slot.generation.load(std::memory_order_acquire) != generation) return nullptr;
+  Saver* saver = slot.saver.load(std::memory_order_acquire);
+  return slot.generation.load(std::memory_order_acquire) == generation ? saver : nullptr;
 }
 
 Saver* owner_of(uintptr_t va) {
-  for (const auto& slot : registry().savers) {
-    Saver* saver = slot.load(std::memory_order_acquire);
+  for (const Slot& slot : registry().slots) {
+    Saver* saver = slot.saver.load(std::memory_order_acquire);
     if (saver != nullptr && saver->owns(va)) return saver;
   }
   return nullptr;

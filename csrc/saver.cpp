@@ -1,5 +1,7 @@
 #include "saver.h"
 
+#include "mapping.h"
+
 #include <cstdio>
 
 namespace tmsl {
@@ -34,17 +36,9 @@ Saver::Saver(std::unique_ptr<Backend> backend) : backend_(std::move(backend)) {}
 Saver::~Saver() {
   for (auto& entry : table_) {
     Allocation& a = *entry.second;
-    if (a.state == State::kActive) unmap_and_release(a.device, a.va, a.size, a.physical);
+    if (a.state == State::kActive) unmap_physical(*backend_, a.device, a.va, a.size, a.physical);
     backend_->free_reservation(a.device, a.va, a.size);
   }
-}
-
-Status Saver::unmap_and_release(int device, uintptr_t va, size_t size, PhysicalHandle physical,
-                                bool* unmapped) {
-  Status s = backend_->unmap(device, va, size);
-  if (!s.ok()) return s;
-  if (unmapped != nullptr) *unmapped = true;
-  return backend_->release_physical(device, physical, size);
 }
 
 namespace {
@@ -138,7 +132,7 @@ Status Saver::allocate(size_t size, int device, const std::string& tag, BackupCh
   s = backend_->reserve(device, rounded, granularity, &address);
   if (!s.ok()) return with_context(s, where);
   PhysicalHandle physical = 0;
-  s = map_new_physical(device, address, rounded, &physical);
+  s = map_physical(*backend_, device, address, rounded, margin_bytes_.load(), &physical);
   if (!s.ok()) {
     backend_->free_reservation(device, address, rounded);
     if (s.code == Code::kOutOfMemory) {
@@ -161,10 +155,13 @@ Status Saver::allocate(size_t size, int device, const std::string& tag, BackupCh
     std::lock_guard<std::mutex> lock(mu_);
     // A pause of the tag may have begun since admit(): it would not cover this one.
     refused = tags_[tag].paused;
-    if (!refused) table_[address] = std::move(a);
+    if (!refused) {
+      table_[address] = std::move(a);
+      by_tag_[tag].insert(address);
+    }
   }
   if (refused) {
-    unmap_and_release(device, address, rounded, physical);
+    unmap_physical(*backend_, device, address, rounded, physical);
     backend_->free_reservation(device, address, rounded);
     return tag_paused_error(tag);
   }
@@ -189,6 +186,7 @@ Status Saver::free(uintptr_t va, void* stream) {
       if (state == State::kActive || state == State::kPaused) {
         a = std::move(it->second);
         table_.erase(it);
+        by_tag_[a->tag].erase(va);
         index_.erase(va);
         break;
       }
@@ -203,21 +201,26 @@ Status Saver::free(uintptr_t va, void* stream) {
     // Work queued on the stream may still use the memory; other streams are the caller's
     // business (torch waits for their events before it frees a block).
     keep_first(backend_->synchronize_stream(a->device, stream));
-    keep_first(unmap_and_release(a->device, a->va, a->size, a->physical));
+    keep_first(unmap_physical(*backend_, a->device, a->va, a->size, a->physical));
   }
   keep_first(backend_->free_reservation(a->device, a->va, a->size));
-  return with_context(first, "freeing " + format_address(va) + " (region '" + a->tag + "')");
+  return with_context(first, "freeing " + format_address(va) + " (tag '" + a->tag + "')");
 }
 
 std::vector<Saver::Allocation*> Saver::claim(const TagSelection& selection, State from,
                                              State to) {
   std::vector<Allocation*> batch;
-  for (auto& entry : table_) {
-    Allocation& a = *entry.second;
-    if (a.state == from && selection.matches(a.tag)) {
-      a.state = to;
-      a.backup = tags_[a.tag].backs_up();
-      batch.push_back(&a);
+  auto take = [&](Allocation& a) {
+    if (a.state != from) return;
+    a.state = to;
+    a.backup = tags_[a.tag].backs_up();
+    batch.push_back(&a);
+  };
+  if (selection.all) {
+    for (auto& entry : table_) take(*entry.second);
+  } else {
+    for (const std::string& tag : selection.tags) {
+      for (uintptr_t va : by_tag_[tag]) take(*table_.at(va));
     }
   }
   return batch;
@@ -280,7 +283,7 @@ std::string Saver::describe(const std::vector<Allocation*>& batch) {
   }
   std::string names;
   for (const std::string& tag : tags) names += (names.empty() ? "" : ", ") + tag;
-  return "region" + std::string(tags.size() > 1 ? "s " : " ") + names + " (" + format_bytes(bytes) + ")";
+  return "tag" + std::string(tags.size() > 1 ? "s " : " ") + names + " (" + format_bytes(bytes) + ")";
 }
 
 Status Saver::pause(const TagSelection& selection) {
@@ -372,9 +375,9 @@ Status Saver::copy_out(const std::vector<Allocation*>& batch, std::vector<HostBu
 }
 
 Status Saver::release_physical(Allocation& a, bool* unmapped) {
-  const std::string where = "pausing region '" + a.tag + "' (" + format_bytes(a.size) + " at " +
+  const std::string where = "pausing tag '" + a.tag + "' (" + format_bytes(a.size) + " at " +
                             format_address(a.va) + " on device " + std::to_string(a.device) + ")";
-  Status s = unmap_and_release(a.device, a.va, a.size, a.physical, unmapped);
+  Status s = unmap_physical(*backend_, a.device, a.va, a.size, a.physical, unmapped);
   if (!*unmapped) return with_context(s, where + "; it stays resident with its content");
   a.physical = 0;
   return with_context(s, where);
@@ -403,7 +406,7 @@ Status Saver::resume(const TagSelection& selection) {
   if (!s.ok()) {
     for (size_t i = 0; i < done; ++i) {
       Allocation& a = *batch[i];
-      unmap_and_release(a.device, a.va, a.size, a.physical);
+      unmap_physical(*backend_, a.device, a.va, a.size, a.physical);
       a.physical = 0;
     }
     if (s.code == Code::kOutOfMemory && done < batch.size()) {
@@ -425,28 +428,10 @@ Status Saver::resume(const TagSelection& selection) {
 
 Status Saver::map_fresh(Allocation& a) {
   PhysicalHandle physical = 0;
-  Status s = map_new_physical(a.device, a.va, a.size, &physical);
+  Status s = map_physical(*backend_, a.device, a.va, a.size, margin_bytes_.load(), &physical);
   if (s.code == Code::kOutOfMemory) return s;  // the caller explains what the resume needed
-  if (!s.ok()) return with_context(s, "resuming region '" + a.tag + "' at " + format_address(a.va));
+  if (!s.ok()) return with_context(s, "resuming tag '" + a.tag + "' at " + format_address(a.va));
   a.physical = physical;
-  return Status::Ok();
-}
-
-Status Saver::map_new_physical(int device, uintptr_t va, size_t size, PhysicalHandle* out) {
-  PhysicalHandle physical = 0;
-  Status s = create_within_margin(device, size, &physical);
-  if (!s.ok()) return s;
-  s = backend_->map(device, va, size, physical);
-  if (!s.ok()) {
-    backend_->release_physical(device, physical, size);
-    return s;
-  }
-  s = backend_->set_access(device, va, size);
-  if (!s.ok()) {
-    unmap_and_release(device, va, size, physical);
-    return s;
-  }
-  *out = physical;
   return Status::Ok();
 }
 
@@ -477,7 +462,7 @@ Status Saver::out_of_memory_on_resume(const std::vector<Allocation*>& batch,
   backend_->memory_info(failed.device, &free_bytes, &total);
   Status s = Status::Error(
       Code::kOutOfMemory,
-      "cannot resume region '" + failed.tag + "' on device " + std::to_string(failed.device) +
+      "cannot resume tag '" + failed.tag + "' on device " + std::to_string(failed.device) +
           ": this resume needs " + format_bytes(needed) + " there and " + format_bytes(free_bytes) +
           " is free (" + cause.message + "). Everything it covered stays paused" +
           " with its backups kept; free memory and call resume again.");
@@ -545,22 +530,6 @@ Status Saver::find_backup(uintptr_t address, size_t nbytes, const void** host) c
   const bool held = a->state == State::kPaused || a->state == State::kResuming;
   *host = held && a->host_copy ? a->host_copy.data() + (address - a->va) : nullptr;
   return Status::Ok();
-}
-
-Status Saver::create_within_margin(int device, size_t size, PhysicalHandle* out) {
-  const size_t margin = margin_bytes_.load();
-  if (margin != 0) {
-    size_t free_bytes = 0, total = 0;
-    Status s = backend_->memory_info(device, &free_bytes, &total);
-    if (!s.ok()) return s;
-    if (free_bytes < size || free_bytes - size < margin) {
-      return Status::Error(Code::kOutOfMemory,
-                           format_bytes(size) + " would leave less than the memory margin of " +
-                               format_bytes(margin) + " free on device " + std::to_string(device) +
-                               " (" + format_bytes(free_bytes) + " free)");
-    }
-  }
-  return backend_->create_physical(device, size, out);
 }
 
 }  // namespace tmsl

@@ -155,21 +155,12 @@ class Saver {
   Status copy_in(const std::vector<Allocation*>& batch);
   Status wait_copies(const std::vector<Allocation*>& batch);
   Status release_physical(Allocation& a, bool* unmapped);
-  // The one way a mapping is taken down: unmap, then release the physical memory (not
-  // released when the unmap fails: it is still mapped). *unmapped tells which happened.
-  Status unmap_and_release(int device, uintptr_t va, size_t size, PhysicalHandle physical,
-                           bool* unmapped = nullptr);
-  // "region 'kv' (2.00 GiB)" or "regions 'kv', 'weights' (...)": what a pause or resume covered.
+  // "tag 'kv' (2.00 GiB)" or "tags 'kv', 'weights' (...)": what a pause or resume covered.
   static std::string describe(const std::vector<Allocation*>& batch);
   Status map_fresh(Allocation& a);
-  // Creates physical memory (within the margin) and maps it read-write at [va, va + size);
-  // on error nothing of it is left behind.
-  Status map_new_physical(int device, uintptr_t va, size_t size, PhysicalHandle* out);
   Status out_of_memory_on_resume(const std::vector<Allocation*>& batch, const Allocation& failed,
                                  const Status& cause);
   const Allocation* containing(uintptr_t address) const;  // needs mu_
-  // create_physical, refused with kOutOfMemory when it would cut into the margin.
-  Status create_within_margin(int device, size_t size, PhysicalHandle* out);
 
   std::unique_ptr<Backend> backend_;
   std::mutex op_mu_;
@@ -177,6 +168,8 @@ class Saver {
   std::condition_variable settled_;
   std::map<uintptr_t, std::unique_ptr<Allocation>> table_;
   std::map<std::string, TagInfo> tags_;  // the tag catalogue, under mu_
+  // Each tag's allocations (by address), so a pause of one tag does not walk the others'.
+  std::map<std::string, std::set<uintptr_t>> by_tag_;
   AddressIndex index_;
   std::atomic<size_t> margin_bytes_{0};
   std::atomic<bool> retain_backups_{false};

@@ -35,6 +35,13 @@ Status errno_status(const std::string& what, int err) {
   return Status::Error(code, what + ": " + strerror(err));
 }
 
+const char* status_code_names() {
+#define TMSL_CODE_NAME(name, text) "," text
+  static const std::string names = std::string(TMSL_STATUS_CODES(TMSL_CODE_NAME)).substr(1);
+#undef TMSL_CODE_NAME
+  return names.c_str();
+}
+
 namespace {
 thread_local Status t_last_error;
 }

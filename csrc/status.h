@@ -9,15 +9,25 @@
 
 namespace tmsl {
 
+// The one list of status codes: the enum below and the names the C ABI hands to Python
+// (tmsl_status_names) are both made from it.
+#define TMSL_STATUS_CODES(X)                                                              \
+  X(kOk, "ok")                                                                            \
+  X(kInvalidArgument, "invalid_argument")                                                 \
+  X(kOutOfMemory, "out_of_memory")                                                        \
+  X(kNoDriver, "no_driver")                                                               \
+  X(kDriverError, "driver_error")                                                         \
+  X(kHostError, "host_error")                                                             \
+  X(kTagPaused, "tag_paused") /* entering or allocating in a paused tag */
+
 enum class Code : int {
-  kOk = 0,
-  kInvalidArgument = 1,
-  kOutOfMemory = 2,
-  kNoDriver = 3,
-  kDriverError = 4,
-  kHostError = 5,
-  kTagPaused = 6,  // the operation needs the tag resident (entering or allocating in a paused tag)
+#define TMSL_CODE_ENUM(name, text) name,
+  TMSL_STATUS_CODES(TMSL_CODE_ENUM)
+#undef TMSL_CODE_ENUM
 };
+
+// "ok,invalid_argument,...": the codes' names in code order.
+const char* status_code_names();
 
 struct OomDetail {
   std::string tag;

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from host_memory import HostMemory
-from torch_mem_saver_lite import MemorySaver
+from torch_mem_saver_lite.testing import HostSaver
 
 MiB = 1 << 20
 
@@ -23,7 +23,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def host_saver():
     """A saver on the host backend, 256 MiB of capacity, closed after the test."""
-    saver = MemorySaver(backend="host", host_capacity_bytes=256 * MiB)
+    saver = HostSaver(capacity_bytes=256 * MiB)
     yield saver
     saver.close()
 

@@ -33,8 +33,9 @@ def test_pause_that_runs_out_of_host_memory_keeps_everything_resident():
         """
         import resource
         from host_memory import HostMemory
-        from torch_mem_saver_lite import MemorySaver, OutOfMemoryError
-        mem, saver = HostMemory(), MemorySaver(backend="host")
+        from torch_mem_saver_lite import OutOfMemoryError
+        from torch_mem_saver_lite.testing import HostSaver
+        mem, saver = HostMemory(), HostSaver()
         with saver.region("weights", enable_cpu_backup=True):
             ptrs = [mem.malloc(32 << 20) for _ in range(2)]
         for i, p in enumerate(ptrs):

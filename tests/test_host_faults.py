@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from host_memory import open_memfds, resident_pages
-from torch_mem_saver_lite import MemorySaver, MemorySaverError
+from torch_mem_saver_lite import MemorySaverError
+from torch_mem_saver_lite.testing import HostSaver
 
 MiB = 1 << 20
 
@@ -18,7 +19,7 @@ MiB = 1 << 20
 @pytest.fixture
 def setup(mem):
     """Three backed-up allocations ("weights") and two without backup ("kv"), all filled."""
-    saver = MemorySaver(backend="host")
+    saver = HostSaver()
     with saver.region("weights", enable_cpu_backup=True):
         weights = [mem.malloc(4 * MiB) for _ in range(3)]
     with saver.region("kv"):
@@ -54,7 +55,7 @@ def test_failed_pause_loses_nothing_and_retry_succeeds(setup, mem, operation, af
     saver._core().inject_fault(operation, after)
     with pytest.raises(MemorySaverError, match=rf"injected fault in {operation}") as caught:
         saver.pause()
-    assert "region" in str(caught.value) and ("weights" in str(caught.value) or "kv" in str(caught.value))
+    assert "tag" in str(caught.value) and ("weights" in str(caught.value) or "kv" in str(caught.value))
     assert_recoverable(saver, weights, kv, content, mem)
 
     saver.pause()
@@ -84,7 +85,7 @@ def test_failed_resume_rolls_back_keeps_backups_and_retry_succeeds(setup, mem, o
 
 @pytest.mark.parametrize("operation", ["reserve", "create_physical", "map", "set_access"])
 def test_failed_allocation_leaves_nothing_behind(mem, operation):
-    saver = MemorySaver(backend="host")
+    saver = HostSaver()
     try:
         memfds = open_memfds()
         saver._core().inject_fault(operation, 1)

@@ -10,7 +10,8 @@ import sys
 import pytest
 import torch
 
-from torch_mem_saver_lite import MemorySaver, MemorySaverError, _lib
+from torch_mem_saver_lite import MemorySaverError, _lib
+from torch_mem_saver_lite.testing import HostSaver
 
 MiB = 1 << 20
 
@@ -107,7 +108,7 @@ def test_poison_fills_resumed_memory_without_backup_and_spares_backups(host_save
 
 
 def test_poison_setting_before_first_use_and_bad_values():
-    saver = MemorySaver(backend="host")
+    saver = HostSaver()
     try:
         assert saver.poison_on_resume is False
         saver.poison_on_resume = True
@@ -121,7 +122,7 @@ def test_poison_setting_before_first_use_and_bad_values():
 
 @pytest.mark.parametrize("value, expected", [("1", True), ("0", False)])
 def test_poison_from_the_environment(value, expected):
-    code = ("from torch_mem_saver_lite import MemorySaver; s = MemorySaver(backend='host'); "
+    code = ("from torch_mem_saver_lite.testing import HostSaver; s = HostSaver(); "
             "s._core(); print(s.poison_on_resume); s.close()")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                             env={**os.environ, "TMSL_POISON_ON_RESUME": value})

@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from torch_mem_saver_lite import MemorySaver, OutOfMemoryError
+from torch_mem_saver_lite import OutOfMemoryError
+from torch_mem_saver_lite.testing import HostSaver
 
 MiB = 1 << 20
 
@@ -23,7 +24,7 @@ def test_disable_takes_allocations_out_of_the_region_and_restores_it(host_saver,
 
 
 def test_memory_margin_is_kept_on_allocation_and_on_resume(mem):
-    saver = MemorySaver(backend="host", host_capacity_bytes=64 * MiB)
+    saver = HostSaver(capacity_bytes=64 * MiB)
     try:
         saver.memory_margin_bytes = 16 * MiB
         with saver.region("kv"):
@@ -45,7 +46,7 @@ def test_memory_margin_is_kept_on_allocation_and_on_resume(mem):
 
 @pytest.mark.parametrize("retain", [False, True])
 def test_retain_cpu_backup_keeps_host_memory_between_cycles_with_fresh_content(mem, retain):
-    saver = MemorySaver(backend="host")
+    saver = HostSaver()
     try:
         saver.retain_cpu_backup = retain
         with saver.region("weights", enable_cpu_backup=True):

@@ -8,14 +8,15 @@ import pytest
 import torch
 
 from host_memory import open_memfds
-from torch_mem_saver_lite import MemorySaver, OutOfMemoryError
+from torch_mem_saver_lite import OutOfMemoryError
+from torch_mem_saver_lite.testing import HostSaver
 
 MiB = 1 << 20
 
 
 @pytest.fixture
 def small_saver():
-    saver = MemorySaver(backend="host", host_capacity_bytes=64 * MiB)
+    saver = HostSaver(capacity_bytes=64 * MiB)
     yield saver
     saver.close()
 

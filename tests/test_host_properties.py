@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from host_memory import HostMemory
-from torch_mem_saver_lite import MemorySaver, MemorySaverError
+from torch_mem_saver_lite import MemorySaverError
+from torch_mem_saver_lite.testing import HostSaver
 
 MiB = 1 << 20
 GRANULE = 64 << 10
@@ -24,7 +25,7 @@ def rounded(size: int) -> int:
 class SaverModel(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
-        self.saver = MemorySaver(backend="host", host_granularity_bytes=GRANULE)
+        self.saver = HostSaver(granularity_bytes=GRANULE)
         self.mem = HostMemory()
         self.live: dict[int, dict] = {}  # ptr -> {tag, size, byte, paused}
         self.known: set[str] = set()  # tags a region has used

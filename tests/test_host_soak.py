@@ -8,14 +8,14 @@ import os
 import pytest
 
 from host_memory import open_memfds, rss_anon_bytes, rss_shmem_bytes
-from torch_mem_saver_lite import MemorySaver
+from torch_mem_saver_lite.testing import HostSaver
 
 KiB = 1 << 10
 
 
 @pytest.mark.parametrize("backup", [False, True], ids=["no_backup", "backup"])
 def test_a_thousand_cycles_leave_no_growth(mem, backup):
-    saver = MemorySaver(backend="host", host_granularity_bytes=64 * KiB)
+    saver = HostSaver(granularity_bytes=64 * KiB)
     try:
         with saver.region("kv", enable_cpu_backup=backup):
             ptrs = [mem.malloc(256 * KiB) for _ in range(4)]

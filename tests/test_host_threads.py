@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 
-from torch_mem_saver_lite import MemorySaver
+from torch_mem_saver_lite.testing import HostSaver
 
 MiB = 1 << 20
 
@@ -25,7 +25,7 @@ def run_concurrently(workers: list[threading.Thread], background: threading.Thre
 
 
 def test_alloc_free_threads_run_while_another_tag_is_paused_and_resumed(mem):
-    saver = MemorySaver(backend="host")  # no capacity limit
+    saver = HostSaver()  # no capacity limit
     try:
         with saver.region("idle", enable_cpu_backup=True):
             idle = [mem.malloc(2 * MiB) for _ in range(8)]
@@ -68,7 +68,7 @@ def test_alloc_free_threads_run_while_another_tag_is_paused_and_resumed(mem):
 
 
 def test_free_waits_for_a_pause_in_progress_instead_of_tearing_state(mem):
-    saver = MemorySaver(backend="host")
+    saver = HostSaver()
     try:
         with saver.region("kv", enable_cpu_backup=True):
             ptrs = [mem.malloc(8 * MiB) for _ in range(16)]
@@ -89,7 +89,7 @@ def test_random_operations_on_many_threads_keep_every_invariant(mem):
     after every step; a watcher checks the saver-wide invariants all the while."""
     import random
 
-    saver = MemorySaver(backend="host", host_granularity_bytes=64 << 10)
+    saver = HostSaver(granularity_bytes=64 << 10)
     errors: list[BaseException] = []
     stop = threading.Event()
 
@@ -147,7 +147,7 @@ def test_frees_of_other_memory_complete_while_a_long_pause_copies(mem):
     go on while a pause backs up a large region."""
     import time
 
-    saver = MemorySaver(backend="host")
+    saver = HostSaver()
     try:
         with saver.region("weights", enable_cpu_backup=True):
             big = [mem.malloc(64 * MiB) for _ in range(12)]

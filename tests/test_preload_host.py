@@ -12,6 +12,7 @@ import pytest
 
 import torch_mem_saver_lite
 from torch_mem_saver_lite import MemorySaverError, _lib, configure_subprocess, saver
+from torch_mem_saver_lite.testing import HostSaver
 
 MiB = 1 << 20
 
@@ -26,11 +27,12 @@ def test_preloaded_cuda_malloc_serves_regions_and_forwards_everything_else():
     result = run_preloaded(
         """
         import ctypes
-        from torch_mem_saver_lite import MemorySaver, _lib, saver
+        from torch_mem_saver_lite import _lib, saver
+        from torch_mem_saver_lite.testing import HostSaver
         process = ctypes.CDLL(None)
         malloc, free = process.cudaMalloc, process.cudaFree
         malloc.argtypes, free.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t], [ctypes.c_void_p]
-        host = MemorySaver(backend="host")
+        host = HostSaver()
         ptr = ctypes.c_void_p()
         rc = malloc(ctypes.byref(ptr), 1 << 20)   # outside a region: the runtime's, if any
         print("outside", rc in (0, 3), host._core().stats() == {})
@@ -53,7 +55,7 @@ def test_preloaded_cuda_malloc_serves_regions_and_forwards_everything_else():
 
 
 def test_preload_mode_without_the_library_preloaded_says_how_to_fix_it():
-    fresh = torch_mem_saver_lite.MemorySaver(backend="host")
+    fresh = HostSaver()
     with pytest.raises(MemorySaverError, match="LD_PRELOAD="):
         fresh.hook_mode = "preload"
     assert fresh.hook_mode == "torch"
@@ -121,7 +123,7 @@ def test_torch_memory_saver_name_is_the_same_object_with_its_signatures():
 
 
 def test_pauseable_graphs_turn_nccl_graph_registration_off(monkeypatch):
-    from torch_mem_saver_lite.saver import _turn_off_nccl_graph_registration
+    from torch_mem_saver_lite.memory_saver import _turn_off_nccl_graph_registration
 
     monkeypatch.delenv("NCCL_GRAPH_REGISTER", raising=False)
     _turn_off_nccl_graph_registration()  # NCCL not initialized here: it can still be set

@@ -16,7 +16,7 @@ from .errors import (
     OutOfMemoryError,
 )
 from .preload import configure_subprocess
-from .saver import MemorySaver
+from .memory_saver import MemorySaver
 from .stats import TagStats
 
 saver = MemorySaver()

@@ -1,4 +1,5 @@
-"""Loads the native library with ctypes and wraps its C ABI (csrc/c_api.h).
+"""Loads the native library with ctypes and wraps its C ABI (csrc/c_api.h, and the
+testing ABI of csrc/c_api_testing.h).
 
 ``NativeSaver`` is a thin, typed view of one saver handle; every failed call becomes
 an exception from ``errors``.
@@ -24,14 +25,23 @@ from .errors import (
 
 LIBRARY_FILE = "libtorch_mem_saver_lite.so"
 
-# Status codes of csrc/status.h.
-_OK, _INVALID_ARGUMENT, _OUT_OF_MEMORY, _NO_DRIVER, _DRIVER_ERROR, _HOST_ERROR, _TAG_PAUSED = range(7)
+# The exception for each status code, by the code's name in csrc/status.h (the library
+# reports the names in code order: tmsl_status_names). Others: MemorySaverError.
+_EXCEPTIONS = {
+    "invalid_argument": InvalidArgumentError,
+    "out_of_memory": OutOfMemoryError,
+    "no_driver": DriverNotFoundError,
+    "driver_error": CudaDriverError,
+}
 
 # A tag's state, as tmsl_tag_state reports it.
 TAG_UNKNOWN, TAG_ACTIVE, TAG_PAUSED = 0, 1, 2
 
 _vp, _sz, _int = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
+# Every function of csrc/c_api.h and csrc/c_api_testing.h (test_abi.py checks the two agree).
 _SIGNATURES = {
+    "tmsl_status_names": ([], ctypes.c_char_p),
+    "tmsl_take_allocation_failure": ([], _int),
     "tmsl_default_saver": ([ctypes.POINTER(_vp)], _int),
     "tmsl_create_host_saver": ([_sz, _sz, ctypes.POINTER(_vp)], _int),
     "tmsl_destroy_saver": ([_vp], _int),
@@ -59,9 +69,12 @@ _SIGNATURES = {
     "tmsl_set_retain_backups": ([_vp, _int], _int),
     "tmsl_wait_for_released_backups": ([_vp], _int),
     "tmsl_process_defaults_error": ([], ctypes.c_char_p),
+    "tmsl_process_default_poison": ([], _int),
     "tmsl_preload_active": ([], _int),
     "tmsl_torch_malloc": ([ctypes.c_ssize_t, _int, _vp], _vp),
     "tmsl_torch_free": ([_vp, _sz, _int, _vp], None),
+    "cudaMalloc": ([ctypes.POINTER(_vp), _sz], _int),
+    "cudaFree": ([_vp], _int),
 }
 
 
@@ -103,29 +116,37 @@ def lib() -> ctypes.CDLL:
     return handle
 
 
+@functools.cache
+def status_names() -> tuple[str, ...]:
+    """The native status codes' names, indexed by code (0 is "ok")."""
+    return tuple(lib().tmsl_status_names().decode().split(","))
+
+
 def last_error() -> MemorySaverError:
     """The exception for the calling thread's last native failure."""
     native = lib()
     code = native.tmsl_last_error_code()
+    name = status_names()[code] if 0 <= code < len(status_names()) else "unknown"
     message = (native.tmsl_last_error_message() or b"").decode(errors="replace")
-    if code == _OUT_OF_MEMORY:
+    if name == "out_of_memory":
         tag, needed, free, device = ctypes.c_char_p(), _sz(), _sz(), _int()
         native.tmsl_last_error_oom(ctypes.byref(tag), ctypes.byref(needed), ctypes.byref(free),
                                    ctypes.byref(device))
         return OutOfMemoryError(message, (tag.value or b"").decode(errors="replace"),
                                 needed.value, free.value, device.value)
-    kind = {
-        _INVALID_ARGUMENT: InvalidArgumentError,
-        _NO_DRIVER: DriverNotFoundError,
-        _DRIVER_ERROR: CudaDriverError,
-    }.get(code, MemorySaverError)
-    return kind(message)
+    return _EXCEPTIONS.get(name, MemorySaverError)(message)
 
 
 def check(status: int) -> None:
     """Raise the matching exception unless ``status`` is success."""
-    if status != _OK:
+    if status != 0:
         raise last_error()
+
+
+def take_allocation_failure() -> bool:
+    """Whether an allocation hook failed on this thread since the last call (its error is
+    then what last_error() describes)."""
+    return bool(lib().tmsl_take_allocation_failure())
 
 
 def backup_choice(enable_cpu_backup: bool | None) -> int:

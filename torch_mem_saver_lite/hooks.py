@@ -7,60 +7,39 @@ One ``torch.cuda.MemPool`` per (tag, device). In "torch" mode the pool sits on a
 PyTorch's caching allocator keeps reusing blocks, but only within the tag's own pool, so
 memory of one tag never serves another.
 
-torch routes a thread to the *first* pool it was told about, so nesting is done here: an
-inner region suspends the outer pool's routing and restores it on exit; ``suspended()``
-(used by ``saver.disable()`` and graph capture) routes to no pool at all.
+torch routes a thread to the *first* pool it was told about, so nesting is done by the
+region stack (memory_saver.py): an inner region ends the outer pool's routing and begins it
+again on exit, with the functions below; an entry without a route (``saver.disable()``,
+graph capture) routes to no pool at all.
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Iterator
 
 import torch
 
-_thread = threading.local()
+# (device, pool): where a thread's allocations on that device go.
+Route = tuple[int, torch.cuda.MemPool]
 
 
-def _stack() -> list:
-    return _thread.__dict__.setdefault("routes", [])  # entries: (device, pool) or None
-
-
-def _begin(route) -> None:
+def begin_route(route: Route | None) -> None:
     if route is not None:
         device, pool = route
         torch._C._cuda_beginAllocateCurrentThreadToPool(device, pool.id)
 
 
-def _end(route) -> None:
+def end_route(route: Route | None) -> None:
     if route is not None:
         device, pool = route
         torch._C._cuda_endAllocateToPool(device, pool.id)
 
 
-def _release(route) -> None:
+def release_route(route: Route | None) -> None:
     # Each begin takes a reference on the pool: give it back so the counts stay balanced.
     if route is not None:
         device, pool = route
         torch._C._cuda_releasePool(device, pool.id)
-
-
-@contextlib.contextmanager
-def _pushed(route) -> Iterator[None]:
-    stack = _stack()
-    outer = stack[-1] if stack else None
-    _end(outer)
-    _begin(route)
-    stack.append(route)
-    try:
-        yield
-    finally:
-        stack.pop()
-        _end(route)
-        _release(route)
-        _begin(outer)
-        _release(outer)
 
 
 class TorchPools:
@@ -92,12 +71,7 @@ class TorchPools:
             for key in [k for k in self._pools if k[0] == tag]:
                 del self._pools[key]
 
-    def route(self, tag: str) -> contextlib.AbstractContextManager[None]:
-        """Send this thread's allocations on the current device to ``tag``'s pool."""
+    def route(self, tag: str) -> Route:
+        """The route to ``tag``'s pool on the current device."""
         device = torch.cuda.current_device()
-        return _pushed((device, self.pool(tag, device)))
-
-    @staticmethod
-    def suspended() -> contextlib.AbstractContextManager[None]:
-        """Send this thread's allocations to torch's default pool for the block."""
-        return _pushed(None)
+        return device, self.pool(tag, device)

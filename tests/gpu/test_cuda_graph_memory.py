@@ -4,11 +4,16 @@ test_preload_mode.py runs this file again in preload mode."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 
 from cuda_evidence import device_free_bytes, unique_tag
-from torch_mem_saver_lite import saver
+from torch_mem_saver_lite import _lib, saver
 
 pytestmark = pytest.mark.gpu
 N = 1 << 22  # floats: 16 MiB per tensor
@@ -110,3 +115,35 @@ def test_tag_hooks_bracket_real_mappings_and_a_failing_hook_leaves_the_tag_pause
     assert float(t.sum()) == expected
     remove()
     remove_failing()
+
+
+@pytest.mark.skipif(os.environ.get("TMSL_TEST_HOOK_MODE") == "preload", reason="starts its own preloaded process")
+def test_tag_rules_hold_for_allocations_from_preload_defaults():
+    code = textwrap.dedent(
+        """
+        import torch
+        from torch_mem_saver_lite import _lib, saver
+        saver.hook_mode = "preload"
+        x = torch.ones(1 << 20, device="cuda")  # no Python region: the process default takes it
+        stats = saver.stats()["everything"]
+        print("default tag", stats.allocations > 0, stats.backs_up)
+        try:
+            with saver.region("everything", enable_cpu_backup=False):
+                pass
+        except ValueError as error:
+            print("conflict", "first used with enable_cpu_backup=True" in str(error))
+        saver.pause("everything")
+        try:
+            torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+        except Exception:
+            print("refused", "'everything' is paused" in str(_lib.last_error()))
+        saver.resume("everything")
+        print("restored", bool((x == 1).all()))
+        """
+    )
+    env = {**os.environ, "LD_PRELOAD": _lib.library_path(), "TMSL_REGION_ALL_THREADS": "1",
+           "TMSL_DEFAULT_TAG": "everything", "TMSL_DEFAULT_CPU_BACKUP": "1"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split("\n")[:4] == ["default tag True True", "conflict True", "refused True",
+                                             "restored True"], result.stdout + result.stderr[-2000:]

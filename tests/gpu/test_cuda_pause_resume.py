@@ -162,6 +162,21 @@ def test_get_cpu_backup_of_a_paused_cuda_tensor():
     saver.pause(tag)
 
 
+def test_an_allocation_refused_by_the_margin_raises_torchs_error_with_the_reason():
+    tag = unique_tag("margin")
+    free, _total = torch.cuda.mem_get_info()
+    saver.memory_margin_bytes = free - 256 * MiB  # at most 256 MiB may be taken
+    try:
+        with pytest.raises(torch.cuda.OutOfMemoryError) as caught:
+            with saver.region(tag):
+                torch.empty(GiB, dtype=torch.uint8, device="cuda")
+    finally:
+        saver.memory_margin_bytes = 0
+    cause = caught.value.__cause__
+    assert isinstance(cause, OutOfMemoryError), repr(caught.value)
+    assert cause.tag == tag and "memory margin" in str(cause), str(cause)
+
+
 def test_process_exits_cleanly_while_memory_is_paused():
     code = textwrap.dedent(
         """

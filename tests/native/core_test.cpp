@@ -11,10 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "../../csrc/c_api.h"
-
-extern "C" void* tmsl_torch_malloc(ssize_t size, int device, void* stream);
-extern "C" void tmsl_torch_free(void* ptr, size_t size, int device, void* stream);
+#include "../../csrc/c_api_testing.h"
 
 namespace {
 
@@ -153,6 +150,25 @@ void hooks_route_by_thread_region() {
   CHECK(tmsl_free(s.handle, p, nullptr) != 0);  // already freed through the hook
 }
 
+void destroyed_saver_handles_reach_nothing() {
+  void* old_handle = nullptr;
+  {
+    Saver s;
+    old_handle = s.handle;
+    CHECK(tmsl_enter_region(s.handle, "kv", -1) == 0);  // this thread's region names it
+  }
+  // The region outlived its saver: allocating in it is refused with a clear error.
+  CHECK(tmsl_torch_malloc(2 * MiB, 0, nullptr) == nullptr);
+  CHECK(strstr(tmsl_last_error_message(), "has been closed") != nullptr);
+  CHECK(tmsl_take_allocation_failure() == 1);
+  CHECK(tmsl_take_allocation_failure() == 0);
+  Saver fresh;  // may take the same slot: the old handle must not reach it
+  CHECK(tmsl_pause(old_handle, nullptr, -1) != 0);
+  CHECK(strstr(tmsl_last_error_message(), "destroyed saver handle") != nullptr);
+  CHECK(tmsl_destroy_saver(old_handle) != 0);
+  CHECK(tmsl_set_thread_region(nullptr, nullptr, 0) == 0);
+}
+
 void threads_allocate_and_free_while_another_tag_cycles() {
   Saver s;
   std::vector<void*> idle;
@@ -209,6 +225,7 @@ int main() {
       {"injected_faults_keep_state_recoverable", injected_faults_keep_state_recoverable},
       {"retained_backups_are_reused_and_fresh", retained_backups_are_reused_and_fresh},
       {"hooks_route_by_thread_region", hooks_route_by_thread_region},
+      {"destroyed_saver_handles_reach_nothing", destroyed_saver_handles_reach_nothing},
       {"threads_allocate_and_free_while_another_tag_cycles", threads_allocate_and_free_while_another_tag_cycles},
   };
   int passed = 0, failed = 0;

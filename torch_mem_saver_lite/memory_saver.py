@@ -15,15 +15,14 @@ import torch
 
 from . import _lib
 from .errors import InvalidArgumentError, MemorySaverError
-from .hooks import TorchPools
+from .hooks import Route, TorchPools, begin_route, end_route, release_route
 from .preload import check_preload_ready, cudamalloc_bypassed
 from .stats import TagStats
 
 _HOOK_MODES = ("torch", "preload")
 _MAX_TAG_LENGTH = 256
 
-# Regions nest per thread, across savers: each entry is (native saver, tag, backup), or
-# None inside saver.disable().
+# Regions nest per thread, across savers: one stack of _Region entries a thread.
 _thread = threading.local()
 
 Hook = Callable[[], object]
@@ -68,31 +67,51 @@ def _check_backup(value: object, name: str = "enable_cpu_backup") -> bool | None
     return value
 
 
-def _apply_thread_region(entry) -> None:
-    if entry is None:
-        _lib.disable_thread_region()
-    else:
-        native, tag, backup = entry
-        native.set_thread_region(tag, backup)
+@dataclass(frozen=True)
+class _Region:
+    """One entry of a thread's region stack: the native region and the torch pool route,
+    which are always set and restored together. native None: saver.disable()."""
+
+    native: _lib.NativeSaver | None
+    tag: str = ""
+    backup: bool | None = None
+    route: Route | None = None  # the torch pool this thread's allocations go to, if any
+
+    def restore(self) -> None:
+        """Make this (enclosing) entry current again, without the entry checks."""
+        if self.native is None:
+            _lib.disable_thread_region()
+        else:
+            self.native.set_thread_region(self.tag, self.backup)
+
+
+def _stack() -> list[_Region]:
+    return _thread.__dict__.setdefault("stack", [])
 
 
 @contextlib.contextmanager
-def _thread_region(entry) -> Iterator[None]:
-    """Make ``entry`` this thread's region for the block (None: no region). A region entry
-    is checked against the saver's tag catalogue first; restoring an outer one is not."""
-    stack = _thread.__dict__.setdefault("stack", [])
-    if entry is None:
+def _pushed(entry: _Region) -> Iterator[None]:
+    """Make ``entry`` this thread's region for the block. A region is checked against its
+    saver's tag catalogue first (a paused tag raises before anything changes)."""
+    stack = _stack()
+    outer = stack[-1] if stack else None
+    if entry.native is None:
         _lib.disable_thread_region()
     else:
-        native, tag, backup = entry
-        native.enter_region(tag, backup)
+        entry.native.enter_region(entry.tag, entry.backup)
+    end_route(outer.route if outer else None)
+    begin_route(entry.route)
     stack.append(entry)
     try:
         yield
     finally:
         stack.pop()
-        if stack:
-            _apply_thread_region(stack[-1])
+        end_route(entry.route)
+        release_route(entry.route)
+        begin_route(outer.route if outer else None)
+        release_route(outer.route if outer else None)
+        if outer is not None:
+            outer.restore()
         else:
             _lib.leave_thread_region()
 
@@ -134,33 +153,19 @@ def _turn_off_nccl_graph_registration() -> None:
 class MemorySaver:
     """Releases the device memory of tagged allocations and gives it back at the same addresses.
 
-    Use the process-wide instance, ``torch_mem_saver_lite.saver``. ``MemorySaver(backend="host")``
-    builds one over host memory (memfd + mmap) with the same semantics, for tests and for
-    machines without a GPU; its allocations are made through the native hook directly.
+    Use the process-wide instance, ``torch_mem_saver_lite.saver``: every MemorySaver works
+    on the one CUDA saver of the native library. (``torch_mem_saver_lite.testing.HostSaver``
+    runs the same core over host memory, for tests.)
 
     Reading a paused tensor is a user error: the GPU reports it as an illegal memory
     access, which ends the CUDA context. Resume before touching paused memory.
     """
 
-    def __init__(
-        self,
-        backend: str = "cuda",
-        *,
-        host_capacity_bytes: int = 0,
-        host_granularity_bytes: int = 2 << 20,
-    ):
-        """
-        Args:
-            backend: ``"cuda"`` (CUDA virtual memory) or ``"host"``.
-            host_capacity_bytes: host backend only: physical bytes it may hold at once
-                (0 = no limit), so out-of-memory paths can be exercised.
-            host_granularity_bytes: host backend only: allocation rounding (a multiple of
-                the page size).
-        """
-        if backend not in ("cuda", "host"):
-            raise ValueError(f"backend must be 'cuda' or 'host', got {backend!r}")
-        self._backend = backend
-        self._host_options = (int(host_capacity_bytes), int(host_granularity_bytes))
+    # Whether regions route torch's CUDA allocations (False for the testing host saver,
+    # whose allocations are made through the native hook directly).
+    _routes_torch = True
+
+    def __init__(self):
         self._native: _lib.NativeSaver | None = None
         self._hook_mode = "torch"
         self._lock = threading.RLock()
@@ -230,7 +235,7 @@ class MemorySaver:
             return self._native.poison_on_resume()
         if self._poison_on_resume is not None:
             return self._poison_on_resume
-        return os.environ.get("TMSL_POISON_ON_RESUME", "0") in ("1", "true")
+        return bool(_lib.lib().tmsl_process_default_poison())
 
     @poison_on_resume.setter
     def poison_on_resume(self, poison: bool) -> None:
@@ -243,18 +248,13 @@ class MemorySaver:
         """Always True (torch_memory_saver compatibility)."""
         return True
 
-    @property
-    def backend(self) -> str:
-        """``"cuda"`` or ``"host"``."""
-        return self._backend
+    def _create_native(self) -> _lib.NativeSaver:
+        return _lib.NativeSaver.process_wide()
 
     def _core(self) -> _lib.NativeSaver:
         with self._lock:
             if self._native is None:
-                if self._backend == "cuda":
-                    native = _lib.NativeSaver.process_wide()
-                else:
-                    native = _lib.NativeSaver.host(*self._host_options)
+                native = self._create_native()
                 native.set_memory_margin(self._memory_margin_bytes)
                 native.set_retain_backups(self._retain_cpu_backup)
                 if self._poison_on_resume is not None:
@@ -283,25 +283,30 @@ class MemorySaver:
         not routed.
         """
         native = self._enter()
-        with _thread_region((native, _check_tag(tag), _check_backup(enable_cpu_backup))):
-            if self._backend == "cuda" and torch.cuda.is_current_stream_capturing():
+        _check_tag(tag)
+        route = self._torch_pools().route(tag) if self._routes_torch else None
+        _lib.take_allocation_failure()  # only failures inside this block are explained below
+        with _pushed(_Region(native, tag, _check_backup(enable_cpu_backup), route)):
+            if self._routes_torch and torch.cuda.is_current_stream_capturing():
                 _lib.note_graph_capture()  # entered inside a capture: graph memory too
-            if self._backend == "cuda":
-                with self._torch_pools().route(tag):
-                    yield
-            else:
+            try:
                 yield
+            except RuntimeError as error:
+                # torch reports a refused allocation as its own error; say why it was refused.
+                if not isinstance(error, MemorySaverError) and _lib.take_allocation_failure():
+                    raise error from _lib.last_error()
+                raise
 
     def _enter(self) -> _lib.NativeSaver:
         """Checks shared by region() and cuda_graph(); returns the native saver."""
-        if self._backend == "cuda" and not torch.cuda.is_available():
+        if self._routes_torch and not torch.cuda.is_available():
             raise MemorySaverError(
                 f"torch {torch.__version__} sees no CUDA GPU, so there is nothing to route into "
                 "a region; run `python -m torch_mem_saver_lite` to see what is missing"
             )
         if self._hook_mode == "preload" and cudamalloc_bypassed():
             check_preload_ready()  # raises, naming the setting
-        if self._backend == "cuda":
+        if self._routes_torch:
             _note_graph_captures()
         return self._core()
 
@@ -332,7 +337,7 @@ class MemorySaver:
         or raises if NCCL is already initialized without it.
         """
         native = self._enter()
-        entry = (native, _check_tag(tag), _check_backup(enable_cpu_backup))
+        entry = _Region(native, _check_tag(tag), _check_backup(enable_cpu_backup))  # no torch route
         _turn_off_nccl_graph_registration()
         pools = self._torch_pools()
         tag_pool = pools.pool(tag, torch.cuda.current_device()).id
@@ -343,7 +348,7 @@ class MemorySaver:
             pool = tag_pool
         elif pool is None:
             pool = tag_pool
-        with _thread_region(entry), pools.suspended():
+        with _pushed(entry):
             _lib.note_graph_capture()  # the tag is graph memory even if the capture allocates nothing
             with torch.cuda.graph(cuda_graph, pool=pool, stream=stream,
                                   capture_error_mode=capture_error_mode):
@@ -352,12 +357,8 @@ class MemorySaver:
     @contextlib.contextmanager
     def disable(self) -> Iterator[None]:
         """Allocations on this thread inside the block are ordinary, even within a region."""
-        with _thread_region(None):
-            if self._pools is not None:
-                with self._pools.suspended():
-                    yield
-            else:
-                yield
+        with _pushed(_Region(None)):
+            yield
 
     def _torch_pools(self) -> TorchPools:
         with self._lock:
@@ -490,7 +491,7 @@ class MemorySaver:
 
     def _refuse_during_capture(self, what: str) -> None:
         # Synchronizing or remapping while a graph captures would break the capture.
-        if self._backend == "cuda" and torch.cuda.is_current_stream_capturing():
+        if self._routes_torch and torch.cuda.is_current_stream_capturing():
             raise MemorySaverError(f"cannot {what} while a CUDA graph is being captured on this "
                                    f"thread's stream; {what} before or after the capture")
 
@@ -552,13 +553,3 @@ class MemorySaver:
         """
         if self._native is not None:
             self._native.wait_for_released_backups()
-
-    # ----- lifetime ----------------------------------------------------------------------
-    def close(self) -> None:
-        """Free everything a host-backend saver holds. The process-wide saver lives until exit."""
-        if self._backend == "cuda":
-            raise MemorySaverError("the process-wide CUDA saver cannot be closed")
-        with self._lock:
-            if self._native is not None:
-                self._native.destroy()
-                self._native = None

@@ -1,0 +1,51 @@
+#include "c_api_testing.h"
+
+#include <unistd.h>
+
+#include "abi_guard.h"
+
+using namespace tmsl;
+
+TMSL_API int tmsl_create_host_saver(size_t capacity_bytes, size_t granularity_bytes, void** out) {
+  return guarded([&] {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    Status s = require(out != nullptr, "out must not be NULL");
+    if (s.ok()) {
+      s = require(granularity_bytes > 0 && granularity_bytes % page == 0,
+                  "host granularity must be a positive multiple of the page size");
+    }
+    SaverHandle handle = 0;
+    if (s.ok()) s = add_saver(std::make_unique<Saver>(make_host_backend(capacity_bytes, granularity_bytes)), &handle);
+    if (s.ok()) *out = reinterpret_cast<void*>(handle);
+    return s;
+  });
+}
+
+TMSL_API int tmsl_destroy_saver(void* handle) {
+  return guarded([&] { return remove_saver(reinterpret_cast<SaverHandle>(handle)); });
+}
+
+TMSL_API int tmsl_malloc(void* handle, size_t size, int device, const char* tag,
+                         int enable_cpu_backup, void** out) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = require(tag != nullptr && *tag != '\0', "tag must be a non-empty string");
+    if (s.ok()) s = require(out != nullptr, "out must not be NULL");
+    if (s.ok()) s = require(enable_cpu_backup >= -1 && enable_cpu_backup <= 1, "enable_cpu_backup must be -1, 0 or 1");
+    if (!s.ok()) return s;
+    uintptr_t va = 0;
+    s = saver.allocate(size, device, tag, static_cast<BackupChoice>(enable_cpu_backup), &va);
+    if (s.ok()) *out = reinterpret_cast<void*>(va);
+    return s;
+  });
+}
+
+TMSL_API int tmsl_free(void* handle, void* ptr, void* stream) {
+  return on_saver(handle, [&](Saver& saver) { return saver.free(reinterpret_cast<uintptr_t>(ptr), stream); });
+}
+
+TMSL_API int tmsl_inject_fault(void* handle, const char* operation, long after_calls) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = require(operation != nullptr, "operation must not be NULL");
+    return s.ok() ? saver.backend().inject_fault(operation, after_calls) : s;
+  });
+}

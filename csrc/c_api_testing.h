@@ -1,0 +1,16 @@
+// The testing ABI: host-backend savers (the core's life cycle on Linux memory, for CI),
+// direct allocation without torch, and fault injection. torch_mem_saver_lite.testing is
+// its Python side; conventions as in c_api.h.
+#pragma once
+
+#include "c_api.h"
+
+TMSL_API int tmsl_create_host_saver(size_t capacity_bytes, size_t granularity_bytes, void** out);
+TMSL_API int tmsl_destroy_saver(void* saver);
+
+TMSL_API int tmsl_malloc(void* saver, size_t size, int device, const char* tag,
+                         int enable_cpu_backup, void** out);
+TMSL_API int tmsl_free(void* saver, void* ptr, void* stream);
+
+// Host backend only: the `after_calls`-th next call of `operation` fails.
+TMSL_API int tmsl_inject_fault(void* saver, const char* operation, long after_calls);

@@ -1,0 +1,26 @@
+// The only code that puts physical memory behind a reserved address range or takes it
+// away. Everything that maps (allocate, resume) and unmaps (free, pause, rollback,
+// teardown) goes through these two functions, so the order and the error handling are
+// written once: a handle is released only once it is unmapped, and never dropped silently.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backend.h"
+#include "status.h"
+
+namespace tmsl {
+
+// Creates `size` bytes of physical memory on `device` (refused with kOutOfMemory when the
+// device would be left with less than `margin` free bytes; 0 = no margin), maps it at
+// [va, va + size) and makes it readable and writable. On error nothing of it is left behind.
+Status map_physical(Backend& backend, int device, uintptr_t va, size_t size, size_t margin,
+                    PhysicalHandle* out);
+
+// Unmaps [va, va + size), then releases `physical`. When the unmap fails the memory is
+// still mapped, so nothing is released and *unmapped (if given) stays false.
+Status unmap_physical(Backend& backend, int device, uintptr_t va, size_t size,
+                      PhysicalHandle physical, bool* unmapped = nullptr);
+
+}  // namespace tmsl

@@ -1,0 +1,82 @@
+#include "thread_region.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace tmsl {
+namespace {
+
+// Reads a 0/1 variable into *out; false (and a note in *error) for any other value.
+bool parse_flag(const char* name, bool* out, std::string* error) {
+  const char* value = getenv(name);
+  if (value == nullptr || *value == '\0') return true;
+  if (strcmp(value, "1") == 0 || strcmp(value, "true") == 0) {
+    *out = true;
+  } else if (strcmp(value, "0") == 0 || strcmp(value, "false") == 0) {
+    *out = false;
+  } else {
+    *error += std::string(error->empty() ? "" : "; ") + name + " must be 0 or 1, got '" + value + "'";
+    return false;
+  }
+  return true;
+}
+
+ProcessDefaults read_process_defaults() {
+  ProcessDefaults d;
+  bool ok = parse_flag("TMSL_REGION_ALL_THREADS", &d.all_threads, &d.error);
+  bool backup = false;
+  const char* backup_value = getenv("TMSL_DEFAULT_CPU_BACKUP");
+  if (parse_flag("TMSL_DEFAULT_CPU_BACKUP", &backup, &d.error)) {
+    if (backup_value != nullptr && *backup_value != '\0') d.backup = backup ? BackupChoice::kOn : BackupChoice::kOff;
+  } else {
+    ok = false;
+  }
+  ok = parse_flag("TMSL_POISON_ON_RESUME", &d.poison_on_resume, &d.error) && ok;
+  const char* tag = getenv("TMSL_DEFAULT_TAG");
+  if (tag != nullptr) {
+    size_t length = strlen(tag);
+    if (length == 0 || length > 256) {
+      d.error += std::string(d.error.empty() ? "" : "; ") + "TMSL_DEFAULT_TAG must be 1 to 256 characters";
+      ok = false;
+    } else {
+      d.tag = tag;
+    }
+  }
+  if (!ok) d.all_threads = false;
+  return d;
+}
+
+}  // namespace
+
+ThreadRegion& thread_region() {
+  static thread_local ThreadRegion region;
+  return region;
+}
+
+const ProcessDefaults& process_defaults() {
+  static const ProcessDefaults* defaults = new ProcessDefaults(read_process_defaults());
+  return *defaults;
+}
+
+const ThreadRegion& effective_region() {
+  const ThreadRegion& region = thread_region();
+  if (region.saver != 0 || region.explicit_none) return region;
+  // The process defaults as this thread's region, filled in once the saver exists.
+  static thread_local ThreadRegion from_defaults;
+  const ProcessDefaults& d = process_defaults();
+  if (from_defaults.saver == 0 && d.all_threads && default_saver(&from_defaults.saver).ok()) {
+    from_defaults.tag = d.tag;
+    from_defaults.backup = d.backup;
+  }
+  return from_defaults;
+}
+
+Status region_saver(const ThreadRegion& region, Saver** out) {
+  *out = find_saver(region.saver);
+  if (*out != nullptr) return Status::Ok();
+  return Status::Error(Code::kInvalidArgument,
+                       "this thread's region (tag '" + region.tag + "') belongs to a saver that has been "
+                       "closed; leave the region and enter one of a live saver");
+}
+
+}  // namespace tmsl

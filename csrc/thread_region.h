@@ -1,0 +1,48 @@
+// Each thread's current region, and the process defaults that stand in for it.
+//
+// The allocation hooks read the calling thread's region on every allocation: which saver
+// (by handle, so a region of a closed saver resolves to nothing), which tag, and the
+// backup choice it was entered with.
+#pragma once
+
+#include <string>
+
+#include "registry.h"
+
+namespace tmsl {
+
+// Where the allocation hooks send this thread's allocations. A thread that never set a
+// region follows the process defaults (environment variables, see ProcessDefaults);
+// `explicit_none` is a region turned off on purpose (saver.disable()).
+struct ThreadRegion {
+  SaverHandle saver = 0;
+  std::string tag;
+  BackupChoice backup = BackupChoice::kAuto;
+  bool explicit_none = false;
+};
+ThreadRegion& thread_region();
+
+// The region an allocation on this thread belongs to right now, defaults applied;
+// saver == 0: none, the hooks leave the allocation to the ordinary allocator.
+// A reference, not a copy: the hooked malloc path reads it on every call.
+const ThreadRegion& effective_region();
+
+// The live saver of a region; kInvalidArgument when its saver has been closed since.
+Status region_saver(const ThreadRegion& region, Saver** out);
+
+// Process defaults from the environment, read once:
+//   TMSL_REGION_ALL_THREADS=1   every thread allocates in a region unless told otherwise
+//   TMSL_DEFAULT_TAG=<tag>      that region's tag (default "default")
+//   TMSL_DEFAULT_CPU_BACKUP=0|1 and its backup setting (unset: back up graph memory only)
+//   TMSL_POISON_ON_RESUME=1     savers start with poison on resume turned on
+// A bad value leaves regions off and is kept in `error`, naming the variable.
+struct ProcessDefaults {
+  bool all_threads = false;
+  std::string tag = "default";
+  BackupChoice backup = BackupChoice::kAuto;
+  bool poison_on_resume = false;
+  std::string error;
+};
+const ProcessDefaults& process_defaults();
+
+}  // namespace tmsl

@@ -1,0 +1,71 @@
+"""The C ABI is written down once: the headers, the ctypes table and the library agree."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import subprocess
+from pathlib import Path
+
+from torch_mem_saver_lite import _lib
+
+CSRC = Path(__file__).resolve().parents[1] / "csrc"
+DECLARATION = re.compile(r"TMSL_API\s+([\w\s\*]+?)\s*\b(\w+)\s*\(([^)]*)\)\s*;", re.S)
+
+# How each C type of the headers travels through ctypes.
+C_TYPES = {
+    "int": ctypes.c_int, "long": ctypes.c_long, "size_t": ctypes.c_size_t, "ssize_t": ctypes.c_ssize_t,
+    "void*": ctypes.c_void_p, "const void*": ctypes.c_void_p, "const char*": ctypes.c_char_p,
+    "char*": ctypes.c_char_p,
+    "void**": ctypes.POINTER(ctypes.c_void_p), "const void**": ctypes.POINTER(ctypes.c_void_p),
+    "int*": ctypes.POINTER(ctypes.c_int), "size_t*": ctypes.POINTER(ctypes.c_size_t),
+    "const char**": ctypes.POINTER(ctypes.c_char_p), "const char* const*": ctypes.POINTER(ctypes.c_char_p),
+    "void": None,
+}
+
+
+def c_type(text: str):
+    text = re.sub(r"\s+", " ", text.strip())
+    text = re.sub(r"\s*\*", "*", text)
+    return C_TYPES[text]
+
+
+def declared() -> dict[str, tuple[list, object]]:
+    functions = {}
+    for header in ("c_api.h", "c_api_testing.h"):
+        for result, name, args in DECLARATION.findall((CSRC / header).read_text()):
+            params = [a.strip() for a in args.split(",") if a.strip() not in ("", "void")]
+            # Drop each parameter's name: the type is everything before it.
+            types = [c_type(re.sub(r"\b\w+$", "", p)) for p in params]
+            functions[name] = (types, c_type(result))
+    return functions
+
+
+def same_type(a, b) -> bool:
+    return a is b or (a is not None and b is not None and ctypes.sizeof(a) == ctypes.sizeof(b)
+                      and getattr(a, "_type_", None) == getattr(b, "_type_", None))
+
+
+def test_the_ctypes_table_matches_the_headers_function_by_function():
+    headers = declared()
+    assert set(headers) == set(_lib._SIGNATURES), (set(headers) ^ set(_lib._SIGNATURES))
+    for name, (argtypes, restype) in headers.items():
+        mine_args, mine_result = _lib._SIGNATURES[name]
+        assert len(argtypes) == len(mine_args), name
+        for theirs, mine in zip(argtypes, mine_args):
+            assert same_type(theirs, mine), (name, theirs, mine)
+        assert same_type(restype, mine_result), (name, restype, mine_result)
+
+
+def test_the_library_exports_every_declared_function():
+    exported = subprocess.run(["nm", "-D", "--defined-only", _lib.library_path()], capture_output=True,
+                              text=True, check=True).stdout
+    names = {line.split()[-1] for line in exported.splitlines() if line.strip()}
+    assert set(declared()) <= names
+
+
+def test_status_codes_come_from_the_one_list_in_status_h():
+    listed = re.findall(r'X\((k\w+), "(\w+)"\)', (CSRC / "status.h").read_text())
+    assert _lib.status_names() == tuple(text for _, text in listed)
+    assert _lib.status_names()[0] == "ok"
+    assert set(_lib._EXCEPTIONS) <= set(_lib.status_names())

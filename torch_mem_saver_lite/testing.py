@@ -1,0 +1,48 @@
+"""The saver's core over host memory, for tests and machines without a GPU.
+
+``HostSaver`` runs the same native core as the CUDA saver on a host backend built on Linux
+primitives (reserve: ``mmap(PROT_NONE)``; physical memory: ``memfd_create``; map:
+``mmap(MAP_FIXED|MAP_SHARED)``; release: ``close``), with an optional capacity so that
+out-of-memory paths can be exercised, and fault injection. Pause really returns pages and
+resume really maps zeroed ones at the same address. It cannot serve torch tensors: its
+allocations are made through the native hook directly (``tmsl_torch_malloc``, as torch's
+pluggable allocator calls it) inside its regions.
+
+    from torch_mem_saver_lite.testing import HostSaver
+    host = HostSaver(capacity_bytes=64 << 20)
+"""
+
+from __future__ import annotations
+
+from . import _lib
+from .memory_saver import MemorySaver
+
+
+class HostSaver(MemorySaver):
+    """A MemorySaver over host memory; ``close()`` it when done."""
+
+    _routes_torch = False
+
+    def __init__(self, capacity_bytes: int = 0, granularity_bytes: int = 2 << 20):
+        """
+        Args:
+            capacity_bytes: physical bytes it may hold at once (0 = no limit).
+            granularity_bytes: allocation rounding, a multiple of the page size.
+        """
+        super().__init__()
+        self._options = (int(capacity_bytes), int(granularity_bytes))
+
+    def _create_native(self) -> _lib.NativeSaver:
+        return _lib.NativeSaver.host(*self._options)
+
+    def inject_fault(self, operation: str, after_calls: int = 1) -> None:
+        """Make the ``after_calls``-th next call of the backend's ``operation`` (``"map"``,
+        ``"unmap"``, ``"copy_to_host_async"``, ...) fail as a driver error would."""
+        self._core().inject_fault(operation, after_calls)
+
+    def close(self) -> None:
+        """Free everything the saver holds; it cannot be used afterwards."""
+        with self._lock:
+            if self._native is not None:
+                self._native.destroy()
+                self._native = None
