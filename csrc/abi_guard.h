@@ -13,31 +13,23 @@ namespace tmsl {
 
 template <typename Body>
 int guarded(Body&& body) {
-  Status s;
-  try {
-    s = body();
-  } catch (const std::bad_alloc&) {
-    s = Status::Error(Code::kOutOfMemory, "out of host memory for bookkeeping");
-  } catch (const std::exception& e) {
-    s = Status::Error(Code::kHostError, std::string("internal error: ") + e.what());
-  } catch (...) {
-    s = Status::Error(Code::kHostError, "internal error");
-  }
+  Status s = status_of(body);
   if (!s.ok()) set_last_error(s);
   return static_cast<int>(s.code);
 }
 
-inline Status live_saver(void* handle, Saver** out) {
+// A counted reference to the live saver a handle names, held for the whole call.
+inline Status live_saver(void* handle, SaverRef* out) {
+  if (in_forked_child()) return forked_child_error();
   *out = find_saver(reinterpret_cast<SaverHandle>(handle));
-  return *out != nullptr ? Status::Ok()
-                         : Status::Error(Code::kInvalidArgument, "invalid or destroyed saver handle");
+  return *out ? Status::Ok() : Status::Error(Code::kInvalidArgument, "invalid or destroyed saver handle");
 }
 
 // guarded(), for a call on a saver handle that must be live.
 template <typename Body>
 int on_saver(void* handle, Body&& body) {
   return guarded([&] {
-    Saver* saver = nullptr;
+    SaverRef saver;
     Status s = live_saver(handle, &saver);
     return s.ok() ? body(*saver) : s;
   });

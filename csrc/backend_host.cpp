@@ -174,6 +174,9 @@ class HostBackend final : public Backend {
     void* p = mmap(reinterpret_cast<void*>(va), size, PROT_NONE, MAP_SHARED | MAP_FIXED,
                    static_cast<int>(handle), 0);
     if (p == MAP_FAILED) return errno_status("mmap(map memfd)", errno);
+    // Like device memory, a mapping is not inherited by a forked child: a shared mapping
+    // would let the child's writes reach this process.
+    madvise(p, size, MADV_DONTFORK);
     return Status::Ok();
   }
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <system_error>
 
 namespace tmsl {
 namespace {
@@ -31,8 +32,13 @@ Status HostArena::create(Backend* backend, int device, const std::vector<size_t>
   madvise(p, arena->size_, MADV_HUGEPAGE);  // advisory: a kernel without THP still works
   arena->data_ = static_cast<char*>(p);
   for (size_t t = 0, n = worker_count(arena->pieces_.size()); t < n; ++t) {
-    arena->workers_.emplace_back([a = arena.get()] { a->prepare(); });
+    try {
+      arena->workers_.emplace_back([a = arena.get()] { a->prepare(); });
+    } catch (const std::system_error&) {
+      break;  // a thread or address-space limit: the workers that did start do it all
+    }
   }
+  if (arena->workers_.empty()) arena->prepare();  // not even one: prepare it right here
   *out = std::move(arena);
   return Status::Ok();
 }
@@ -101,9 +107,20 @@ HostArena::~HostArena() {
   if (data_ != nullptr) munmap(data_, size_);
 }
 
-BackgroundReleaser::BackgroundReleaser() : worker_([this] { run(); }) {}
+BackgroundReleaser::BackgroundReleaser() {
+  try {
+    worker_ = std::thread([this] { run(); });
+  } catch (const std::system_error&) {
+    // No thread to be had (a thread limit): release() frees on the caller's thread.
+  }
+}
 
 BackgroundReleaser::~BackgroundReleaser() {
+  if (!worker_.joinable()) return;
+  if (in_forked_child()) {
+    worker_.detach();  // it exists only in the parent; never wait for it here
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
@@ -114,6 +131,10 @@ BackgroundReleaser::~BackgroundReleaser() {
 
 void BackgroundReleaser::release(std::vector<HostBuffer> buffers) {
   if (buffers.empty()) return;
+  if (!worker_.joinable() || in_forked_child()) {
+    buffers.clear();  // freed here: there is no background thread to do it
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(std::move(buffers));
@@ -122,6 +143,7 @@ void BackgroundReleaser::release(std::vector<HostBuffer> buffers) {
 }
 
 void BackgroundReleaser::wait_idle() {
+  if (!worker_.joinable() || in_forked_child()) return;  // nothing is ever queued then
   std::unique_lock<std::mutex> lock(mu_);
   changed_.wait(lock, [this] { return queue_.empty() && !busy_; });
 }

@@ -20,7 +20,7 @@ Status backup_choice(int value, BackupChoice* out) {
 }
 
 // The thread region for (saver, tag, backup), argument checks included.
-Status region_for(void* handle, const char* tag, int enable_cpu_backup, ThreadRegion* out, Saver** saver) {
+Status region_for(void* handle, const char* tag, int enable_cpu_backup, ThreadRegion* out, SaverRef* saver) {
   Status s = live_saver(handle, saver);
   if (s.ok()) s = require(tag != nullptr && *tag != '\0', "tag must be a non-empty string");
   if (s.ok()) s = backup_choice(enable_cpu_backup, &out->backup);
@@ -93,7 +93,7 @@ TMSL_API int tmsl_default_saver(void** out) {
 TMSL_API int tmsl_enter_region(void* handle, const char* tag, int enable_cpu_backup) {
   return guarded([&] {
     ThreadRegion region;
-    Saver* saver = nullptr;
+    SaverRef saver;
     Status s = region_for(handle, tag, enable_cpu_backup, &region, &saver);
     if (s.ok()) s = saver->enter_tag(region.tag, region.backup);
     if (s.ok()) thread_region() = std::move(region);
@@ -131,8 +131,8 @@ TMSL_API int tmsl_disable_thread_region(void) {
 TMSL_API int tmsl_note_graph_capture(void) {
   return guarded([] {
     const ThreadRegion& region = effective_region();
-    Saver* saver = find_saver(region.saver);
-    return saver != nullptr ? saver->mark_graph_memory(region.tag) : Status::Ok();
+    SaverRef saver = find_saver(region.saver);
+    return saver ? saver->mark_graph_memory(region.tag) : Status::Ok();
   });
 }
 

@@ -22,7 +22,9 @@ TMSL_API int tmsl_create_host_saver(size_t capacity_bytes, size_t granularity_by
 }
 
 TMSL_API int tmsl_destroy_saver(void* handle) {
-  return guarded([&] { return remove_saver(reinterpret_cast<SaverHandle>(handle)); });
+  return guarded([&] {
+    return in_forked_child() ? forked_child_error() : remove_saver(reinterpret_cast<SaverHandle>(handle));
+  });
 }
 
 TMSL_API int tmsl_malloc(void* handle, size_t size, int device, const char* tag,

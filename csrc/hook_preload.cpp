@@ -81,7 +81,7 @@ TMSL_API int cudaMalloc(void** ptr, size_t size) {
       result = kCudaErrorInitializationError;
       return Status::Error(Code::kDriverError, "cudaMalloc: cudaGetDevice failed");
     }
-    Saver* saver = nullptr;
+    SaverRef saver;
     Status s = region_saver(region, &saver);
     uintptr_t va = 0;
     if (s.ok()) s = saver->allocate(size, device, region.tag, region.backup, &va);
@@ -99,7 +99,7 @@ TMSL_API int cudaMalloc(void** ptr, size_t size) {
 
 TMSL_API int cudaFree(void* ptr) {
   if (ptr != nullptr) {
-    if (Saver* saver = owner_of(reinterpret_cast<uintptr_t>(ptr))) {
+    if (SaverRef saver = owner_of(reinterpret_cast<uintptr_t>(ptr))) {
       // nullptr: the legacy default stream, which cudaFree's callers expect to be waited for.
       int status = guarded([&] { return saver->free(reinterpret_cast<uintptr_t>(ptr), nullptr); });
       return status == 0 ? kCudaSuccess : kCudaErrorUnknown;

@@ -19,7 +19,7 @@ TMSL_API void* tmsl_torch_malloc(ssize_t size, int device, void* /*stream*/) {
                         "an allocation reached a torch_mem_saver_lite pool outside saver.region(): "
                         "allocate into saver pools only through saver.region()");
     }
-    Saver* saver = nullptr;
+    SaverRef saver;
     if (s.ok()) s = region_saver(region, &saver);
     uintptr_t va = 0;
     if (s.ok()) s = saver->allocate(static_cast<size_t>(size), device, region.tag, region.backup, &va);
@@ -37,8 +37,8 @@ TMSL_API void* tmsl_torch_malloc(ssize_t size, int device, void* /*stream*/) {
 TMSL_API void tmsl_torch_free(void* ptr, size_t /*size*/, int /*device*/, void* stream) {
   if (ptr == nullptr) return;
   guarded([&] {
-    Saver* saver = owner_of(reinterpret_cast<uintptr_t>(ptr));
-    return saver != nullptr ? saver->free(reinterpret_cast<uintptr_t>(ptr), stream)
+    SaverRef saver = owner_of(reinterpret_cast<uintptr_t>(ptr));
+    return saver ? saver->free(reinterpret_cast<uintptr_t>(ptr), stream)
                             : Status::Error(Code::kInvalidArgument,
                                             "torch freed a pointer torch_mem_saver_lite does not hold");
   });

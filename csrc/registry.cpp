@@ -3,6 +3,7 @@
 #include <array>
 #include <atomic>
 #include <mutex>
+#include <thread>
 
 #include "thread_region.h"
 
@@ -15,7 +16,19 @@ constexpr int kSlotBits = 8;  // a handle: generation << kSlotBits | (slot + 1)
 struct Slot {
   std::atomic<Saver*> saver{nullptr};
   std::atomic<uint64_t> generation{0};
+  std::atomic<int> users{0};  // SaverRefs alive on this slot
 };
+
+// A counted reference to the slot's saver if it is still `generation` (0: any).
+SaverRef take(Slot& slot, uint64_t generation) {
+  slot.users.fetch_add(1);
+  Saver* saver = slot.saver.load();
+  if (saver != nullptr && (generation == 0 || slot.generation.load() == generation)) {
+    return SaverRef(saver, &slot.users);
+  }
+  slot.users.fetch_sub(1);
+  return SaverRef();
+}
 
 struct Registry {
   std::mutex mu;  // serializes changes; readers use the atomics
@@ -82,37 +95,44 @@ Status add_saver(std::unique_ptr<Saver> saver, SaverHandle* out) {
 Status remove_saver(SaverHandle handle) {
   Registry& r = registry();
   Saver* saver = nullptr;
+  Slot* slot = nullptr;
   {
     std::lock_guard<std::mutex> lock(r.mu);
     if (handle != 0 && handle == r.process_wide.load()) {
       return Status::Error(Code::kInvalidArgument, "the process-wide saver cannot be destroyed");
     }
-    saver = find_saver(handle);
-    if (saver == nullptr) return Status::Error(Code::kInvalidArgument, "invalid or destroyed saver handle");
-    Slot& slot = r.slots[(handle & ((1u << kSlotBits) - 1)) - 1];
-    slot.generation.store(slot.generation.load() + 1, std::memory_order_release);  // handles die first
-    slot.saver.store(nullptr, std::memory_order_release);
+    {
+      SaverRef ref = find_saver(handle);
+      if (!ref) return Status::Error(Code::kInvalidArgument, "invalid or destroyed saver handle");
+      saver = &*ref;
+    }
+    slot = &r.slots[(handle & ((1u << kSlotBits) - 1)) - 1];
+    slot->generation.store(slot->generation.load() + 1);  // its handle finds nothing from now on
+    slot->saver.store(nullptr);
   }
+  // Calls that found it before are still running (a pause, a free): they finish first.
+  while (slot->users.load() != 0) std::this_thread::yield();
   delete saver;
   return Status::Ok();
 }
 
-Saver* find_saver(SaverHandle handle) {
+SaverRef find_saver(SaverHandle handle) {
   const uint64_t index = handle & ((1u << kSlotBits) - 1);
-  if (index == 0 || index > kMaxSavers) return nullptr;
-  const Slot& slot = registry().slots[index - 1];
   const uint64_t generation = handle >> kSlotBits;
-  if (slot.generation.load(std::memory_order_acquire) != generation) return nullptr;
-  Saver* saver = slot.saver.load(std::memory_order_acquire);
-  return slot.generation.load(std::memory_order_acquire) == generation ? saver : nullptr;
+  if (index == 0 || index > kMaxSavers || generation == 0) return SaverRef();
+  return take(registry().slots[index - 1], generation);
 }
 
-Saver* owner_of(uintptr_t va) {
-  for (const Slot& slot : registry().slots) {
-    Saver* saver = slot.saver.load(std::memory_order_acquire);
-    if (saver != nullptr && saver->owns(va)) return saver;
+SaverRef owner_of(uintptr_t va) {
+  // A forked child must not touch the parent's savers (a lock may have been held at the
+  // fork): its frees go to the runtime, which knows no such pointer.
+  if (in_forked_child()) return SaverRef();
+  for (Slot& slot : registry().slots) {
+    if (slot.saver.load(std::memory_order_relaxed) == nullptr) continue;  // the common case: cheap
+    SaverRef ref = take(slot, 0);
+    if (ref && ref->owns(va)) return ref;
   }
-  return nullptr;
+  return SaverRef();
 }
 
 }  // namespace tmsl

@@ -8,8 +8,10 @@
 // find_saver) read a fixed array of atomics: no lock.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <utility>
 
 #include "saver.h"
 
@@ -17,15 +19,43 @@ namespace tmsl {
 
 using SaverHandle = uint64_t;  // 0: no saver
 
+// A counted reference to a live saver; empty when the lookup found none.
+class SaverRef {
+ public:
+  SaverRef() = default;
+  SaverRef(Saver* saver, std::atomic<int>* users) : saver_(saver), users_(users) {}
+  SaverRef(SaverRef&& other) noexcept : saver_(other.saver_), users_(other.users_) {
+    other.saver_ = nullptr;
+    other.users_ = nullptr;
+  }
+  SaverRef& operator=(SaverRef&& other) noexcept {
+    std::swap(saver_, other.saver_);
+    std::swap(users_, other.users_);
+    return *this;
+  }
+  SaverRef(const SaverRef&) = delete;
+  SaverRef& operator=(const SaverRef&) = delete;
+  ~SaverRef() {
+    if (users_ != nullptr) users_->fetch_sub(1);
+  }
+  explicit operator bool() const { return saver_ != nullptr; }
+  Saver* operator->() const { return saver_; }
+  Saver& operator*() const { return *saver_; }
+
+ private:
+  Saver* saver_ = nullptr;
+  std::atomic<int>* users_ = nullptr;
+};
+
 // Creates the CUDA-backed saver on first call; fails (and retries next time) without a driver.
 Status default_saver(SaverHandle* out);
 Status add_saver(std::unique_ptr<Saver> saver, SaverHandle* out);
-// Destroys a saver made by add_saver; the process-wide one cannot be removed. Must not
-// race with calls on it or frees of its memory.
+// Destroys a saver made by add_saver (the process-wide one cannot be removed): from now on
+// its handle finds nothing; it is deleted once the calls still using it have returned.
 Status remove_saver(SaverHandle handle);
-// The live saver a handle names, or nullptr (destroyed, or never made).
-Saver* find_saver(SaverHandle handle);
-// The saver holding an allocation that starts at va, or nullptr.
-Saver* owner_of(uintptr_t va);
+// The live saver a handle names; empty when destroyed or never made.
+SaverRef find_saver(SaverHandle handle);
+// The saver holding an allocation that starts at va; empty when none does.
+SaverRef owner_of(uintptr_t va);
 
 }  // namespace tmsl

@@ -297,20 +297,25 @@ Status Saver::pause(const TagSelection& selection) {
     batch = claim(selection, State::kActive, State::kPausing);
   }
   if (batch.empty()) return Status::Ok();
-  // Kernels still queued may read or write these pages.
-  Status s = synchronize_devices(batch);
-  if (!s.ok()) {
-    s = with_context(s, "pausing " + describe(batch) + ": everything stays resident with its content, call "
-                        "pause again");
-  }
   std::vector<HostBuffer> backups(batch.size());
-  if (s.ok()) s = copy_out(batch, &backups);
   size_t done = 0;
-  while (s.ok() && done < batch.size()) {
-    bool unmapped = false;
-    s = release_physical(*batch[done], &unmapped);
-    if (s.ok() || unmapped) ++done;
-  }
+  // Whatever happens in here (an exception too), the batch is settled below.
+  Status s = status_of([&] {
+    // Kernels still queued may read or write these pages.
+    Status r = synchronize_devices(batch);
+    if (!r.ok()) {
+      return with_context(r, "pausing " + describe(batch) + ": everything stays resident with its content, "
+                             "call pause again");
+    }
+    r = copy_out(batch, &backups);
+    while (r.ok() && done < batch.size()) {
+      bool unmapped = false;
+      r = release_physical(*batch[done], &unmapped);
+      if (r.ok() || unmapped) ++done;
+    }
+    return r;
+  });
+  if (!s.ok() && done == 0) backups.assign(batch.size(), HostBuffer());  // nothing released: none kept
   settle(batch, done, State::kPaused, State::kActive, &backups, false);
   if (!s.ok()) {
     // A tag stays paused only where some of its memory was released.
@@ -397,12 +402,15 @@ Status Saver::resume(const TagSelection& selection) {
     }
   }
   size_t done = 0;
-  Status s;
-  while (s.ok() && done < batch.size()) {
-    s = map_fresh(*batch[done]);
-    if (s.ok()) ++done;
-  }
-  if (s.ok()) s = copy_in(batch);
+  // Whatever happens in here (an exception too), what was mapped is rolled back below.
+  Status s = status_of([&] {
+    Status r;
+    while (r.ok() && done < batch.size()) {
+      r = map_fresh(*batch[done]);
+      if (r.ok()) ++done;
+    }
+    return r.ok() ? copy_in(batch) : r;
+  });
   if (!s.ok()) {
     for (size_t i = 0; i < done; ++i) {
       Allocation& a = *batch[i];

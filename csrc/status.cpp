@@ -1,5 +1,8 @@
 #include "status.h"
 
+#include <pthread.h>
+
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -44,6 +47,19 @@ const char* status_code_names() {
 
 namespace {
 thread_local Status t_last_error;
+
+std::atomic<bool> g_forked_child{false};
+// Registered when the library loads: fork() marks the child.
+const int g_fork_handler = pthread_atfork(nullptr, nullptr, [] { g_forked_child.store(true); });
+}  // namespace
+
+bool in_forked_child() { return g_forked_child.load(std::memory_order_relaxed); }
+
+Status forked_child_error() {
+  return Status::Error(Code::kHostError,
+                       "this process was forked from one that uses torch_mem_saver_lite; the parent's savers, "
+                       "their threads and their memory do not carry over to a child, so savers cannot be used "
+                       "here: start worker processes with the 'spawn' method, or use the library only in the parent");
 }
 
 void set_last_error(const Status& status) { t_last_error = status; }

@@ -5,6 +5,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <new>
 #include <string>
 
 namespace tmsl {
@@ -57,6 +59,26 @@ std::string format_bytes(size_t bytes);
 std::string format_address(uintptr_t address);
 // Error from a failed system call: "<what>: <strerror(errno)>".
 Status errno_status(const std::string& what, int err);
+
+// Runs `body` (returning a Status) and turns any C++ exception it throws into a Status, so
+// an operation that must settle its state afterwards always gets to.
+template <typename Body>
+Status status_of(Body&& body) {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return Status::Error(Code::kOutOfMemory, "out of host memory for bookkeeping");
+  } catch (const std::exception& e) {
+    return Status::Error(Code::kHostError, std::string("internal error: ") + e.what());
+  } catch (...) {
+    return Status::Error(Code::kHostError, "internal error");
+  }
+}
+
+// True in a child process forked from one that has used the library: the parent's savers,
+// threads and device memory are not the child's, so every saver call is refused there.
+bool in_forked_child();
+Status forked_child_error();
 
 // Per-thread last error, read by the C ABI's tmsl_last_error_* functions.
 void set_last_error(const Status& status);

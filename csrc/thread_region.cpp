@@ -71,9 +71,10 @@ const ThreadRegion& effective_region() {
   return from_defaults;
 }
 
-Status region_saver(const ThreadRegion& region, Saver** out) {
+Status region_saver(const ThreadRegion& region, SaverRef* out) {
+  if (in_forked_child()) return forked_child_error();
   *out = find_saver(region.saver);
-  if (*out != nullptr) return Status::Ok();
+  if (*out) return Status::Ok();
   return Status::Error(Code::kInvalidArgument,
                        "this thread's region (tag '" + region.tag + "') belongs to a saver that has been "
                        "closed; leave the region and enter one of a live saver");

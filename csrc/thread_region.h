@@ -28,7 +28,7 @@ ThreadRegion& thread_region();
 const ThreadRegion& effective_region();
 
 // The live saver of a region; kInvalidArgument when its saver has been closed since.
-Status region_saver(const ThreadRegion& region, Saver** out);
+Status region_saver(const ThreadRegion& region, SaverRef* out);
 
 // Process defaults from the environment, read once:
 //   TMSL_REGION_ALL_THREADS=1   every thread allocates in a region unless told otherwise

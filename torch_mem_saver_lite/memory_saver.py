@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from . import _lib
-from .errors import InvalidArgumentError, MemorySaverError
+from .errors import DriverNotFoundError, InvalidArgumentError, MemorySaverError
 from .hooks import Route, TorchPools, begin_route, end_route, release_route
 from .preload import check_preload_ready, cudamalloc_bypassed
 from .stats import TagStats
@@ -379,12 +379,23 @@ class MemorySaver:
             raise TypeError(f"tag must be a str, a list of str or None, got {type(tag).__name__}")
         return [_check_tag(name) for name in names]
 
-    def _native_for(self, names: list[str] | None) -> _lib.NativeSaver | None:
-        """The native saver for a pause/resume of ``names``; None when nothing was ever
-        allocated (then naming a tag is an error, as the core would say)."""
-        if self._native is None and names:
-            raise InvalidArgumentError(f"unknown tag {names[0]!r}: no region has used it; known tags: none yet")
+    def _existing_core(self) -> _lib.NativeSaver | None:
+        """The core, also when only the allocation hooks have used it so far (preload
+        defaults); None where there is none to be had (no CUDA driver)."""
+        if self._native is None:
+            try:
+                return self._core()
+            except DriverNotFoundError:
+                return None
         return self._native
+
+    def _native_for(self, names: list[str] | None) -> _lib.NativeSaver | None:
+        """The native saver for a pause/resume of ``names``; None when there is none (then
+        naming a tag is an error, as the core would say)."""
+        native = self._existing_core()
+        if native is None and names:
+            raise InvalidArgumentError(f"unknown tag {names[0]!r}: no region has used it; known tags: none yet")
+        return native
 
     def pause(self, tag: str | Sequence[str] | None = None) -> None:
         """Release the device memory of the tag(s) (None: every tag), keeping addresses.
@@ -508,8 +519,9 @@ class MemorySaver:
     def stats(self) -> dict[str, TagStats]:
         """Per tag: allocations, reserved, resident, paused and host backup bytes, and
         whether the tag is paused, holds graph memory and is backed up at a pause."""
-        native = self._native.stats() if self._native is not None else {}
-        return {tag: TagStats.from_native(values) for tag, values in sorted(native.items())}
+        native = self._existing_core()
+        values = native.stats() if native is not None else {}
+        return {tag: TagStats.from_native(tag_values) for tag, tag_values in sorted(values.items())}
 
     def get_cpu_backup(self, x: torch.Tensor, zero_copy: bool = False) -> torch.Tensor | None:
         """The host copy of a paused tensor from a region with ``enable_cpu_backup=True``.

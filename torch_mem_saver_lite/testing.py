@@ -14,8 +14,18 @@ pluggable allocator calls it) inside its regions.
 
 from __future__ import annotations
 
+import contextlib
+import weakref
+
 from . import _lib
+from .errors import MemorySaverError
 from .memory_saver import MemorySaver
+
+
+def _destroy(native: _lib.NativeSaver) -> None:
+    # Also at interpreter exit and in a forked child, where the core refuses: nothing to say then.
+    with contextlib.suppress(MemorySaverError):
+        native.destroy()
 
 
 class HostSaver(MemorySaver):
@@ -33,7 +43,10 @@ class HostSaver(MemorySaver):
         self._options = (int(capacity_bytes), int(granularity_bytes))
 
     def _create_native(self) -> _lib.NativeSaver:
-        return _lib.NativeSaver.host(*self._options)
+        native = _lib.NativeSaver.host(*self._options)
+        # Dropped without close(): its memory and its registry slot are still given back.
+        self._finalizer = weakref.finalize(self, _destroy, native)
+        return native
 
     def inject_fault(self, operation: str, after_calls: int = 1) -> None:
         """Make the ``after_calls``-th next call of the backend's ``operation`` (``"map"``,
@@ -44,5 +57,6 @@ class HostSaver(MemorySaver):
         """Free everything the saver holds; it cannot be used afterwards."""
         with self._lock:
             if self._native is not None:
-                self._native.destroy()
-                self._native = None
+                self._finalizer.detach()
+                native, self._native = self._native, None
+                native.destroy()

@@ -1,0 +1,88 @@
+"""fork() of a process that holds a saver: the child refuses saver calls with a clear error
+and exits cleanly, sees none of the parent's saver memory, and the parent is unaffected;
+with memory resident, paused, with releases pending and while another thread pauses."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+HERE = Path(__file__).parent
+
+CHILD_CHECKS = """
+def child(s, mem, resident):
+    code = 0
+    try:
+        s.pause("resident")
+        code = 10  # must have been refused
+    except MemorySaverError as error:
+        if "forked" not in str(error):
+            code = 11
+    if resident_pages(resident, 4 * MiB) is not None:
+        code = 12  # the parent's saver memory must not be mapped here
+    for call in (s.wait_for_released_backups, lambda: s.region("resident").__enter__(), s.stats):
+        try:
+            call()
+            code = 13
+        except MemorySaverError:
+            pass
+    return code
+"""
+
+
+def test_a_forked_child_refuses_saver_calls_exits_cleanly_and_leaves_the_parent_intact():
+    code = textwrap.dedent("""
+        import os, sys, threading, warnings
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads: that is the point
+        sys.path.insert(0, {here!r})
+        from host_memory import HostMemory, resident_pages
+        from torch_mem_saver_lite import MemorySaverError
+        from torch_mem_saver_lite.testing import HostSaver
+        MiB = 1 << 20
+        {child}
+        mem, s = HostMemory(), HostSaver()
+        with s.region("resident", enable_cpu_backup=True):
+            resident = mem.malloc(4 * MiB)
+        with s.region("paused", enable_cpu_backup=True):
+            paused = mem.malloc(4 * MiB)
+        with s.region("busy", enable_cpu_backup=True):
+            busy = [mem.malloc(8 * MiB) for _ in range(4)]
+        mem.write(resident, b"resident")
+        mem.write(paused, b"paused")
+        for p in busy:
+            mem.write(p, b"busy")
+        s.pause("paused")
+
+        codes = []
+        def fork_and_check():
+            pid = os.fork()
+            if pid == 0:
+                sys.exit(child(s, mem, resident))  # a normal exit: finalizers and atexit run
+            codes.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+
+        fork_and_check()                      # memory resident and paused
+        s.resume("paused"); fork_and_check()  # releases of host backups pending
+        s.pause("paused")
+        stop = threading.Event()
+        def cycle():
+            while not stop.is_set():
+                s.pause("busy"); s.resume("busy")
+        pauser = threading.Thread(target=cycle)
+        pauser.start()
+        for _ in range(8):                    # while another thread pauses and resumes
+            fork_and_check()
+        stop.set(); pauser.join()
+
+        s.resume()
+        ok = (mem.read(resident, 8) == b"resident" and mem.read(paused, 6) == b"paused"
+              and all(mem.read(p, 4) == b"busy" for p in busy))
+        s.pause(); s.resume()
+        print("codes", codes, "parent", ok)
+        """).format(here=str(HERE), child=textwrap.indent(CHILD_CHECKS, ""))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHONWARNINGS": "ignore::DeprecationWarning"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "codes [0, 0, 0, 0, 0, 0, 0, 0, 0, 0] parent True", result.stdout + result.stderr
