@@ -168,6 +168,28 @@ TMSL_API int tmsl_set_retain_backups(void* handle, int retain) {
   });
 }
 
+TMSL_API int tmsl_set_host_cache_bytes(void* handle, size_t bytes) {
+  return on_saver(handle, [&](Saver& saver) {
+    saver.set_host_cache_bytes(bytes);
+    return Status::Ok();
+  });
+}
+
+TMSL_API int tmsl_get_host_cache_bytes(void* handle, size_t* out) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = require(out != nullptr, "out must not be NULL");
+    if (s.ok()) *out = saver.host_cache_bytes();
+    return s;
+  });
+}
+
+TMSL_API int tmsl_release_host_cache(void* handle) {
+  return on_saver(handle, [&](Saver& saver) {
+    saver.release_host_cache();
+    return Status::Ok();
+  });
+}
+
 TMSL_API int tmsl_set_poison_on_resume(void* handle, int poison) {
   return on_saver(handle, [&](Saver& saver) {
     saver.set_poison_on_resume(poison != 0);

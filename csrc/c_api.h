@@ -50,6 +50,10 @@ TMSL_API int tmsl_tag_state(void* saver, const char* tag, int* state);
 
 TMSL_API int tmsl_set_memory_margin(void* saver, size_t bytes);
 TMSL_API int tmsl_set_retain_backups(void* saver, int retain);
+// The host cache's budget in bytes (0: none); *out reads it. release frees what it holds.
+TMSL_API int tmsl_set_host_cache_bytes(void* saver, size_t bytes);
+TMSL_API int tmsl_get_host_cache_bytes(void* saver, size_t* out);
+TMSL_API int tmsl_release_host_cache(void* saver);
 // Fill resumed memory that has no backup with 0xFF bytes (NaN as floats); *out reads it.
 TMSL_API int tmsl_set_poison_on_resume(void* saver, int poison);
 TMSL_API int tmsl_get_poison_on_resume(void* saver, int* out);

@@ -2,6 +2,9 @@
 
 #include "mapping.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
 
 namespace tmsl {
@@ -430,8 +433,47 @@ Status Saver::resume(const TagSelection& selection) {
     std::lock_guard<std::mutex> lock(mu_);
     set_paused(selection, false);
   }
-  settle(batch, batch.size(), State::kActive, State::kPaused, nullptr, !retain_backups_.load());
+  bool keep = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    keep = keeps_backups(batch);
+  }
+  settle(batch, batch.size(), State::kActive, State::kPaused, nullptr, !keep);
   return Status::Ok();
+}
+
+bool Saver::keeps_backups(const std::vector<Allocation*>& batch) const {
+  if (retain_backups_.load()) return true;
+  const size_t budget = host_cache_bytes_.load();
+  size_t wanted = 0;
+  for (const Allocation* a : batch) wanted += a->host_copy ? a->host_copy.size : 0;
+  if (wanted == 0 || wanted > budget) return false;
+  size_t cached = 0;  // kept for resident allocations already (the batch is still resuming)
+  for (const auto& entry : table_) {
+    const Allocation& a = *entry.second;
+    if (a.state == State::kActive && a.host_copy) cached += a.host_copy.size;
+  }
+  return cached <= budget - wanted;
+}
+
+void Saver::release_host_cache() {
+  std::lock_guard<std::mutex> op(op_mu_);  // no pause is reusing these meanwhile
+  std::vector<HostBuffer> let_go;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& entry : table_) {
+      Allocation& a = *entry.second;
+      if (a.state == State::kActive && a.host_copy) let_go.push_back(std::move(a.host_copy));
+    }
+  }
+  releaser_.release(std::move(let_go));
+}
+
+size_t Saver::default_host_cache_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGESIZE);
+  const size_t memory = pages > 0 && page_size > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page_size) : 0;
+  return std::min<size_t>(memory / 8, size_t{32} << 30);
 }
 
 Status Saver::map_fresh(Allocation& a) {

@@ -111,6 +111,16 @@ class Saver {
   // Keep host backups after a successful resume and reuse them at the next pause, so a
   // pause/resume cycle stops paying for host allocation.
   void set_retain_backups(bool retain) { retain_backups_.store(retain); }
+  // The host cache: after a resume, its backups stay (page-locked, ready for the next pause
+  // of the same memory) as long as all that is kept this way fits in `bytes`; 0 = none.
+  // Without it every pause would fault in and page-lock new host memory, at a fraction of
+  // the link's speed. Retention (above) keeps backups whatever their size.
+  void set_host_cache_bytes(size_t bytes) { host_cache_bytes_.store(bytes); }
+  size_t host_cache_bytes() const { return host_cache_bytes_.load(); }
+  // Frees the host memory kept for resident allocations (the cache, retained backups).
+  void release_host_cache();
+  // The default cache budget: an eighth of the machine's memory, at most 32 GiB.
+  static size_t default_host_cache_bytes();
   // Fill resumed memory that has no backup with 0xFF bytes, so code that wrongly reads
   // discarded content sees NaN instead of plausible leftovers (a debugging aid).
   void set_poison_on_resume(bool poison) { poison_on_resume_.store(poison); }
@@ -155,6 +165,9 @@ class Saver {
   Status copy_in(const std::vector<Allocation*>& batch);
   Status wait_copies(const std::vector<Allocation*>& batch);
   Status release_physical(Allocation& a, bool* unmapped);
+  // Whether a resume of `batch` keeps its backups: retention on, or they fit in the cache
+  // beside what it already keeps. Needs mu_.
+  bool keeps_backups(const std::vector<Allocation*>& batch) const;
   // "tag 'kv' (2.00 GiB)" or "tags 'kv', 'weights' (...)": what a pause or resume covered.
   static std::string describe(const std::vector<Allocation*>& batch);
   Status map_fresh(Allocation& a);
@@ -173,6 +186,7 @@ class Saver {
   AddressIndex index_;
   std::atomic<size_t> margin_bytes_{0};
   std::atomic<bool> retain_backups_{false};
+  std::atomic<size_t> host_cache_bytes_{default_host_cache_bytes()};
   std::atomic<bool> poison_on_resume_{false};
   BackgroundReleaser releaser_;  // declared after backend_: freeing backups uses it
 };

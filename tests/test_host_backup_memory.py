@@ -8,12 +8,15 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from host_memory import rss_anon_bytes
 
 MiB = 1 << 20
 
 
 def test_host_memory_returns_after_a_non_retaining_resume(host_saver, mem):
+    host_saver.host_cache_bytes = 0  # no cache: every resume gives its backups back
     with host_saver.region("weights", enable_cpu_backup=True):
         ptrs = [mem.malloc(32 * MiB) for _ in range(3)]
     for i, ptr in enumerate(ptrs):
@@ -26,6 +29,32 @@ def test_host_memory_returns_after_a_non_retaining_resume(host_saver, mem):
         host_saver.wait_for_released_backups()
         assert rss_anon_bytes() - before < 8 * MiB, "backup memory was not given back"
     assert all(mem.read(p, 4) == bytes([i + 1]) * 4 for i, p in enumerate(ptrs))
+
+
+@pytest.mark.parametrize("budget_mib", [96, 200])
+def test_the_host_cache_keeps_backups_within_its_budget_and_gives_them_back(host_saver, mem, budget_mib):
+    host_saver.host_cache_bytes = budget_mib * MiB
+    with host_saver.region("weights", enable_cpu_backup=True):
+        weights = [mem.malloc(32 * MiB) for _ in range(3)]
+    with host_saver.region("optimizer", enable_cpu_backup=True):
+        optimizer = [mem.malloc(32 * MiB) for _ in range(2)]
+    for i, ptr in enumerate(weights + optimizer):
+        mem.write(ptr, bytes([i + 1]) * (32 * MiB))
+    before = rss_anon_bytes()
+    for _ in range(3):
+        host_saver.pause("weights")
+        host_saver.resume("weights")  # 96 MiB: fits either budget
+        host_saver.pause("optimizer")
+        host_saver.resume("optimizer")  # 64 MiB more: fits only the larger one
+        host_saver.wait_for_released_backups()
+        kept = sum(host_saver.stats()[t].host_backup_bytes for t in ("weights", "optimizer"))
+        assert kept == (96 if budget_mib == 96 else 160) * MiB
+        assert kept <= host_saver.host_cache_bytes
+        assert rss_anon_bytes() - before < kept + 8 * MiB  # host memory stays within the budget
+    assert all(mem.read(p, 4) == bytes([i + 1]) * 4 for i, p in enumerate(weights + optimizer))
+    host_saver.release_host_cache()
+    assert sum(s.host_backup_bytes for s in host_saver.stats().values()) == 0
+    assert rss_anon_bytes() - before < 8 * MiB, "release_host_cache did not give the memory back"
 
 
 def test_pause_that_runs_out_of_host_memory_keeps_everything_resident():

@@ -48,6 +48,7 @@ def test_memory_margin_is_kept_on_allocation_and_on_resume(mem):
 def test_retain_cpu_backup_keeps_host_memory_between_cycles_with_fresh_content(mem, retain):
     saver = HostSaver()
     try:
+        saver.host_cache_bytes = 0  # retention alone decides here
         saver.retain_cpu_backup = retain
         with saver.region("weights", enable_cpu_backup=True):
             ptr = mem.malloc(4 * MiB)

@@ -26,6 +26,7 @@ class SaverModel(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         self.saver = HostSaver(granularity_bytes=GRANULE)
+        self.saver.host_cache_bytes = 0  # backups leave with the resume (the cache is tested apart)
         self.mem = HostMemory()
         self.live: dict[int, dict] = {}  # ptr -> {tag, size, byte, paused}
         self.known: set[str] = set()  # tags a region has used

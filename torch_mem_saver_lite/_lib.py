@@ -67,6 +67,9 @@ _SIGNATURES = {
     "tmsl_disable_thread_region": ([], _int),
     "tmsl_set_memory_margin": ([_vp, _sz], _int),
     "tmsl_set_retain_backups": ([_vp, _int], _int),
+    "tmsl_set_host_cache_bytes": ([_vp, _sz], _int),
+    "tmsl_get_host_cache_bytes": ([_vp, ctypes.POINTER(_sz)], _int),
+    "tmsl_release_host_cache": ([_vp], _int),
     "tmsl_wait_for_released_backups": ([_vp], _int),
     "tmsl_process_defaults_error": ([], ctypes.c_char_p),
     "tmsl_process_default_poison": ([], _int),
@@ -190,6 +193,17 @@ class NativeSaver:
     def set_thread_region(self, tag: str, enable_cpu_backup: bool | None) -> None:
         """Make the tag this thread's region again, unchecked (leaving a nested region)."""
         check(lib().tmsl_set_thread_region(self.handle, tag.encode(), backup_choice(enable_cpu_backup)))
+
+    def set_host_cache_bytes(self, nbytes: int) -> None:
+        check(lib().tmsl_set_host_cache_bytes(self.handle, nbytes))
+
+    def host_cache_bytes(self) -> int:
+        out = _sz()
+        check(lib().tmsl_get_host_cache_bytes(self.handle, ctypes.byref(out)))
+        return out.value
+
+    def release_host_cache(self) -> None:
+        check(lib().tmsl_release_host_cache(self.handle))
 
     def set_poison_on_resume(self, poison: bool) -> None:
         check(lib().tmsl_set_poison_on_resume(self.handle, int(poison)))

@@ -61,6 +61,15 @@ def _check_bool(value: object, name: str) -> bool:
     return value
 
 
+_MAX_SIZE = (1 << 64) - 1  # what a size_t holds: larger values would wrap in the C ABI
+
+
+def _check_bytes(value: object, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= _MAX_SIZE:
+        raise ValueError(f"{name} must be an int from 0 to 2**64 - 1, got {value!r}")
+    return value
+
+
 def _check_backup(value: object, name: str = "enable_cpu_backup") -> bool | None:
     if value is not None and not isinstance(value, bool):
         raise TypeError(f"{name} must be True, False or None, got {value!r}")
@@ -173,6 +182,7 @@ class MemorySaver:
         self._memory_margin_bytes = 0
         self._retain_cpu_backup = False
         self._poison_on_resume: bool | None = None  # None: the process default (environment)
+        self._host_cache_bytes: int | None = None  # None: the core's default
         self._hooks: dict[str, list[_TagHooks]] = {}
 
     # ----- configuration -------------------------------------------------------------
@@ -208,9 +218,7 @@ class MemorySaver:
 
     @memory_margin_bytes.setter
     def memory_margin_bytes(self, nbytes: int) -> None:
-        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
-            raise ValueError(f"memory_margin_bytes must be an int >= 0, got {nbytes!r}")
-        self._memory_margin_bytes = nbytes
+        self._memory_margin_bytes = _check_bytes(nbytes, "memory_margin_bytes")
         if self._native is not None:
             self._native.set_memory_margin(nbytes)
 
@@ -225,6 +233,33 @@ class MemorySaver:
         self._retain_cpu_backup = _check_bool(retain, "retain_cpu_backup")
         if self._native is not None:
             self._native.set_retain_backups(retain)
+
+    @property
+    def host_cache_bytes(self) -> int:
+        """Host memory (bytes) that backups may keep between cycles: after a resume, its
+        backups stay page-locked for the next pause of the same memory while everything kept
+        this way fits in the budget, so later cycles skip preparing host memory and run at
+        the link's speed. Default: an eighth of the machine's memory, at most 32 GiB; 0 turns
+        the cache off. ``release_host_cache()`` frees what it holds."""
+        native = self._native if self._native is not None or self._host_cache_bytes is not None \
+            else self._existing_core()
+        if native is not None:
+            return native.host_cache_bytes()
+        return self._host_cache_bytes or 0
+
+    @host_cache_bytes.setter
+    def host_cache_bytes(self, nbytes: int) -> None:
+        self._host_cache_bytes = _check_bytes(nbytes, "host_cache_bytes")
+        if self._native is not None:
+            self._native.set_host_cache_bytes(nbytes)
+
+    def release_host_cache(self) -> None:
+        """Free the host memory the cache (and retention) keeps for resident memory; the
+        next pause prepares new host memory again."""
+        native = self._native
+        if native is not None:
+            native.release_host_cache()
+            native.wait_for_released_backups()
 
     @property
     def poison_on_resume(self) -> bool:
@@ -259,6 +294,8 @@ class MemorySaver:
                 native.set_retain_backups(self._retain_cpu_backup)
                 if self._poison_on_resume is not None:
                     native.set_poison_on_resume(self._poison_on_resume)
+                if self._host_cache_bytes is not None:
+                    native.set_host_cache_bytes(self._host_cache_bytes)
                 self._native = native
             return self._native
 
