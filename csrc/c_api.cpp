@@ -223,10 +223,20 @@ TMSL_API int tmsl_stats_json(void* handle, char* buf, size_t capacity, size_t* l
   });
 }
 
-TMSL_API int tmsl_find_backup(void* handle, const void* ptr, size_t nbytes, const void** host) {
+TMSL_API int tmsl_lease_backup(void* handle, const void* ptr, size_t nbytes, const void** host, void** lease) {
   return on_saver(handle, [&](Saver& saver) {
-    Status s = require(host != nullptr, "host must not be NULL");
-    return s.ok() ? saver.find_backup(reinterpret_cast<uintptr_t>(ptr), nbytes, host) : s;
+    Status s = require(host != nullptr && lease != nullptr, "host and lease must not be NULL");
+    HostBuffer buffer;
+    if (s.ok()) s = saver.lease_backup(reinterpret_cast<uintptr_t>(ptr), nbytes, host, &buffer);
+    if (s.ok()) *lease = buffer ? new HostBuffer(std::move(buffer)) : nullptr;
+    return s;
+  });
+}
+
+TMSL_API int tmsl_release_lease(void* lease) {
+  return guarded([&] {
+    delete static_cast<HostBuffer*>(lease);  // the last reference frees the host memory
+    return Status::Ok();
   });
 }
 

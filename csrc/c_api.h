@@ -63,7 +63,11 @@ TMSL_API int tmsl_wait_for_released_backups(void* saver);
 // Writes up to `capacity` bytes of JSON (NUL-terminated when it fits); *length is the
 // full length without the NUL, so a caller can retry with a larger buffer.
 TMSL_API int tmsl_stats_json(void* saver, char* buf, size_t capacity, size_t* length);
-TMSL_API int tmsl_find_backup(void* saver, const void* ptr, size_t nbytes, const void** host);
+// For [ptr, ptr + nbytes) of a backed-up allocation: *host points at its host copy while
+// paused (NULL while resident), and *lease keeps that memory alive, also past the next
+// resume or free, until tmsl_release_lease(*lease).
+TMSL_API int tmsl_lease_backup(void* saver, const void* ptr, size_t nbytes, const void** host, void** lease);
+TMSL_API int tmsl_release_lease(void* lease);
 
 // "" when the TMSL_* environment variables are valid, else what is wrong with them.
 TMSL_API const char* tmsl_process_defaults_error(void);

@@ -564,7 +564,7 @@ const Saver::Allocation* Saver::containing(uintptr_t address) const {
   return address < a.va + a.size ? &a : nullptr;
 }
 
-Status Saver::find_backup(uintptr_t address, size_t nbytes, const void** host) const {
+Status Saver::lease_backup(uintptr_t address, size_t nbytes, const void** host, HostBuffer* lease) const {
   std::lock_guard<std::mutex> lock(mu_);
   const Allocation* a = containing(address);
   if (a == nullptr || nbytes > a->va + a->size - address) {
@@ -579,6 +579,7 @@ Status Saver::find_backup(uintptr_t address, size_t nbytes, const void** host) c
   }
   const bool held = a->state == State::kPaused || a->state == State::kResuming;
   *host = held && a->host_copy ? a->host_copy.data() + (address - a->va) : nullptr;
+  *lease = *host != nullptr ? a->host_copy : HostBuffer();  // keeps the host memory alive
   return Status::Ok();
 }
 

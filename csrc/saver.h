@@ -98,7 +98,9 @@ class Saver {
 
   // For [address, address + nbytes) inside one backed-up allocation: *host points at its
   // copy while paused, nullptr while resident.
-  Status find_backup(uintptr_t address, size_t nbytes, const void** host) const;
+  // *lease holds the copy's host memory: it stays valid while the lease lives, whatever
+  // resumes and frees happen meanwhile.
+  Status lease_backup(uintptr_t address, size_t nbytes, const void** host, HostBuffer* lease) const;
 
   // Whether va is the start of one of this saver's allocations; takes no saver-wide lock.
   bool owns(uintptr_t va) const { return index_.contains(va); }

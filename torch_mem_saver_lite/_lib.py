@@ -56,7 +56,8 @@ _SIGNATURES = {
     "tmsl_pause": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
     "tmsl_resume": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
     "tmsl_stats_json": ([_vp, ctypes.c_char_p, _sz, ctypes.POINTER(_sz)], _int),
-    "tmsl_find_backup": ([_vp, _vp, _sz, ctypes.POINTER(_vp)], _int),
+    "tmsl_lease_backup": ([_vp, _vp, _sz, ctypes.POINTER(_vp), ctypes.POINTER(_vp)], _int),
+    "tmsl_release_lease": ([_vp], _int),
     "tmsl_inject_fault": ([_vp, ctypes.c_char_p, ctypes.c_long], _int),
     "tmsl_last_error_code": ([], _int),
     "tmsl_last_error_message": ([], ctypes.c_char_p),
@@ -259,17 +260,23 @@ class NativeSaver:
                 return json.loads(buffer.value.decode())
             capacity = length.value + 4096
 
-    def find_backup(self, ptr: int, nbytes: int) -> int | None:
-        """Address of the host copy of [ptr, ptr + nbytes), None while resident."""
-        host = _vp()
-        check(lib().tmsl_find_backup(self.handle, ptr, nbytes, ctypes.byref(host)))
-        return host.value
+    def lease_backup(self, ptr: int, nbytes: int) -> tuple[int, int] | None:
+        """(address of the host copy of [ptr, ptr + nbytes), a lease that keeps it alive)
+        while paused; None while resident. Give the lease back with release_lease()."""
+        host, lease = _vp(), _vp()
+        check(lib().tmsl_lease_backup(self.handle, ptr, nbytes, ctypes.byref(host), ctypes.byref(lease)))
+        return (host.value, lease.value) if host.value else None
+
 
 
 
 def leave_thread_region() -> None:
     """The calling thread follows the process defaults again (normally: no region)."""
     check(lib().tmsl_set_thread_region(None, None, 0))
+
+
+def release_lease(lease: int) -> None:
+    check(lib().tmsl_release_lease(lease))
 
 
 def note_graph_capture() -> None:

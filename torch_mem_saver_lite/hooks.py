@@ -22,24 +22,11 @@ import torch
 # (device, pool): where a thread's allocations on that device go.
 Route = tuple[int, torch.cuda.MemPool]
 
-
-def begin_route(route: Route | None) -> None:
-    if route is not None:
-        device, pool = route
-        torch._C._cuda_beginAllocateCurrentThreadToPool(device, pool.id)
-
-
-def end_route(route: Route | None) -> None:
-    if route is not None:
-        device, pool = route
-        torch._C._cuda_endAllocateToPool(device, pool.id)
-
-
-def release_route(route: Route | None) -> None:
-    # Each begin takes a reference on the pool: give it back so the counts stay balanced.
-    if route is not None:
-        device, pool = route
-        torch._C._cuda_releasePool(device, pool.id)
+# The same as torch takes it, (device, pool id), begun, ended and released by these three
+# (each begin takes a reference on the pool; an end plus a release give it back).
+begin_route = torch._C.__dict__.get("_cuda_beginAllocateCurrentThreadToPool")
+end_route = torch._C.__dict__.get("_cuda_endAllocateToPool")
+release_route = torch._C.__dict__.get("_cuda_releasePool")
 
 
 class TorchPools:

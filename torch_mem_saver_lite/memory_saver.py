@@ -8,6 +8,7 @@ import functools
 import os
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -76,53 +77,111 @@ def _check_backup(value: object, name: str = "enable_cpu_backup") -> bool | None
     return value
 
 
-@dataclass(frozen=True)
 class _Region:
-    """One entry of a thread's region stack: the native region and the torch pool route,
-    which are always set and restored together. native None: saver.disable()."""
+    """One entry of a thread's region stack: a native region (None: saver.disable()) and
+    the torch pool route that go with it. What the C ABI and torch take is computed here,
+    so that making an entry current is a single C call each (see _pushed)."""
 
-    native: _lib.NativeSaver | None
-    tag: str = ""
-    backup: bool | None = None
-    route: Route | None = None  # the torch pool this thread's allocations go to, if any
+    __slots__ = ("native", "tag", "backup", "route", "_handle", "_tag", "_choice")
+
+    def __init__(self, native: _lib.NativeSaver | None, tag: str = "", backup: bool | None = None,
+                 route: Route | None = None):
+        self.native, self.tag, self.backup = native, tag, backup
+        self.route = None if route is None else (route[0], route[1].id)  # (device, pool id)
+        self._handle = native.handle if native is not None else None
+        self._tag, self._choice = tag.encode(), _lib.backup_choice(backup)
+
+    def enter(self) -> int:
+        """Check the region against its saver's tag catalogue and make it current natively."""
+        if self.native is None:
+            return _lib.lib().tmsl_disable_thread_region()
+        return _lib.lib().tmsl_enter_region(self._handle, self._tag, self._choice)
 
     def restore(self) -> None:
-        """Make this (enclosing) entry current again, without the entry checks."""
+        """Make this (enclosing) entry current natively again, without the checks."""
         if self.native is None:
-            _lib.disable_thread_region()
+            _lib.lib().tmsl_disable_thread_region()
         else:
-            self.native.set_thread_region(self.tag, self.backup)
+            _lib.lib().tmsl_set_thread_region(self._handle, self._tag, self._choice)
 
 
 def _stack() -> list[_Region]:
     return _thread.__dict__.setdefault("stack", [])
 
 
+def _route_to(target: tuple | None) -> None:
+    """Make ``target`` ((device, pool id), or None) the torch pool this thread's allocations
+    go to. torch counts a reference per begin, which an end plus a release give back. Each
+    step is one call and its record on one line, so an interrupt between steps leaves the
+    record true and calling this again finishes the job."""
+    state = _thread.__dict__
+    if state.get("unreleased") is not None:
+        release_route(*state["unreleased"]); state["unreleased"] = None  # noqa: E702
+    current = state.get("route")
+    if current == target:
+        return
+    if current is not None:
+        end_route(*current); state["unreleased"], state["route"] = current, None  # noqa: E702
+        release_route(*current); state["unreleased"] = None  # noqa: E702
+    if target is not None:
+        begin_route(*target); state["route"] = target  # noqa: E702
+
+
+def _settle(stack: list[_Region], depth: int) -> None:
+    """Make the thread's native region and torch route those of ``stack[:depth]``. An
+    interrupt (Ctrl-C) in the middle makes it start over; it is raised once all is settled."""
+    interrupt = None
+    for _ in range(16):
+        try:
+            del stack[depth:]
+            top = stack[-1] if stack else None
+            _route_to(top.route if top is not None else None)
+            if top is not None:
+                top.restore()
+            else:
+                _lib.lib().tmsl_set_thread_region(None, None, 0)  # back to the process defaults
+            break
+        except BaseException as error:  # noqa: BLE001 - re-raised below, once settled
+            interrupt = interrupt or error
+    if interrupt is not None:
+        raise interrupt
+
+
+class _Undo:
+    """Runs an undo action exactly once: from the finally clause that owns it, or, should
+    an interrupt land on that clause's first line (before the call), when the frame holding
+    it is torn down by that very interrupt."""
+
+    __slots__ = ("_action",)
+
+    def __init__(self, action):
+        self._action = action
+
+    def __call__(self) -> None:
+        # One line: cleared only once the action has returned (the action is idempotent,
+        # so one cut short is simply run again by __del__).
+        if self._action is not None: self._action(); self._action = None  # noqa: E701, E702
+
+    def __del__(self) -> None:
+        with contextlib.suppress(BaseException):  # the interrupt itself is already on its way
+            self()
+
+
 @contextlib.contextmanager
 def _pushed(entry: _Region) -> Iterator[None]:
     """Make ``entry`` this thread's region for the block. A region is checked against its
-    saver's tag catalogue first (a paused tag raises before anything changes)."""
+    saver's tag catalogue first (a paused tag raises). Whatever interrupts the block or its
+    entry, on the way out the thread's state is again that of the enclosing entries."""
     stack = _stack()
-    outer = stack[-1] if stack else None
-    if entry.native is None:
-        _lib.disable_thread_region()
-    else:
-        entry.native.enter_region(entry.tag, entry.backup)
-    end_route(outer.route if outer else None)
-    begin_route(entry.route)
-    stack.append(entry)
+    undo = _Undo(functools.partial(_settle, stack, len(stack)))
     try:
+        if entry.enter() != 0:
+            raise _lib.last_error()
+        stack.append(entry)
+        _route_to(entry.route)
         yield
     finally:
-        stack.pop()
-        end_route(entry.route)
-        release_route(entry.route)
-        begin_route(outer.route if outer else None)
-        release_route(outer.route if outer else None)
-        if outer is not None:
-            outer.restore()
-        else:
-            _lib.leave_thread_region()
+        undo()
 
 
 @functools.cache
@@ -545,12 +604,30 @@ class MemorySaver:
 
     @contextlib.contextmanager
     def paused(self, tag: str | Sequence[str] | None = None) -> Iterator[None]:
-        """Pause the tag(s) for the block and resume them on exit, also when it raises."""
-        self.pause(tag)
+        """Pause the tag(s) for the block and resume them on exit, also when it raises or is
+        interrupted (Ctrl-C) at any point. Tags that were paused already stay paused."""
+        names = self._selection(tag)
+        native = self._native_for(names)
+        active = [] if native is None else [
+            t for t in (names if names is not None else list(native.stats())) if native.tag_state(t) == _lib.TAG_ACTIVE]
+        undo = _Undo(functools.partial(self._resume_despite_interrupts, active))
         try:
+            self.pause(active)
             yield
         finally:
-            self.resume(tag)
+            undo()
+
+    def _resume_despite_interrupts(self, tags: list[str]) -> None:
+        """resume(tags); a resume cut short by Ctrl-C is done again, then the interrupt raised."""
+        interrupt = None
+        for _ in range(16):
+            try:
+                self.resume(tags)
+                break
+            except KeyboardInterrupt as error:
+                interrupt = interrupt or error
+        if interrupt is not None:
+            raise interrupt
 
     # ----- inspection ------------------------------------------------------------------
     def stats(self) -> dict[str, TagStats]:
@@ -565,8 +642,9 @@ class MemorySaver:
 
         Returns None while the tensor is resident (no host copy exists then). With
         ``zero_copy=True`` the result shares the backup's page-locked memory (a copy to
-        the GPU from it runs at full link speed), which the next successful ``resume``
-        frees: do not use it after that.
+        the GPU from it runs at full link speed); that memory stays valid as long as the
+        tensor lives, but after the next resume it no longer follows the device tensor
+        (and with a host cache or retention a later pause may write over it).
         """
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"get_cpu_backup needs a torch.Tensor, got {type(x).__name__}")
@@ -575,11 +653,17 @@ class MemorySaver:
         nbytes = x.numel() * x.element_size()
         if nbytes == 0:
             return torch.empty(x.shape, dtype=x.dtype)
-        host = self._core().find_backup(x.data_ptr(), nbytes)
-        if host is None:
+        zero_copy = _check_bool(zero_copy, "zero_copy")
+        leased = self._core().lease_backup(x.data_ptr(), nbytes)
+        if leased is None:
             return None
-        raw = torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(host), dtype=torch.uint8)
-        cpu = raw.view(x.dtype).view(x.shape)
+        host, lease = leased
+        buffer = (ctypes.c_uint8 * nbytes).from_address(host)
+        # The lease keeps the host memory alive for as long as the buffer is (torch.frombuffer
+        # holds the buffer for the tensor's life), so a resume or free on another thread can
+        # never unmap it under a reader.
+        weakref.finalize(buffer, _lib.release_lease, lease)
+        cpu = torch.frombuffer(buffer, dtype=torch.uint8).view(x.dtype).view(x.shape)
         return cpu if zero_copy else cpu.clone()
 
     def empty_cache(self, tag: str) -> None:

@@ -41,8 +41,11 @@ class HostSaver(MemorySaver):
         """
         super().__init__()
         self._options = (int(capacity_bytes), int(granularity_bytes))
+        self._closed = False
 
     def _create_native(self) -> _lib.NativeSaver:
+        if self._closed:
+            raise MemorySaverError("this HostSaver has been closed; make a new one")
         native = _lib.NativeSaver.host(*self._options)
         # Dropped without close(): its memory and its registry slot are still given back.
         self._finalizer = weakref.finalize(self, _destroy, native)
@@ -56,6 +59,7 @@ class HostSaver(MemorySaver):
     def close(self) -> None:
         """Free everything the saver holds; it cannot be used afterwards."""
         with self._lock:
+            self._closed = True
             if self._native is not None:
                 self._finalizer.detach()
                 native, self._native = self._native, None

@@ -169,6 +169,34 @@ void destroyed_saver_handles_reach_nothing() {
   CHECK(tmsl_set_thread_region(nullptr, nullptr, 0) == 0);
 }
 
+// Destroying a saver while one thread pauses and resumes it and another frees pointers that
+// are not the saver's (every cudaFree asks each saver "is this yours?"): no use after free.
+void destroy_races_with_pauses_and_foreign_frees() {
+  for (int round = 0; round < 20; ++round) {
+    void* handle = nullptr;
+    CHECK(tmsl_create_host_saver(0, 2 * MiB, &handle) == 0);
+    void* p = nullptr;
+    CHECK(tmsl_malloc(handle, 4 * MiB, 0, "kv", 1, &p) == 0);
+    std::atomic<bool> go{false};
+    std::thread pauser([&] {
+      while (!go) std::this_thread::yield();
+      for (int i = 0; i < 50; ++i) {
+        if (tmsl_pause(handle, nullptr, -1) != 0 || tmsl_resume(handle, nullptr, -1) != 0) break;
+      }
+    });
+    std::thread freer([&] {
+      int local = 0;
+      while (!go) std::this_thread::yield();
+      for (int i = 0; i < 2000; ++i) tmsl_torch_free(&local, 0, 0, nullptr);
+    });
+    go = true;
+    CHECK(tmsl_destroy_saver(handle) == 0);
+    pauser.join();
+    freer.join();
+    CHECK(tmsl_pause(handle, nullptr, -1) != 0);  // and the handle is dead for good
+  }
+}
+
 void threads_allocate_and_free_while_another_tag_cycles() {
   Saver s;
   std::vector<void*> idle;
@@ -226,6 +254,7 @@ int main() {
       {"retained_backups_are_reused_and_fresh", retained_backups_are_reused_and_fresh},
       {"hooks_route_by_thread_region", hooks_route_by_thread_region},
       {"destroyed_saver_handles_reach_nothing", destroyed_saver_handles_reach_nothing},
+      {"destroy_races_with_pauses_and_foreign_frees", destroy_races_with_pauses_and_foreign_frees},
       {"threads_allocate_and_free_while_another_tag_cycles", threads_allocate_and_free_while_another_tag_cycles},
   };
   int passed = 0, failed = 0;
