@@ -39,8 +39,52 @@ Saver::Saver(std::unique_ptr<Backend> backend) : backend_(std::move(backend)) {}
 Saver::~Saver() {
   for (auto& entry : table_) {
     Allocation& a = *entry.second;
-    if (a.state == State::kActive) unmap_physical(*backend_, a.device, a.va, a.size, a.physical);
-    backend_->free_reservation(a.device, a.va, a.size);
+    if (a.state == State::kActive) take_down(a.device, a.va, a.size, a.physical);
+    give_back_range(a.device, a.va, a.size);
+  }
+  retry_orphans();
+}
+
+Status Saver::take_down(int device, uintptr_t va, size_t size, PhysicalHandle physical, bool* unmapped) {
+  bool done_unmapping = false;
+  Status s = unmap_physical(*backend_, device, va, size, physical, &done_unmapping);
+  if (unmapped != nullptr) *unmapped = done_unmapping;
+  if (!s.ok() && done_unmapping) {
+    std::lock_guard<std::mutex> lock(mu_);
+    orphans_.push_back({device, va, size, physical});
+    has_orphans_.store(true);
+  }
+  return s;
+}
+
+Status Saver::give_back_range(int device, uintptr_t va, size_t size) {
+  Status s = backend_->free_reservation(device, va, size);
+  if (!s.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    orphans_.push_back({device, va, size, 0});
+    has_orphans_.store(true);
+  }
+  return s;
+}
+
+void Saver::retry_orphans() {
+  if (!has_orphans_.load()) return;
+  std::vector<Orphan> orphans;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    orphans.swap(orphans_);
+    has_orphans_.store(false);
+  }
+  std::vector<Orphan> still;
+  for (const Orphan& o : orphans) {
+    Status s = o.physical != 0 ? backend_->release_physical(o.device, o.physical, o.size)
+                               : backend_->free_reservation(o.device, o.va, o.size);
+    if (!s.ok()) still.push_back(o);
+  }
+  if (!still.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    orphans_.insert(orphans_.end(), still.begin(), still.end());
+    has_orphans_.store(true);
   }
 }
 
@@ -131,20 +175,24 @@ Status Saver::allocate(size_t size, int device, const std::string& tag, BackupCh
   }
   const size_t rounded = (size + granularity - 1) / granularity * granularity;
 
+  // An out-of-memory error, reserving or mapping, carries the figures the user needs.
+  auto explain = [&](Status failed) {
+    if (failed.code == Code::kOutOfMemory) {
+      size_t free_bytes = 0, total = 0;
+      backend_->memory_info(device, &free_bytes, &total);
+      failed.oom = {tag, rounded, free_bytes, device};
+      failed.message += "; " + format_bytes(free_bytes) + " free";
+    }
+    return with_context(failed, where);
+  };
   uintptr_t address = 0;
   s = backend_->reserve(device, rounded, granularity, &address);
-  if (!s.ok()) return with_context(s, where);
+  if (!s.ok()) return explain(s);
   PhysicalHandle physical = 0;
   s = map_physical(*backend_, device, address, rounded, margin_bytes_.load(), &physical);
   if (!s.ok()) {
-    backend_->free_reservation(device, address, rounded);
-    if (s.code == Code::kOutOfMemory) {
-      size_t free_bytes = 0, total = 0;
-      backend_->memory_info(device, &free_bytes, &total);
-      s.oom = {tag, rounded, free_bytes, device};
-      s.message += "; " + format_bytes(free_bytes) + " free";
-    }
-    return with_context(s, where);
+    give_back_range(device, address, rounded);
+    return explain(s);
   }
 
   auto a = std::make_unique<Allocation>();
@@ -164,8 +212,8 @@ Status Saver::allocate(size_t size, int device, const std::string& tag, BackupCh
     }
   }
   if (refused) {
-    unmap_physical(*backend_, device, address, rounded, physical);
-    backend_->free_reservation(device, address, rounded);
+    take_down(device, address, rounded, physical);
+    give_back_range(device, address, rounded);
     return tag_paused_error(tag);
   }
   index_.insert(address);
@@ -204,9 +252,10 @@ Status Saver::free(uintptr_t va, void* stream) {
     // Work queued on the stream may still use the memory; other streams are the caller's
     // business (torch waits for their events before it frees a block).
     keep_first(backend_->synchronize_stream(a->device, stream));
-    keep_first(unmap_physical(*backend_, a->device, a->va, a->size, a->physical));
+    keep_first(take_down(a->device, a->va, a->size, a->physical));
   }
-  keep_first(backend_->free_reservation(a->device, a->va, a->size));
+  keep_first(give_back_range(a->device, a->va, a->size));
+  retry_orphans();
   return with_context(first, "freeing " + format_address(va) + " (tag '" + a->tag + "')");
 }
 
@@ -291,6 +340,7 @@ std::string Saver::describe(const std::vector<Allocation*>& batch) {
 
 Status Saver::pause(const TagSelection& selection) {
   std::lock_guard<std::mutex> op(op_mu_);
+  retry_orphans();
   std::vector<Allocation*> batch;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -385,7 +435,7 @@ Status Saver::copy_out(const std::vector<Allocation*>& batch, std::vector<HostBu
 Status Saver::release_physical(Allocation& a, bool* unmapped) {
   const std::string where = "pausing tag '" + a.tag + "' (" + format_bytes(a.size) + " at " +
                             format_address(a.va) + " on device " + std::to_string(a.device) + ")";
-  Status s = unmap_physical(*backend_, a.device, a.va, a.size, a.physical, unmapped);
+  Status s = take_down(a.device, a.va, a.size, a.physical, unmapped);
   if (!*unmapped) return with_context(s, where + "; it stays resident with its content");
   a.physical = 0;
   return with_context(s, where);
@@ -393,6 +443,7 @@ Status Saver::release_physical(Allocation& a, bool* unmapped) {
 
 Status Saver::resume(const TagSelection& selection) {
   std::lock_guard<std::mutex> op(op_mu_);
+  retry_orphans();
   std::vector<Allocation*> batch;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -417,7 +468,7 @@ Status Saver::resume(const TagSelection& selection) {
   if (!s.ok()) {
     for (size_t i = 0; i < done; ++i) {
       Allocation& a = *batch[i];
-      unmap_physical(*backend_, a.device, a.va, a.size, a.physical);
+      take_down(a.device, a.va, a.size, a.physical);
       a.physical = 0;
     }
     if (s.code == Code::kOutOfMemory && done < batch.size()) {

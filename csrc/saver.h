@@ -144,6 +144,14 @@ class Saver {
     HostBuffer host_copy;         // while paused with backup (or retained)
   };
 
+  // Unmaps and releases a mapping (mapping.h); physical memory whose release fails once
+  // unmapped is kept as an orphan rather than leaked.
+  Status take_down(int device, uintptr_t va, size_t size, PhysicalHandle physical, bool* unmapped = nullptr);
+  // Gives an address range back; one whose release fails is kept as an orphan.
+  Status give_back_range(int device, uintptr_t va, size_t size);
+  // Tries again to release what failed to be released before (at each pause, resume and
+  // free, and when the saver goes), so a passing driver error leaks nothing for good.
+  void retry_orphans();
   // Checks that every tag `selection` names is in the catalogue; needs mu_.
   Status check_known(const TagSelection& selection) const;
   // The catalogue check behind enter_tag and allocate; needs mu_.
@@ -185,6 +193,15 @@ class Saver {
   std::map<std::string, TagInfo> tags_;  // the tag catalogue, under mu_
   // Each tag's allocations (by address), so a pause of one tag does not walk the others'.
   std::map<std::string, std::set<uintptr_t>> by_tag_;
+  // Physical memory (physical != 0) and address ranges (physical == 0) not yet released.
+  struct Orphan {
+    int device;
+    uintptr_t va;
+    size_t size;
+    PhysicalHandle physical;
+  };
+  std::vector<Orphan> orphans_;  // under mu_
+  std::atomic<bool> has_orphans_{false};
   AddressIndex index_;
   std::atomic<size_t> margin_bytes_{0};
   std::atomic<bool> retain_backups_{false};

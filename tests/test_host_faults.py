@@ -103,3 +103,30 @@ def test_failed_allocation_leaves_nothing_behind(mem, operation):
 def test_fault_injection_rejects_unknown_operations(host_saver):
     with pytest.raises(ValueError, match="cannot inject"):
         host_saver._core().inject_fault("teleport", 1)
+
+
+def test_memory_whose_release_fails_is_kept_and_released_later_nothing_leaks(mem):
+    from host_memory import open_memfds, resident_pages
+
+    baseline = open_memfds()
+    saver = HostSaver(capacity_bytes=8 * MiB)
+    with saver.region("kv"):
+        first = mem.malloc(4 * MiB)
+    saver.inject_fault("release_physical", 1)
+    with pytest.raises(MemorySaverError, match="release_physical"):
+        saver.pause("kv")  # unmapped, but the driver would not take the memory back
+    assert open_memfds() == baseline + 1  # kept, not lost
+    saver.resume("kv")  # tries again first: the 8 MiB capacity has room for all of this
+    with saver.region("kv"):
+        second = mem.malloc(4 * MiB)
+    assert open_memfds() == baseline + 2
+
+    saver.inject_fault("release_physical", 1)
+    mem.free(first)  # torch's free cannot fail: the memory is kept and retried
+    saver.inject_fault("free_reservation", 1)
+    mem.free(second)
+    assert resident_pages(second, 4 * MiB) is not None  # its address range is still held
+    saver.close()  # the last try: every handle and range is given back
+    range_gone = resident_pages(second, 4 * MiB) is None
+    assert open_memfds() == baseline
+    assert range_gone

@@ -112,11 +112,19 @@ def library_path() -> str:
 @functools.cache
 def lib() -> ctypes.CDLL:
     """The loaded native library, with argument and result types declared."""
-    handle = ctypes.CDLL(library_path())
-    for name, (argtypes, restype) in _SIGNATURES.items():
-        function = getattr(handle, name)
-        function.argtypes = argtypes
-        function.restype = restype
+    path = library_path()
+    try:
+        handle = ctypes.CDLL(path)
+        for name, (argtypes, restype) in _SIGNATURES.items():
+            function = getattr(handle, name)
+            function.argtypes = argtypes
+            function.restype = restype
+    except (OSError, AttributeError) as error:
+        source = " (from TMSL_LIBRARY)" if os.environ.get("TMSL_LIBRARY") else ""
+        raise MemorySaverError(
+            f"{path}{source} is not a usable torch_mem_saver_lite library: {error}; unset TMSL_LIBRARY "
+            "or point it at the libtorch_mem_saver_lite.so this package built"
+        ) from None
     return handle
 
 
@@ -257,7 +265,7 @@ class NativeSaver:
             buffer = ctypes.create_string_buffer(capacity)
             check(lib().tmsl_stats_json(self.handle, buffer, capacity, ctypes.byref(length)))
             if length.value < capacity:
-                return json.loads(buffer.value.decode())
+                return json.loads(buffer.value.decode(errors="replace"))
             capacity = length.value + 4096
 
     def lease_backup(self, ptr: int, nbytes: int) -> tuple[int, int] | None:

@@ -53,6 +53,10 @@ def _check_tag(tag: object) -> str:
         raise TypeError(f"tag must be a str, got {type(tag).__name__}")
     if not tag or len(tag) > _MAX_TAG_LENGTH or "\0" in tag:
         raise ValueError(f"tag must be 1 to {_MAX_TAG_LENGTH} characters without NUL, got {tag!r}")
+    try:
+        tag.encode()
+    except UnicodeEncodeError:
+        raise ValueError(f"tag must be encodable as UTF-8, got {tag!r}") from None
     return tag
 
 

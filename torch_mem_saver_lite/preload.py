@@ -35,7 +35,7 @@ def check_preload_ready() -> None:
             f"not ours: start it with LD_PRELOAD={path} (for child processes, start them inside "
             "torch_mem_saver_lite.configure_subprocess()), or use hook_mode='torch'"
         )
-    error = _lib.lib().tmsl_process_defaults_error().decode()
+    error = _lib.lib().tmsl_process_defaults_error().decode(errors="replace")
     if error:
         raise MemorySaverError(f"bad environment for torch_mem_saver_lite: {error}")
     bypass = cudamalloc_bypassed()

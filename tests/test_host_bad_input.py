@@ -1,0 +1,73 @@
+"""Integers, encodings and paths at the boundary: range-checked before they reach C (where
+they would wrap), refused with an exception that names the value, never a raw OSError or
+UnicodeDecodeError."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from torch_mem_saver_lite import OutOfMemoryError, _lib
+from torch_mem_saver_lite.testing import HostSaver
+
+MiB = 1 << 20
+
+
+@pytest.mark.parametrize("value", [-1, 2**64, 2**64 + 8 * MiB, 1.5, True, "1"])
+def test_byte_counts_outside_what_a_size_t_holds_are_refused(host_saver, value):
+    for name in ("memory_margin_bytes", "host_cache_bytes"):
+        before = getattr(host_saver, name)
+        with pytest.raises(ValueError, match=name):
+            setattr(host_saver, name, value)
+        assert getattr(host_saver, name) == before
+    with pytest.raises(ValueError, match="capacity_bytes"):
+        HostSaver(capacity_bytes=value)
+
+
+def test_the_largest_size_t_is_taken_as_it_is(host_saver, mem):
+    host_saver.memory_margin_bytes = 2**64 - 1  # no allocation can leave that much free
+    with host_saver.region("kv"), pytest.raises(OutOfMemoryError, match="margin"):
+        mem.malloc(MiB)
+
+
+def test_a_tag_that_cannot_be_encoded_is_refused_and_not_remembered(host_saver):
+    with pytest.raises(ValueError, match="UTF-8"):
+        with host_saver.region("bad\udc80tag"):
+            pass
+    with pytest.raises(ValueError, match="UTF-8"):
+        host_saver.pause("bad\udc80tag")
+    assert host_saver.stats() == {}
+
+
+def test_an_impossible_size_is_an_out_of_memory_error_with_its_figures(host_saver, mem):
+    with host_saver.region("kv"), pytest.raises(OutOfMemoryError) as caught:
+        mem.malloc(1 << 62)
+    error = caught.value
+    assert error.tag == "kv" and error.bytes_needed >= 1 << 62 and error.device == 0
+    assert error.bytes_free > 0 and "free" in str(error)
+    with host_saver.region("kv"), pytest.raises(Exception, match="must be > 0"):
+        mem.malloc(-5)  # what torch would never ask, said plainly all the same
+
+
+def python(code: str, **env: str | bytes) -> subprocess.CompletedProcess:
+    environ = {**os.environb, **{k.encode(): v if isinstance(v, bytes) else v.encode() for k, v in env.items()}}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=environ)
+
+
+def test_a_bad_tmsl_library_is_a_clear_error():
+    result = python("from torch_mem_saver_lite import _lib, MemorySaverError\n"
+                    "try:\n    _lib.lib()\nexcept MemorySaverError as e:\n    print('ERROR', e)",
+                    TMSL_LIBRARY="/etc/hostname")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("ERROR /etc/hostname (from TMSL_LIBRARY) is not a usable"), result.stdout
+
+
+def test_environment_values_that_are_not_utf8_are_reported_not_crashed_on():
+    result = python("from torch_mem_saver_lite import saver, MemorySaverError\n"
+                    "try:\n    saver.hook_mode = 'preload'\nexcept MemorySaverError as e:\n    print('ERROR', e)",
+                    LD_PRELOAD=_lib.library_path(), TMSL_REGION_ALL_THREADS=b"\xff\xfe")
+    assert result.returncode == 0, result.stderr
+    assert "ERROR bad environment for torch_mem_saver_lite: TMSL_REGION_ALL_THREADS must be 0 or 1" in result.stdout
