@@ -109,3 +109,44 @@ def test_backups_larger_than_a_page_locked_range_and_at_odd_offsets_keep_their_c
             host_saver.resume("weights")
             for i, (ptr, content) in enumerate(zip(ptrs, contents)):
                 assert mem.read(ptr, sizes[i]) == content, f"retain={retain} cycle {cycle} buffer {i}"
+
+
+def test_a_pause_whose_worker_threads_cannot_start_still_completes_and_settles():
+    # The address space is capped just above what the process uses: room for the 4 MiB
+    # backup, none for a worker thread's 8 MiB stack (as under a small pids or memory limit).
+    code = textwrap.dedent(
+        """
+        import resource
+        from host_memory import HostMemory
+        from torch_mem_saver_lite.testing import HostSaver
+        mem, saver = HostMemory(), HostSaver(granularity_bytes=1 << 20)
+        saver.host_cache_bytes = 0
+        with saver.region("weights", enable_cpu_backup=True):
+            ptr = mem.malloc(3 << 20)
+        mem.write(ptr, b"kept" * 1000)
+        with open("/proc/self/status") as f:
+            vm = next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmSize:"))
+        limit = vm + (6 << 20)
+        old = resource.getrlimit(resource.RLIMIT_AS)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, old[1]))
+        import threading
+        try:
+            threading.Thread(target=lambda: None).start()
+            print("threads still start")
+        except RuntimeError:
+            print("no thread can start")
+        saver.pause("weights")
+        stats = saver.stats()["weights"]
+        print("paused", stats.paused_bytes == 3 << 20, stats.host_backup_bytes == 3 << 20)
+        resource.setrlimit(resource.RLIMIT_AS, old)
+        saver.resume("weights")
+        print("content", mem.read(ptr, 4000) == b"kept" * 1000)
+        mem.free(ptr)  # settled: a free does not wait forever
+        print("freed", saver.stats()["weights"].allocations == 0)
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            cwd=os.path.dirname(__file__))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split("\n")[:4] == ["no thread can start", "paused True True", "content True",
+                                             "freed True"], result.stdout + result.stderr[-2000:]
