@@ -22,18 +22,20 @@ Status create_within_margin(Backend& backend, int device, size_t size, size_t ma
 }  // namespace
 
 Status map_physical(Backend& backend, int device, uintptr_t va, size_t size, size_t margin,
-                    PhysicalHandle* out) {
+                    PhysicalHandle* out, Leftover* leftover) {
+  *leftover = Leftover();
   PhysicalHandle physical = 0;
   Status s = create_within_margin(backend, device, size, margin, &physical);
   if (!s.ok()) return s;
   s = backend.map(device, va, size, physical);
   if (!s.ok()) {
-    backend.release_physical(device, physical, size);
+    if (!backend.release_physical(device, physical, size).ok()) *leftover = {physical, false};
     return s;
   }
   s = backend.set_access(device, va, size);
   if (!s.ok()) {
-    unmap_physical(backend, device, va, size, physical);
+    bool unmapped = false;
+    if (!unmap_physical(backend, device, va, size, physical, &unmapped).ok()) *leftover = {physical, !unmapped};
     return s;
   }
   *out = physical;

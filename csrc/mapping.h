@@ -12,11 +12,19 @@
 
 namespace tmsl {
 
+// What a failed map_physical could not clean up after itself (cleanup failing too): the
+// caller keeps it to release later. physical == 0: nothing.
+struct Leftover {
+  PhysicalHandle physical = 0;
+  bool mapped = false;  // still mapped at the va
+};
+
 // Creates `size` bytes of physical memory on `device` (refused with kOutOfMemory when the
 // device would be left with less than `margin` free bytes; 0 = no margin), maps it at
-// [va, va + size) and makes it readable and writable. On error nothing of it is left behind.
+// [va, va + size) and makes it readable and writable. On error it undoes what it did; what
+// it could not undo is in *leftover.
 Status map_physical(Backend& backend, int device, uintptr_t va, size_t size, size_t margin,
-                    PhysicalHandle* out);
+                    PhysicalHandle* out, Leftover* leftover);
 
 // Unmaps [va, va + size), then releases `physical`. When the unmap fails the memory is
 // still mapped, so nothing is released and *unmapped (if given) stays false.

@@ -39,31 +39,41 @@ Saver::Saver(std::unique_ptr<Backend> backend) : backend_(std::move(backend)) {}
 Saver::~Saver() {
   for (auto& entry : table_) {
     Allocation& a = *entry.second;
-    if (a.state == State::kActive) take_down(a.device, a.va, a.size, a.physical);
-    give_back_range(a.device, a.va, a.size);
+    discard(a.device, a.va, a.size, a.state == State::kActive ? a.physical : 0);
   }
   retry_orphans();
+}
+
+void Saver::adopt(const Orphan& orphan) {
+  std::lock_guard<std::mutex> lock(mu_);
+  orphans_.push_back(orphan);
+  has_orphans_.store(true);
 }
 
 Status Saver::take_down(int device, uintptr_t va, size_t size, PhysicalHandle physical, bool* unmapped) {
   bool done_unmapping = false;
   Status s = unmap_physical(*backend_, device, va, size, physical, &done_unmapping);
   if (unmapped != nullptr) *unmapped = done_unmapping;
-  if (!s.ok() && done_unmapping) {
-    std::lock_guard<std::mutex> lock(mu_);
-    orphans_.push_back({device, va, size, physical});
-    has_orphans_.store(true);
-  }
+  if (!s.ok() && (done_unmapping || unmapped == nullptr)) adopt({device, va, size, physical, !done_unmapping, false});
   return s;
 }
 
-Status Saver::give_back_range(int device, uintptr_t va, size_t size) {
-  Status s = backend_->free_reservation(device, va, size);
-  if (!s.ok()) {
-    std::lock_guard<std::mutex> lock(mu_);
-    orphans_.push_back({device, va, size, 0});
-    has_orphans_.store(true);
+Status Saver::discard(int device, uintptr_t va, size_t size, PhysicalHandle physical) {
+  Orphan rest{device, va, size, physical, physical != 0, true};
+  Status s;
+  if (rest.mapped) {
+    s = backend_->unmap(device, va, size);
+    rest.mapped = !s.ok();
   }
+  if (s.ok() && rest.physical != 0) {
+    s = backend_->release_physical(device, physical, size);
+    if (s.ok()) rest.physical = 0;
+  }
+  if (s.ok()) {
+    s = backend_->free_reservation(device, va, size);
+    rest.range = !s.ok();
+  }
+  if (!s.ok()) adopt(rest);
   return s;
 }
 
@@ -76,9 +86,20 @@ void Saver::retry_orphans() {
     has_orphans_.store(false);
   }
   std::vector<Orphan> still;
-  for (const Orphan& o : orphans) {
-    Status s = o.physical != 0 ? backend_->release_physical(o.device, o.physical, o.size)
-                               : backend_->free_reservation(o.device, o.va, o.size);
+  for (Orphan o : orphans) {
+    Status s;
+    if (o.mapped) {
+      s = backend_->unmap(o.device, o.va, o.size);
+      o.mapped = !s.ok();
+    }
+    if (s.ok() && o.physical != 0) {
+      s = backend_->release_physical(o.device, o.physical, o.size);
+      if (s.ok()) o.physical = 0;
+    }
+    if (s.ok() && o.range) {
+      s = backend_->free_reservation(o.device, o.va, o.size);
+      o.range = !s.ok();
+    }
     if (!s.ok()) still.push_back(o);
   }
   if (!still.empty()) {
@@ -189,9 +210,11 @@ Status Saver::allocate(size_t size, int device, const std::string& tag, BackupCh
   s = backend_->reserve(device, rounded, granularity, &address);
   if (!s.ok()) return explain(s);
   PhysicalHandle physical = 0;
-  s = map_physical(*backend_, device, address, rounded, margin_bytes_.load(), &physical);
+  Leftover leftover;
+  s = map_physical(*backend_, device, address, rounded, margin_bytes_.load(), &physical, &leftover);
   if (!s.ok()) {
-    give_back_range(device, address, rounded);
+    if (leftover.physical != 0) adopt({device, address, rounded, leftover.physical, leftover.mapped, true});
+    else discard(device, address, rounded, 0);
     return explain(s);
   }
 
@@ -212,8 +235,7 @@ Status Saver::allocate(size_t size, int device, const std::string& tag, BackupCh
     }
   }
   if (refused) {
-    take_down(device, address, rounded, physical);
-    give_back_range(device, address, rounded);
+    discard(device, address, rounded, physical);
     return tag_paused_error(tag);
   }
   index_.insert(address);
@@ -252,9 +274,8 @@ Status Saver::free(uintptr_t va, void* stream) {
     // Work queued on the stream may still use the memory; other streams are the caller's
     // business (torch waits for their events before it frees a block).
     keep_first(backend_->synchronize_stream(a->device, stream));
-    keep_first(take_down(a->device, a->va, a->size, a->physical));
   }
-  keep_first(give_back_range(a->device, a->va, a->size));
+  keep_first(discard(a->device, a->va, a->size, a->state == State::kActive ? a->physical : 0));
   retry_orphans();
   return with_context(first, "freeing " + format_address(va) + " (tag '" + a->tag + "')");
 }
@@ -529,7 +550,9 @@ size_t Saver::default_host_cache_bytes() {
 
 Status Saver::map_fresh(Allocation& a) {
   PhysicalHandle physical = 0;
-  Status s = map_physical(*backend_, a.device, a.va, a.size, margin_bytes_.load(), &physical);
+  Leftover leftover;
+  Status s = map_physical(*backend_, a.device, a.va, a.size, margin_bytes_.load(), &physical, &leftover);
+  if (leftover.physical != 0) adopt({a.device, a.va, a.size, leftover.physical, leftover.mapped, false});
   if (s.code == Code::kOutOfMemory) return s;  // the caller explains what the resume needed
   if (!s.ok()) return with_context(s, "resuming tag '" + a.tag + "' at " + format_address(a.va));
   a.physical = physical;

@@ -144,11 +144,14 @@ class Saver {
     HostBuffer host_copy;         // while paused with backup (or retained)
   };
 
-  // Unmaps and releases a mapping (mapping.h); physical memory whose release fails once
-  // unmapped is kept as an orphan rather than leaked.
+  // Unmaps and releases a mapping (mapping.h). Whatever of it fails is kept as an orphan
+  // rather than leaked; except that with `unmapped` given, a mapping the unmap failed on is
+  // the caller's to keep (*unmapped false).
   Status take_down(int device, uintptr_t va, size_t size, PhysicalHandle physical, bool* unmapped = nullptr);
-  // Gives an address range back; one whose release fails is kept as an orphan.
-  Status give_back_range(int device, uintptr_t va, size_t size);
+  // Gives an allocation up entirely: unmaps and releases its physical memory (physical != 0:
+  // it is mapped) and gives its address range back. A step that fails leaves the rest to an
+  // orphan, in order, so nothing is leaked and no range is given back while still mapped.
+  Status discard(int device, uintptr_t va, size_t size, PhysicalHandle physical);
   // Tries again to release what failed to be released before (at each pause, resume and
   // free, and when the saver goes), so a passing driver error leaks nothing for good.
   void retry_orphans();
@@ -193,13 +196,17 @@ class Saver {
   std::map<std::string, TagInfo> tags_;  // the tag catalogue, under mu_
   // Each tag's allocations (by address), so a pause of one tag does not walk the others'.
   std::map<std::string, std::set<uintptr_t>> by_tag_;
-  // Physical memory (physical != 0) and address ranges (physical == 0) not yet released.
+  // Physical memory (physical != 0, still mapped at va if `mapped`) and address ranges
+  // (physical == 0) not yet released.
   struct Orphan {
     int device;
     uintptr_t va;
     size_t size;
-    PhysicalHandle physical;
+    PhysicalHandle physical;  // still to release (0: none)
+    bool mapped;              // still to unmap first
+    bool range;               // the address range still to give back, last
   };
+  void adopt(const Orphan& orphan);  // takes mu_
   std::vector<Orphan> orphans_;  // under mu_
   std::atomic<bool> has_orphans_{false};
   AddressIndex index_;
