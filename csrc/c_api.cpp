@@ -80,6 +80,10 @@ TMSL_API int tmsl_take_allocation_failure(void) {
   return failed ? 1 : 0;
 }
 
+TMSL_API int tmsl_check_process(void) {
+  return guarded([] { return in_forked_child() ? forked_child_error() : Status::Ok(); });
+}
+
 TMSL_API int tmsl_default_saver(void** out) {
   return guarded([&] {
     Status s = require(out != nullptr, "out must not be NULL");

@@ -22,6 +22,9 @@ TMSL_API void tmsl_last_error_oom(const char** tag, size_t* bytes_needed, size_t
 // 1 when an allocation hook failed on this thread since the last call (its error is then
 // the thread's last error), else 0. Clears the mark.
 TMSL_API int tmsl_take_allocation_failure(void);
+// An error in a child forked from a process that has used the library (the savers, their
+// threads and their device memory belong to the parent), else 0.
+TMSL_API int tmsl_check_process(void);
 
 // The process-wide (CUDA) saver, created on first call.
 TMSL_API int tmsl_default_saver(void** out);

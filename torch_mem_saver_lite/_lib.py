@@ -42,6 +42,7 @@ _vp, _sz, _int = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
 _SIGNATURES = {
     "tmsl_status_names": ([], ctypes.c_char_p),
     "tmsl_take_allocation_failure": ([], _int),
+    "tmsl_check_process": ([], _int),
     "tmsl_default_saver": ([ctypes.POINTER(_vp)], _int),
     "tmsl_create_host_saver": ([_sz, _sz, ctypes.POINTER(_vp)], _int),
     "tmsl_destroy_saver": ([_vp], _int),
@@ -147,6 +148,12 @@ def last_error() -> MemorySaverError:
         return OutOfMemoryError(message, (tag.value or b"").decode(errors="replace"),
                                 needed.value, free.value, device.value)
     return _EXCEPTIONS.get(name, MemorySaverError)(message)
+
+
+def check_process() -> None:
+    """MemorySaverError in a child forked from a process that uses the library (savers, their
+    threads and device memory stay with the parent): before anything touches CUDA there."""
+    check(lib().tmsl_check_process())
 
 
 def check(status: int) -> None:

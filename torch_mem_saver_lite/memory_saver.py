@@ -399,6 +399,7 @@ class MemorySaver:
 
     def _enter(self) -> _lib.NativeSaver:
         """Checks shared by region() and cuda_graph(); returns the native saver."""
+        _lib.check_process()
         if self._routes_torch and not torch.cuda.is_available():
             raise MemorySaverError(
                 f"torch {torch.__version__} sees no CUDA GPU, so there is nothing to route into "
@@ -602,6 +603,7 @@ class MemorySaver:
 
     def _refuse_during_capture(self, what: str) -> None:
         # Synchronizing or remapping while a graph captures would break the capture.
+        _lib.check_process()  # a forked child is refused before CUDA is asked anything
         if self._routes_torch and torch.cuda.is_current_stream_capturing():
             raise MemorySaverError(f"cannot {what} while a CUDA graph is being captured on this "
                                    f"thread's stream; {what} before or after the capture")
