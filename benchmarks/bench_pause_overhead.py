@@ -18,16 +18,7 @@ import time
 
 from torch_mem_saver_lite import _lib
 
-try:
-    from torch_mem_saver_lite.testing import HostSaver
-
-    def host_saver(granularity):
-        return HostSaver(granularity_bytes=granularity)
-except ImportError:  # before the testing module existed
-    from torch_mem_saver_lite import MemorySaver
-
-    def host_saver(granularity):
-        return HostSaver(granularity_bytes=granularity)
+from torch_mem_saver_lite.testing import HostSaver
 
 GRANULE = 64 << 10
 
@@ -54,7 +45,7 @@ def main() -> None:
     args = parser.parse_args()
     print(f"{'allocations':>11} {'pause bulk':>11} {'resume bulk':>12} {'pause one':>10} {'resume one':>11}  (ms, median)")
     for count in (int(c) for c in args.counts.split(",")):
-        saver = host_saver(GRANULE)
+        saver = HostSaver(granularity_bytes=GRANULE)
         with saver.region("bulk"):
             for _ in range(count):
                 malloc(GRANULE)

@@ -19,7 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from host_memory import HostMemory, rss_anon_bytes  # noqa: E402
-from torch_mem_saver_lite import MemorySaverError, memory_saver  # noqa: E402
+from interrupts import interrupted_at  # noqa: E402
+from torch_mem_saver_lite import MemorySaverError  # noqa: E402
 from torch_mem_saver_lite.testing import HostSaver  # noqa: E402
 
 KiB = 1 << 10
@@ -33,26 +34,6 @@ def resources() -> dict[str, int]:
     return dict(rss_mib=rss_anon_bytes() >> 20, fds=len(os.listdir("/proc/self/fd")), mappings=len(lines),
                 saver_mappings=sum("memfd:tmsl" in line for line in lines),
                 threads=len(os.listdir("/proc/self/task")))
-
-
-def interrupt_at(k: int, body) -> None:
-    count = 0
-
-    def local(frame, event, arg):
-        nonlocal count
-        if event == "line":
-            count += 1
-            if count == k:
-                raise KeyboardInterrupt
-        return local
-
-    sys.settrace(lambda f, e, a: local if f.f_code.co_filename == memory_saver.__file__ else None)
-    try:
-        body()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        sys.settrace(None)
 
 
 def main() -> int:
@@ -93,7 +74,7 @@ def main() -> int:
                 saver.inject_fault(rng.choice(FAULTS), rng.randrange(1, 4))
                 rng.choice([saver.pause, saver.resume])(tag)
             elif op == "interrupt":
-                interrupt_at(rng.randrange(1, 60), lambda: _paused_block(saver, tag))
+                interrupted_at(rng.randrange(1, 60), lambda: _paused_block(saver, tag))
             elif op == "reopen" and rng.random() < 0.02:
                 saver.close()
                 saver, live = HostSaver(granularity_bytes=64 * KiB), {}

@@ -202,14 +202,6 @@ class NativeSaver:
     def destroy(self) -> None:
         check(lib().tmsl_destroy_saver(self.handle))
 
-    def enter_region(self, tag: str, enable_cpu_backup: bool | None) -> None:
-        """Check the tag against the catalogue and make it this thread's region."""
-        check(lib().tmsl_enter_region(self.handle, tag.encode(), backup_choice(enable_cpu_backup)))
-
-    def set_thread_region(self, tag: str, enable_cpu_backup: bool | None) -> None:
-        """Make the tag this thread's region again, unchecked (leaving a nested region)."""
-        check(lib().tmsl_set_thread_region(self.handle, tag.encode(), backup_choice(enable_cpu_backup)))
-
     def set_host_cache_bytes(self, nbytes: int) -> None:
         check(lib().tmsl_set_host_cache_bytes(self.handle, nbytes))
 
@@ -283,13 +275,6 @@ class NativeSaver:
         return (host.value, lease.value) if host.value else None
 
 
-
-
-def leave_thread_region() -> None:
-    """The calling thread follows the process defaults again (normally: no region)."""
-    check(lib().tmsl_set_thread_region(None, None, 0))
-
-
 def release_lease(lease: int) -> None:
     check(lib().tmsl_release_lease(lease))
 
@@ -297,8 +282,3 @@ def release_lease(lease: int) -> None:
 def note_graph_capture() -> None:
     """A CUDA graph capture begins on this thread: its region's tag now holds graph memory."""
     check(lib().tmsl_note_graph_capture())
-
-
-def disable_thread_region() -> None:
-    """The calling thread allocates outside any region until told otherwise."""
-    check(lib().tmsl_disable_thread_region())

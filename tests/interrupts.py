@@ -1,0 +1,36 @@
+"""Injecting a KeyboardInterrupt at a chosen line the library executes (sys.settrace): the
+tests and the host soak use it to interrupt region(), disable() and paused() anywhere."""
+
+from __future__ import annotations
+
+import sys
+
+from torch_mem_saver_lite import memory_saver
+
+LIBRARY_FILES = (memory_saver.__file__,)
+
+
+def interrupted_at(k: int, body) -> bool:
+    """Run body() with a KeyboardInterrupt raised at the k-th line the library executes;
+    True if it was raised (False: body finished before reaching line k)."""
+    count = 0
+
+    def local(frame, event, arg):
+        nonlocal count
+        if event == "line":
+            count += 1
+            if count == k:
+                raise KeyboardInterrupt(f"injected at line {frame.f_lineno} of {frame.f_code.co_name}")
+        return local
+
+    def tracer(frame, event, arg):
+        return local if frame.f_code.co_filename in LIBRARY_FILES else None
+
+    sys.settrace(tracer)
+    try:
+        body()
+    except KeyboardInterrupt:
+        return True
+    finally:
+        sys.settrace(None)
+    return False
