@@ -197,6 +197,29 @@ void destroy_races_with_pauses_and_foreign_frees() {
   }
 }
 
+// Every entry point that writes through a pointer refuses NULL with an error, no crash.
+void null_out_pointers_are_refused() {
+  Saver s;
+  CHECK(tmsl_default_saver(nullptr) != 0);
+  CHECK(tmsl_create_host_saver(0, 2 * MiB, nullptr) != 0);
+  CHECK(tmsl_malloc(s.handle, MiB, 0, "kv", 0, nullptr) != 0);
+  CHECK(tmsl_stats_json(s.handle, nullptr, 0, nullptr) != 0);
+  CHECK(tmsl_tag_state(s.handle, "kv", nullptr) != 0);
+  CHECK(tmsl_tag_state(s.handle, nullptr, nullptr) != 0);
+  CHECK(tmsl_get_poison_on_resume(s.handle, nullptr) != 0);
+  CHECK(tmsl_get_host_cache_bytes(s.handle, nullptr) != 0);
+  const void* host = nullptr;
+  CHECK(tmsl_lease_backup(s.handle, nullptr, 1, nullptr, nullptr) != 0);
+  CHECK(tmsl_lease_backup(s.handle, nullptr, 1, &host, nullptr) != 0);
+  CHECK(tmsl_pause(s.handle, nullptr, 2) != 0);  // two tags promised, none given
+  CHECK(tmsl_enter_region(s.handle, nullptr, 0) != 0);
+  CHECK(tmsl_inject_fault(s.handle, nullptr, 1) != 0);
+  tmsl_last_error_oom(nullptr, nullptr, nullptr, nullptr);
+  CHECK(tmsl_set_thread_region(s.handle, "kv", 0) == 0);
+  CHECK(cudaMalloc(nullptr, MiB) != 0);  // inside a region: the result pointer is needed
+  CHECK(tmsl_set_thread_region(nullptr, nullptr, 0) == 0);
+}
+
 void threads_allocate_and_free_while_another_tag_cycles() {
   Saver s;
   std::vector<void*> idle;
@@ -254,6 +277,7 @@ int main() {
       {"retained_backups_are_reused_and_fresh", retained_backups_are_reused_and_fresh},
       {"hooks_route_by_thread_region", hooks_route_by_thread_region},
       {"destroyed_saver_handles_reach_nothing", destroyed_saver_handles_reach_nothing},
+      {"null_out_pointers_are_refused", null_out_pointers_are_refused},
       {"destroy_races_with_pauses_and_foreign_frees", destroy_races_with_pauses_and_foreign_frees},
       {"threads_allocate_and_free_while_another_tag_cycles", threads_allocate_and_free_while_another_tag_cycles},
   };
