@@ -98,6 +98,9 @@ TMSL_API int cudaMalloc(void** ptr, size_t size) {
 }
 
 TMSL_API int cudaFree(void* ptr) {
+  // In a child forked from a process with savers, CUDA is unusable and the memory is the
+  // parent's: freeing is a no-op, so the child's exit (torch frees its pools) is clean.
+  if (in_forked_child()) return kCudaSuccess;
   if (ptr != nullptr) {
     if (SaverRef saver = owner_of(reinterpret_cast<uintptr_t>(ptr))) {
       // nullptr: the legacy default stream, which cudaFree's callers expect to be waited for.

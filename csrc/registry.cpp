@@ -44,6 +44,7 @@ Registry& registry() {
 
 // Puts a saver in a free slot, where owner_of and find_saver see it. Needs the lock.
 Status publish(Registry& r, Saver* saver, SaverHandle* out) {
+  note_saver_made();
   for (size_t i = 0; i < kMaxSavers; ++i) {
     Slot& slot = r.slots[i];
     if (slot.saver.load() != nullptr) continue;

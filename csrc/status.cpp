@@ -48,12 +48,16 @@ const char* status_code_names() {
 namespace {
 thread_local Status t_last_error;
 
+std::atomic<bool> g_saver_made{false};
 std::atomic<bool> g_forked_child{false};
-// Registered when the library loads: fork() marks the child.
-const int g_fork_handler = pthread_atfork(nullptr, nullptr, [] { g_forked_child.store(true); });
+// Registered when the library loads: fork() marks the child of a process with savers.
+const int g_fork_handler = pthread_atfork(nullptr, nullptr, [] {
+  if (g_saver_made.load()) g_forked_child.store(true);
+});
 }  // namespace
 
 bool in_forked_child() { return g_forked_child.load(std::memory_order_relaxed); }
+void note_saver_made() { g_saver_made.store(true); }
 
 Status forked_child_error() {
   return Status::Error(Code::kHostError,

@@ -75,9 +75,11 @@ Status status_of(Body&& body) {
   }
 }
 
-// True in a child process forked from one that has used the library: the parent's savers,
+// True in a child process forked from one that had made a saver: the parent's savers,
 // threads and device memory are not the child's, so every saver call is refused there.
+// (A fork before any saver existed is an ordinary process.)
 bool in_forked_child();
+void note_saver_made();
 Status forked_child_error();
 
 // Per-thread last error, read by the C ABI's tmsl_last_error_* functions.

@@ -86,3 +86,26 @@ def test_a_forked_child_refuses_saver_calls_exits_cleanly_and_leaves_the_parent_
                             env={**os.environ, "PYTHONWARNINGS": "ignore::DeprecationWarning"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "codes [0, 0, 0, 0, 0, 0, 0, 0, 0, 0] parent True", result.stdout + result.stderr
+
+
+def test_a_fork_before_any_saver_exists_is_an_ordinary_process():
+    code = textwrap.dedent("""
+        import os, sys
+        sys.path.insert(0, {here!r})
+        from host_memory import HostMemory
+        from torch_mem_saver_lite import _lib
+        from torch_mem_saver_lite.testing import HostSaver
+        _lib.lib()  # the library is loaded, but no saver exists yet
+        pid = os.fork()
+        if pid == 0:
+            s, mem = HostSaver(), HostMemory()
+            with s.region("kv", enable_cpu_backup=True):
+                ptr = mem.malloc(1 << 20)
+            mem.write(ptr, b"child")
+            s.pause("kv"); s.resume("kv")
+            sys.exit(0 if mem.read(ptr, 5) == b"child" else 3)
+        print("child", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        """).format(here=str(HERE))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "child 0", result.stdout + result.stderr
