@@ -22,9 +22,9 @@ size_t worker_count(size_t pieces) {
 
 }  // namespace
 
-Status HostArena::create(Backend* backend, int device, const std::vector<size_t>& buffer_sizes,
+Status HostArena::create(std::shared_ptr<Backend> backend, int device, const std::vector<size_t>& buffer_sizes,
                          std::shared_ptr<HostArena>* out) {
-  std::shared_ptr<HostArena> arena(new HostArena(backend, device, buffer_sizes));
+  std::shared_ptr<HostArena> arena(new HostArena(std::move(backend), device, buffer_sizes));
   void* p = mmap(nullptr, arena->size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {
     return errno_status("cannot allocate " + format_bytes(arena->size_) + " of host memory for backups", errno);
@@ -43,8 +43,8 @@ Status HostArena::create(Backend* backend, int device, const std::vector<size_t>
   return Status::Ok();
 }
 
-HostArena::HostArena(Backend* backend, int device, const std::vector<size_t>& buffer_sizes)
-    : backend_(backend), device_(device) {
+HostArena::HostArena(std::shared_ptr<Backend> backend, int device, const std::vector<size_t>& buffer_sizes)
+    : backend_(std::move(backend)), device_(device) {
   // Buffers in order; a new range starts once the current one has kRangeBytes.
   for (size_t size : buffer_sizes) {
     if (ranges_.empty() || ranges_.back().size >= kRangeBytes) {

@@ -34,7 +34,8 @@ class HostArena {
 
   // Maps memory for buffers of the given sizes and starts preparing it; fails with
   // Code::kOutOfMemory when the host cannot provide it.
-  static Status create(Backend* backend, int device, const std::vector<size_t>& buffer_sizes,
+  // The arena shares the backend: a backup leased out may outlive its saver.
+  static Status create(std::shared_ptr<Backend> backend, int device, const std::vector<size_t>& buffer_sizes,
                        std::shared_ptr<HostArena>* out);
   ~HostArena();  // waits for its workers, unregisters, unmaps
   HostArena(const HostArena&) = delete;
@@ -60,10 +61,10 @@ class HostArena {
     size_t size;
   };
 
-  HostArena(Backend* backend, int device, const std::vector<size_t>& buffer_sizes);
+  HostArena(std::shared_ptr<Backend> backend, int device, const std::vector<size_t>& buffer_sizes);
   void prepare();  // one worker: fault in pieces in order, page-lock each range it completes
 
-  Backend* const backend_;
+  const std::shared_ptr<Backend> backend_;
   const int device_;
   char* data_ = nullptr;
   size_t size_ = 0;

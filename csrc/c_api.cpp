@@ -239,7 +239,8 @@ TMSL_API int tmsl_lease_backup(void* handle, const void* ptr, size_t nbytes, con
 
 TMSL_API int tmsl_release_lease(void* lease) {
   return guarded([&] {
-    delete static_cast<HostBuffer*>(lease);  // the last reference frees the host memory
+    // In a forked child the arena (its threads, its page-locking) is the parent's: leave it.
+    if (!in_forked_child()) delete static_cast<HostBuffer*>(lease);  // the last reference frees it
     return Status::Ok();
   });
 }

@@ -17,6 +17,7 @@ struct Slot {
   std::atomic<Saver*> saver{nullptr};
   std::atomic<uint64_t> generation{0};
   std::atomic<int> users{0};  // SaverRefs alive on this slot
+  bool retiring = false;      // its saver is being deleted: not reused yet (under the lock)
 };
 
 // A counted reference to the slot's saver if it is still `generation` (0: any).
@@ -47,7 +48,7 @@ Status publish(Registry& r, Saver* saver, SaverHandle* out) {
   note_saver_made();
   for (size_t i = 0; i < kMaxSavers; ++i) {
     Slot& slot = r.slots[i];
-    if (slot.saver.load() != nullptr) continue;
+    if (slot.saver.load() != nullptr || slot.retiring) continue;
     uint64_t generation = slot.generation.load() + 1;
     slot.generation.store(generation, std::memory_order_release);
     slot.saver.store(saver, std::memory_order_release);
@@ -110,10 +111,13 @@ Status remove_saver(SaverHandle handle) {
     slot = &r.slots[(handle & ((1u << kSlotBits) - 1)) - 1];
     slot->generation.store(slot->generation.load() + 1);  // its handle finds nothing from now on
     slot->saver.store(nullptr);
+    slot->retiring = true;
   }
   // Calls that found it before are still running (a pause, a free): they finish first.
   while (slot->users.load() != 0) std::this_thread::yield();
   delete saver;
+  std::lock_guard<std::mutex> lock(r.mu);
+  slot->retiring = false;
   return Status::Ok();
 }
 

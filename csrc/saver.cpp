@@ -59,6 +59,18 @@ Status Saver::take_down(int device, uintptr_t va, size_t size, PhysicalHandle ph
 }
 
 Status Saver::discard(int device, uintptr_t va, size_t size, PhysicalHandle physical) {
+  if (physical == 0 && has_orphans_.load()) {
+    // A failed rollback may have left memory mapped in this range: that must go first, so
+    // the orphan takes the range along and gives it back once it is unmapped.
+    retry_orphans();
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Orphan& o : orphans_) {
+      if (o.va == va && o.mapped) {
+        o.range = true;
+        return Status::Ok();
+      }
+    }
+  }
   Orphan rest{device, va, size, physical, physical != 0, true};
   Status s;
   if (rest.mapped) {
@@ -320,8 +332,8 @@ void Saver::settle(const std::vector<Allocation*>& batch, size_t done, State don
       if (unused) let_go.push_back(std::move(unused));
     }
   }
+  settled_.notify_all();  // first: nothing below may keep a waiting free asleep
   releaser_.release(std::move(let_go));
-  settled_.notify_all();
 }
 
 std::set<int> Saver::devices_of(const std::vector<Allocation*>& batch) {
@@ -421,7 +433,7 @@ Status Saver::copy_out(const std::vector<Allocation*>& batch, std::vector<HostBu
   }
   if (!needed.empty()) {
     std::shared_ptr<HostArena> arena;
-    Status s = HostArena::create(backend_.get(), arena_device, needed, &arena);
+    Status s = HostArena::create(backend_, arena_device, needed, &arena);
     if (!s.ok()) {
       size_t bytes = 0;
       for (size_t size : needed) bytes += size;

@@ -188,7 +188,7 @@ class Saver {
                                  const Status& cause);
   const Allocation* containing(uintptr_t address) const;  // needs mu_
 
-  std::unique_ptr<Backend> backend_;
+  std::shared_ptr<Backend> backend_;  // shared with host arenas, which leases may keep alive
   std::mutex op_mu_;
   mutable std::mutex mu_;
   std::condition_variable settled_;

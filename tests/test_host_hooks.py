@@ -119,3 +119,46 @@ def test_removed_hooks_no_longer_run_and_bad_hooks_are_refused(host_saver, mem, 
         host_saver.register_hooks("a", before_pause="not callable")
     with pytest.raises(TypeError):
         host_saver.register_hooks(3)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # injected into __del__ after the work
+def test_a_ctrl_c_anywhere_in_paused_leaves_every_tags_hooks_balanced(host_saver, mem, two_tags):
+    from interrupts import interrupted_at
+
+    calls = []
+    for t in ("a", "b"):
+        host_saver.register_hooks(t, before_pause=lambda t=t: calls.append(("pause", t)),
+                                  after_resume=lambda t=t: calls.append(("resume", t)))
+    k = 0
+    while True:  # a KeyboardInterrupt at each line of paused() in turn
+        k += 1
+        calls.clear()
+
+        def body():
+            with host_saver.paused(["a", "b"]):
+                pass
+
+        hit = interrupted_at(k, body)
+        stats = host_saver.stats()
+        assert not stats["a"].paused and not stats["b"].paused, k
+        for t in ("a", "b"):  # what was unregistered for a pause was registered again
+            assert calls.count(("pause", t)) == calls.count(("resume", t)) <= 1, (k, calls)
+        if not hit:
+            assert len(calls) == 4
+            break
+
+
+def test_a_failed_pause_undoes_hooks_only_for_tags_that_are_active_again(host_saver, mem, two_tags):
+    r = Recorder()
+    host_saver.register_hooks("a", before_pause=r.hook("a-pause"), after_resume=r.hook("a-resume"))
+    host_saver._core().inject_fault("release_physical", 1)  # 'a' released, its handle not
+    host_saver._core().inject_fault("map", 1)  # and the undo cannot map it back
+    with pytest.raises(Exception, match="injected fault"):
+        host_saver.pause("a")
+    if host_saver.stats()["a"].paused:
+        assert r.calls == ["a-pause"]  # still paused: its after_resume waits for the resume
+        host_saver.resume("a")
+        assert r.calls == ["a-pause", "a-resume"]
+    else:
+        assert r.calls == ["a-pause", "a-resume"]
+    assert mem.read(two_tags[0], 12) == b"content of a"

@@ -13,6 +13,7 @@ import pytest
 
 from interrupts import interrupted_at
 from torch_mem_saver_lite import memory_saver
+from torch_mem_saver_lite.testing import HostSaver
 
 MiB = 1 << 20
 
@@ -37,7 +38,8 @@ def outside_any_region_is_refused(mem) -> bool:
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # injected into __del__ after the work
-def test_interrupting_region_and_disable_anywhere_restores_the_enclosing_region(host_saver, mem):
+def test_interrupting_region_and_disable_anywhere_restores_the_enclosing_region(mem):
+    host_saver = HostSaver()  # no capacity limit: every interrupted round leaves its allocation
     def region_body():
         with host_saver.region("inner"):
             mem.malloc(MiB)
@@ -56,6 +58,7 @@ def test_interrupting_region_and_disable_anywhere_restores_the_enclosing_region(
         assert lines > 3
         assert outside_any_region_is_refused(mem)
         assert memory_saver._stack() == []
+    host_saver.close()
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
@@ -113,3 +116,9 @@ def test_a_real_sigint_during_a_large_pause_leaves_everything_resumable(tmp_path
     assert result.returncode == 0, result.stderr[-3000:]
     words = result.stdout.split()
     assert words[0] == "interrupts" and int(words[1]) >= 6 and words[3] == "True", result.stdout
+
+
+def test_paused_of_an_unknown_tag_is_refused(host_saver):
+    with pytest.raises(ValueError, match="unknown tag 'typo'"):
+        with host_saver.paused("typo"):
+            pass

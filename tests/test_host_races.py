@@ -101,3 +101,15 @@ def test_close_racing_pause_and_resume_waits_for_them_and_then_refuses(mem):
                         "has been closed" in results[0]), results
     with pytest.raises(MemorySaverError, match="has been closed"):
         saver.pause("kv")
+
+
+def test_a_zero_copy_backup_outlives_its_saver(mem):
+    saver = HostSaver()
+    with saver.region("weights", enable_cpu_backup=True):
+        ptr = mem.malloc(4 * MiB)
+    mem.write(ptr, b"v" * (4 * MiB))
+    saver.pause("weights")
+    backup = saver.get_cpu_backup(tensor_at(ptr, 4 * MiB), zero_copy=True)
+    saver.close()  # the saver and its backend go; the leased host memory stays
+    assert int(backup.sum()) == ord("v") * 4 * MiB
+    del backup  # the last reference: unregisters and frees through the backend it kept

@@ -131,9 +131,10 @@ def _route_to(target: tuple | None) -> None:
         begin_route(*target); state["route"] = target  # noqa: E702
 
 
-def _settle(stack: list[_Region], depth: int) -> None:
+def _settle(stack: list[_Region], depth: int) -> BaseException | None:
     """Make the thread's native region and torch route those of ``stack[:depth]``. An
-    interrupt (Ctrl-C) in the middle makes it start over; it is raised once all is settled."""
+    interrupt (Ctrl-C) in the middle makes it start over; it is returned once all is
+    settled, for the caller to raise."""
     interrupt = None
     for _ in range(16):
         try:
@@ -145,30 +146,34 @@ def _settle(stack: list[_Region], depth: int) -> None:
             else:
                 _lib.lib().tmsl_set_thread_region(None, None, 0)  # back to the process defaults
             break
-        except BaseException as error:  # noqa: BLE001 - re-raised below, once settled
+        except BaseException as error:  # noqa: BLE001 - handed back, once settled
             interrupt = interrupt or error
-    if interrupt is not None:
-        raise interrupt
+    return interrupt
 
 
 class _Undo:
     """Runs an undo action exactly once: from the finally clause that owns it, or, should
     an interrupt land on that clause's first line (before the call), when the frame holding
-    it is torn down by that very interrupt."""
+    it is torn down by that very interrupt (on the thread it belongs to). The action is
+    idempotent and returns an interrupt it deferred, raised here once the action is done."""
 
-    __slots__ = ("_action",)
+    __slots__ = ("_action", "_thread")
 
     def __init__(self, action):
         self._action = action
+        self._thread = threading.get_ident()
 
     def __call__(self) -> None:
-        # One line: cleared only once the action has returned (the action is idempotent,
-        # so one cut short is simply run again by __del__).
-        if self._action is not None: self._action(); self._action = None  # noqa: E701, E702
+        interrupt = None
+        # One line: cleared only once the action has returned; one cut short is run again.
+        if self._action is not None: interrupt = self._action(); self._action = None  # noqa: E701, E702
+        if interrupt is not None:
+            raise interrupt
 
     def __del__(self) -> None:
-        with contextlib.suppress(BaseException):  # the interrupt itself is already on its way
-            self()
+        if self._action is not None and threading.get_ident() == self._thread:
+            with contextlib.suppress(BaseException):  # the interrupt itself is already on its way
+                self()
 
 
 @contextlib.contextmanager
@@ -319,7 +324,7 @@ class MemorySaver:
     def release_host_cache(self) -> None:
         """Free the host memory the cache (and retention) keeps for resident memory; the
         next pause prepares new host memory again."""
-        native = self._native
+        native = self._existing_core()
         if native is not None:
             native.release_host_cache()
             native.wait_for_released_backups()
@@ -512,20 +517,23 @@ class MemorySaver:
             return
         self._refuse_during_capture("pause")
         hooks = self._hooks_of(native, names, _lib.TAG_ACTIVE)
-        ran: list[_TagHooks] = []
+        ran: list[tuple[str, _TagHooks]] = []
+        started = None
         try:
-            for hook in hooks:
-                if hook.before_pause is not None:
-                    hook.before_pause()
-                ran.append(hook)
+            for entry in hooks:
+                # One line: `started` marks the hook called, so a Ctrl-C in it undoes it too.
+                started = entry; entry[1].before_pause and entry[1].before_pause(); ran.append(entry)  # noqa: E702
             native.pause(names)
-        except BaseException:
+        except BaseException as error:
+            if isinstance(error, KeyboardInterrupt) and started is not None and started not in ran:
+                ran.append(started)
             # Nothing is lost: memory a failed pause released comes back, then the hooks
-            # that ran are undone by their after_resume, newest first.
+            # that ran are undone by their after_resume, newest first: for the tags that are
+            # active again (one whose memory cannot come back now stays paused, hooks undone).
             if hooks:
                 with contextlib.suppress(Exception):
-                    native.resume(self._hooked_tags(hooks))
-            _run_quietly(hook.after_resume for hook in reversed(ran))
+                    native.resume(list(dict.fromkeys(t for t, _ in hooks)))
+            _run_quietly(hook.after_resume for t, hook in reversed(ran) if native.tag_state(t) == _lib.TAG_ACTIVE)
             raise
 
     def resume(self, tag: str | Sequence[str] | None = None) -> None:
@@ -541,19 +549,37 @@ class MemorySaver:
         if native is None:
             return
         self._refuse_during_capture("resume")
-        hooks = list(reversed(self._hooks_of(native, names, _lib.TAG_PAUSED)))
+        hooks = [hook for _, hook in reversed(self._hooks_of(native, names, _lib.TAG_PAUSED))]
         paused_before = self._paused_tags(native, names) if hooks else []
-        native.resume(names)
-        ran: list[_TagHooks] = []
-        try:
-            for hook in hooks:
-                if hook.after_resume is not None:
-                    hook.after_resume()
-                ran.append(hook)
-        except BaseException:
-            _run_quietly(hook.before_pause for hook in reversed(ran))
-            native.pause(paused_before)
-            raise
+        self._resume_with_hooks(native, names, hooks, paused_before)
+
+    @staticmethod
+    def _resume_with_hooks(native: _lib.NativeSaver, names: list[str] | None, hooks: list[_TagHooks],
+                           paused_before: list[str]) -> None:
+        """native.resume(names), then the after_resume hooks. A Ctrl-C anywhere in between
+        skips nothing: the resume (idempotent) is done again, a hook it landed in counts as
+        run, and the interrupt is raised once all ran. A failed resume runs no hook; a hook
+        that raises pauses the tags again (hooks that ran get their before_pause)."""
+        resume = object()  # the first step: the resume itself
+        pending, ran, interrupt, started = [resume, *hooks], [], None, None
+        while pending:
+            try:
+                while pending:
+                    # One line: `started` marks the step begun, so an interrupt in a hook
+                    # does not run it twice, and one before it does not skip it.
+                    started = pending[0]; native.resume(names) if started is resume else (started.after_resume and started.after_resume()); ran.append(pending.pop(0))  # noqa: E501, E702
+            except KeyboardInterrupt as error:
+                interrupt = interrupt or error
+                if pending and pending[0] is started and started is not resume:
+                    ran.append(pending.pop(0))
+            except BaseException:
+                if started is resume:
+                    raise  # nothing was resumed: nothing to undo
+                _run_quietly(hook.before_pause for hook in reversed(ran) if hook is not resume)
+                native.pause(paused_before)
+                raise
+        if interrupt is not None:
+            raise interrupt
 
     # ----- hooks ---------------------------------------------------------------------------
     def register_hooks(self, tag: str, before_pause: Hook | None = None,
@@ -583,18 +609,15 @@ class MemorySaver:
                     self._hooks[tag].remove(entry)
         return remove
 
-    def _hooks_of(self, native: _lib.NativeSaver, names: list[str] | None, state: int) -> list[_TagHooks]:
-        """The hooks of the selected tags that are in ``state`` (so the call changes them)."""
+    def _hooks_of(self, native: _lib.NativeSaver, names: list[str] | None,
+                  state: int) -> list[tuple[str, _TagHooks]]:
+        """(tag, hooks) of the selected tags that are in ``state`` (so the call changes them)."""
         with self._lock:
             hooked = {tag: list(hooks) for tag, hooks in self._hooks.items() if hooks}
         if not hooked:
             return []
         selected = [t for t in (names if names is not None else sorted(hooked)) if t in hooked]
-        return [hook for t in dict.fromkeys(selected) if native.tag_state(t) == state for hook in hooked[t]]
-
-    def _hooked_tags(self, hooks: list[_TagHooks]) -> list[str]:
-        with self._lock:
-            return [tag for tag, entries in self._hooks.items() if any(h in entries for h in hooks)]
+        return [(t, hook) for t in dict.fromkeys(selected) if native.tag_state(t) == state for hook in hooked[t]]
 
     @staticmethod
     def _paused_tags(native: _lib.NativeSaver, names: list[str] | None) -> list[str]:
@@ -614,8 +637,12 @@ class MemorySaver:
         interrupted (Ctrl-C) at any point. Tags that were paused already stay paused."""
         names = self._selection(tag)
         native = self._native_for(names)
-        active = [] if native is None else [
-            t for t in (names if names is not None else list(native.stats())) if native.tag_state(t) == _lib.TAG_ACTIVE]
+        states = {} if native is None else {
+            t: native.tag_state(t) for t in (names if names is not None else list(native.stats()))}
+        unknown = [t for t, state in states.items() if state == _lib.TAG_UNKNOWN]
+        if unknown:
+            native.pause(unknown)  # raises the core's "unknown tag" error; changes nothing
+        active = [t for t, state in states.items() if state == _lib.TAG_ACTIVE]
         undo = _Undo(functools.partial(self._resume_despite_interrupts, active))
         try:
             self.pause(active)
@@ -623,8 +650,9 @@ class MemorySaver:
         finally:
             undo()
 
-    def _resume_despite_interrupts(self, tags: list[str]) -> None:
-        """resume(tags); a resume cut short by Ctrl-C is done again, then the interrupt raised."""
+    def _resume_despite_interrupts(self, tags: list[str]) -> BaseException | None:
+        """resume(tags); a resume cut short by Ctrl-C is done again, and the interrupt
+        returned for the caller to raise."""
         interrupt = None
         for _ in range(16):
             try:
@@ -632,8 +660,7 @@ class MemorySaver:
                 break
             except KeyboardInterrupt as error:
                 interrupt = interrupt or error
-        if interrupt is not None:
-            raise interrupt
+        return interrupt
 
     # ----- inspection ------------------------------------------------------------------
     def stats(self) -> dict[str, TagStats]:
@@ -690,5 +717,6 @@ class MemorySaver:
         A resume returns as soon as the content is back on the device and frees its host
         memory on a background thread; call this before measuring host memory.
         """
-        if self._native is not None:
-            self._native.wait_for_released_backups()
+        native = self._existing_core()
+        if native is not None:
+            native.wait_for_released_backups()
