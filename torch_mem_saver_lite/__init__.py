@@ -8,6 +8,8 @@ keeping their virtual addresses, and take it back later.
     saver.resume("kv_cache")  # fresh memory mapped at the same address
 """
 
+import importlib.metadata as _metadata
+
 from .errors import (
     CudaDriverError,
     DriverNotFoundError,
@@ -19,6 +21,11 @@ from .preload import configure_subprocess
 from .memory_saver import MemorySaver
 from .stats import TagStats
 
+try:
+    __version__ = _metadata.version("torch-mem-saver-lite")
+except _metadata.PackageNotFoundError:  # a source checkout that was never installed
+    __version__ = "0+unknown"
+
 saver = MemorySaver()
 """The process-wide saver (CUDA backend)."""
 
@@ -26,6 +33,7 @@ torch_memory_saver = saver
 """torch_memory_saver's name for the same object: switching is one import."""
 
 __all__ = [
+    "__version__",
     "CudaDriverError",
     "DriverNotFoundError",
     "InvalidArgumentError",

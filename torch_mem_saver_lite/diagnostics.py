@@ -1,7 +1,8 @@
 """What a user needs to know about this machine before pausing GPU memory.
 
-Facts about the driver and GPUs come from cuda-python (an observer independent of the
-native library); the library's own state comes from the package.
+Facts about the driver and GPUs come from cuda-python when it is installed (an observer
+independent of the native library), else from torch; the library's own state comes from
+the package. ``check()`` really pauses and resumes a small region on each GPU.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ class Environment:
     torch_sees_gpu: bool = False
     library_path: str | None = None
     hook_mode: str = ""
+    version: str = ""
+    memory: list[dict] = field(default_factory=list)  # per GPU: what holds device memory
     problems: list[str] = field(default_factory=list)
 
 
@@ -39,11 +42,19 @@ def _check(result):
     return values[0] if len(values) == 1 else values
 
 
+def _torch_facts(env: Environment) -> None:
+    """GPU names from torch, where cuda-python is not installed."""
+    import torch
+
+    if torch.cuda.is_available():
+        env.gpus = [GpuInfo(i, torch.cuda.get_device_name(i), True, None) for i in range(torch.cuda.device_count())]
+
+
 def _driver_facts(env: Environment) -> None:
     try:
         from cuda.bindings import driver
     except ImportError:
-        env.problems.append("cuda-python is not installed: pip install cuda-python")
+        _torch_facts(env)  # the check below still tries a real map/unmap
         return
     try:
         _check(driver.cuInit(0))
@@ -76,10 +87,10 @@ def collect() -> Environment:
     """Gather the environment; never raises, lists what is missing in ``problems``."""
     import torch
 
-    from . import _lib, saver
+    from . import __version__, _lib, saver
 
     env = Environment(torch_version=torch.__version__, torch_cuda=torch.version.cuda,
-                      hook_mode=saver.hook_mode)
+                      hook_mode=saver.hook_mode, version=__version__)
     _driver_facts(env)
     env.torch_sees_gpu = torch.cuda.is_available()
     if env.torch_cuda is None:
@@ -91,7 +102,63 @@ def collect() -> Environment:
         _lib.lib()
     except Exception as error:
         env.problems.append(f"native library unusable: {error}")
+    if env.torch_sees_gpu:
+        env.memory = memory_use()
     return env
+
+
+def memory_use() -> list[dict]:
+    """Per GPU, what holds device memory: the saver's tags (resident and paused), torch's
+    caching allocator, and the rest (CUDA context and modules, NCCL, other libraries)."""
+    import torch
+
+    from . import saver
+
+    stats = saver.stats()
+    resident = sum(s.resident_bytes for s in stats.values())
+    paused = sum(s.paused_bytes for s in stats.values())
+    rows = []
+    for index in range(torch.cuda.device_count()):
+        free, total = torch.cuda.mem_get_info(index)
+        used, reserved = total - free, torch.cuda.memory_reserved(index)
+        # In torch hook mode the saver's segments sit in torch's pools and count as reserved.
+        rows.append(dict(device=index, total_bytes=total, used_bytes=used, torch_reserved_bytes=reserved,
+                         saver_resident_bytes=resident, saver_paused_bytes=paused,
+                         other_bytes=max(0, used - max(reserved, resident))))
+    return rows
+
+
+def check(nbytes: int = 64 << 20) -> list[dict]:
+    """On each GPU: allocate ``nbytes`` in a backed-up region, pause it, see the device's
+    free memory rise by it, resume and compare every byte. One result per GPU."""
+    import torch
+
+    from . import saver
+
+    results = []
+    for index in range(torch.cuda.device_count()):
+        tag = f"doctor-check-{index}"
+        try:
+            with torch.cuda.device(index):
+                with saver.region(tag, enable_cpu_backup=True):
+                    data = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+                data.copy_(torch.arange(nbytes, device="cuda", dtype=torch.int64).remainder(251).to(torch.uint8))
+                expected = data.clone()
+                torch.cuda.synchronize()
+                free_before = torch.cuda.mem_get_info(index)[0]
+                saver.pause(tag)
+                released = torch.cuda.mem_get_info(index)[0] - free_before
+                saver.resume(tag)
+                intact = bool(torch.equal(data, expected))
+                del data, expected
+                saver.empty_cache(tag)
+            ok = released >= 0.99 * nbytes and intact
+            reason = "" if ok else (f"pausing released {released} of {nbytes} bytes" if released < 0.99 * nbytes
+                                    else "content changed across pause and resume")
+        except Exception as error:  # report it: this is a diagnosis, not a test run
+            ok, released, reason = False, 0, f"{type(error).__name__}: {error}"
+        results.append(dict(device=index, passed=ok, released_bytes=released, reason=reason))
+    return results
 
 
 def render(env: Environment) -> str:
@@ -109,8 +176,13 @@ def render(env: Environment) -> str:
         f"torch:            {env.torch_version} (CUDA {env.torch_cuda or 'none'}), "
         f"sees a GPU: {'yes' if env.torch_sees_gpu else 'no'}",
         f"hook mode:        {env.hook_mode}",
-        f"native library:   {env.library_path or 'not found'}",
+        f"native library:   {env.library_path or 'not found'} (torch_mem_saver_lite {env.version})",
     ]
+    for m in env.memory:
+        lines.append(f"  GPU {m['device']} memory: {mib(m['used_bytes'])} used of {mib(m['total_bytes'])}: "
+                     f"torch reserved {mib(m['torch_reserved_bytes'])}, saver resident "
+                     f"{mib(m['saver_resident_bytes'])} (paused {mib(m['saver_paused_bytes'])}), "
+                     f"other (context, NCCL, libraries) {mib(m['other_bytes'])}")
     if env.problems:
         lines.append("Missing for GPU use:")
         lines += [f"  - {problem}" for problem in env.problems]

@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import logging
 import os
 import threading
+import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -25,6 +27,35 @@ _MAX_TAG_LENGTH = 256
 
 # Regions nest per thread, across savers: one stack of _Region entries a thread.
 _thread = threading.local()
+
+logger = logging.getLogger("torch_mem_saver_lite")
+_GiB = 1 << 30
+
+
+def _log_transition(what: str, before: dict, after: dict, seconds: float) -> None:
+    """One INFO line for a pause or resume: the tags it changed, bytes, time and speed."""
+    changed = sorted(t for t, v in after.items() if v["paused"] != before.get(t, {}).get("paused", False))
+    if not changed:
+        return
+    moved = sum(after[t]["reserved_bytes"] for t in changed)
+    copied = sum((after if what == "pause" else before)[t]["host_backup_bytes"] for t in changed)
+    logger.info("%s %s: %.2f GiB of device memory %s, %.2f GiB %s host memory, in %.1f ms (%.1f GB/s)",
+                what, changed, moved / _GiB, "released" if what == "pause" else "mapped again",
+                copied / _GiB, "backed up to" if what == "pause" else "restored from", seconds * 1e3,
+                copied / seconds / 1e9 if copied and seconds > 0 else 0.0)
+
+
+def _logged(what: str, native: _lib.NativeSaver, operation, names) -> None:
+    """native.pause/resume(names) under a profiler range, logged at INFO when that is on
+    (the figures cost a table walk, so only then)."""
+    with torch.profiler.record_function(f"torch_mem_saver_lite.{what}"):
+        if not logger.isEnabledFor(logging.INFO):
+            operation(names)
+            return
+        before = native.stats()
+        start = time.perf_counter()
+        operation(names)
+        _log_transition(what, before, native.stats(), time.perf_counter() - start)
 
 Hook = Callable[[], object]
 
@@ -399,7 +430,9 @@ class MemorySaver:
             except RuntimeError as error:
                 # torch reports a refused allocation as its own error; say why it was refused.
                 if not isinstance(error, MemorySaverError) and _lib.take_allocation_failure():
-                    raise error from _lib.last_error()
+                    cause = _lib.last_error()
+                    logger.warning("an allocation in tag %r was refused: %s", tag, cause)
+                    raise error from cause
                 raise
 
     def _enter(self) -> _lib.NativeSaver:
@@ -523,7 +556,7 @@ class MemorySaver:
             for entry in hooks:
                 # One line: `started` marks the hook called, so a Ctrl-C in it undoes it too.
                 started = entry; entry[1].before_pause and entry[1].before_pause(); ran.append(entry)  # noqa: E702
-            native.pause(names)
+            _logged("pause", native, native.pause, names)
         except BaseException as error:
             if isinstance(error, KeyboardInterrupt) and started is not None and started not in ran:
                 ran.append(started)
@@ -551,12 +584,13 @@ class MemorySaver:
         self._refuse_during_capture("resume")
         hooks = [hook for _, hook in reversed(self._hooks_of(native, names, _lib.TAG_PAUSED))]
         paused_before = self._paused_tags(native, names) if hooks else []
-        self._resume_with_hooks(native, names, hooks, paused_before)
+        self._resume_with_hooks(native, functools.partial(_logged, "resume", native, native.resume, names),
+                                hooks, paused_before)
 
     @staticmethod
-    def _resume_with_hooks(native: _lib.NativeSaver, names: list[str] | None, hooks: list[_TagHooks],
+    def _resume_with_hooks(native: _lib.NativeSaver, do_resume, hooks: list[_TagHooks],
                            paused_before: list[str]) -> None:
-        """native.resume(names), then the after_resume hooks. A Ctrl-C anywhere in between
+        """do_resume(), then the after_resume hooks. A Ctrl-C anywhere in between
         skips nothing: the resume (idempotent) is done again, a hook it landed in counts as
         run, and the interrupt is raised once all ran. A failed resume runs no hook; a hook
         that raises pauses the tags again (hooks that ran get their before_pause)."""
@@ -567,7 +601,7 @@ class MemorySaver:
                 while pending:
                     # One line: `started` marks the step begun, so an interrupt in a hook
                     # does not run it twice, and one before it does not skip it.
-                    started = pending[0]; native.resume(names) if started is resume else (started.after_resume and started.after_resume()); ran.append(pending.pop(0))  # noqa: E501, E702
+                    started = pending[0]; do_resume() if started is resume else (started.after_resume and started.after_resume()); ran.append(pending.pop(0))  # noqa: E501, E702
             except KeyboardInterrupt as error:
                 interrupt = interrupt or error
                 if pending and pending[0] is started and started is not resume:

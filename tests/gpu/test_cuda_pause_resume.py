@@ -210,3 +210,16 @@ def test_cli_reports_the_gpu_ready():
     assert result.returncode == 0, result.stdout + result.stderr
     assert "virtual memory management yes, granularity 2 MiB" in result.stdout
     assert "Ready" in result.stdout
+
+
+def test_the_doctor_check_pauses_and_resumes_a_region_on_every_gpu():
+    import json
+
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "TMSL_TEST_HOOK_MODE")}
+    result = subprocess.run([sys.executable, "-m", "torch_mem_saver_lite", "--check", "--json"],
+                            capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert report["ok"] and len(report["checks"]) == torch.cuda.device_count()
+    assert all(c["passed"] and c["released_bytes"] >= 0.99 * (64 << 20) for c in report["checks"])
+    assert report["memory"] and report["memory"][0]["used_bytes"] > 0

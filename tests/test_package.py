@@ -1,0 +1,88 @@
+"""What a user installing the package sees: version, typing marker, license, logging and
+the doctor's command line (without a GPU here)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import torch_mem_saver_lite
+from torch_mem_saver_lite import OutOfMemoryError, _lib
+
+ROOT = Path(__file__).resolve().parents[1]
+MiB = 1 << 20
+
+
+def test_version_typing_marker_and_license():
+    assert torch_mem_saver_lite.__version__ == importlib.metadata.version("torch-mem-saver-lite")
+    assert (Path(torch_mem_saver_lite.__file__).parent / "py.typed").is_file()
+    assert "Apache License" in (ROOT / "LICENSE").read_text()
+
+
+def doctor(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "torch_mem_saver_lite", *args], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+
+
+def test_the_doctor_has_a_command_line():
+    assert doctor("--version").stdout.strip() == f"torch_mem_saver_lite {torch_mem_saver_lite.__version__}"
+    assert "--check" in doctor("--help").stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer without a GPU")
+def test_the_doctor_without_a_gpu_answers_in_json_and_fails():
+    result = doctor("--json", "--check")
+    assert result.returncode == 1
+    report = json.loads(result.stdout)
+    assert report["ok"] is False and report["problems"] and report["checks"] == []
+    assert report["version"] == torch_mem_saver_lite.__version__
+    assert "check: not run" in doctor("--check").stdout
+
+
+def test_pause_and_resume_log_tags_bytes_and_speed_at_info(host_saver, mem, caplog):
+    with host_saver.region("weights", enable_cpu_backup=True):
+        mem.malloc(8 * MiB)
+    with caplog.at_level(logging.INFO, logger="torch_mem_saver_lite"):
+        host_saver.pause("weights")
+        host_saver.resume("weights")
+        host_saver.pause("weights")
+        host_saver.pause("weights")  # nothing changes: nothing logged
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3, lines
+    assert lines[0].startswith("pause ['weights']: 0.01 GiB of device memory released, 0.01 GiB backed up")
+    assert lines[1].startswith("resume ['weights']: 0.01 GiB of device memory mapped again")
+    assert all("ms (" in line and "GB/s)" in line for line in lines)
+
+
+def test_nothing_is_logged_at_info_by_default(host_saver, mem, caplog):
+    with host_saver.region("kv"):
+        mem.malloc(2 * MiB)
+    with caplog.at_level(logging.WARNING, logger="torch_mem_saver_lite"):
+        host_saver.pause("kv")
+        host_saver.resume("kv")
+    assert caplog.records == []
+
+
+def test_a_refused_allocation_is_logged_as_a_warning(caplog):
+    from torch_mem_saver_lite.testing import HostSaver
+
+    saver = HostSaver(capacity_bytes=8 * MiB)
+    try:
+        saver.memory_margin_bytes = 6 * MiB
+        with caplog.at_level(logging.WARNING, logger="torch_mem_saver_lite"):
+            with pytest.raises(torch.cuda.OutOfMemoryError):
+                with saver.region("kv"):
+                    if not _lib.lib().tmsl_torch_malloc(4 * MiB, 0, None):
+                        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        assert any(r.levelno == logging.WARNING and "'kv' was refused" in r.getMessage() for r in caplog.records)
+        assert isinstance(caplog.records[-1].args[1], OutOfMemoryError)
+    finally:
+        saver.close()
