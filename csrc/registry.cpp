@@ -18,10 +18,18 @@ struct Slot {
   std::atomic<uint64_t> generation{0};
   std::atomic<int> users{0};  // SaverRefs alive on this slot
   bool retiring = false;      // its saver is being deleted: not reused yet (under the lock)
+  // The process-wide saver's slot: never emptied, so its references need no counting and
+  // the hooked cudaFree of every foreign pointer stays a few plain loads.
+  std::atomic<bool> permanent{false};
 };
 
-// A counted reference to the slot's saver if it is still `generation` (0: any).
+// A reference to the slot's saver if it is still `generation` (0: any); counted unless
+// the slot is permanent.
 SaverRef take(Slot& slot, uint64_t generation) {
+  if (slot.permanent.load(std::memory_order_acquire)) {
+    Saver* saver = slot.saver.load(std::memory_order_acquire);
+    return generation == 0 || slot.generation.load() == generation ? SaverRef(saver, nullptr) : SaverRef();
+  }
   slot.users.fetch_add(1);
   Saver* saver = slot.saver.load();
   if (saver != nullptr && (generation == 0 || slot.generation.load() == generation)) {
@@ -44,13 +52,14 @@ Registry& registry() {
 }
 
 // Puts a saver in a free slot, where owner_of and find_saver see it. Needs the lock.
-Status publish(Registry& r, Saver* saver, SaverHandle* out) {
+Status publish(Registry& r, Saver* saver, SaverHandle* out, bool permanent = false) {
   note_saver_made();
   for (size_t i = 0; i < kMaxSavers; ++i) {
     Slot& slot = r.slots[i];
     if (slot.saver.load() != nullptr || slot.retiring) continue;
     uint64_t generation = slot.generation.load() + 1;
     slot.generation.store(generation, std::memory_order_release);
+    slot.permanent.store(permanent, std::memory_order_release);
     slot.saver.store(saver, std::memory_order_release);
     *out = generation << kSlotBits | (i + 1);
     return Status::Ok();
@@ -76,7 +85,7 @@ Status default_saver(SaverHandle* out) {
     saver->set_poison_on_resume(process_defaults().poison_on_resume);
     // Unpublished, the hooks could not find its allocations to free them.
     SaverHandle handle = 0;
-    s = publish(r, saver.get(), &handle);
+    s = publish(r, saver.get(), &handle, /*permanent=*/true);
     if (!s.ok()) return s;
     saver.release();
     r.process_wide.store(handle, std::memory_order_release);
