@@ -1,14 +1,31 @@
 # `make run` runs the main job, `make test` the tests; both install the package first.
 PYTHON ?= python3
-PIP := $(PYTHON) -m pip install -q --disable-pip-version-check
+SYSTEM_PYTHON := $(PYTHON)
+
+# A distribution's Python refuses pip installs outside a venv (PEP 668, "externally managed"):
+# there everything goes into ./.venv, which still sees the system's packages (torch too).
+EXTERNALLY_MANAGED := $(shell $(PYTHON) -c 'import os, sys, sysconfig; print(int(sys.prefix == sys.base_prefix and os.path.isfile(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED"))))' 2>/dev/null)
+ifeq ($(EXTERNALLY_MANAGED),1)
+override PYTHON := $(CURDIR)/.venv/bin/python
+VENV := $(PYTHON)
+endif
+
+PIP = $(PYTHON) -m pip install -q --disable-pip-version-check
+# Build tools from PyPI where the machine has none: cuda.h comes from nvidia-cuda-runtime-cu12
+# (no CUDA toolkit needed), cmake and ninja only when not installed already.
+BUILD_TOOLS := scikit-build-core nvidia-cuda-runtime-cu12 $(if $(shell command -v cmake),,cmake) $(if $(shell command -v ninja),,ninja)
+CMAKE = $(shell command -v cmake || $(PYTHON) -c 'import cmake, os; print(os.path.join(cmake.CMAKE_BIN_DIR, "cmake"))')
 
 SANITIZE_asan := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 SANITIZE_tsan := -fsanitize=thread
 
-.PHONY: install run test sanitize sanitize-asan sanitize-tsan
+.PHONY: install run test lint sanitize sanitize-asan sanitize-tsan wheel wheel-test
 
-install:
-	$(PIP) scikit-build-core
+$(CURDIR)/.venv/bin/python:
+	$(SYSTEM_PYTHON) -m venv --system-site-packages .venv
+
+install: $(VENV)
+	$(PIP) $(BUILD_TOOLS)
 	$(PIP) --no-build-isolation -e ".[test,examples]"
 
 run: install
@@ -17,10 +34,25 @@ run: install
 test: install sanitize
 	$(PYTHON) -m pytest -q tests
 
+# ruff over the Python code and mypy over the package (settings in pyproject.toml).
+lint:
+	$(PIP) ruff mypy
+	$(PYTHON) -m ruff check torch_mem_saver_lite tests examples benchmarks
+	$(PYTHON) -m mypy
+
 # The core's native tests under AddressSanitizer+UBSan and under ThreadSanitizer.
 sanitize: sanitize-asan sanitize-tsan
 
 sanitize-asan sanitize-tsan: sanitize-%:
-	cmake -S . -B build/$* -DCMAKE_BUILD_TYPE=Debug -DTMSL_NATIVE_TESTS=ON -DCMAKE_CXX_FLAGS="$(SANITIZE_$*)" > /dev/null
-	cmake --build build/$* --target tmsl_core_test -j 2 > /dev/null
+	$(CMAKE) -S . -B build/$* -DCMAKE_BUILD_TYPE=Debug -DTMSL_NATIVE_TESTS=ON -DCMAKE_CXX_FLAGS="$(SANITIZE_$*)" \
+	  -DPython_EXECUTABLE="$(shell command -v $(PYTHON))" > /dev/null
+	$(CMAKE) --build build/$* --target tmsl_core_test -j 2 > /dev/null
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 TSAN_OPTIONS=halt_on_error=1 build/$*/tmsl_core_test
+
+# The portable wheel (manylinux, built with zig from PyPI: no toolkit, no Docker) into dist/,
+# then installed into a fresh venv with torch at the declared floor and host-tested there.
+wheel:
+	PYTHON=$(SYSTEM_PYTHON) tools/build_wheel.sh x86_64 dist
+
+wheel-test: wheel
+	PYTHON=$(SYSTEM_PYTHON) tools/test_wheel.sh dist/torch_mem_saver_lite-*manylinux_*_x86_64.whl

@@ -23,6 +23,9 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
+  // Whether allocations land on the CUDA runtime's current device; the host backend has
+  // one device, 0, whatever the runtime (if any) says.
+  virtual bool follows_current_device() const { return true; }
 
   // Size every reservation and physical allocation on `device` is a multiple of.
   virtual Status granularity(int device, size_t* out) = 0;

@@ -109,6 +109,7 @@ class HostBackend final : public Backend {
       : capacity_(capacity), granularity_(granularity) {}
 
   const char* name() const override { return "host"; }
+  bool follows_current_device() const override { return false; }
 
   Status granularity(int device, size_t* out) override {
     if (device < 0) return Status::Error(Code::kInvalidArgument, "device must be >= 0");

@@ -75,14 +75,15 @@ TMSL_API int cudaMalloc(void** ptr, size_t size) {
       result = kCudaErrorInvalidValue;
       return Status::Error(Code::kInvalidArgument, "cudaMalloc: the result pointer must not be NULL");
     }
+    SaverRef saver;
+    Status s = region_saver(region, &saver);
     int device = 0;
     GetDeviceFn get_device = runtime_get_device();
-    if (get_device != nullptr && get_device(&device) != kCudaSuccess) {
+    if (s.ok() && saver->backend().follows_current_device() && get_device != nullptr &&
+        get_device(&device) != kCudaSuccess) {
       result = kCudaErrorInitializationError;
       return Status::Error(Code::kDriverError, "cudaMalloc: cudaGetDevice failed");
     }
-    SaverRef saver;
-    Status s = region_saver(region, &saver);
     uintptr_t va = 0;
     if (s.ok()) s = saver->allocate(size, device, region.tag, region.backup, &va);
     if (!s.ok()) {

@@ -32,6 +32,14 @@ std::string json_string(const std::string& text) {
   return out + "\"";
 }
 
+// Seconds as a JSON number; null for "never" (negative).
+std::string json_seconds(double seconds) {
+  if (seconds < 0) return "null";
+  char buf[32];
+  snprintf(buf, sizeof(buf), "%.9g", seconds);
+  return buf;
+}
+
 }  // namespace
 
 Saver::Saver(std::unique_ptr<Backend> backend) : backend_(std::move(backend)) {}
@@ -373,6 +381,33 @@ std::string Saver::describe(const std::vector<Allocation*>& batch) {
 
 Status Saver::pause(const TagSelection& selection) {
   std::lock_guard<std::mutex> op(op_mu_);
+  const auto started = std::chrono::steady_clock::now();
+  std::set<std::string> moved;
+  Status s = pause_locked(selection, &moved);
+  if (s.ok()) note_duration(moved, started, &TagInfo::last_pause_seconds);
+  return s;
+}
+
+Status Saver::resume(const TagSelection& selection) {
+  std::lock_guard<std::mutex> op(op_mu_);
+  const auto started = std::chrono::steady_clock::now();
+  std::set<std::string> moved;
+  Status s = resume_locked(selection, &moved);
+  if (s.ok()) note_duration(moved, started, &TagInfo::last_resume_seconds);
+  return s;
+}
+
+void Saver::note_duration(const std::set<std::string>& tags, std::chrono::steady_clock::time_point started,
+                          double TagInfo::*field) {
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const std::string& tag : tags) {
+    auto it = tags_.find(tag);
+    if (it != tags_.end()) it->second.*field = seconds;
+  }
+}
+
+Status Saver::pause_locked(const TagSelection& selection, std::set<std::string>* moved) {
   retry_orphans();
   std::vector<Allocation*> batch;
   {
@@ -382,6 +417,7 @@ Status Saver::pause(const TagSelection& selection) {
     set_paused(selection, true);  // from here on new allocations in these tags are refused
     batch = claim(selection, State::kActive, State::kPausing);
   }
+  for (const Allocation* a : batch) moved->insert(a->tag);
   if (batch.empty()) return Status::Ok();
   std::vector<HostBuffer> backups(batch.size());
   size_t done = 0;
@@ -474,8 +510,7 @@ Status Saver::release_physical(Allocation& a, bool* unmapped) {
   return with_context(s, where);
 }
 
-Status Saver::resume(const TagSelection& selection) {
-  std::lock_guard<std::mutex> op(op_mu_);
+Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>* moved) {
   retry_orphans();
   std::vector<Allocation*> batch;
   {
@@ -483,6 +518,7 @@ Status Saver::resume(const TagSelection& selection) {
     Status s = check_known(selection);
     if (!s.ok()) return s;
     batch = claim(selection, State::kPaused, State::kResuming);
+    for (const Allocation* a : batch) moved->insert(a->tag);
     if (batch.empty()) {
       set_paused(selection, false);
       return Status::Ok();
@@ -637,7 +673,9 @@ std::string Saver::stats_json() const {
            ",\"host_backup_bytes\":" + std::to_string(t.host_backup) +
            ",\"paused\":" + (t.info.paused ? "true" : "false") +
            ",\"graph_memory\":" + (t.info.graph_memory ? "true" : "false") +
-           ",\"backs_up\":" + (t.info.backs_up() ? "true" : "false") + "}";
+           ",\"backs_up\":" + (t.info.backs_up() ? "true" : "false") +
+           ",\"last_pause_seconds\":" + json_seconds(t.info.last_pause_seconds) +
+           ",\"last_resume_seconds\":" + json_seconds(t.info.last_resume_seconds) + "}";
   }
   return out + "}";
 }

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -40,6 +41,10 @@ struct TagInfo {
   BackupChoice backup = BackupChoice::kAuto;  // the first explicit choice; kAuto until one
   bool graph_memory = false;  // a CUDA graph was captured into it
   bool paused = false;        // paused and not resumed since
+  // Wall time of the last successful pause / resume call that released / restored memory of
+  // the tag (the whole call, every tag it moved together); negative until there was one.
+  double last_pause_seconds = -1;
+  double last_resume_seconds = -1;
   bool backs_up() const {
     return backup == BackupChoice::kOn || (backup == BackupChoice::kAuto && graph_memory);
   }
@@ -164,6 +169,12 @@ class Saver {
   std::vector<Allocation*> claim(const TagSelection& selection, State from, State to);
   // Sets the paused flag of the tags `selection` covers; needs mu_.
   void set_paused(const TagSelection& selection, bool paused);
+  // pause / resume under op_mu_, naming the tags whose memory they moved; the public calls
+  // time them.
+  Status pause_locked(const TagSelection& selection, std::set<std::string>* moved);
+  Status resume_locked(const TagSelection& selection, std::set<std::string>* moved);
+  void note_duration(const std::set<std::string>& tags, std::chrono::steady_clock::time_point started,
+                     double TagInfo::*field);
   // Moves claimed allocations [0, done) to `done_state` and the rest to `rest_state`, then
   // wakes frees waiting on them. With `backups` (a pause), batch[i < done] takes
   // backups[i] as its host copy; with `drop_backups` (a resume), batch[i < done] gives its

@@ -41,7 +41,7 @@ def test_backup_keeps_content_byte_for_byte(host_saver, mem):
     with host_saver.region("weights", enable_cpu_backup=True):
         ptrs = [mem.malloc(s) for s in sizes]
     contents = [os.urandom(s) for s in sizes]
-    for ptr, data in zip(ptrs, contents):
+    for ptr, data in zip(ptrs, contents, strict=True):
         mem.write(ptr, data)
     shmem_before = rss_shmem_bytes()
 
@@ -50,11 +50,11 @@ def test_backup_keeps_content_byte_for_byte(host_saver, mem):
     reserved = host_saver.stats()["weights"].reserved_bytes
     assert shmem_before - rss_shmem_bytes() >= sum(sizes)
     assert host_saver.stats()["weights"].host_backup_bytes == reserved
-    assert all(resident_pages(p, s) == 0 for p, s in zip(ptrs, sizes))
+    assert all(resident_pages(p, s) == 0 for p, s in zip(ptrs, sizes, strict=True))
 
     host_saver.resume("weights")
 
-    for ptr, data in zip(ptrs, contents):
+    for ptr, data in zip(ptrs, contents, strict=True):
         assert mem.read(ptr, len(data)) == data
     # Kept for the next pause when the host cache has room for it, else released.
     kept = reserved if reserved <= host_saver.host_cache_bytes else 0
@@ -63,7 +63,7 @@ def test_backup_keeps_content_byte_for_byte(host_saver, mem):
 
 def test_pause_selects_tags(host_saver, mem):
     with host_saver.region("a"):
-        a = mem.malloc(4 * MiB)
+        mem.malloc(4 * MiB)
     with host_saver.region("b"):
         b = mem.malloc(4 * MiB)
     mem.write(b, b"keep")
@@ -92,6 +92,35 @@ def test_double_pause_and_double_resume_are_noops(host_saver, mem):
     host_saver.resume("kv")
     host_saver.resume("kv")
     assert mem.read(ptr, 4) == b"data"
+
+
+def test_stats_carry_the_last_pause_and_resume_time_of_each_tag(host_saver, mem):
+    with host_saver.region("kv"):
+        mem.malloc(16 * MiB)
+    with host_saver.region("weights", enable_cpu_backup=True):
+        mem.malloc(8 * MiB)
+    with host_saver.region("empty"):
+        pass
+    before = host_saver.stats()
+    assert all(s.last_pause_seconds is None and s.last_resume_seconds is None for s in before.values())
+
+    host_saver.pause(["kv", "empty"])
+    kv = host_saver.stats()["kv"]
+    assert kv.last_pause_seconds is not None and kv.last_pause_seconds > 0
+    assert kv.last_resume_seconds is None
+    assert host_saver.stats()["weights"].last_pause_seconds is None  # not covered
+    assert host_saver.stats()["empty"].last_pause_seconds is None  # covered, nothing released
+
+    host_saver.pause()  # releases only "weights" now: "kv"'s figure is the call that released it
+    after = host_saver.stats()
+    assert after["kv"].last_pause_seconds == kv.last_pause_seconds
+    assert after["weights"].last_pause_seconds is not None and after["weights"].last_pause_seconds > 0
+
+    host_saver.resume()
+    host_saver.release_host_cache()  # backups kept for the next pause would differ too
+    resumed = host_saver.stats()
+    assert resumed["kv"].last_resume_seconds == resumed["weights"].last_resume_seconds > 0  # one call
+    assert resumed == before  # timings are history, not state: equality ignores them
 
 
 def test_free_of_paused_allocation_releases_everything(host_saver, mem):

@@ -35,7 +35,9 @@ def test_preloaded_cuda_malloc_serves_regions_and_forwards_everything_else():
         host = HostSaver()
         ptr = ctypes.c_void_p()
         rc = malloc(ctypes.byref(ptr), 1 << 20)   # outside a region: the runtime's, if any
-        print("outside", rc in (0, 3), host._core().stats() == {})
+        # 0 from a runtime with a GPU; its own error without one (3: no runtime loaded);
+        # never the saver's own answers (2: out of memory, 999: its failure).
+        print("outside", rc not in (2, 999), host._core().stats() == {})
         if rc == 0:
             print("foreign free", free(ptr))
         with host.region("kv"):
@@ -111,7 +113,9 @@ def test_configure_subprocess_preloads_children_and_restores_the_environment():
 
 def test_torch_memory_saver_name_is_the_same_object_with_its_signatures():
     assert torch_mem_saver_lite.torch_memory_saver is saver
-    params = lambda f: list(inspect.signature(f).parameters)
+    def params(f):
+        return list(inspect.signature(f).parameters)
+
     assert params(saver.region) == ["tag", "enable_cpu_backup"]
     assert params(saver.pause) == ["tag"] and params(saver.resume) == ["tag"]
     assert params(saver.cuda_graph) == ["cuda_graph", "pool", "stream", "capture_error_mode", "tag",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -19,6 +21,9 @@ class TagStats:
         graph_memory: a CUDA graph was captured while a region of the tag was open.
         backs_up: a pause copies the tag's content to host memory (``enable_cpu_backup=True``,
             or graph memory in a region that did not opt out).
+        last_pause_seconds: wall time of the last successful ``pause`` call that released
+            memory of the tag (the whole call, every tag it released); None before the first.
+        last_resume_seconds: the same for ``resume`` and restored memory.
     """
 
     allocations: int = 0
@@ -29,7 +34,13 @@ class TagStats:
     paused: bool = False
     graph_memory: bool = False
     backs_up: bool = False
+    # Timings describe the past, not what the tag holds: equality ignores them.
+    last_pause_seconds: float | None = field(default=None, compare=False)
+    last_resume_seconds: float | None = field(default=None, compare=False)
 
     @classmethod
-    def from_native(cls, values: dict[str, int | bool]) -> TagStats:
-        return cls(**{f.name: type(f.default)(values.get(f.name, f.default)) for f in fields(cls)})
+    def from_native(cls, values: Mapping[str, Any]) -> TagStats:
+        def convert(default: Any, value: Any) -> Any:
+            return value if value is None or default is None else type(default)(value)
+
+        return cls(**{f.name: convert(f.default, values.get(f.name, f.default)) for f in fields(cls)})

