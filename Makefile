@@ -35,7 +35,7 @@ test: install sanitize
 	$(PYTHON) -m pytest -q tests
 
 # ruff over the Python code and mypy over the package (settings in pyproject.toml).
-lint:
+lint: $(VENV)
 	$(PIP) ruff mypy
 	$(PYTHON) -m ruff check torch_mem_saver_lite tests examples benchmarks
 	$(PYTHON) -m mypy

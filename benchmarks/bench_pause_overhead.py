@@ -17,7 +17,6 @@ import statistics
 import time
 
 from torch_mem_saver_lite import _lib
-
 from torch_mem_saver_lite.testing import HostSaver
 
 GRANULE = 64 << 10
@@ -39,11 +38,17 @@ def median_ms(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def cycle_ms(saver: HostSaver, tag: str) -> tuple[float, float]:
+    """One pause and one resume of `tag`, each timed on its own (ms)."""
+    return median_ms(lambda: saver.pause(tag), 1), median_ms(lambda: saver.resume(tag), 1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--counts", default="1,100,10000")
     args = parser.parse_args()
-    print(f"{'allocations':>11} {'pause bulk':>11} {'resume bulk':>12} {'pause one':>10} {'resume one':>11}  (ms, median)")
+    print(f"{'allocations':>11} {'pause bulk':>11} {'resume bulk':>12} {'pause one':>10} {'resume one':>11}"
+          "  (ms, median)")
     for count in (int(c) for c in args.counts.split(",")):
         saver = HostSaver(granularity_bytes=GRANULE)
         with saver.region("bulk"):
@@ -53,14 +58,10 @@ def main() -> None:
             malloc(GRANULE)
         repeats = max(5, min(200, 20000 // count))
         pause_bulk = resume_bulk = 0.0
-        cycles = []
-        for _ in range(repeats):
-            cycles.append((median_ms(lambda: saver.pause("bulk"), 1), median_ms(lambda: saver.resume("bulk"), 1)))
+        cycles = [cycle_ms(saver, "bulk") for _ in range(repeats)]
         pause_bulk = statistics.median(c[0] for c in cycles)
         resume_bulk = statistics.median(c[1] for c in cycles)
-        cycles = []
-        for _ in range(max(20, repeats)):
-            cycles.append((median_ms(lambda: saver.pause("one"), 1), median_ms(lambda: saver.resume("one"), 1)))
+        cycles = [cycle_ms(saver, "one") for _ in range(max(20, repeats))]
         pause_one = statistics.median(c[0] for c in cycles)
         resume_one = statistics.median(c[1] for c in cycles)
         print(f"{count:>11} {pause_bulk:>11.3f} {resume_bulk:>12.3f} {pause_one:>10.3f} {resume_one:>11.3f}")

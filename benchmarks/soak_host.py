@@ -12,6 +12,7 @@ successful resume. Resource counts are taken after a warm-up and at the end.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import random
 import sys
@@ -74,7 +75,7 @@ def main() -> int:
                 saver.inject_fault(rng.choice(FAULTS), rng.randrange(1, 4))
                 rng.choice([saver.pause, saver.resume])(tag)
             elif op == "interrupt":
-                interrupted_at(rng.randrange(1, 60), lambda: _paused_block(saver, tag))
+                interrupted_at(rng.randrange(1, 60), functools.partial(_paused_block, saver, tag))
             elif op == "reopen" and rng.random() < 0.02:
                 saver.close()
                 saver, live = HostSaver(granularity_bytes=64 * KiB), {}

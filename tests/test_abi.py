@@ -52,7 +52,7 @@ def test_the_ctypes_table_matches_the_headers_function_by_function():
     for name, (argtypes, restype) in headers.items():
         mine_args, mine_result = _lib._SIGNATURES[name]
         assert len(argtypes) == len(mine_args), name
-        for theirs, mine in zip(argtypes, mine_args):
+        for theirs, mine in zip(argtypes, mine_args, strict=True):
             assert same_type(theirs, mine), (name, theirs, mine)
         assert same_type(restype, mine_result), (name, restype, mine_result)
 

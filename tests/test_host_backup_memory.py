@@ -103,11 +103,11 @@ def test_backups_larger_than_a_page_locked_range_and_at_odd_offsets_keep_their_c
         host_saver.retain_cpu_backup = retain
         for cycle in range(2):
             contents = [os.urandom(1 << 16) * (size >> 16) for size in sizes]
-            for ptr, content in zip(ptrs, contents):
+            for ptr, content in zip(ptrs, contents, strict=True):
                 mem.write(ptr, content)
             host_saver.pause("weights")
             host_saver.resume("weights")
-            for i, (ptr, content) in enumerate(zip(ptrs, contents)):
+            for i, (ptr, content) in enumerate(zip(ptrs, contents, strict=True)):
                 assert mem.read(ptr, sizes[i]) == content, f"retain={retain} cycle {cycle} buffer {i}"
 
 

@@ -52,7 +52,7 @@ def test_retain_cpu_backup_keeps_host_memory_between_cycles_with_fresh_content(m
         saver.retain_cpu_backup = retain
         with saver.region("weights", enable_cpu_backup=True):
             ptr = mem.malloc(4 * MiB)
-        for cycle in range(3):
+        for _ in range(3):
             data = os.urandom(4 * MiB)  # new content each cycle: a stale backup would show
             mem.write(ptr, data)
             saver.pause("weights")

@@ -25,7 +25,7 @@ def test_resume_out_of_memory_rolls_back_keeps_backups_and_retry_succeeds(small_
     with small_saver.region("weights", enable_cpu_backup=True):
         ptrs = [mem.malloc(16 * MiB), mem.malloc(16 * MiB)]
     contents = [os.urandom(16 * MiB) for _ in ptrs]
-    for ptr, data in zip(ptrs, contents):
+    for ptr, data in zip(ptrs, contents, strict=True):
         mem.write(ptr, data)
     small_saver.pause("weights")
     with small_saver.region("other"):
@@ -45,7 +45,7 @@ def test_resume_out_of_memory_rolls_back_keeps_backups_and_retry_succeeds(small_
 
     mem.free(other)
     small_saver.resume("weights")
-    for ptr, data in zip(ptrs, contents):
+    for ptr, data in zip(ptrs, contents, strict=True):
         assert mem.read(ptr, len(data)) == data
 
 

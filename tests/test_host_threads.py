@@ -30,7 +30,7 @@ def test_alloc_free_threads_run_while_another_tag_is_paused_and_resumed(mem):
         with saver.region("idle", enable_cpu_backup=True):
             idle = [mem.malloc(2 * MiB) for _ in range(8)]
         idle_content = [os.urandom(4096) for _ in idle]
-        for ptr, data in zip(idle, idle_content):
+        for ptr, data in zip(idle, idle_content, strict=True):
             mem.write(ptr, data)
 
         errors: list[BaseException] = []
@@ -53,7 +53,7 @@ def test_alloc_free_threads_run_while_another_tag_is_paused_and_resumed(mem):
                 while not stop.is_set():
                     saver.pause("idle")
                     saver.resume("idle")
-                    for ptr, data in zip(idle, idle_content):
+                    for ptr, data in zip(idle, idle_content, strict=True):
                         assert mem.read(ptr, len(data)) == data
             except BaseException as e:
                 errors.append(e)

@@ -17,8 +17,8 @@ from .errors import (
     MemorySaverError,
     OutOfMemoryError,
 )
-from .preload import configure_subprocess
 from .memory_saver import MemorySaver
+from .preload import configure_subprocess
 from .stats import TagStats
 
 try:

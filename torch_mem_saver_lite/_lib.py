@@ -173,7 +173,7 @@ def backup_choice(enable_cpu_backup: bool | None) -> int:
     return -1 if enable_cpu_backup is None else int(enable_cpu_backup)
 
 
-def _tag_array(tags: Sequence[str] | None):
+def _tag_array(tags: Sequence[str] | None) -> tuple[ctypes.Array[ctypes.c_char_p] | None, int]:
     if tags is None:
         return None, -1
     encoded = [t.encode() for t in tags]
@@ -183,8 +183,8 @@ def _tag_array(tags: Sequence[str] | None):
 class NativeSaver:
     """One saver of the native library (the process-wide CUDA one, or a host one)."""
 
-    def __init__(self, handle: int, backend: str):
-        self.handle = handle
+    def __init__(self, handle: int | None, backend: str):
+        self.handle = handle  # a c_void_p's value, as ctypes gives it (None would be NULL)
         self.backend = backend
 
     @classmethod
@@ -240,7 +240,7 @@ class NativeSaver:
         """Test hook (host backend): the `after_calls`-th next call of `operation` fails."""
         check(lib().tmsl_inject_fault(self.handle, operation.encode(), after_calls))
 
-    def malloc(self, size: int, device: int, tag: str, enable_cpu_backup: bool | None) -> int:
+    def malloc(self, size: int, device: int, tag: str, enable_cpu_backup: bool | None) -> int | None:
         out = _vp()
         check(lib().tmsl_malloc(self.handle, size, device, tag.encode(), backup_choice(enable_cpu_backup),
                                 ctypes.byref(out)))
@@ -267,7 +267,7 @@ class NativeSaver:
                 return json.loads(buffer.value.decode(errors="replace"))
             capacity = length.value + 4096
 
-    def lease_backup(self, ptr: int, nbytes: int) -> tuple[int, int] | None:
+    def lease_backup(self, ptr: int, nbytes: int) -> tuple[int, int | None] | None:
         """(address of the host copy of [ptr, ptr + nbytes), a lease that keeps it alive)
         while paused; None while resident. Give the lease back with release_lease()."""
         host, lease = _vp(), _vp()
@@ -275,7 +275,7 @@ class NativeSaver:
         return (host.value, lease.value) if host.value else None
 
 
-def release_lease(lease: int) -> None:
+def release_lease(lease: int | None) -> None:
     check(lib().tmsl_release_lease(lease))
 
 

@@ -8,6 +8,7 @@ the package. ``check()`` really pauses and resumes a small region on each GPU.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -32,7 +33,7 @@ class Environment:
     problems: list[str] = field(default_factory=list)
 
 
-def _check(result):
+def _check(result: tuple[Any, ...]) -> Any:
     """cuda-python returns (CUresult, *values); raise on failure, return the values."""
     from cuda.bindings import driver
 

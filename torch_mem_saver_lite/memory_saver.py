@@ -11,8 +11,9 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -45,7 +46,8 @@ def _log_transition(what: str, before: dict, after: dict, seconds: float) -> Non
                 copied / seconds / 1e9 if copied and seconds > 0 else 0.0)
 
 
-def _logged(what: str, native: _lib.NativeSaver, operation, names) -> None:
+def _logged(what: str, native: _lib.NativeSaver, operation: Callable[[list[str] | None], None],
+            names: list[str] | None) -> None:
     """native.pause/resume(names) under a profiler range, logged at INFO when that is on
     (the figures cost a table walk, so only then)."""
     with torch.profiler.record_function(f"torch_mem_saver_lite.{what}"):
@@ -66,7 +68,7 @@ class _TagHooks:
     after_resume: Hook | None
 
 
-def _run_quietly(hooks) -> None:
+def _run_quietly(hooks: Iterable[Hook | None]) -> None:
     """Undo hooks while an exception is already on its way: one that fails too is reported
     as a warning rather than hiding the original error."""
     for hook in hooks:
@@ -190,8 +192,8 @@ class _Undo:
 
     __slots__ = ("_action", "_thread")
 
-    def __init__(self, action):
-        self._action = action
+    def __init__(self, action: Callable[[], BaseException | None]) -> None:
+        self._action: Callable[[], BaseException | None] | None = action
         self._thread = threading.get_ident()
 
     def __call__(self) -> None:
@@ -234,7 +236,7 @@ def _note_graph_captures() -> None:
     original = graph_class.capture_begin
 
     @functools.wraps(original)
-    def capture_begin(self, *args, **kwargs):
+    def capture_begin(self: torch.cuda.CUDAGraph, *args: Any, **kwargs: Any) -> Any:
         _lib.note_graph_capture()
         return original(self, *args, **kwargs)
 
@@ -273,7 +275,7 @@ class MemorySaver:
     # whose allocations are made through the native hook directly).
     _routes_torch = True
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._native: _lib.NativeSaver | None = None
         self._hook_mode = "torch"
         self._lock = threading.RLock()
@@ -453,7 +455,7 @@ class MemorySaver:
     def cuda_graph(
         self,
         cuda_graph: torch.cuda.CUDAGraph,
-        pool=None,
+        pool: tuple[int, int] | None = None,
         stream: torch.cuda.Stream | None = None,
         capture_error_mode: str = "global",
         tag: str = "cuda_graph",
@@ -588,13 +590,13 @@ class MemorySaver:
                                 hooks, paused_before)
 
     @staticmethod
-    def _resume_with_hooks(native: _lib.NativeSaver, do_resume, hooks: list[_TagHooks],
+    def _resume_with_hooks(native: _lib.NativeSaver, do_resume: Callable[[], None], hooks: list[_TagHooks],
                            paused_before: list[str]) -> None:
         """do_resume(), then the after_resume hooks. A Ctrl-C anywhere in between
         skips nothing: the resume (idempotent) is done again, a hook it landed in counts as
         run, and the interrupt is raised once all ran. A failed resume runs no hook; a hook
         that raises pauses the tags again (hooks that ran get their before_pause)."""
-        resume = object()  # the first step: the resume itself
+        resume = _TagHooks(None, None)  # the first step: the resume itself (a marker, compared by identity)
         pending, ran, interrupt, started = [resume, *hooks], [], None, None
         while pending:
             try:
@@ -674,7 +676,7 @@ class MemorySaver:
         states = {} if native is None else {
             t: native.tag_state(t) for t in (names if names is not None else list(native.stats()))}
         unknown = [t for t, state in states.items() if state == _lib.TAG_UNKNOWN]
-        if unknown:
+        if unknown and native is not None:  # (no native saver: no states, none unknown)
             native.pause(unknown)  # raises the core's "unknown tag" error; changes nothing
         active = [t for t, state in states.items() if state == _lib.TAG_ACTIVE]
         undo = _Undo(functools.partial(self._resume_despite_interrupts, active))

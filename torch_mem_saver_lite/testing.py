@@ -40,7 +40,8 @@ class HostSaver(MemorySaver):
             granularity_bytes: allocation rounding, a multiple of the page size.
         """
         super().__init__()
-        self._options = (_check_bytes(capacity_bytes, "capacity_bytes"), _check_bytes(granularity_bytes, "granularity_bytes"))
+        self._options = (_check_bytes(capacity_bytes, "capacity_bytes"),
+                         _check_bytes(granularity_bytes, "granularity_bytes"))
         self._closed = False
 
     def _create_native(self) -> _lib.NativeSaver:

@@ -12,10 +12,10 @@ faulthandler.dump_traceback_later(120, exit=True)  # a hang ends with every thre
 def stage(name: str) -> None:
     print(f"rank {os.environ.get('RANK')}: {name}", file=sys.stderr, flush=True)
 
-import torch
-import torch.distributed as dist
+import torch  # noqa: E402 -- after the NCCL setting and the hang watchdog above
+import torch.distributed as dist  # noqa: E402
 
-from torch_mem_saver_lite import saver
+from torch_mem_saver_lite import saver  # noqa: E402
 
 saver.hook_mode = os.environ.get("TMSL_TEST_HOOK_MODE", "torch")
 rank = int(os.environ["RANK"])

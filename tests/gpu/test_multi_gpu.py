@@ -33,7 +33,7 @@ def test_one_process_pauses_and_resumes_memory_on_two_gpus():
     before = [torch.cuda.mem_get_info(d)[0] for d in (0, 1)]
     saver.pause(tag)
     after = [torch.cuda.mem_get_info(d)[0] for d in (0, 1)]
-    assert all(a - b >= 0.99 * GiB for a, b in zip(after, before)), (before, after)
+    assert all(a - b >= 0.99 * GiB for a, b in zip(after, before, strict=True)), (before, after)
     saver.resume(tag)
     for device, t in enumerate(tensors):
         assert torch.equal(t, pattern(GiB, device, device=f"cuda:{device}"))
