@@ -35,8 +35,8 @@ test: install sanitize
 	$(PYTHON) -m pytest -q tests
 
 # ruff over the Python code and mypy over the package (settings in pyproject.toml).
-lint: $(VENV)
-	$(PIP) ruff mypy
+lint: install
+	$(PIP) --no-build-isolation -e ".[lint]"
 	$(PYTHON) -m ruff check torch_mem_saver_lite tests examples benchmarks
 	$(PYTHON) -m mypy
 

@@ -193,8 +193,9 @@ class _Undo:
     __slots__ = ("_action", "_thread")
 
     def __init__(self, action: Callable[[], BaseException | None]) -> None:
-        self._action: Callable[[], BaseException | None] | None = action
+        # The thread first: once the action is set, __del__ finds everything it reads.
         self._thread = threading.get_ident()
+        self._action: Callable[[], BaseException | None] | None = action
 
     def __call__(self) -> None:
         interrupt = None
@@ -204,7 +205,8 @@ class _Undo:
             raise interrupt
 
     def __del__(self) -> None:
-        if self._action is not None and threading.get_ident() == self._thread:
+        # getattr: an interrupt may have cut __init__ short before the action was set.
+        if getattr(self, "_action", None) is not None and threading.get_ident() == self._thread:
             with contextlib.suppress(BaseException):  # the interrupt itself is already on its way
                 self()
 
