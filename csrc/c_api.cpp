@@ -158,6 +158,34 @@ TMSL_API int tmsl_tag_state(void* handle, const char* tag, int* state) {
   });
 }
 
+TMSL_API int tmsl_set_tag_caches_backups(void* handle, const char* tag, int caches) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = require(tag != nullptr, "tag must not be NULL");
+    if (s.ok()) s = require(caches == 0 || caches == 1, "caches must be 0 or 1");
+    return s.ok() ? saver.set_caches_backups(tag, caches == 1) : s;
+  });
+}
+
+TMSL_API int tmsl_tag_allocations(void* handle, const char* tag, uint64_t* addresses, uint64_t* sizes,
+                                  int* devices, size_t capacity, size_t* count) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = require(tag != nullptr && count != nullptr, "tag and count must not be NULL");
+    if (s.ok() && capacity > 0) {
+      s = require(addresses != nullptr && sizes != nullptr && devices != nullptr,
+                  "addresses, sizes and devices must not be NULL when capacity > 0");
+    }
+    if (!s.ok()) return s;
+    std::vector<Saver::Range> ranges = saver.allocations_of(tag);
+    *count = ranges.size();
+    for (size_t i = 0; i < ranges.size() && i < capacity; ++i) {
+      addresses[i] = ranges[i].va;
+      sizes[i] = ranges[i].size;
+      devices[i] = ranges[i].device;
+    }
+    return Status::Ok();
+  });
+}
+
 TMSL_API int tmsl_set_memory_margin(void* handle, size_t bytes) {
   return on_saver(handle, [&](Saver& saver) {
     saver.set_memory_margin(bytes);

@@ -10,6 +10,7 @@
 #include <sys/types.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #define TMSL_API extern "C" __attribute__((visibility("default")))
 
@@ -50,6 +51,12 @@ TMSL_API int tmsl_pause(void* saver, const char* const* tags, int ntags);
 TMSL_API int tmsl_resume(void* saver, const char* const* tags, int ntags);
 // *state: 0 = no region has used the tag, 1 = active, 2 = paused.
 TMSL_API int tmsl_tag_state(void* saver, const char* tag, int* state);
+// caches = 0: the tag's backups leave host memory at every resume (cpu_backup_backend
+// "mmap"); 1 (the default): they may stay in the host cache. Enters the tag if new.
+TMSL_API int tmsl_set_tag_caches_backups(void* saver, const char* tag, int caches);
+// The tag's allocations in address order: *count of them, the first `capacity` written.
+TMSL_API int tmsl_tag_allocations(void* saver, const char* tag, uint64_t* addresses, uint64_t* sizes,
+                                  int* devices, size_t capacity, size_t* count);
 
 TMSL_API int tmsl_set_memory_margin(void* saver, size_t bytes);
 TMSL_API int tmsl_set_retain_backups(void* saver, int retain);

@@ -180,6 +180,24 @@ bool Saver::tag_info(const std::string& tag, TagInfo* out) const {
   return true;
 }
 
+Status Saver::set_caches_backups(const std::string& tag, bool caches) {
+  std::lock_guard<std::mutex> lock(mu_);
+  tags_[tag].caches_backups = caches;  // enters the tag, as a region would
+  return Status::Ok();
+}
+
+std::vector<Saver::Range> Saver::allocations_of(const std::string& tag) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Range> out;
+  auto it = by_tag_.find(tag);
+  if (it == by_tag_.end()) return out;
+  for (uintptr_t va : it->second) {
+    const Allocation& a = *table_.at(va);
+    out.push_back(Range{a.va, a.size, a.device});
+  }
+  return out;
+}
+
 Status Saver::check_known(const TagSelection& selection) const {
   for (const std::string& tag : selection.tags) {
     if (selection.all || tags_.count(tag) != 0) continue;
@@ -330,7 +348,7 @@ void Saver::settle(const std::vector<Allocation*>& batch, size_t done, State don
       if (i < done && backups != nullptr) {
         if (a.host_copy) let_go.push_back(std::move(a.host_copy));
         a.host_copy = std::move((*backups)[i]);
-      } else if (i < done && drop_backups && a.host_copy) {
+      } else if (i < done && a.host_copy && (drop_backups || !cached_after_resume(a, done_state))) {
         let_go.push_back(std::move(a.host_copy));
       }
     }
@@ -562,11 +580,19 @@ Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>
   return Status::Ok();
 }
 
+bool Saver::cached_after_resume(const Allocation& a, State state) const {
+  if (state != State::kActive || retain_backups_.load()) return true;
+  auto it = tags_.find(a.tag);
+  return it == tags_.end() || it->second.caches_backups;
+}
+
 bool Saver::keeps_backups(const std::vector<Allocation*>& batch) const {
   if (retain_backups_.load()) return true;
   const size_t budget = host_cache_bytes_.load();
-  size_t wanted = 0;
-  for (const Allocation* a : batch) wanted += a->host_copy ? a->host_copy.size : 0;
+  size_t wanted = 0;  // what this batch would add to the cache ("mmap" tags add nothing)
+  for (const Allocation* a : batch) {
+    if (cached_after_resume(*a, State::kActive)) wanted += a->host_copy ? a->host_copy.size : 0;
+  }
   if (wanted == 0 || wanted > budget) return false;
   size_t cached = 0;  // kept for resident allocations already (the batch is still resuming)
   for (const auto& entry : table_) {

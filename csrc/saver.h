@@ -41,6 +41,9 @@ struct TagInfo {
   BackupChoice backup = BackupChoice::kAuto;  // the first explicit choice; kAuto until one
   bool graph_memory = false;  // a CUDA graph was captured into it
   bool paused = false;        // paused and not resumed since
+  // Whether backups may stay in the host cache after a resume ("pinned"); false ("mmap"):
+  // host memory comes back at every resume unless retain_backups is set.
+  bool caches_backups = true;
   // Wall time of the last successful pause / resume call that released / restored memory of
   // the tag (the whole call, every tag it moved together); negative until there was one.
   double last_pause_seconds = -1;
@@ -73,6 +76,16 @@ class Saver {
   Status mark_graph_memory(const std::string& tag);
   // The tag's catalogue entry; false when no region or allocation has named it.
   bool tag_info(const std::string& tag, TagInfo* out) const;
+  // Whether the tag's backups may stay in the host cache after a resume (see TagInfo).
+  Status set_caches_backups(const std::string& tag, bool caches);
+
+  // The tag's allocations (address, size, device), in address order.
+  struct Range {
+    uintptr_t va;
+    size_t size;
+    int device;
+  };
+  std::vector<Range> allocations_of(const std::string& tag) const;
 
   // Admits the allocation as enter_tag does, then reserves and maps it.
   Status allocate(size_t size, int device, const std::string& tag, BackupChoice backup, uintptr_t* va);
@@ -192,6 +205,9 @@ class Saver {
   // Whether a resume of `batch` keeps its backups: retention on, or they fit in the cache
   // beside what it already keeps. Needs mu_.
   bool keeps_backups(const std::vector<Allocation*>& batch) const;
+  // Whether `a`, settling into `state`, may keep its host copy: not after a resume of an
+  // "mmap" tag, unless backups are retained. Under mu_.
+  bool cached_after_resume(const Allocation& a, State state) const;
   // "tag 'kv' (2.00 GiB)" or "tags 'kv', 'weights' (...)": what a pause or resume covered.
   static std::string describe(const std::vector<Allocation*>& batch);
   Status map_fresh(Allocation& a);

@@ -21,13 +21,36 @@ bool parse_flag(const char* name, bool* out, std::string* error) {
   return true;
 }
 
+// Which of our name and torch_memory_saver's for one setting is set (*name stays nullptr
+// for neither); false, with a note, when both are set to different values.
+bool pick(const char* ours, const char* theirs, const char** name, std::string* error) {
+  const char* a = getenv(ours);
+  const char* b = getenv(theirs);
+  const bool has_a = a != nullptr && *a != '\0', has_b = b != nullptr && *b != '\0';
+  if (has_a && has_b && strcmp(a, b) != 0) {
+    *error += std::string(error->empty() ? "" : "; ") + ours + "='" + a + "' and " + theirs + "='" + b +
+              "' disagree; set one of them";
+    return false;
+  }
+  *name = has_a ? ours : has_b ? theirs : nullptr;
+  return true;
+}
+
+// parse_flag over our name and torch_memory_saver's; *given tells whether either was set.
+bool parse_flag_pair(const char* ours, const char* theirs, bool* out, bool* given, std::string* error) {
+  const char* name = nullptr;
+  if (!pick(ours, theirs, &name, error)) return false;
+  *given = name != nullptr;
+  return name == nullptr || parse_flag(name, out, error);
+}
+
 ProcessDefaults read_process_defaults() {
   ProcessDefaults d;
-  bool ok = parse_flag("TMSL_REGION_ALL_THREADS", &d.all_threads, &d.error);
+  bool given = false;
+  bool ok = parse_flag_pair("TMSL_REGION_ALL_THREADS", "TMS_INIT_ENABLE", &d.all_threads, &given, &d.error);
   bool backup = false;
-  const char* backup_value = getenv("TMSL_DEFAULT_CPU_BACKUP");
-  if (parse_flag("TMSL_DEFAULT_CPU_BACKUP", &backup, &d.error)) {
-    if (backup_value != nullptr && *backup_value != '\0') d.backup = backup ? BackupChoice::kOn : BackupChoice::kOff;
+  if (parse_flag_pair("TMSL_DEFAULT_CPU_BACKUP", "TMS_INIT_ENABLE_CPU_BACKUP", &backup, &given, &d.error)) {
+    if (given) d.backup = backup ? BackupChoice::kOn : BackupChoice::kOff;
   } else {
     ok = false;
   }

@@ -32,8 +32,10 @@ Status region_saver(const ThreadRegion& region, SaverRef* out);
 
 // Process defaults from the environment, read once:
 //   TMSL_REGION_ALL_THREADS=1   every thread allocates in a region unless told otherwise
+//                               (torch_memory_saver's name: TMS_INIT_ENABLE)
 //   TMSL_DEFAULT_TAG=<tag>      that region's tag (default "default")
-//   TMSL_DEFAULT_CPU_BACKUP=0|1 and its backup setting (unset: back up graph memory only)
+//   TMSL_DEFAULT_CPU_BACKUP=0|1 and its backup setting (unset: back up graph memory only;
+//                               torch_memory_saver's name: TMS_INIT_ENABLE_CPU_BACKUP)
 //   TMSL_POISON_ON_RESUME=1     savers start with poison on resume turned on
 // A bad value leaves regions off and is kept in `error`, naming the variable.
 struct ProcessDefaults {

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 import torch
 
 from host_memory import HostMemory
+from torch_mem_saver_lite.disk_backup import filesystem_type
 from torch_mem_saver_lite.testing import HostSaver
 
 MiB = 1 << 20
@@ -31,3 +36,14 @@ def host_saver():
 @pytest.fixture
 def mem() -> HostMemory:
     return HostMemory()
+
+
+@pytest.fixture
+def disk_dir(tmp_path) -> Iterator[Path]:
+    """A directory for disk backups on a real disk: pytest's, unless that is in memory
+    (tmpfs, which disk backup refuses), then one under the checkout's build/."""
+    on_disk = filesystem_type(tmp_path) not in ("tmpfs", "ramfs")
+    root = Path(__file__).resolve().parents[1]
+    directory = tmp_path / "backups" if on_disk else root / "build" / "disk-backup-test" / tmp_path.name
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import os
 import subprocess
 import sys
@@ -10,8 +9,7 @@ import textwrap
 
 import pytest
 
-import torch_mem_saver_lite
-from torch_mem_saver_lite import MemorySaverError, _lib, configure_subprocess, saver
+from torch_mem_saver_lite import MemorySaverError, _lib, configure_subprocess
 from torch_mem_saver_lite.testing import HostSaver
 
 MiB = 1 << 20
@@ -109,21 +107,6 @@ def test_configure_subprocess_preloads_children_and_restores_the_environment():
             capture_output=True, text=True, timeout=120)
     assert child.stdout.strip() == "1", child.stderr
     assert os.environ.get("LD_PRELOAD") == before
-
-
-def test_torch_memory_saver_name_is_the_same_object_with_its_signatures():
-    assert torch_mem_saver_lite.torch_memory_saver is saver
-    def params(f):
-        return list(inspect.signature(f).parameters)
-
-    assert params(saver.region) == ["tag", "enable_cpu_backup"]
-    assert params(saver.pause) == ["tag"] and params(saver.resume) == ["tag"]
-    assert params(saver.cuda_graph) == ["cuda_graph", "pool", "stream", "capture_error_mode", "tag",
-                                        "enable_cpu_backup"]
-    assert params(saver.get_cpu_backup) == ["x", "zero_copy"]
-    assert params(saver.disable) == []
-    for name in ("hook_mode", "memory_margin_bytes", "retain_cpu_backup"):
-        assert isinstance(inspect.getattr_static(type(saver), name), property)
 
 
 def test_pauseable_graphs_turn_nccl_graph_registration_off(monkeypatch):

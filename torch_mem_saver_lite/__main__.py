@@ -21,7 +21,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="allocate, pause, resume and verify a small region on each GPU")
     parser.add_argument("--version", action="version", version=f"torch_mem_saver_lite {__version__}")
+    parser.add_argument("--alias-path", action="store_true",
+                        help="print the directory that, put on PYTHONPATH, makes `import torch_memory_saver` "
+                             "load torch_mem_saver_lite (see torch_mem_saver_lite.alias)")
     args = parser.parse_args(argv)
+    if args.alias_path:
+        from .alias import ALIAS_PATH
+
+        print(ALIAS_PATH)
+        return 0
 
     from .diagnostics import check, collect, render
 

@@ -52,6 +52,12 @@ _SIGNATURES = {
     "tmsl_get_poison_on_resume": ([_vp, ctypes.POINTER(_int)], _int),
     "tmsl_note_graph_capture": ([], _int),
     "tmsl_tag_state": ([_vp, ctypes.c_char_p, ctypes.POINTER(_int)], _int),
+    "tmsl_set_tag_caches_backups": ([_vp, ctypes.c_char_p, _int], _int),
+    "tmsl_tag_allocations": (
+        [_vp, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64),
+         ctypes.POINTER(_int), _sz, ctypes.POINTER(_sz)],
+        _int,
+    ),
     "tmsl_malloc": ([_vp, _sz, _int, ctypes.c_char_p, _int, ctypes.POINTER(_vp)], _int),
     "tmsl_free": ([_vp, _vp, _vp], _int),
     "tmsl_pause": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
@@ -226,6 +232,22 @@ class NativeSaver:
         out = _int()
         check(lib().tmsl_tag_state(self.handle, tag.encode(), ctypes.byref(out)))
         return out.value
+
+    def set_caches_backups(self, tag: str, caches: bool) -> None:
+        check(lib().tmsl_set_tag_caches_backups(self.handle, tag.encode(), int(caches)))
+
+    def allocations(self, tag: str) -> list[tuple[int, int, int]]:
+        """The tag's allocations as (address, size, device), in address order."""
+        count = _sz()
+        check(lib().tmsl_tag_allocations(self.handle, tag.encode(), None, None, None, 0, ctypes.byref(count)))
+        while True:
+            capacity = count.value
+            addresses, sizes = (ctypes.c_uint64 * capacity)(), (ctypes.c_uint64 * capacity)()
+            devices = (_int * capacity)()
+            check(lib().tmsl_tag_allocations(self.handle, tag.encode(), addresses, sizes, devices, capacity,
+                                             ctypes.byref(count)))
+            if count.value <= capacity:  # else more were allocated meanwhile: ask again
+                return [(addresses[i], sizes[i], devices[i]) for i in range(count.value)]
 
     def set_memory_margin(self, nbytes: int) -> None:
         check(lib().tmsl_set_memory_margin(self.handle, nbytes))

@@ -17,7 +17,9 @@ from typing import Any
 
 import torch
 
-from . import _lib
+from . import _lib, environment
+from .disk_backup import DiskBackup, check_directory, chunk_bytes_from_environment
+from .environment import CPU_BACKUP_BACKENDS
 from .errors import DriverNotFoundError, InvalidArgumentError, MemorySaverError
 from .hooks import Route, TorchPools, begin_route, end_route, release_route
 from .preload import check_preload_ready, cudamalloc_bypassed
@@ -106,6 +108,18 @@ def _check_bytes(value: object, name: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= _MAX_SIZE:
         raise ValueError(f"{name} must be an int from 0 to 2**64 - 1, got {value!r}")
     return value
+
+
+def _check_backend(backend: object, backup: bool | None) -> bool | None:
+    """cpu_backup_backend as "may the tag's backups stay in the host cache" (None: not given)."""
+    if backend is None:
+        return None
+    if backend not in CPU_BACKUP_BACKENDS:
+        raise ValueError(f"cpu_backup_backend must be one of {', '.join(map(repr, CPU_BACKUP_BACKENDS))} "
+                         f"or None, got {backend!r}")
+    if backup is not True:
+        raise ValueError("cpu_backup_backend requires enable_cpu_backup=True")
+    return backend == "pinned"
 
 
 def _check_backup(value: object, name: str = "enable_cpu_backup") -> bool | None:
@@ -276,17 +290,30 @@ class MemorySaver:
     # Whether regions route torch's CUDA allocations (False for the testing host saver,
     # whose allocations are made through the native hook directly).
     _routes_torch = True
+    # Whether the memory is device memory (False: host memory, the testing saver).
+    _on_device = True
 
     def __init__(self) -> None:
         self._native: _lib.NativeSaver | None = None
         self._hook_mode = "torch"
         self._lock = threading.RLock()
         self._pools: TorchPools | None = None
+        # A bad environment variable must not break the import: it is raised at first use.
+        self._environment_error: MemorySaverError | None = None
+        try:
+            self._environment: environment.EnvironmentDefaults | None = environment.read()
+        except MemorySaverError as error:
+            self._environment, self._environment_error = None, error
         self._memory_margin_bytes = 0
-        self._retain_cpu_backup = False
+        self._retain_cpu_backup = self._environment.retain_cpu_backup if self._environment else False
         self._poison_on_resume: bool | None = None  # None: the process default (environment)
         self._host_cache_bytes: int | None = None  # None: the core's default
         self._hooks: dict[str, list[_TagHooks]] = {}
+        # Disk backup: the directory (None: not chosen yet), the tags backed up to disk with
+        # their hooks, and the backups of those paused now.
+        self._disk_directory: str | None = None
+        self._disk_hooks: dict[str, _TagHooks] = {}
+        self._disk_backups: dict[str, DiskBackup] = {}
 
     # ----- configuration -------------------------------------------------------------
     @property
@@ -392,6 +419,8 @@ class MemorySaver:
     def _core(self) -> _lib.NativeSaver:
         with self._lock:
             if self._native is None:
+                if self._environment_error is not None:
+                    raise self._environment_error
                 native = self._create_native()
                 native.set_memory_margin(self._memory_margin_bytes)
                 native.set_retain_backups(self._retain_cpu_backup)
@@ -400,11 +429,23 @@ class MemorySaver:
                 if self._host_cache_bytes is not None:
                     native.set_host_cache_bytes(self._host_cache_bytes)
                 self._native = native
+                self._apply_default_region_settings(native)
             return self._native
+
+    def _apply_default_region_settings(self, native: _lib.NativeSaver) -> None:
+        """The preload-mode process region's backup backend and disk backup (environment)."""
+        env = self._environment
+        if env is None or not self._routes_torch:
+            return
+        if env.default_cpu_backup_backend == "mmap":
+            native.set_caches_backups(env.default_tag, False)
+        if env.default_disk_backup:
+            self._back_up_to_disk(env.default_tag)
 
     # ----- regions -------------------------------------------------------------------
     @contextlib.contextmanager
-    def region(self, tag: str = "default", enable_cpu_backup: bool | None = None) -> Iterator[None]:
+    def region(self, tag: str = "default", enable_cpu_backup: bool | None = None,
+               enable_disk_backup: bool = False, cpu_backup_backend: str | None = None) -> Iterator[None]:
         """Allocations made on this thread inside the block become pauseable under ``tag``.
 
         Args:
@@ -417,16 +458,31 @@ class MemorySaver:
                 state written at capture time. ``False``: never back up, graph memory
                 included; a replay after resume may then compute something else. A tag keeps
                 the first explicit setting it was given.
-
+            enable_disk_backup: keep the content across a pause in a file on disk instead of
+                host memory (``set_disk_backup_dir``); excludes ``enable_cpu_backup=True``.
+                A tag backed up to disk stays so.
+            cpu_backup_backend: with ``enable_cpu_backup=True``: ``"pinned"`` (default) lets
+                backups stay in the host cache after a resume (``host_cache_bytes``);
+                ``"mmap"`` gives their host memory back at every resume.
         Regions nest; leaving one restores the enclosing one. Allocations on the current
         CUDA device are routed. Routing is per thread: a thread started inside a region is
         not routed.
         """
+        backup = _check_backup(enable_cpu_backup)
+        disk = _check_bool(enable_disk_backup, "enable_disk_backup")
+        caches = _check_backend(cpu_backup_backend, backup)
+        if disk and backup:
+            raise ValueError("enable_cpu_backup=True and enable_disk_backup=True exclude each other")
         native = self._enter()
         _check_tag(tag)
+        if disk:
+            self._back_up_to_disk(tag)
+            backup = False  # the content goes to disk, not to host memory
         route = self._torch_pools().route(tag) if self._routes_torch else None
         _lib.take_allocation_failure()  # only failures inside this block are explained below
-        with _pushed(_Region(native, tag, _check_backup(enable_cpu_backup), route)):
+        with _pushed(_Region(native, tag, backup, route)):
+            if caches is not None:
+                native.set_caches_backups(tag, caches)
             if self._routes_torch and torch.cuda.is_current_stream_capturing():
                 _lib.note_graph_capture()  # entered inside a capture: graph memory too
             try:
@@ -462,6 +518,7 @@ class MemorySaver:
         capture_error_mode: str = "global",
         tag: str = "cuda_graph",
         enable_cpu_backup: bool | None = None,
+        cpu_backup_backend: str | None = None,
     ) -> Iterator[None]:
         """Like ``torch.cuda.graph``, with the graph's memory pool pauseable under ``tag``.
 
@@ -479,6 +536,7 @@ class MemorySaver:
         Turns NCCL's graph buffer registration off for the process (``NCCL_GRAPH_REGISTER=0``),
         or raises if NCCL is already initialized without it.
         """
+        caches = _check_backend(cpu_backup_backend, _check_backup(enable_cpu_backup))
         native = self._enter()
         entry = _Region(native, _check_tag(tag), _check_backup(enable_cpu_backup))  # no torch route
         _turn_off_nccl_graph_registration()
@@ -492,6 +550,8 @@ class MemorySaver:
         elif pool is None:
             pool = tag_pool
         with _pushed(entry):
+            if caches is not None:
+                native.set_caches_backups(tag, caches)
             _lib.note_graph_capture()  # the tag is graph memory even if the capture allocates nothing
             with torch.cuda.graph(cuda_graph, pool=pool, stream=stream,
                                   capture_error_mode=capture_error_mode):
@@ -620,6 +680,57 @@ class MemorySaver:
             raise interrupt
 
     # ----- hooks ---------------------------------------------------------------------------
+    # ----- disk backup -------------------------------------------------------------------
+    def set_disk_backup_dir(self, path: str | os.PathLike[str]) -> None:
+        """The directory (on a real disk; created if needed) that disk backups go to.
+        Default: ``TMSL_DISK_BACKUP_DIR`` or ``TMS_DISK_BACKUP_DIR``. tmpfs is refused."""
+        directory = check_directory(path)
+        with self._lock:
+            self._disk_directory = directory
+
+    def _disk_directory_or_raise(self) -> str:
+        with self._lock:
+            if self._disk_directory is None:
+                found = self._environment.disk_backup_dir if self._environment else None
+                if found is None:
+                    raise MemorySaverError("enable_disk_backup=True needs a directory: call "
+                                           "set_disk_backup_dir(path) or set TMSL_DISK_BACKUP_DIR")
+                try:
+                    self._disk_directory = check_directory(found[1])
+                except MemorySaverError as error:
+                    raise MemorySaverError(f"{found[0]}: {error}") from None
+            return self._disk_directory
+
+    def _back_up_to_disk(self, tag: str) -> None:
+        """From now on a pause of ``tag`` writes its content to disk and a resume reads it back."""
+        self._disk_directory_or_raise()
+        with self._lock:
+            if tag not in self._disk_hooks:
+                self._disk_hooks[tag] = _TagHooks(functools.partial(self._save_to_disk, tag),
+                                                  functools.partial(self._restore_from_disk, tag))
+
+    def _save_to_disk(self, tag: str) -> None:
+        native = self._core()
+        backup = DiskBackup(self._disk_directory_or_raise(), tag, native.allocations(tag), self._on_device,
+                            chunk_bytes_from_environment())
+        backup.save()  # raises with nothing released: the pause is called off
+        with self._lock:
+            stale = self._disk_backups.pop(tag, None)
+            self._disk_backups[tag] = backup
+        if stale is not None:
+            stale.close()
+
+    def _restore_from_disk(self, tag: str) -> None:
+        with self._lock:
+            backup = self._disk_backups.get(tag)
+        if backup is None:
+            return
+        backup.restore(self._core().allocations(tag))  # raises: the tag is paused again, backup kept
+        with self._lock:
+            if self._disk_backups.get(tag) is backup:
+                del self._disk_backups[tag]
+        backup.close()
+
     def register_hooks(self, tag: str, before_pause: Hook | None = None,
                        after_resume: Hook | None = None) -> Callable[[], None]:
         """Run ``before_pause()`` before ``tag``'s memory is released and ``after_resume()``
@@ -652,6 +763,10 @@ class MemorySaver:
         """(tag, hooks) of the selected tags that are in ``state`` (so the call changes them)."""
         with self._lock:
             hooked = {tag: list(hooks) for tag, hooks in self._hooks.items() if hooks}
+            # The disk backup runs after the user's before_pause hooks and before their
+            # after_resume hooks, which then see the content.
+            for tag, disk in self._disk_hooks.items():
+                hooked[tag] = [*hooked.get(tag, []), disk]
         if not hooked:
             return []
         selected = [t for t in (names if names is not None else sorted(hooked)) if t in hooked]

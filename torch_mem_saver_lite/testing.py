@@ -32,6 +32,7 @@ class HostSaver(MemorySaver):
     """A MemorySaver over host memory; ``close()`` it when done."""
 
     _routes_torch = False
+    _on_device = False
 
     def __init__(self, capacity_bytes: int = 0, granularity_bytes: int = 2 << 20):
         """

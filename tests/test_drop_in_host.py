@@ -1,0 +1,231 @@
+"""The torch_memory_saver drop-in, without a GPU: every public signature, the behaviour where
+the compat object follows torch_memory_saver, the environment variables (TMS_* and TMSL_*),
+cpu_backup_backend, and the opt-in `import torch_memory_saver` alias."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import torch_mem_saver_lite
+from torch_mem_saver_lite import TorchMemorySaver, alias, saver, torch_memory_saver
+from torch_mem_saver_lite.compat import TorchMemorySaver as CompatClass
+
+MiB = 1 << 20
+TESTS = Path(__file__).resolve().parent
+
+
+def params(f) -> list[str]:
+    return list(inspect.signature(f).parameters)
+
+
+def run(code: str, **env: str) -> subprocess.CompletedProcess:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("TMS_", "TMSL_"))}
+    environment.update(env, PYTHONPATH=str(TESTS))
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=120, env=environment)
+
+
+def test_every_public_signature_of_torch_memory_saver():
+    tms = torch_memory_saver
+    assert isinstance(tms, TorchMemorySaver) and TorchMemorySaver is CompatClass
+    assert params(tms.region) == ["tag", "enable_cpu_backup", "enable_disk_backup", "cpu_backup_backend"]
+    assert inspect.signature(tms.region).parameters["tag"].default == "default"
+    assert params(tms.cuda_graph) == ["cuda_graph", "pool", "stream", "capture_error_mode", "tag",
+                                      "enable_cpu_backup", "cpu_backup_backend"]
+    assert inspect.signature(tms.cuda_graph).parameters["tag"].default == "default"
+    assert params(tms.pause) == ["tag"] and params(tms.resume) == ["tag"]
+    assert inspect.signature(tms.pause).parameters["tag"].default is None
+    assert params(tms.get_cpu_backup) == ["x", "zero_copy"]
+    assert params(tms.set_disk_backup_dir) == ["path"]
+    assert params(tms.disable) == []
+    assert tms.enabled is True
+    for name in ("hook_mode", "memory_margin_bytes", "retain_cpu_backup"):
+        assert isinstance(inspect.getattr_static(TorchMemorySaver, name), property)
+    assert callable(torch_mem_saver_lite.configure_subprocess)
+    # saver takes the same keywords (its graph tag default differs on purpose)
+    assert params(saver.region) == params(tms.region)
+    assert params(saver.cuda_graph) == params(tms.cuda_graph)
+
+
+def test_settings_of_the_compat_object_are_the_savers():
+    before = saver.memory_margin_bytes
+    try:
+        torch_memory_saver.memory_margin_bytes = 3 * MiB
+        assert saver.memory_margin_bytes == 3 * MiB == torch_memory_saver.memory_margin_bytes
+    finally:
+        saver.memory_margin_bytes = before
+    assert torch_memory_saver.hook_mode == saver.hook_mode
+    assert torch_memory_saver.stats == saver.stats  # ours, passed through
+
+
+def test_unknown_tags_are_a_no_op_for_the_compat_object_and_an_error_for_saver(host_saver, mem):
+    compat = TorchMemorySaver(host_saver)
+    with compat.region("kv"):
+        mem.malloc(2 * MiB)
+    compat.pause("never_used")  # torch_memory_saver ignores it; so do we here
+    compat.resume("never_used")
+    assert not host_saver.stats()["kv"].paused
+    compat.pause(["kv", "never_used"])
+    assert host_saver.stats()["kv"].paused
+    compat.resume()
+    with pytest.raises(ValueError, match="unknown tag 'never_used'.*known tags"):
+        host_saver.pause("never_used")
+
+
+def test_cpu_backup_backend_is_checked_and_mmap_gives_host_memory_back(host_saver, mem):
+    with pytest.raises(ValueError, match="requires enable_cpu_backup=True"):
+        with host_saver.region("a", cpu_backup_backend="mmap"):
+            pass
+    with pytest.raises(ValueError, match="cpu_backup_backend must be one of 'pinned', 'mmap'"):
+        with host_saver.region("a", enable_cpu_backup=True, cpu_backup_backend="disk"):
+            pass
+    with host_saver.region("pinned", enable_cpu_backup=True, cpu_backup_backend="pinned"):
+        pinned = mem.malloc(8 * MiB)
+    with host_saver.region("mmap", enable_cpu_backup=True, cpu_backup_backend="mmap"):
+        mapped = mem.malloc(8 * MiB)
+    mem.write(pinned, b"p" * 8 * MiB)
+    mem.write(mapped, b"m" * 8 * MiB)
+    host_saver.pause()
+    host_saver.resume()
+    stats = host_saver.stats()
+    assert stats["pinned"].host_backup_bytes == 8 * MiB  # kept in the host cache for the next pause
+    assert stats["mmap"].host_backup_bytes == 0  # given back at the resume
+    assert mem.read(mapped, 8 * MiB) == b"m" * 8 * MiB and mem.read(pinned, 8 * MiB) == b"p" * 8 * MiB
+
+
+def test_environment_variables_take_torch_memory_savers_names():
+    result = run(
+        """
+        from torch_mem_saver_lite import saver, torch_memory_saver
+        print(saver.retain_cpu_backup, torch_memory_saver.retain_cpu_backup)
+        """,
+        TMS_RETAIN_CPU_BACKUP="1",
+    )
+    assert result.stdout.split() == ["True", "True"], result.stderr
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"TMS_RETAIN_CPU_BACKUP": "yes"}, "TMS_RETAIN_CPU_BACKUP must be 0 or 1, got 'yes'"),
+    ({"TMS_INIT_CPU_BACKUP_BACKEND": "disk"}, "TMS_INIT_CPU_BACKUP_BACKEND must be one of pinned, mmap, got 'disk'"),
+    ({"TMS_RETAIN_CPU_BACKUP": "1", "TMSL_RETAIN_CPU_BACKUP": "0"}, "disagree"),
+    ({"TMS_INIT_ENABLE_DISK_BACKUP": "1", "TMS_INIT_ENABLE_CPU_BACKUP": "1"}, "exclude each other"),
+])
+def test_bad_environment_values_are_reported_by_name_at_first_use(env, message):
+    result = run(
+        """
+        import torch_mem_saver_lite                  # the import itself still works
+        from torch_mem_saver_lite.testing import HostSaver
+        try:
+            HostSaver()._core()
+        except Exception as error:
+            print(type(error).__name__, error)
+        """,
+        **env,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("MemorySaverError") and message in result.stdout
+
+
+def test_native_defaults_take_torch_memory_savers_names():
+    result = run(
+        """
+        from torch_mem_saver_lite import _lib
+        print(_lib.lib().tmsl_process_defaults_error())
+        """,
+        TMS_INIT_ENABLE="1", TMSL_REGION_ALL_THREADS="0",
+    )
+    assert "TMSL_REGION_ALL_THREADS='0' and TMS_INIT_ENABLE='1' disagree" in result.stdout, result.stderr
+
+
+def test_the_disk_backup_directory_comes_from_the_environment(tmp_path):
+    result = run(
+        """
+        import os
+        from host_memory import HostMemory
+        from torch_mem_saver_lite.testing import HostSaver
+        saver, mem = HostSaver(), HostMemory()
+        with saver.region("kv", enable_disk_backup=True):
+            ptr = mem.malloc(2 << 20)
+        mem.write(ptr, b"disk")
+        saver.pause("kv"); saver.resume("kv")
+        print(mem.read(ptr, 4), os.path.isdir(os.environ["TMS_DISK_BACKUP_DIR"]))
+        """,
+        TMS_DISK_BACKUP_DIR=str(tmp_path / "from-env"),
+    )
+    assert result.stdout.split() == ["b'disk'", "True"], result.stderr
+
+
+def test_import_torch_memory_saver_resolves_to_us_only_when_asked():
+    if alias.real_installation() is not None:
+        pytest.skip("a real torch_memory_saver is installed here")
+    plain = run("import torch_memory_saver")
+    assert "No module named 'torch_memory_saver'" in plain.stderr  # nothing without the opt-in
+
+    path = subprocess.run([sys.executable, "-m", "torch_mem_saver_lite", "--alias-path"], capture_output=True,
+                          text=True, timeout=60).stdout.strip()
+    code = """
+        from torch_memory_saver import torch_memory_saver, configure_subprocess, TorchMemorySaver
+        from torch_memory_saver.utils import get_binary_path_from_package
+        from torch_memory_saver.hooks.mode_preload import configure_subprocess as c2
+        import torch_mem_saver_lite
+        from torch_mem_saver_lite import _lib
+        print(torch_memory_saver is torch_mem_saver_lite.torch_memory_saver, c2 is configure_subprocess)
+        print(str(get_binary_path_from_package("torch_memory_saver_hook_mode_preload")) == _lib.library_path())
+    """
+    environment = {**os.environ, "PYTHONPATH": path}
+    aliased = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                             timeout=120, env=environment)
+    assert aliased.stdout.split() == ["True", "True", "True"], aliased.stderr
+
+
+def test_the_alias_never_hides_a_real_installation(tmp_path):
+    fake = tmp_path / "site" / "torch_memory_saver"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("REAL = True\n")
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([alias.ALIAS_PATH, str(fake.parent)])}
+    result = subprocess.run([sys.executable, "-c", "import torch_memory_saver"], capture_output=True, text=True,
+                            timeout=120, env=environment)
+    assert result.returncode != 0 and "installed too" in result.stderr
+    code = f"""
+        import sys
+        sys.path.append({str(fake.parent)!r})
+        from torch_mem_saver_lite import alias
+        try:
+            alias.enable()
+        except Exception as error:
+            print("refused", "is installed" in str(error))
+    """
+    assert run(code).stdout.split() == ["refused", "True"]
+
+
+def test_the_in_process_alias_is_undone_by_disable():
+    code = """
+        import sys
+        from torch_mem_saver_lite import alias, torch_memory_saver as ours
+        alias.enable()
+        import torch_memory_saver
+        print(torch_memory_saver.torch_memory_saver is ours)
+        alias.disable()
+        print("torch_memory_saver" in sys.modules, alias.ALIAS_PATH in sys.path)
+        try:
+            import torch_memory_saver
+        except ImportError:
+            print("gone")
+    """
+    if alias.real_installation() is not None:
+        pytest.skip("a real torch_memory_saver is installed here")
+    assert run(code).stdout.split() == ["True", "False", "False", "gone"]
+
+
+def test_configure_subprocess_is_torch_memory_savers_module_level_context_manager():
+    before = os.environ.get("LD_PRELOAD")
+    with torch_mem_saver_lite.configure_subprocess():
+        assert os.environ["LD_PRELOAD"].split()[0] == torch_mem_saver_lite._lib.library_path()
+    assert os.environ.get("LD_PRELOAD") == before

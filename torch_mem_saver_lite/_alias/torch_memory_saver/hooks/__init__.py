@@ -1,0 +1,1 @@
+__torch_mem_saver_lite_alias__ = True
