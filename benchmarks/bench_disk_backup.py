@@ -101,6 +101,8 @@ def main() -> None:
     parser.add_argument("--gib", type=float, default=8)
     parser.add_argument("--dir", default=str(ROOT / "build" / "disk-bench"))
     parser.add_argument("--cycles", type=int, default=2)
+    parser.add_argument("--sweep", action="store_true",
+                        help="also one cycle per (requests in flight, chunk size) setting")
     args = parser.parse_args()
     nbytes = int(args.gib * GiB) // (64 * MiB) * (64 * MiB)
     directory = check_directory(args.dir)
@@ -137,6 +139,15 @@ def main() -> None:
         print(f"| {cycle} | {pause_s:.2f} | {pause_gbs:.2f} | {pause_gbs / best_write:.0%} | {resume_s:.2f} "
               f"| {resume_gbs:.2f} | {resume_gbs / best_read:.0%} | {same} |")
         assert same, "content changed across a disk-backed pause"
+    if args.sweep:
+        print("\n| in flight x chunk | pause GB/s | resume GB/s |\n| --- | --- | --- |")
+        for workers, chunk_mb in ((2, 64), (4, 64), (8, 32), (8, 64), (16, 16), (16, 64)):
+            os.environ["TMSL_DISK_BACKUP_WORKERS"] = str(workers)
+            os.environ["TMSL_DISK_BACKUP_CHUNK_MB"] = str(chunk_mb)
+            pause_s = timed(lambda: saver.pause("disk_bench"))
+            resume_s = timed(lambda: saver.resume("disk_bench"))
+            assert torch.equal(data, reference)
+            print(f"| {workers} x {chunk_mb} MiB | {nbytes / pause_s / 1e9:.2f} | {nbytes / resume_s / 1e9:.2f} |")
 
 
 if __name__ == "__main__":

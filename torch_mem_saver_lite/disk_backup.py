@@ -7,7 +7,7 @@ closed: after a successful resume, or at exit).
 
 Speed: the file is preallocated (a full disk fails before anything is written), then
 written and read in large chunks by several threads at once, each with its own bounded,
-page-locked staging buffer and CUDA stream, so device transfers overlap disk requests. The
+page-locked staging buffer, so device transfers overlap disk requests. The
 file is opened with O_DIRECT where the file system allows it (no page cache: host memory
 stays free and the disk's own speed is what counts).
 """
@@ -82,6 +82,16 @@ def chunk_bytes_from_environment() -> int:
     return DEFAULT_CHUNK_BYTES
 
 
+def workers_from_environment() -> int:
+    """TMSL_DISK_BACKUP_WORKERS (requests in flight), else 4."""
+    value = os.environ.get("TMSL_DISK_BACKUP_WORKERS")
+    if value:
+        if not value.isdigit() or not 1 <= int(value) <= 64:
+            raise MemorySaverError(f"TMSL_DISK_BACKUP_WORKERS must be a whole number from 1 to 64, got {value!r}")
+        return int(value)
+    return DEFAULT_WORKERS
+
+
 @dataclass(frozen=True)
 class _Piece:
     """One chunk of one allocation: ``size`` bytes at ``address``, at ``offset`` in the file."""
@@ -128,13 +138,14 @@ class _CudaRange:
 
 
 class CudaTransfer(Transfer):
-    """Device memory goes through a page-locked staging buffer of one chunk, copied on a
-    stream of this worker's own."""
+    """Device memory goes through a page-locked staging buffer of one chunk. Copies run on
+    the worker thread's current (default) stream: a pause has already waited for queued
+    work, and creating streams would make torch set up its stream pool, which holds device
+    memory of its own for the rest of the process."""
 
     def __init__(self, chunk_bytes: int):
         self._chunk_bytes = chunk_bytes
         self._staging: torch.Tensor | None = None
-        self._streams: dict[int, torch.cuda.Stream] = {}
 
     def _staging_view(self, size: int) -> tuple[torch.Tensor, memoryview]:
         if self._staging is None:
@@ -143,31 +154,21 @@ class CudaTransfer(Transfer):
             self._staging = raw[skip:skip + self._chunk_bytes]
         return self._staging[:size], _host_view(self._staging.data_ptr(), size)
 
-    def _device_tensor(self, piece: _Piece) -> torch.Tensor:
-        with torch.cuda.device(piece.device):
-            return torch.as_tensor(_CudaRange(piece.address, piece.size), device=f"cuda:{piece.device}")
-
-    def _stream(self, device: int) -> torch.cuda.Stream:
-        if device not in self._streams:
-            self._streams[device] = torch.cuda.Stream(device)
-        return self._streams[device]
+    @staticmethod
+    def _device_tensor(piece: _Piece) -> torch.Tensor:
+        return torch.as_tensor(_CudaRange(piece.address, piece.size), device=f"cuda:{piece.device}")
 
     def buffer(self, piece: _Piece) -> memoryview:
         return self._staging_view(piece.size)[1]
 
     def to_buffer(self, piece: _Piece) -> None:
-        staging = self._staging_view(piece.size)[0]
-        stream = self._stream(piece.device)
-        with torch.cuda.stream(stream):
-            staging.copy_(self._device_tensor(piece), non_blocking=True)
-        stream.synchronize()
+        with torch.cuda.device(piece.device):
+            self._staging_view(piece.size)[0].copy_(self._device_tensor(piece))  # returns when done
 
     def from_buffer(self, piece: _Piece) -> None:
-        staging = self._staging_view(piece.size)[0]
-        stream = self._stream(piece.device)
-        with torch.cuda.stream(stream):
-            self._device_tensor(piece).copy_(staging, non_blocking=True)
-        stream.synchronize()
+        with torch.cuda.device(piece.device):
+            self._device_tensor(piece).copy_(self._staging_view(piece.size)[0])
+            torch.cuda.current_stream().synchronize()  # host-to-device copies may return early
 
 
 def _pieces(ranges: Sequence[tuple[int, int, int]], chunk_bytes: int) -> list[_Piece]:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from . import _lib, environment
-from .disk_backup import DiskBackup, check_directory, chunk_bytes_from_environment
+from .disk_backup import DiskBackup, check_directory, chunk_bytes_from_environment, workers_from_environment
 from .environment import CPU_BACKUP_BACKENDS
 from .errors import DriverNotFoundError, InvalidArgumentError, MemorySaverError
 from .hooks import Route, TorchPools, begin_route, end_route, release_route
@@ -712,7 +712,7 @@ class MemorySaver:
     def _save_to_disk(self, tag: str) -> None:
         native = self._core()
         backup = DiskBackup(self._disk_directory_or_raise(), tag, native.allocations(tag), self._on_device,
-                            chunk_bytes_from_environment())
+                            chunk_bytes_from_environment(), workers_from_environment())
         backup.save()  # raises with nothing released: the pause is called off
         with self._lock:
             stale = self._disk_backups.pop(tag, None)
