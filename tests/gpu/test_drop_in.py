@@ -179,6 +179,26 @@ PROGRAMS = {
         torch_memory_saver.resume("default")
         assert int(x.sum()) == 9 * 64 * MiB
     """,
+    "environment_defaults_with_disk_backup": """
+        # TMS_INIT_ENABLE=1, TMS_INIT_ENABLE_DISK_BACKUP=1, TMS_DISK_BACKUP_DIR=...
+        x = torch.randint(0, 255, (64 * MiB,), dtype=torch.uint8, device="cuda")
+        reference = x.cpu()
+        before = used()
+        torch_memory_saver.pause("default")
+        assert before - used() >= 64 * MiB
+        assert torch_memory_saver.stats()["default"].host_backup_bytes == 0  # on disk, not in RAM
+        torch_memory_saver.resume("default")
+        assert torch.equal(x.cpu(), reference)
+    """,
+    "environment_defaults_with_the_mmap_backend": """
+        # TMS_INIT_ENABLE=1, TMS_INIT_ENABLE_CPU_BACKUP=1, TMS_INIT_CPU_BACKUP_BACKEND=mmap
+        x = torch.full((64 * MiB,), 5, dtype=torch.uint8, device="cuda")
+        torch_memory_saver.pause("default")
+        assert torch_memory_saver.stats()["default"].host_backup_bytes >= 64 * MiB
+        torch_memory_saver.resume("default")
+        assert int(x.sum()) == 5 * 64 * MiB
+        assert torch_memory_saver.stats()["default"].host_backup_bytes == 0  # given back at resume
+    """,
     "several_devices": """
         tensors = []
         for device in range(2):
@@ -191,11 +211,15 @@ PROGRAMS = {
     """,
 }
 
-ONLY_PRELOAD = {"environment_defaults_make_every_allocation_pauseable"}
 EXTRA_ENV = {
     "environment_defaults_make_every_allocation_pauseable": {"TMS_INIT_ENABLE": "1",
                                                              "TMS_INIT_ENABLE_CPU_BACKUP": "1"},
+    "environment_defaults_with_disk_backup": {"TMS_INIT_ENABLE": "1", "TMS_INIT_ENABLE_DISK_BACKUP": "1"},
+    "environment_defaults_with_the_mmap_backend": {"TMS_INIT_ENABLE": "1", "TMS_INIT_ENABLE_CPU_BACKUP": "1",
+                                                   "TMS_INIT_CPU_BACKUP_BACKEND": "mmap"},
 }
+ONLY_PRELOAD = {name for name in EXTRA_ENV if "TMS_INIT_ENABLE" in EXTRA_ENV[name]}
+FROM_ENV_DISK_DIR = {"disk_backup_directory_from_the_environment", "environment_defaults_with_disk_backup"}
 
 
 @pytest.mark.parametrize("mode", ["torch", "preload"])
@@ -211,7 +235,7 @@ def test_torch_memory_saver_program(name, mode, disk_dir):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TMS_", "TMSL_", "LD_PRELOAD"))}
     env.update(PYTHONPATH=alias.ALIAS_PATH, TMSL_TEST_MODE=mode, TMSL_TEST_DISK_DIR=str(disk_dir),
                TMS_DISK_BACKUP_DIR=str(disk_dir), **EXTRA_ENV.get(name, {}))
-    if name != "disk_backup_directory_from_the_environment":
+    if name not in FROM_ENV_DISK_DIR:
         env.pop("TMS_DISK_BACKUP_DIR")
     if mode == "preload":
         env["LD_PRELOAD"] = _lib.library_path()
