@@ -2,12 +2,18 @@
 
     python benchmarks/bench_pause_resume.py [--gib 8] [--hook-modes torch,preload]
         [--workloads one_big,weights,many_small] [--json out.json] [--plot out.png]
+        [--tms-path DIR]
 
 Workloads: one_big (one tensor, a KV cache), weights (~350 tensors of 2-64 MiB), many_small
 (2 MiB tensors). Each runs without backup, with backup (backups freed after resume) and
 with retained backups, two cycles each: cycle 1 is cold, cycle 2 warm. Limits measured
 first: pinned host<->device copy bandwidth, and the driver's create+map cost for 1 GiB in
 2 MiB and in 1 GiB pieces. Preload mode runs in a child process started with LD_PRELOAD.
+
+torch_memory_saver runs too, side by side, when it is importable (installed, or in --tms-path,
+a directory put on the children's PYTHONPATH: `pip install --no-deps --target DIR <wheel>`):
+the same workloads and variants (it has no host cache: "uncached" is skipped), each hook
+mode in child processes of its own, its preload library from its own package.
 """
 
 from __future__ import annotations
@@ -93,57 +99,150 @@ def create_map_limits() -> dict[str, float]:
     return out
 
 
-def run_workload(saver, workload: str, total: int, variant: str, backup: bool, retain: bool,
+class Ours:
+    """torch_mem_saver_lite through its own API."""
+
+    name = "ours"
+    variants = VARIANTS
+
+    def __init__(self, hook_mode: str):
+        from torch_mem_saver_lite import saver
+
+        self.saver = saver
+        saver.hook_mode = hook_mode
+        self.hook_mode = hook_mode
+        self.default_cache = saver.host_cache_bytes
+
+    def configure(self, retain: bool, host_cache: int | None) -> None:
+        self.saver.retain_cpu_backup = retain
+        self.saver.host_cache_bytes = self.default_cache if host_cache is None else host_cache
+
+    def region(self, tag: str, backup: bool):
+        return self.saver.region(tag, enable_cpu_backup=backup)
+
+    def pause(self, tag: str) -> None:
+        self.saver.pause(tag)
+
+    def resume(self, tag: str) -> None:
+        self.saver.resume(tag)
+        self.saver.wait_for_released_backups()
+
+    def footprint(self, tag: str, tensors: list) -> tuple[int, int]:
+        stats = self.saver.stats()[tag]
+        return stats.reserved_bytes, stats.allocations
+
+    def release(self, tag: str) -> None:
+        self.configure(False, None)
+        self.saver.empty_cache(tag)  # give the device memory (and any retained backup) back
+        assert self.saver.stats()[tag].allocations == 0, self.saver.stats()[tag]
+
+
+class TorchMemorySaver:
+    """torch_memory_saver through its public API (what frameworks call)."""
+
+    name = "torch_memory_saver"
+    variants = tuple(v for v in VARIANTS if v[0] != "uncached")  # it has no host cache
+
+    def __init__(self, hook_mode: str):
+        from torch_memory_saver import torch_memory_saver
+
+        self.tms = torch_memory_saver
+        torch_memory_saver.hook_mode = hook_mode
+        self.hook_mode = hook_mode
+
+    def configure(self, retain: bool, host_cache: int | None) -> None:
+        self.tms.retain_cpu_backup = retain
+
+    def region(self, tag: str, backup: bool):
+        return self.tms.region(tag=tag, enable_cpu_backup=backup)
+
+    def pause(self, tag: str) -> None:
+        self.tms.pause(tag)
+
+    def resume(self, tag: str) -> None:
+        self.tms.resume(tag)
+
+    def footprint(self, tag: str, tensors: list) -> tuple[int, int]:
+        # No per-tag figures there: the tensors' bytes, in whole 2 MiB pages.
+        return sum(-(-t.nbytes // (2 * MiB)) * 2 * MiB for t in tensors), 0
+
+    def release(self, tag: str) -> None:
+        self.configure(False, None)
+        torch.cuda.empty_cache()
+
+
+def run_workload(tool, workload: str, total: int, variant: str, backup: bool, retain: bool,
                  host_cache: int | None, cycles: int) -> list[dict]:
-    tag = f"bench-{workload}-{variant}-{saver.hook_mode}"
-    default_cache = saver.host_cache_bytes
-    saver.retain_cpu_backup = retain
-    saver.host_cache_bytes = default_cache if host_cache is None else host_cache
-    with saver.region(tag, enable_cpu_backup=backup):
+    tag = f"bench-{workload}-{variant}-{tool.hook_mode}"
+    tool.configure(retain, host_cache)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    with tool.region(tag, backup):
         tensors = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in tensor_sizes(workload, total)]
+    torch.cuda.synchronize()
+    alloc_ms = (time.perf_counter() - start) * 1e3
     for i, tensor in enumerate(tensors):
         tensor.fill_(i % 251)
     del tensor  # only `tensors` may hold them: empty_cache below must free every segment
     sums = [int(t.sum(dtype=torch.int64)) for t in tensors] if backup else None
-    nbytes = saver.stats()[tag].reserved_bytes
+    nbytes, allocations = tool.footprint(tag, tensors)
     rss_start = rss_anon()
     rows = []
     for cycle in range(1, cycles + 1):
         torch.cuda.synchronize()
         free_before = torch.cuda.mem_get_info()[0]
         t0 = time.perf_counter()
-        saver.pause(tag)
+        tool.pause(tag)
         t1 = time.perf_counter()
         released = torch.cuda.mem_get_info()[0] - free_before
         t2 = time.perf_counter()
-        saver.resume(tag)
+        tool.resume(tag)
+        torch.cuda.synchronize()
         t3 = time.perf_counter()
-        saver.wait_for_released_backups()
-        rows.append(dict(workload=workload, hook_mode=saver.hook_mode, variant=variant, cycle=cycle,
-                         allocations=saver.stats()[tag].allocations, bytes=nbytes,
+        rows.append(dict(tool=tool.name, workload=workload, hook_mode=tool.hook_mode, variant=variant,
+                         cycle=cycle, allocations=allocations, bytes=nbytes, alloc_ms=alloc_ms,
                          pause_ms=(t1 - t0) * 1e3, resume_ms=(t3 - t2) * 1e3,
                          released_fraction=released / nbytes,
                          host_rss_delta_mib=(rss_anon() - rss_start) / MiB))
     content_ok = sums is None or sums == [int(t.sum(dtype=torch.int64)) for t in tensors]
     for row in rows:
         row["content_ok"] = content_ok
-    saver.retain_cpu_backup = False
-    saver.host_cache_bytes = default_cache
     del tensors
-    saver.empty_cache(tag)  # give the device memory (and any retained backup) back
-    assert saver.stats()[tag].allocations == 0, saver.stats()[tag]
+    tool.release(tag)
     return rows
 
 
-def measure(hook_mode: str, workloads: list[str], total: int, cycles: int) -> list[dict]:
-    from torch_mem_saver_lite import saver
-
-    saver.hook_mode = hook_mode
+def measure(tool_name: str, hook_mode: str, workloads: list[str], total: int, cycles: int) -> list[dict]:
+    tool = (Ours if tool_name == "ours" else TorchMemorySaver)(hook_mode)
     rows = []
     for workload in workloads:
-        for variant, backup, retain, host_cache in VARIANTS:
-            rows += run_workload(saver, workload, total, variant, backup, retain, host_cache, cycles)
+        for variant, backup, retain, host_cache in tool.variants:
+            rows += run_workload(tool, workload, total, variant, backup, retain, host_cache, cycles)
     return rows
+
+
+def in_child(tool: str, mode: str, workloads: list[str], args, env: dict[str, str]) -> list[dict]:
+    """measure() in a fresh process (preload mode needs LD_PRELOAD from the start)."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        subprocess.run([sys.executable, __file__, "--gib", str(args.gib), "--workloads", ",".join(workloads),
+                        "--cycles", str(args.cycles), "--child", f"{tool},{mode}", "--child-output", out.name],
+                       check=True, env={**os.environ, **env})
+        return json.loads(Path(out.name).read_text())
+
+
+def tms_environment(tms_path: str | None) -> dict[str, str] | None:
+    """The environment a torch_memory_saver child needs, or None when it is not installed."""
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (tms_path, os.environ.get("PYTHONPATH")) if p)}
+    probe = subprocess.run([sys.executable, "-c", "import torch_memory_saver, sys; print(torch_memory_saver.__file__)"],
+                           capture_output=True, text=True, env={**os.environ, **env})
+    return env if probe.returncode == 0 else None
+
+
+def tms_preload_library(env: dict[str, str]) -> str:
+    code = ("from torch_memory_saver.utils import get_binary_path_from_package as p; "
+            "print(p('torch_memory_saver_hook_mode_preload'))")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env={**os.environ, **env}).stdout.strip()
 
 
 def add_ratios(rows: list[dict], limits: dict) -> None:
@@ -163,9 +262,9 @@ def print_table(rows: list[dict], limits: dict) -> None:
           f"driver create+map {limits['map_ms_per_gib_2MiB']:.1f} ms/GiB in 2 MiB pieces, "
           f"{limits['map_ms_per_gib_1GiB']:.2f} ms/GiB in one piece; unmap+release "
           f"{limits['unmap_ms_per_gib_2MiB']:.1f} / {limits['unmap_ms_per_gib_1GiB']:.2f} ms/GiB")
-    header = (f"{'workload':10} {'mode':7} {'backup':8} {'cyc':>3} {'allocs':>6} {'GiB':>5} {'pause ms':>9} "
-              f"{'resume ms':>9} {'pause':>12} {'resume':>12} {'p/limit':>7} {'r/limit':>7} "
-              f"{'released':>8} {'RSS+MiB':>8} {'ok':>3}")
+    header = (f"{'tool':18} {'workload':10} {'mode':7} {'backup':8} {'cyc':>3} {'allocs':>6} {'GiB':>5} "
+              f"{'alloc ms':>8} {'pause ms':>9} {'resume ms':>9} {'pause':>12} {'resume':>12} {'p/limit':>7} "
+              f"{'r/limit':>7} {'released':>8} {'RSS+MiB':>8} {'ok':>3}")
     print(header)
     print("-" * len(header))
     for r in rows:
@@ -175,10 +274,10 @@ def print_table(rows: list[dict], limits: dict) -> None:
         else:
             pause, resume = f"{r['pause_gbps']:.1f} GB/s", f"{r['resume_gbps']:.1f} GB/s"
             pr, rr = f"{r['pause_ratio']:.0%}", f"{r['resume_ratio']:.0%}"
-        print(f"{r['workload']:10} {r['hook_mode']:7} {r['variant']:8} {r['cycle']:>3} {r['allocations']:>6} "
-              f"{r['bytes'] / GiB:5.2f} {r['pause_ms']:9.1f} {r['resume_ms']:9.1f} {pause:>12} {resume:>12} "
-              f"{pr:>7} {rr:>7} {r['released_fraction']:8.1%} {r['host_rss_delta_mib']:8.0f} "
-              f"{'yes' if r['content_ok'] else 'NO':>3}")
+        print(f"{r['tool']:18} {r['workload']:10} {r['hook_mode']:7} {r['variant']:8} {r['cycle']:>3} "
+              f"{r['allocations'] or '-':>6} {r['bytes'] / GiB:5.2f} {r['alloc_ms']:8.1f} {r['pause_ms']:9.1f} "
+              f"{r['resume_ms']:9.1f} {pause:>12} {resume:>12} {pr:>7} {rr:>7} {r['released_fraction']:8.1%} "
+              f"{r['host_rss_delta_mib']:8.0f} {'yes' if r['content_ok'] else 'NO':>3}")
     print("variants: backup = default settings (host cache of "
           f"{limits['host_cache_bytes'] / GiB:.1f} GiB); uncached = host_cache_bytes 0; retained = retain_cpu_backup")
     print("targets: backup and retained cycle 2 >= 90% of the limit; cycle 1 >= 25 GB/s; no backup "
@@ -186,22 +285,52 @@ def print_table(rows: list[dict], limits: dict) -> None:
           "the cache budget (uncached: back to ~0)")
 
 
-def plot(rows: list[dict], path: str) -> None:
+def print_side_by_side(rows: list[dict]) -> None:
+    """Ours against torch_memory_saver, row by row: milliseconds and their ratio (< 1: we are faster)."""
+    theirs = {(r["workload"], r["hook_mode"], r["variant"], r["cycle"]): r
+              for r in rows if r["tool"] == "torch_memory_saver"}
+    if not theirs:
+        return
+    print("\nside by side (ms; ratio = ours / torch_memory_saver, below 1 is faster):")
+    header = (f"{'workload':10} {'mode':7} {'backup':8} {'cyc':>3} | {'alloc':>14} {'ratio':>5} | "
+              f"{'pause':>15} {'ratio':>5} | {'resume':>15} {'ratio':>5}")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        t = theirs.get((r["workload"], r["hook_mode"], r["variant"], r["cycle"]))
+        if r["tool"] != "ours" or t is None:
+            continue
+        cells = []
+        for key in ("alloc_ms", "pause_ms", "resume_ms"):
+            cells.append(f"{r[key]:7.1f}/{t[key]:<7.1f} {r[key] / t[key]:5.2f}")
+        print(f"{r['workload']:10} {r['hook_mode']:7} {r['variant']:8} {r['cycle']:>3} | {cells[0]} | "
+              f"{cells[1]} | {cells[2]}")
+
+
+def plot(rows: list[dict], limits: dict, path: str) -> None:
+    """Cycle-2 GB/s with backup, grouped by workload and hook mode; the link limit as a line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    shown = [r for r in rows if r["variant"] != "none"]
-    labels = [f"{r['workload']}\n{r['hook_mode']}/{r['variant']}/c{r['cycle']}" for r in shown]
-    fig, ax = plt.subplots(figsize=(max(8, len(shown) * 0.6), 5))
-    x = range(len(shown))
-    ax.bar([i - 0.2 for i in x], [r["pause_gbps"] for r in shown], width=0.4, label="pause")
-    ax.bar([i + 0.2 for i in x], [r["resume_gbps"] for r in shown], width=0.4, label="resume")
-    ax.set_xticks(list(x), labels, rotation=90, fontsize=7)
-    ax.set_ylabel("GB/s")
-    ax.set_title("pause/resume with CPU backup")
-    ax.legend()
+    shown = [r for r in rows if r["variant"] != "none" and r["cycle"] == 2]
+    groups = sorted({(r["workload"], r["hook_mode"]) for r in shown})
+    series = sorted({(r["tool"], r["variant"]) for r in shown})
+    fig, axes = plt.subplots(1, 2, figsize=(max(10, len(groups) * 2.2), 5), sharey=True)
+    width = 0.8 / len(series)
+    for ax, key, limit, title in ((axes[0], "pause_gbps", limits["d2h"], "pause (device to host)"),
+                                  (axes[1], "resume_gbps", limits["h2d"], "resume (host to device)")):
+        for k, (tool, variant) in enumerate(series):
+            values = [next((r[key] for r in shown if (r["workload"], r["hook_mode"], r["tool"], r["variant"])
+                            == (w, m, tool, variant)), 0) for w, m in groups]
+            ax.bar([g + (k - (len(series) - 1) / 2) * width for g in range(len(groups))], values, width,
+                   label=f"{tool} / {variant}")
+        ax.axhline(limit, color="black", linestyle="--", label=f"link limit {limit:.0f} GB/s")
+        ax.set_xticks(range(len(groups)), [f"{w}\n{m}" for w, m in groups])
+        ax.set_title(f"{title}, cycle 2")
+        ax.set_ylabel("GB/s")
+    axes[1].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -214,6 +343,8 @@ def main() -> int:
     parser.add_argument("--cycles", type=int, default=2)
     parser.add_argument("--json", help="write all rows and limits here")
     parser.add_argument("--plot", help="write a PNG bar chart here")
+    parser.add_argument("--tms-path", help="a directory holding torch_memory_saver, for its children")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--child-output", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -221,33 +352,34 @@ def main() -> int:
         return 1
     total = int(args.gib * GiB)
     workloads = args.workloads.split(",")
-    if args.child_output:  # a preload-mode child: measure and hand the rows back
-        Path(args.child_output).write_text(json.dumps(measure("preload", workloads, total, args.cycles)))
+    if args.child:  # a child process: measure one tool in one mode and hand the rows back
+        tool, mode = args.child.split(",")
+        Path(args.child_output).write_text(json.dumps(measure(tool, mode, workloads, total, args.cycles)))
         return 0
 
-    from torch_mem_saver_lite import saver
+    from torch_mem_saver_lite import _lib, saver
 
     limits = {**copy_limits(), **create_map_limits(), "host_cache_bytes": saver.host_cache_bytes}
+    tms_env = tms_environment(args.tms_path)
     rows = []
     for mode in args.hook_modes.split(","):
         if mode == "torch":
-            rows += measure("torch", workloads, total, args.cycles)
+            rows += measure("ours", "torch", workloads, total, args.cycles)
         else:
-            from torch_mem_saver_lite import _lib
-
-            with tempfile.NamedTemporaryFile(suffix=".json") as out:
-                env = {**os.environ, "LD_PRELOAD": _lib.library_path()}
-                subprocess.run([sys.executable, __file__, "--gib", str(args.gib), "--workloads",
-                                args.workloads, "--cycles", str(args.cycles), "--child-output", out.name],
-                               check=True, env=env)
-                rows += json.loads(Path(out.name).read_text())
+            rows += in_child("ours", mode, workloads, args, {"LD_PRELOAD": _lib.library_path()})
+        if tms_env is not None:
+            preload = {"LD_PRELOAD": tms_preload_library(tms_env)} if mode == "preload" else {}
+            for workload in workloads:  # one child each: its memory is given back at exit
+                rows += in_child("tms", mode, [workload], args, {**tms_env, **preload})
     add_ratios(rows, limits)
-    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}"
+          + ("" if tms_env is not None else "; torch_memory_saver not installed: ours only"))
     print_table(rows, limits)
+    print_side_by_side(rows)
     if args.json:
         Path(args.json).write_text(json.dumps({"limits": limits, "rows": rows}, indent=1))
     if args.plot:
-        plot(rows, args.plot)
+        plot(rows, limits, args.plot)
     return 0 if all(r["content_ok"] for r in rows) else 1
 
 
