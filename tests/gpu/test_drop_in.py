@@ -32,6 +32,12 @@ def used():
     torch.cuda.synchronize()
     free, total = torch.cuda.mem_get_info()
     return total - free
+
+def check_released(before, nbytes):
+    # The README's promise: at least 99 % of a paused region's bytes come back to the device
+    # (the driver's own bookkeeping may take a page meanwhile).
+    released = before - used()
+    assert released >= 0.99 * nbytes, f"released {released / MiB:.1f} MiB of {nbytes / MiB:.0f} MiB"
 """
 
 PROGRAMS = {
@@ -40,7 +46,7 @@ PROGRAMS = {
             x = torch.full((256 * MiB,), 7, dtype=torch.uint8, device="cuda")
         ptr, before = x.data_ptr(), used()
         torch_memory_saver.pause()
-        assert before - used() >= 255 * MiB, (before, used())
+        check_released(before, 256 * MiB)
         torch_memory_saver.resume()
         assert x.data_ptr() == ptr
         x.fill_(3)
@@ -54,7 +60,7 @@ PROGRAMS = {
         reference = weights.cpu()
         before = used()
         torch_memory_saver.pause()
-        assert before - used() >= 127 * MiB
+        check_released(before, 128 * MiB)
         torch_memory_saver.resume()
         assert torch.equal(weights.cpu(), reference)
         kv.fill_(1.0)
@@ -67,7 +73,8 @@ PROGRAMS = {
             t2 = torch.full((128 * MiB,), 2, dtype=torch.uint8, device="cuda")
         before = used()
         torch_memory_saver.pause("type1")
-        assert 127 * MiB <= before - used() < 200 * MiB
+        released = before - used()
+        assert 0.99 * 128 * MiB <= released < 200 * MiB, f"released {released / MiB:.1f} MiB"  # type1 only
         torch_memory_saver.pause("type2")
         torch_memory_saver.resume("type2")
         assert int(t2.sum()) == 2 * 128 * MiB
@@ -90,7 +97,7 @@ PROGRAMS = {
         assert torch_memory_saver.stats()["default"].graph_memory
         before = used()
         torch_memory_saver.pause("default")  # covers the graph's memory, as with torch_memory_saver
-        assert before - used() >= 4 * MiB
+        check_released(before, 4 * MiB)
         torch_memory_saver.resume("default")
         static_in.fill_(3)
         graph.replay()
@@ -108,7 +115,7 @@ PROGRAMS = {
         assert stats["inner"].reserved_bytes >= 16 * MiB and stats["outer"].reserved_bytes >= 32 * MiB
         before = used()
         torch_memory_saver.pause()
-        assert before - used() >= 48 * MiB
+        check_released(before, 48 * MiB)
         c.fill_(2)  # ordinary memory: usable while everything else is paused
         assert int(c.sum()) == 32 * MiB
         torch_memory_saver.resume()
@@ -157,7 +164,7 @@ PROGRAMS = {
         reference = w.cpu()
         before = used()
         torch_memory_saver.pause("weights")
-        assert before - used() >= 255 * MiB
+        check_released(before, 256 * MiB)
         assert torch_memory_saver.stats()["weights"].host_backup_bytes == 0
         torch_memory_saver.resume("weights")
         assert torch.equal(w.cpu(), reference)
@@ -185,7 +192,7 @@ PROGRAMS = {
         reference = x.cpu()
         before = used()
         torch_memory_saver.pause("default")
-        assert before - used() >= 64 * MiB
+        check_released(before, 64 * MiB)
         assert torch_memory_saver.stats()["default"].host_backup_bytes == 0  # on disk, not in RAM
         torch_memory_saver.resume("default")
         assert torch.equal(x.cpu(), reference)
