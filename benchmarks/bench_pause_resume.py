@@ -172,8 +172,9 @@ class TorchMemorySaver:
         return sum(-(-t.nbytes // (2 * MiB)) * 2 * MiB for t in tensors), 0
 
     def release(self, tag: str) -> None:
+        # Nothing to do, and nothing safe: its torch mode ends the process when pool memory
+        # is freed outside a region. Each workload runs in a child; its memory goes at exit.
         self.configure(False, None)
-        torch.cuda.empty_cache()
 
 
 def run_workload(tool, workload: str, total: int, variant: str, backup: bool, retain: bool,
@@ -229,10 +230,13 @@ def measure(tool_name: str, hook_mode: str, workloads: list[str], total: int, cy
 def in_child(tool: str, mode: str, workloads: list[str], args, env: dict[str, str]) -> list[dict]:
     """measure() in a fresh process (preload mode needs LD_PRELOAD from the start)."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        subprocess.run([sys.executable, __file__, "--gib", str(args.gib), "--workloads", ",".join(workloads),
-                        "--cycles", str(args.cycles), "--child", f"{tool},{mode}", "--child-output", out.name],
-                       check=True, env={**os.environ, **env})
-        return json.loads(Path(out.name).read_text())
+        child = subprocess.run([sys.executable, __file__, "--gib", str(args.gib), "--workloads", ",".join(workloads),
+                                "--cycles", str(args.cycles), "--child", f"{tool},{mode}", "--child-output", out.name],
+                               env={**os.environ, **env})
+        written = Path(out.name).read_text()
+        if not written:  # torch_memory_saver may end its process non-zero at exit, after the rows
+            raise RuntimeError(f"the {tool} {mode}-mode child wrote no rows (exit status {child.returncode})")
+        return json.loads(written)
 
 
 def tms_environment(tms_path: str | None) -> dict[str, str] | None:
