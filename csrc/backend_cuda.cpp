@@ -30,6 +30,7 @@ struct DriverApi {
   PFN_cuDevicePrimaryCtxRetain_v7000 cuDevicePrimaryCtxRetain = nullptr;
   PFN_cuCtxPushCurrent_v4000 cuCtxPushCurrent = nullptr;
   PFN_cuCtxPopCurrent_v4000 cuCtxPopCurrent = nullptr;
+  PFN_cuCtxGetCurrent_v4000 cuCtxGetCurrent = nullptr;
   PFN_cuCtxSynchronize_v2000 cuCtxSynchronize = nullptr;
   PFN_cuStreamSynchronize_v2000 cuStreamSynchronize = nullptr;
   PFN_cuMemGetInfo_v3020 cuMemGetInfo = nullptr;
@@ -85,6 +86,7 @@ Status load_driver(DriverApi* api) {
   resolve("cuDevicePrimaryCtxRetain", &api->cuDevicePrimaryCtxRetain);
   resolve("cuCtxPushCurrent", &api->cuCtxPushCurrent);
   resolve("cuCtxPopCurrent", &api->cuCtxPopCurrent);
+  resolve("cuCtxGetCurrent", &api->cuCtxGetCurrent);
   resolve("cuCtxSynchronize", &api->cuCtxSynchronize);
   resolve("cuStreamSynchronize", &api->cuStreamSynchronize);
   resolve("cuMemGetInfo", &api->cuMemGetInfo);
@@ -305,6 +307,11 @@ class CudaBackend final : public Backend {
   Status in_context(int device, Body&& body) {
     Status s = device_state(device);
     if (!s.ok()) return s;
+    // Usually it is current already (torch's thread, its current device): then a push and a
+    // pop would only add two driver calls to each operation (measured: weights, 238
+    // allocations, paused 1.2-1.8x slower than torch_memory_saver with them).
+    CUcontext current = nullptr;
+    if (api_.cuCtxGetCurrent(&current) == CUDA_SUCCESS && current == devices_[device].context) return body();
     s = check(api_.cuCtxPushCurrent(devices_[device].context), "cuCtxPushCurrent");
     if (!s.ok()) return s;
     s = body();
