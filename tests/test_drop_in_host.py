@@ -144,7 +144,7 @@ def test_native_defaults_take_torch_memory_savers_names():
     assert "TMSL_REGION_ALL_THREADS='0' and TMS_INIT_ENABLE='1' disagree" in result.stdout, result.stderr
 
 
-def test_the_disk_backup_directory_comes_from_the_environment(tmp_path):
+def test_the_disk_backup_directory_comes_from_the_environment(disk_dir):
     result = run(
         """
         import os
@@ -157,7 +157,7 @@ def test_the_disk_backup_directory_comes_from_the_environment(tmp_path):
         saver.pause("kv"); saver.resume("kv")
         print(mem.read(ptr, 4), os.path.isdir(os.environ["TMS_DISK_BACKUP_DIR"]))
         """,
-        TMS_DISK_BACKUP_DIR=str(tmp_path / "from-env"),
+        TMS_DISK_BACKUP_DIR=str(disk_dir / "from-env"),
     )
     assert result.stdout.split() == ["b'disk'", "True"], result.stderr
 

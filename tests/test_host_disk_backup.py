@@ -5,6 +5,7 @@ reported with nothing lost, tmpfs refused."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -22,6 +23,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def backup_files() -> list[tuple[str, int]]:
     return [(target, size) for _, target, size in open_disk_backup_files()]
+
+
+def test_a_backup_left_paused_is_freed_when_its_saver_closes(disk_dir, mem):
+    from torch_mem_saver_lite.testing import HostSaver
+
+    saver = HostSaver()
+    saver.set_disk_backup_dir(disk_dir)
+    with saver.region("kv", enable_disk_backup=True):
+        mem.malloc(2 * MiB)
+    saver.pause("kv")
+    assert len(backup_files()) == 1
+    saver.close()
+    assert backup_files() == []
 
 
 def pattern(size: int, seed: int) -> bytes:
@@ -139,3 +153,25 @@ def test_user_hooks_see_the_content_restored(host_saver, mem, disk_dir):
     host_saver.pause("w")
     host_saver.resume("w")
     assert seen == [b"abcd"]
+
+
+def test_a_rolled_back_resume_keeps_the_disk_backup_it_read(host_saver, mem, disk_dir):
+    host_saver.set_disk_backup_dir(disk_dir)
+    with host_saver.region("w", enable_disk_backup=True):
+        ptr = mem.malloc(4 * MiB)
+    mem.write(ptr, pattern(4 * MiB, 5))
+    failures = [RuntimeError("registration failed")]
+
+    def flaky_after_resume():
+        if failures:
+            raise failures.pop()
+
+    host_saver.register_hooks("w", after_resume=flaky_after_resume)
+    host_saver.pause("w")
+    shutil.rmtree(disk_dir)  # a new backup cannot be written now: the rollback must reuse the file
+    with pytest.raises(RuntimeError, match="registration failed"):
+        host_saver.resume("w")  # content read back, then the hook fails: paused again
+    assert host_saver.stats()["w"].paused and len(backup_files()) == 1
+    host_saver.resume("w")
+    assert mem.read(ptr, 4 * MiB) == pattern(4 * MiB, 5)
+    assert backup_files() == []

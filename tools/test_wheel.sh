@@ -17,5 +17,6 @@ import torch, torch_mem_saver_lite as t, torch_mem_saver_lite._lib as lib
 assert "site-packages" in t.__file__, t.__file__
 print(f"torch {torch.__version__}; torch_mem_saver_lite {t.__version__} from {t.__file__}")
 print("library:", lib.library_path())')
-# pytest's console script does not put the working directory on sys.path either.
-$venv/bin/pytest -q -p no:cacheprovider -m "not gpu" tests
+# pytest's console script does not put the working directory on sys.path either, and
+# PYTHONSAFEPATH keeps it off for the Python processes the tests start.
+PYTHONSAFEPATH=1 $venv/bin/pytest -q -p no:cacheprovider -m "not gpu" tests

@@ -100,6 +100,7 @@ class _Piece:
     size: int
     device: int
     offset: int
+    range_address: int  # the allocation it belongs to
 
 
 class Transfer:
@@ -149,9 +150,14 @@ class CudaTransfer(Transfer):
 
     def _staging_view(self, size: int) -> tuple[torch.Tensor, memoryview]:
         if self._staging is None:
-            raw = torch.empty(self._chunk_bytes + _ALIGNMENT, dtype=torch.uint8, pin_memory=True)
-            skip = -raw.data_ptr() % _ALIGNMENT
-            self._staging = raw[skip:skip + self._chunk_bytes]
+            # Exactly one chunk: page-locked memory comes page-aligned, and a few bytes more
+            # would make torch's host allocator round the block up to twice the size.
+            staging = torch.empty(self._chunk_bytes, dtype=torch.uint8, pin_memory=True)
+            if staging.data_ptr() % _ALIGNMENT:
+                raw = torch.empty(self._chunk_bytes + _ALIGNMENT, dtype=torch.uint8, pin_memory=True)
+                skip = -raw.data_ptr() % _ALIGNMENT
+                staging = raw[skip:skip + self._chunk_bytes]
+            self._staging = staging
         return self._staging[:size], _host_view(self._staging.data_ptr(), size)
 
     @staticmethod
@@ -176,7 +182,7 @@ def _pieces(ranges: Sequence[tuple[int, int, int]], chunk_bytes: int) -> list[_P
     for address, size, device in ranges:
         for start in range(0, size, chunk_bytes):
             length = min(chunk_bytes, size - start)
-            pieces.append(_Piece(address + start, length, device, offset + start))
+            pieces.append(_Piece(address + start, length, device, offset + start, address))
         offset += -(-size // _ALIGNMENT) * _ALIGNMENT
     return pieces
 
@@ -207,12 +213,24 @@ def _run_parallel(pieces: list[_Piece], workers: int, make_transfer: Callable[[]
 
     threads = [threading.Thread(target=worker, name=f"tmsl-disk-{i}", daemon=True)
                for i in range(min(workers, len(pieces)))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    # A Ctrl-C here waits until every piece is done: a copy cut short would leave half a
+    # backup, or half-restored memory reported as resumed. It is raised afterwards.
+    interrupt: BaseException | None = None
+    for step in ("start", "join"):
+        for thread in threads:
+            while True:
+                try:
+                    if step == "join":
+                        thread.join()
+                    elif thread.ident is None:
+                        thread.start()
+                    break
+                except BaseException as error:  # noqa: BLE001 - re-raised once the copies are done
+                    interrupt = interrupt or error
     if errors:
         raise errors[0]
+    if interrupt is not None:
+        raise interrupt
 
 
 def _write_all(fd: int, buffer: memoryview, offset: int) -> None:
@@ -245,6 +263,7 @@ class DiskBackup:
         self._directory = directory
         self._fd: int | None = None
         self.bytes = sum(size for _, size, _ in self._ranges)
+        self.restored = False  # read back by a resume that may still be rolled back
 
     def _open(self) -> int:
         path = os.path.join(self._directory, f"tmsl-{os.getpid()}-{id(self):x}.bin")
@@ -264,8 +283,9 @@ class DiskBackup:
         """Write the content to disk. On failure nothing is kept and the memory is untouched."""
         pieces = _pieces(self._ranges, self._chunk_bytes)
         size = pieces[-1].offset + -(-pieces[-1].size // _ALIGNMENT) * _ALIGNMENT if pieces else 0
-        fd = self._open()
+        fd = -1
         try:
+            fd = self._open()
             if size:
                 os.posix_fallocate(fd, 0, size)  # a full disk fails here, before any write
             for device in sorted({device for _, _, device in self._ranges} if self._on_device else ()):
@@ -277,7 +297,8 @@ class DiskBackup:
 
             _run_parallel(pieces, self._workers, self._make_transfer, write)
         except BaseException as error:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
             if isinstance(error, OSError):
                 raise MemorySaverError(
                     f"disk backup of tag {self.tag!r} ({self.bytes / MiB:.0f} MiB) to {self._directory!r} "
@@ -293,9 +314,8 @@ class DiskBackup:
             raise MemorySaverError(f"the disk backup of tag {self.tag!r} is closed")
         fd = self._fd
         now = set(ranges)
-        kept = [r for r in self._ranges if r in now]
-        pieces = [p for p in _pieces(self._ranges, self._chunk_bytes)
-                  if any(a <= p.address < a + s for a, s, _ in kept)]
+        kept_addresses = {r[0] for r in self._ranges if r in now}
+        pieces = [p for p in _pieces(self._ranges, self._chunk_bytes) if p.range_address in kept_addresses]
 
         def read(transfer: Transfer, piece: _Piece) -> None:
             _read_all(fd, _padded(transfer.buffer(piece), piece), piece.offset)

@@ -26,16 +26,21 @@ def _setting(ours: str, theirs: str) -> tuple[str, str] | None:
     return values[0] if values else None
 
 
-def _flag(ours: str, theirs: str) -> bool:
-    found = _setting(ours, theirs)
-    if found is None:
-        return False
-    name, value = found
-    if value.lower() in ("1", "true"):
+def _parse_flag(name: str, value: str) -> bool:
+    # The spellings the native library accepts for its own flags (thread_region.cpp).
+    if value in ("1", "true"):
         return True
-    if value.lower() in ("0", "false"):
+    if value in ("0", "false"):
         return False
     raise MemorySaverError(f"{name} must be 0 or 1, got {value!r}")
+
+
+def _flag(ours: str, theirs: str) -> bool:
+    values = {name: _parse_flag(name, os.environ[name]) for name in (ours, theirs) if os.environ.get(name)}
+    if len(set(values.values())) > 1:
+        raise MemorySaverError(f"{ours}={os.environ[ours]!r} and {theirs}={os.environ[theirs]!r} disagree; "
+                               "set one of them")
+    return any(values.values())
 
 
 @dataclass(frozen=True)

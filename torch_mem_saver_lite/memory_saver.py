@@ -298,14 +298,11 @@ class MemorySaver:
         self._hook_mode = "torch"
         self._lock = threading.RLock()
         self._pools: TorchPools | None = None
-        # A bad environment variable must not break the import: it is raised at first use.
-        self._environment_error: MemorySaverError | None = None
-        try:
-            self._environment: environment.EnvironmentDefaults | None = environment.read()
-        except MemorySaverError as error:
-            self._environment, self._environment_error = None, error
+        # Read at first use (a bad value must not break the import, and a program may set
+        # the variables after importing us).
+        self._environment: environment.EnvironmentDefaults | None = None
         self._memory_margin_bytes = 0
-        self._retain_cpu_backup = self._environment.retain_cpu_backup if self._environment else False
+        self._retain_cpu_backup: bool | None = None  # None: the environment's default
         self._poison_on_resume: bool | None = None  # None: the process default (environment)
         self._host_cache_bytes: int | None = None  # None: the core's default
         self._hooks: dict[str, list[_TagHooks]] = {}
@@ -355,14 +352,22 @@ class MemorySaver:
     @property
     def retain_cpu_backup(self) -> bool:
         """Keep host backups after resume and reuse them at the next pause (faster cycles,
-        host memory held throughout). Default False: backups are freed after resume."""
-        return self._retain_cpu_backup
+        host memory held throughout). Default False (or ``TMS_RETAIN_CPU_BACKUP`` /
+        ``TMSL_RETAIN_CPU_BACKUP``): backups are freed after resume."""
+        return self._retain_cpu_backup if self._retain_cpu_backup is not None else self._env().retain_cpu_backup
 
     @retain_cpu_backup.setter
     def retain_cpu_backup(self, retain: bool) -> None:
         self._retain_cpu_backup = _check_bool(retain, "retain_cpu_backup")
         if self._native is not None:
             self._native.set_retain_backups(retain)
+
+    def _env(self) -> environment.EnvironmentDefaults:
+        """The TMSL_*/TMS_* defaults, read once; MemorySaverError names a bad variable."""
+        with self._lock:
+            if self._environment is None:
+                self._environment = environment.read()
+            return self._environment
 
     @property
     def host_cache_bytes(self) -> int:
@@ -419,23 +424,22 @@ class MemorySaver:
     def _core(self) -> _lib.NativeSaver:
         with self._lock:
             if self._native is None:
-                if self._environment_error is not None:
-                    raise self._environment_error
+                env = self._env()
                 native = self._create_native()
                 native.set_memory_margin(self._memory_margin_bytes)
-                native.set_retain_backups(self._retain_cpu_backup)
+                native.set_retain_backups(self.retain_cpu_backup)
                 if self._poison_on_resume is not None:
                     native.set_poison_on_resume(self._poison_on_resume)
                 if self._host_cache_bytes is not None:
                     native.set_host_cache_bytes(self._host_cache_bytes)
+                # Before the core is published: a setting that fails fails every first use.
+                self._apply_default_region_settings(native, env)
                 self._native = native
-                self._apply_default_region_settings(native)
             return self._native
 
-    def _apply_default_region_settings(self, native: _lib.NativeSaver) -> None:
+    def _apply_default_region_settings(self, native: _lib.NativeSaver, env: environment.EnvironmentDefaults) -> None:
         """The preload-mode process region's backup backend and disk backup (environment)."""
-        env = self._environment
-        if env is None or not self._routes_torch:
+        if not self._routes_torch:
             return
         if env.default_cpu_backup_backend == "mmap":
             native.set_caches_backups(env.default_tag, False)
@@ -476,11 +480,15 @@ class MemorySaver:
         native = self._enter()
         _check_tag(tag)
         if disk:
-            self._back_up_to_disk(tag)
+            self._disk_directory_or_raise()
             backup = False  # the content goes to disk, not to host memory
+        if caches is None and backup is True:
+            caches = self._default_caches()
         route = self._torch_pools().route(tag) if self._routes_torch else None
         _lib.take_allocation_failure()  # only failures inside this block are explained below
         with _pushed(_Region(native, tag, backup, route)):
+            if disk:  # only once the tag has taken the region
+                self._back_up_to_disk(tag)
             if caches is not None:
                 native.set_caches_backups(tag, caches)
             if self._routes_torch and torch.cuda.is_current_stream_capturing():
@@ -537,6 +545,8 @@ class MemorySaver:
         or raises if NCCL is already initialized without it.
         """
         caches = _check_backend(cpu_backup_backend, _check_backup(enable_cpu_backup))
+        if caches is None and enable_cpu_backup is not False:
+            caches = self._default_caches()
         native = self._enter()
         entry = _Region(native, _check_tag(tag), _check_backup(enable_cpu_backup))  # no torch route
         _turn_off_nccl_graph_registration()
@@ -609,6 +619,7 @@ class MemorySaver:
         failure every allocation is either still resident or paused with a full backup.
         """
         names = self._selection(tag)
+        self._close_restored_disk_backups()  # read back by an earlier resume: stale now
         native = self._native_for(names)
         if native is None:
             return
@@ -650,6 +661,7 @@ class MemorySaver:
         paused_before = self._paused_tags(native, names) if hooks else []
         self._resume_with_hooks(native, functools.partial(_logged, "resume", native, native.resume, names),
                                 hooks, paused_before)
+        self._close_restored_disk_backups()
 
     @staticmethod
     def _resume_with_hooks(native: _lib.NativeSaver, do_resume: Callable[[], None], hooks: list[_TagHooks],
@@ -688,10 +700,16 @@ class MemorySaver:
         with self._lock:
             self._disk_directory = directory
 
+    def _default_caches(self) -> bool | None:
+        """TMS_INIT_CPU_BACKUP_BACKEND / TMSL_DEFAULT_CPU_BACKUP_BACKEND for backed-up regions
+        that name no backend (None: not set)."""
+        backend = self._env().default_cpu_backup_backend
+        return None if backend is None else backend == "pinned"
+
     def _disk_directory_or_raise(self) -> str:
         with self._lock:
             if self._disk_directory is None:
-                found = self._environment.disk_backup_dir if self._environment else None
+                found = self._env().disk_backup_dir
                 if found is None:
                     raise MemorySaverError("enable_disk_backup=True needs a directory: call "
                                            "set_disk_backup_dir(path) or set TMSL_DISK_BACKUP_DIR")
@@ -710,6 +728,13 @@ class MemorySaver:
                                                   functools.partial(self._restore_from_disk, tag))
 
     def _save_to_disk(self, tag: str) -> None:
+        with self._lock:
+            current = self._disk_backups.get(tag)
+            if current is not None and current.restored:
+                # The resume that read it back is being rolled back: the memory still holds
+                # what the file holds, so the file serves again (writing it anew could fail).
+                current.restored = False
+                return
         native = self._core()
         backup = DiskBackup(self._disk_directory_or_raise(), tag, native.allocations(tag), self._on_device,
                             chunk_bytes_from_environment(), workers_from_environment())
@@ -726,10 +751,15 @@ class MemorySaver:
         if backup is None:
             return
         backup.restore(self._core().allocations(tag))  # raises: the tag is paused again, backup kept
+        backup.restored = True  # closed once the whole resume has succeeded
+
+    def _close_restored_disk_backups(self) -> None:
+        """Free the files of backups a finished resume read back (and only those)."""
         with self._lock:
-            if self._disk_backups.get(tag) is backup:
-                del self._disk_backups[tag]
-        backup.close()
+            done = [tag for tag, backup in self._disk_backups.items() if backup.restored]
+            closing = [self._disk_backups.pop(tag) for tag in done]
+        for backup in closing:
+            backup.close()
 
     def register_hooks(self, tag: str, before_pause: Hook | None = None,
                        after_resume: Hook | None = None) -> Callable[[], None]:

@@ -62,6 +62,9 @@ class HostSaver(MemorySaver):
         """Free everything the saver holds; it cannot be used afterwards."""
         with self._lock:
             self._closed = True
+            disk_backups, self._disk_backups = list(self._disk_backups.values()), {}
+            for backup in disk_backups:  # their files' space
+                backup.close()
             if self._native is not None:
                 self._finalizer.detach()
                 native, self._native = self._native, None
