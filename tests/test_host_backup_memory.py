@@ -145,8 +145,12 @@ def test_a_pause_whose_worker_threads_cannot_start_still_completes_and_settles()
         print("freed", saver.stats()["weights"].allocations == 0)
         """
     )
+    # host_memory comes from this directory, named explicitly (the working directory is not
+    # on sys.path under PYTHONSAFEPATH, as in the wheel test).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.path.dirname(__file__),
+                                                                    os.environ.get("PYTHONPATH")]))}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                            cwd=os.path.dirname(__file__))
+                            cwd=os.path.dirname(__file__), env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split("\n")[:4] == ["no thread can start", "paused True True", "content True",
                                              "freed True"], result.stdout + result.stderr[-2000:]
