@@ -10,9 +10,9 @@ from torch_mem_saver_lite import memory_saver
 LIBRARY_FILES = (memory_saver.__file__,)
 
 
-def interrupted_at(k: int, body) -> bool:
-    """Run body() with a KeyboardInterrupt raised at the k-th line the library executes;
-    True if it was raised (False: body finished before reaching line k)."""
+def interrupted_at(k: int, body, files=LIBRARY_FILES) -> bool:
+    """Run body() with a KeyboardInterrupt raised at the k-th line the library executes
+    (the lines of ``files``); True if it was raised (False: body finished before line k)."""
     count = 0
 
     def local(frame, event, arg):
@@ -24,7 +24,7 @@ def interrupted_at(k: int, body) -> bool:
         return local
 
     def tracer(frame, event, arg):
-        return local if frame.f_code.co_filename in LIBRARY_FILES else None
+        return local if frame.f_code.co_filename in files else None
 
     sys.settrace(tracer)
     try:

@@ -10,6 +10,7 @@ keeping their virtual addresses, and take it back later.
 
 import importlib.metadata as _metadata
 
+from .breakdown import MemoryBreakdown
 from .compat import TorchMemorySaver
 from .errors import (
     CudaDriverError,
@@ -18,7 +19,9 @@ from .errors import (
     MemorySaverError,
     OutOfMemoryError,
 )
+from .leftovers import LeftoverReport
 from .memory_saver import MemorySaver
+from .nccl_suspend import GroupOutcome
 from .preload import configure_subprocess
 from .stats import TagStats
 
@@ -38,7 +41,10 @@ __all__ = [
     "__version__",
     "CudaDriverError",
     "DriverNotFoundError",
+    "GroupOutcome",
     "InvalidArgumentError",
+    "LeftoverReport",
+    "MemoryBreakdown",
     "MemorySaver",
     "MemorySaverError",
     "OutOfMemoryError",

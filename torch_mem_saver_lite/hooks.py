@@ -58,6 +58,22 @@ class TorchPools:
             for key in [k for k in self._pools if k[0] == tag]:
                 del self._pools[key]
 
+    def drop_idle(self, tags: set[str]) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+        """Forget the pools of ``tags`` that nothing but this table uses (no open region, no
+        captured graph: torch's use count is 1), so that torch's next empty_cache() frees their
+        cached free blocks; live tensors in them stay valid and the tag's next region starts a
+        new pool. Returns (dropped, kept) (tag, device) keys."""
+        dropped, kept = [], []
+        with self._lock:
+            for key in [k for k in self._pools if k[0] in tags]:
+                use_count = getattr(self._pools[key], "use_count", None)
+                if use_count is not None and use_count() == 1:
+                    del self._pools[key]
+                    dropped.append(key)
+                else:
+                    kept.append(key)
+        return dropped, kept
+
     def route(self, tag: str) -> Route:
         """The route to ``tag``'s pool on the current device."""
         device = torch.cuda.current_device()

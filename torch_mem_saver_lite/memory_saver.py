@@ -17,11 +17,13 @@ from typing import Any
 
 import torch
 
-from . import _lib, environment
+from . import _lib, breakdown, environment, leftovers, nccl_suspend
+from .breakdown import MemoryBreakdown
 from .disk_backup import DiskBackup, check_directory, chunk_bytes_from_environment, workers_from_environment
 from .environment import CPU_BACKUP_BACKENDS
 from .errors import DriverNotFoundError, InvalidArgumentError, MemorySaverError
 from .hooks import Route, TorchPools, begin_route, end_route, release_route
+from .leftovers import LeftoverReport
 from .preload import check_preload_ready, cudamalloc_bypassed
 from .stats import TagStats
 
@@ -515,7 +517,10 @@ class MemorySaver:
             check_preload_ready()  # raises, naming the setting
         if self._routes_torch:
             _note_graph_captures()
-        return self._core()
+        native = self._core()
+        if self._routes_torch:  # the CUDA context's size, measured once per device (memory_breakdown)
+            breakdown.record_baseline(torch.cuda.current_device(), native)
+        return native
 
     @contextlib.contextmanager
     def cuda_graph(
@@ -815,10 +820,22 @@ class MemorySaver:
                                    f"thread's stream; {what} before or after the capture")
 
     @contextlib.contextmanager
-    def paused(self, tag: str | Sequence[str] | None = None) -> Iterator[None]:
+    def paused(self, tag: str | Sequence[str] | None = None, release_leftovers: bool = False,
+               process_groups: Any = None) -> Iterator[None]:
         """Pause the tag(s) for the block and resume them on exit, also when it raises or is
-        interrupted (Ctrl-C) at any point. Tags that were paused already stay paused."""
+        interrupted (Ctrl-C) at any point. Tags that were paused already stay paused.
+
+        With ``release_leftovers=True`` the block also runs with what the process holds
+        outside regions released (``release_leftovers(process_groups)`` after the pause;
+        ``restore_leftovers`` of what this block suspended before the resume). Every rank of
+        the NCCL groups concerned must enter and leave such a block together, and no
+        collective may run on them inside it.
+        """
         names = self._selection(tag)
+        release = _check_bool(release_leftovers, "release_leftovers")
+        if process_groups is not None and not release:
+            raise ValueError("process_groups is only used with release_leftovers=True")
+        groups = nccl_suspend.check_groups(process_groups)  # bad input refused before anything is paused
         native = self._native_for(names)
         states = {} if native is None else {
             t: native.tag_state(t) for t in (names if names is not None else list(native.stats()))}
@@ -826,24 +843,77 @@ class MemorySaver:
         if unknown and native is not None:  # (no native saver: no states, none unknown)
             native.pause(unknown)  # raises the core's "unknown tag" error; changes nothing
         active = [t for t, state in states.items() if state == _lib.TAG_ACTIVE]
-        undo = _Undo(functools.partial(self._resume_despite_interrupts, active))
+        # What was suspended before the block stays suspended after it, like tags paused before.
+        suspended_before = nccl_suspend.suspended_names()
+        undo = _Undo(functools.partial(self._resume_despite_interrupts, active,
+                                       suspended_before if release else None))
         try:
             self.pause(active)
+            if release:
+                self._release_leftovers(groups)
             yield
         finally:
             undo()
 
-    def _resume_despite_interrupts(self, tags: list[str]) -> BaseException | None:
-        """resume(tags); a resume cut short by Ctrl-C is done again, and the interrupt
-        returned for the caller to raise."""
-        interrupt = None
+    def _resume_despite_interrupts(self, tags: list[str], suspended_before: set[str] | None = None
+                                   ) -> BaseException | None:
+        """restore_leftovers of what was not suspended before (when ``suspended_before`` is
+        given), then resume(tags); a step cut short by Ctrl-C is done again (both are
+        idempotent), and the interrupt returned for the caller to raise. A failed restore
+        still resumes the tags, then raises."""
+        interrupt: BaseException | None = None
+        failure: Exception | None = None
         for _ in range(16):
             try:
+                if suspended_before is not None and failure is None:
+                    try:
+                        leftovers.restore(nccl_suspend.suspended_names() - suspended_before)
+                    except Exception as error:  # noqa: BLE001 - raised once the tags are resumed
+                        failure = error
                 self.resume(tags)
                 break
             except KeyboardInterrupt as error:
                 interrupt = interrupt or error
+        if failure is not None:
+            raise failure
         return interrupt
+
+    # ----- leftovers outside regions -------------------------------------------------------
+    def release_leftovers(self, process_groups: Any = None) -> LeftoverReport:
+        """Release what the process holds on the GPU outside regions, where that is safe.
+
+        Meant for after pausing tags (``paused(..., release_leftovers=True)`` does both):
+        torch's cached free blocks (``torch.cuda.empty_cache()``, every device), the cached
+        free blocks of the saver's pools of resident tags no open region or CUDA graph uses,
+        and the device memory of NCCL communicators (``process_groups``: a ProcessGroup or a
+        list of them; None: every NCCL group torch.distributed created in this process),
+        suspended through torch's process-group suspend or NCCL's ``ncclCommSuspend``
+        (NCCL >= 2.29.7). Groups that cannot be suspended are listed in the report with the
+        reason. Suspending is collective: every rank of a group must call this, with the same
+        groups. A suspended group must not be used until ``restore_leftovers()``.
+        """
+        return self._release_leftovers(nccl_suspend.check_groups(process_groups))
+
+    def _release_leftovers(self, groups: list[Any] | None) -> LeftoverReport:
+        _lib.check_process()
+        if self._routes_torch and torch.cuda.is_available():
+            self._refuse_during_capture("release leftovers")
+        return leftovers.release(self._pools, self._existing_core(), self._routes_torch, groups)
+
+    def restore_leftovers(self) -> None:
+        """Resume the NCCL communicators ``release_leftovers`` suspended (every rank of their
+        groups must call it). Idempotent: does nothing when nothing is suspended. Collectives
+        work again afterwards; the released caches need nothing back."""
+        leftovers.restore()
+
+    def memory_breakdown(self, device: Any = None) -> MemoryBreakdown:
+        """What holds the memory of ``device`` (None: the current one): CUDA context, torch's
+        caching allocator outside regions, NCCL communicators, the saver's tags, unknown.
+        The first call (or the first region) on a device measures its CUDA context."""
+        if not self._routes_torch:
+            raise MemorySaverError("memory_breakdown describes GPU memory; this saver manages host memory")
+        index = breakdown.check_device(device)
+        return breakdown.breakdown(index, self._existing_core())
 
     # ----- inspection ------------------------------------------------------------------
     def stats(self) -> dict[str, TagStats]:

@@ -1,0 +1,254 @@
+"""release_leftovers / restore_leftovers and paused(..., release_leftovers=True) on the host:
+the order of pause, release, body, restore and resume (also when the body raises or is
+interrupted anywhere), idempotence, the report when a group cannot be suspended, the guard
+against collectives on a suspended group, and bad input. Process groups are real (gloo,
+one rank); where a test needs a group that *can* suspend, its CUDA backend is stood in for
+by a recorder with suspend()/resume(), as torch's ProcessGroupNCCL has them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from interrupts import interrupted_at
+from torch_mem_saver_lite import GroupOutcome, LeftoverReport, MemorySaverError, leftovers, memory_saver, nccl_suspend
+from torch_mem_saver_lite.nccl_suspend import NcclLibrary
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def world(tmp_path):
+    """A one-rank gloo process group (the default group), destroyed after the test."""
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    yield dist.group.WORLD
+    nccl_suspend.resume_groups()  # a failing test must not leave the guard installed
+    dist.destroy_process_group()
+
+
+class Recorder:
+    """Stands in for a ProcessGroupNCCL: records suspend/resume and what the saver's tags
+    were at each call."""
+
+    def __init__(self, saver, fail_resume=False):
+        self.saver, self.fail_resume, self.calls = saver, fail_resume, []
+
+    def _tags(self):
+        return {tag: s.paused for tag, s in self.saver.stats().items()}
+
+    def suspend(self):
+        self.calls.append(("suspend", self._tags()))
+
+    def resume(self):
+        self.calls.append(("resume", self._tags()))
+        if self.fail_resume:
+            raise RuntimeError("resume refused by the recorder")
+
+
+@pytest.fixture
+def suspendable(monkeypatch, world, host_saver):
+    """Make the gloo world group look like an NCCL group whose backend can suspend."""
+    recorder = Recorder(host_saver)
+    monkeypatch.setattr(nccl_suspend, "is_nccl_group", lambda group: group is world)
+    monkeypatch.setattr(nccl_suspend, "cuda_backend", lambda group: recorder)
+    monkeypatch.setattr(nccl_suspend, "torch_suspend_missing", lambda: None)
+    monkeypatch.setattr(nccl_suspend, "_comm_device", lambda group, backend: 0)
+    monkeypatch.setattr(nccl_suspend, "_free_bytes", lambda device: 0)
+    return recorder
+
+
+def test_paused_with_release_leftovers_runs_pause_release_body_restore_resume_in_order(host_saver, mem,
+                                                                                       suspendable):
+    with host_saver.region("kv"):
+        mem.malloc(4 * MiB)
+    inside = {}
+    with host_saver.paused("kv", release_leftovers=True):
+        inside["tags"] = {t: s.paused for t, s in host_saver.stats().items()}
+        inside["suspended"] = nccl_suspend.suspended_names()
+    assert inside == {"tags": {"kv": True}, "suspended": {dist.group.WORLD.group_name}}
+    # suspended after the pause, resumed before the resume
+    assert suspendable.calls == [("suspend", {"kv": True}), ("resume", {"kv": True})]
+    assert not host_saver.stats()["kv"].paused
+    assert nccl_suspend.suspended_names() == set()
+
+
+def test_paused_with_release_leftovers_restores_and_resumes_when_the_body_raises(host_saver, mem, suspendable):
+    with host_saver.region("kv"):
+        mem.malloc(MiB)
+    with pytest.raises(ZeroDivisionError):
+        with host_saver.paused("kv", release_leftovers=True):
+            1 / 0  # noqa: B018
+    assert [c[0] for c in suspendable.calls] == ["suspend", "resume"]
+    assert not host_saver.stats()["kv"].paused and nccl_suspend.suspended_names() == set()
+
+
+def test_paused_without_release_leftovers_suspends_nothing(host_saver, mem, suspendable):
+    with host_saver.region("kv"):
+        mem.malloc(MiB)
+    with host_saver.paused("kv"):
+        assert nccl_suspend.suspended_names() == set()
+    assert suspendable.calls == []
+
+
+def test_a_group_suspended_before_the_block_stays_suspended_after_it(host_saver, mem, suspendable):
+    with host_saver.region("kv"):
+        mem.malloc(MiB)
+    host_saver.release_leftovers()
+    with host_saver.paused("kv", release_leftovers=True):
+        pass
+    assert nccl_suspend.suspended_names() == {dist.group.WORLD.group_name}
+    assert [c[0] for c in suspendable.calls] == ["suspend"]
+    host_saver.restore_leftovers()
+    assert [c[0] for c in suspendable.calls] == ["suspend", "resume"]
+
+
+def test_release_and_restore_are_idempotent(host_saver, suspendable, world):
+    first = host_saver.release_leftovers()
+    second = host_saver.release_leftovers()
+    assert [(g.group, g.suspended, g.mechanism) for g in first.groups] == [(world.group_name, True, "torch")]
+    assert second.groups[0].suspended and second.groups[0].reason == "already suspended"
+    host_saver.restore_leftovers()
+    host_saver.restore_leftovers()
+    assert [c[0] for c in suspendable.calls] == ["suspend", "resume"]
+
+
+def test_restore_with_nothing_suspended_does_nothing(host_saver):
+    host_saver.restore_leftovers()
+    assert nccl_suspend.suspended_names() == set()
+
+
+def test_a_failed_restore_still_resumes_the_tags_and_raises(host_saver, mem, suspendable):
+    suspendable.fail_resume = True
+    with host_saver.region("kv"):
+        mem.malloc(MiB)
+    with pytest.raises(MemorySaverError, match="resume refused by the recorder"):
+        with host_saver.paused("kv", release_leftovers=True):
+            pass
+    assert not host_saver.stats()["kv"].paused
+    assert nccl_suspend.suspended_names() == {dist.group.WORLD.group_name}  # still on record: retry possible
+    suspendable.fail_resume = False
+    host_saver.restore_leftovers()
+    assert nccl_suspend.suspended_names() == set()
+
+
+def test_collectives_on_a_suspended_group_are_refused_and_work_after_restore(host_saver, suspendable, world):
+    original = torch._C._distributed_c10d.ProcessGroup.__dict__["allreduce"]
+    host_saver.release_leftovers()
+    t = torch.ones(4)
+    with pytest.raises(MemorySaverError, match="restore_leftovers"):
+        dist.all_reduce(t)
+    with pytest.raises(MemorySaverError, match="suspended"):
+        dist.barrier()
+    host_saver.restore_leftovers()
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.ones(4))
+    assert torch._C._distributed_c10d.ProcessGroup.__dict__["allreduce"] is original  # guard gone
+
+
+def test_a_group_that_cannot_suspend_is_reported_with_the_reason(host_saver, monkeypatch, world):
+    # The real gloo backend stands in for the CUDA backend: torch's suspend exists and refuses.
+    monkeypatch.setattr(nccl_suspend, "is_nccl_group", lambda group: group is world)
+    monkeypatch.setattr(nccl_suspend, "cuda_backend", lambda group: group._get_backend(torch.device("cpu")))
+    monkeypatch.setattr(nccl_suspend, "_comm_device", lambda group, backend: 0)
+    monkeypatch.setattr(nccl_suspend, "_free_bytes", lambda device: 0)
+    report = host_saver.release_leftovers()
+    assert isinstance(report, LeftoverReport)
+    (outcome,) = report.groups
+    assert not outcome.suspended and outcome.mechanism == "" and outcome.released_bytes == 0
+    assert "torch suspend failed" in outcome.reason and "does not support suspend" in outcome.reason
+    assert "no NCCL shared library is loaded" in outcome.reason  # torch's CPU build loads none
+    assert report.not_suspended == (outcome,)
+    assert "NOT suspended" in str(report) and world.group_name in str(report)
+    assert nccl_suspend.suspended_names() == set()
+    dist.all_reduce(torch.ones(1))  # no guard: nothing is suspended
+
+
+def test_the_reason_names_the_torch_and_nccl_versions_when_neither_can_suspend(host_saver, monkeypatch, world):
+    monkeypatch.setattr(nccl_suspend, "is_nccl_group", lambda group: group is world)
+    monkeypatch.setattr(nccl_suspend, "cuda_backend", lambda group: object())
+    monkeypatch.setattr(nccl_suspend, "_comm_device", lambda group, backend: 0)
+    monkeypatch.setattr(nccl_suspend, "torch_suspend_missing",
+                        lambda: "torch 2.11.0+cu130 has no process-group suspend")
+    monkeypatch.setattr(nccl_suspend, "nccl_library",
+                        lambda: NcclLibrary("/venv/nvidia/nccl/lib/libnccl.so.2", "2.27.3", False))
+    (outcome,) = host_saver.release_leftovers().groups
+    assert outcome == GroupOutcome(world.group_name, 0, False, "", 0, (
+        "torch 2.11.0+cu130 has no process-group suspend; the NCCL it loaded (2.27.3, "
+        "/venv/nvidia/nccl/lib/libnccl.so.2) has no ncclCommSuspend (added in NCCL 2.29.7)"))
+
+
+def test_a_communicator_not_created_yet_is_named_as_the_reason(host_saver, monkeypatch, world):
+    class Lazy:  # torch creates the communicator at the first collective without device_id
+        def _comm_ptr(self):
+            return 0
+
+    monkeypatch.setattr(nccl_suspend, "is_nccl_group", lambda group: group is world)
+    monkeypatch.setattr(nccl_suspend, "cuda_backend", lambda group: Lazy())
+    monkeypatch.setattr(nccl_suspend, "_comm_device", lambda group, backend: 0)
+    monkeypatch.setattr(nccl_suspend, "torch_suspend_missing", lambda: "torch x has no process-group suspend")
+    monkeypatch.setattr(nccl_suspend, "nccl_library", lambda: NcclLibrary("/lib/libnccl.so.2", "2.29.7", True))
+    (outcome,) = host_saver.release_leftovers().groups
+    assert not outcome.suspended and "no NCCL communicator yet" in outcome.reason
+
+
+@pytest.mark.parametrize(("code", "text"), [(22703, "2.27.3"), (22907, "2.29.7"), (2708, "2.7.8")])
+def test_nccl_version_codes_are_read_as_nccl_writes_them(code, text):
+    assert nccl_suspend._version_text(code) == text
+
+
+def test_without_process_groups_the_report_says_there_is_no_communicator(host_saver):
+    report = host_saver.release_leftovers()
+    assert report.groups == () and report.released_bytes == 0 and report.breakdown is None
+    assert any("no NCCL process group" in note for note in report.notes)
+    assert report.as_dict()["groups"] == []
+
+
+def test_bad_input_is_refused_before_anything_is_paused(host_saver, mem, world):
+    with host_saver.region("kv"):
+        mem.malloc(MiB)
+    cases = [
+        (dict(release_leftovers=1), TypeError, "release_leftovers must be True or False"),
+        (dict(process_groups=[world]), ValueError, "only used with release_leftovers=True"),
+        (dict(release_leftovers=True, process_groups="world"), TypeError, "got str"),
+        (dict(release_leftovers=True, process_groups=[world, 3]), TypeError, r"process_groups\[1\]"),
+        (dict(release_leftovers=True, process_groups=world), ValueError, "has no NCCL backend"),
+    ]
+    for kwargs, error, message in cases:
+        with pytest.raises(error, match=message):
+            with host_saver.paused("kv", **kwargs):
+                pass
+        assert not host_saver.stats()["kv"].paused, kwargs
+    with pytest.raises(ValueError, match="has no NCCL backend"):
+        host_saver.release_leftovers([world])
+    assert nccl_suspend.check_groups([dist.GroupMember.NON_GROUP_MEMBER]) == []  # not a member: skipped
+
+
+def test_memory_breakdown_is_refused_where_there_is_no_gpu_memory(host_saver):
+    with pytest.raises(MemorySaverError, match="host memory"):
+        host_saver.memory_breakdown()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_interrupting_paused_with_release_leftovers_anywhere_leaves_everything_resumed(host_saver, mem, suspendable):
+    with host_saver.region("kv", enable_cpu_backup=True):
+        ptr = mem.malloc(4 * MiB)
+    mem.write(ptr, b"kept")
+    files = (memory_saver.__file__, leftovers.__file__, nccl_suspend.__file__)
+
+    def body():
+        with host_saver.paused("kv", release_leftovers=True):
+            pass
+
+    k = 0
+    while True:
+        k += 1
+        hit = interrupted_at(k, body, files)
+        assert not host_saver.stats()["kv"].paused, f"interrupt at line {k}"
+        assert nccl_suspend.suspended_names() == set(), f"interrupt at line {k}: a group was left suspended"
+        calls = [c[0] for c in suspendable.calls]
+        assert calls.count("suspend") == calls.count("resume"), f"interrupt at line {k}: {calls}"
+        assert mem.read(ptr, 4) == b"kept"
+        if not hit:
+            break
+    assert k > 10
