@@ -63,10 +63,11 @@ def test_paused_with_release_leftovers_runs_pause_release_body_restore_resume_in
     with host_saver.region("kv"):
         mem.malloc(4 * MiB)
     inside = {}
-    with host_saver.paused("kv", release_leftovers=True):
+    with host_saver.paused("kv", release_leftovers=True) as report:
         inside["tags"] = {t: s.paused for t, s in host_saver.stats().items()}
         inside["suspended"] = nccl_suspend.suspended_names()
     assert inside == {"tags": {"kv": True}, "suspended": {dist.group.WORLD.group_name}}
+    assert [(g.group, g.suspended) for g in report.groups] == [(dist.group.WORLD.group_name, True)]
     # suspended after the pause, resumed before the resume
     assert suspendable.calls == [("suspend", {"kv": True}), ("resume", {"kv": True})]
     assert not host_saver.stats()["kv"].paused
@@ -86,8 +87,8 @@ def test_paused_with_release_leftovers_restores_and_resumes_when_the_body_raises
 def test_paused_without_release_leftovers_suspends_nothing(host_saver, mem, suspendable):
     with host_saver.region("kv"):
         mem.malloc(MiB)
-    with host_saver.paused("kv"):
-        assert nccl_suspend.suspended_names() == set()
+    with host_saver.paused("kv") as report:
+        assert nccl_suspend.suspended_names() == set() and report is None
     assert suspendable.calls == []
 
 

@@ -30,6 +30,7 @@ class Environment:
     hook_mode: str = ""
     version: str = ""
     memory: list[dict] = field(default_factory=list)  # per GPU: what holds device memory
+    breakdown: list[dict] = field(default_factory=list)  # per GPU: saver.memory_breakdown(), as a dict
     problems: list[str] = field(default_factory=list)
 
 
@@ -105,7 +106,23 @@ def collect() -> Environment:
         env.problems.append(f"native library unusable: {error}")
     if env.torch_sees_gpu:
         env.memory = memory_use()
+        env.breakdown = memory_breakdowns(env.problems)
     return env
+
+
+def memory_breakdowns(problems: list[str]) -> list[dict]:
+    """saver.memory_breakdown() of every GPU, as dicts (a failure is listed in ``problems``)."""
+    import torch
+
+    from . import saver
+
+    rows = []
+    for index in range(torch.cuda.device_count()):
+        try:
+            rows.append(saver.memory_breakdown(index).as_dict())
+        except Exception as error:  # a diagnosis: report, do not raise
+            problems.append(f"memory breakdown of GPU {index} failed: {error}")
+    return rows
 
 
 def memory_use() -> list[dict]:
@@ -184,6 +201,12 @@ def render(env: Environment) -> str:
                      f"torch reserved {mib(m['torch_reserved_bytes'])}, saver resident "
                      f"{mib(m['saver_resident_bytes'])} (paused {mib(m['saver_paused_bytes'])}), "
                      f"other (context, NCCL, libraries) {mib(m['other_bytes'])}")
+    for b in env.breakdown:
+        lines.append(f"  GPU {b['device']} breakdown: context {mib(b['cuda_context'])}, torch outside regions "
+                     f"{mib(b['torch_reserved_outside_regions'])}, NCCL {mib(b['nccl'])} (suspended "
+                     f"{mib(b['nccl_suspended'])}), saver resident {mib(b['saver_resident'])}, unknown "
+                     f"{mib(b['unknown'])}; saver paused {mib(b['saver_paused'])}")
+        lines += [f"    note: {note}" for note in b["notes"]]
     if env.problems:
         lines.append("Missing for GPU use:")
         lines += [f"  - {problem}" for problem in env.problems]

@@ -821,15 +821,15 @@ class MemorySaver:
 
     @contextlib.contextmanager
     def paused(self, tag: str | Sequence[str] | None = None, release_leftovers: bool = False,
-               process_groups: Any = None) -> Iterator[None]:
+               process_groups: Any = None) -> Iterator[LeftoverReport | None]:
         """Pause the tag(s) for the block and resume them on exit, also when it raises or is
         interrupted (Ctrl-C) at any point. Tags that were paused already stay paused.
 
         With ``release_leftovers=True`` the block also runs with what the process holds
         outside regions released (``release_leftovers(process_groups)`` after the pause;
-        ``restore_leftovers`` of what this block suspended before the resume). Every rank of
-        the NCCL groups concerned must enter and leave such a block together, and no
-        collective may run on them inside it.
+        ``restore_leftovers`` of what this block suspended before the resume), and ``as``
+        gives its LeftoverReport (else None). Every rank of the NCCL groups concerned must
+        enter and leave such a block together, and no collective may run on them inside it.
         """
         names = self._selection(tag)
         release = _check_bool(release_leftovers, "release_leftovers")
@@ -849,9 +849,8 @@ class MemorySaver:
                                        suspended_before if release else None))
         try:
             self.pause(active)
-            if release:
-                self._release_leftovers(groups)
-            yield
+            report = self._release_leftovers(groups) if release else None
+            yield report
         finally:
             undo()
 
