@@ -253,3 +253,23 @@ def test_interrupting_paused_with_release_leftovers_anywhere_leaves_everything_r
         if not hit:
             break
     assert k > 10
+
+
+def test_only_the_suspended_group_is_refused_others_keep_working(host_saver, monkeypatch, world):
+    sub = dist.new_group([0])
+    recorder = Recorder(host_saver)
+    monkeypatch.setattr(nccl_suspend, "is_nccl_group", lambda group: group is sub)
+    monkeypatch.setattr(nccl_suspend, "cuda_backend", lambda group: recorder)
+    monkeypatch.setattr(nccl_suspend, "torch_suspend_missing", lambda: None)
+    monkeypatch.setattr(nccl_suspend, "_comm_device", lambda group, backend: 0)
+    monkeypatch.setattr(nccl_suspend, "_free_bytes", lambda device: 0)
+    report = host_saver.release_leftovers()
+    assert [g.group for g in report.groups] == [sub.group_name]  # the default discovery finds NCCL groups only
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    dist.broadcast(t, 0)
+    with pytest.raises(MemorySaverError, match=f"group {sub.group_name!r}"):
+        dist.all_reduce(t, group=sub)
+    host_saver.restore_leftovers()
+    dist.all_reduce(t, group=sub)
+    assert torch.equal(t, torch.ones(2))

@@ -518,7 +518,8 @@ class MemorySaver:
         if self._routes_torch:
             _note_graph_captures()
         native = self._core()
-        if self._routes_torch:  # the CUDA context's size, measured once per device (memory_breakdown)
+        if self._routes_torch and not torch.cuda.is_current_stream_capturing():
+            # The CUDA context's size, measured once per device (memory_breakdown).
             breakdown.record_baseline(torch.cuda.current_device(), native)
         return native
 
