@@ -18,6 +18,8 @@ from rl import task  # noqa: E402
 from rl.engine import RolloutEngine  # noqa: E402
 from rl.grpo import group_advantages, policy_loss  # noqa: E402
 from rl.model import ModelConfig, Policy  # noqa: E402
+from rl.presets import kv_slots_for, learning_preset, training_tokens, with_vocabulary_for  # noqa: E402
+from rl.trainer import Trainer, warmup_cosine  # noqa: E402
 
 CONFIG = ModelConfig(task.VOCAB, dim=64, layers=2, heads=2, max_seq=16)
 
@@ -112,4 +114,44 @@ def test_learning_loop_learns_to_count_on_the_cpu(tmp_path):
     first, last = sum(rewards[:10]) / 10, sum(rewards[-50:]) / 50
     assert first < 0.35, summary["records"][:10]
     assert last > 0.6, (first, last)
-    assert (tmp_path / "memory.png").stat().st_size > 0
+    assert (tmp_path / "reward.png").stat().st_size > 0
+    assert summary["reward"]["chance"] == task.CHANCE and summary["guard_passed_every_step"]
+
+
+@pytest.mark.parametrize("total_gib", [16, 80, 141])
+def test_default_preset_fits_each_engine_alone_and_not_both(total_gib):
+    """The sizing arithmetic: a training step takes about half the GPU, and the KV cache is
+    sized from what training needs so that both together overshoot the GPU and each alone
+    leaves room."""
+    total = total_gib << 30
+    free = total - (1 << 29)  # the CUDA context
+    preset = with_vocabulary_for(learning_preset("default"), total)
+    assert preset.config.vocab > 1000
+    for trainer in (int(0.3 * total), int(0.55 * total), int(0.8 * total)):  # the guess may be off either way
+        slots = kv_slots_for(preset, preset.sequences, free, total, trainer)
+        kv = slots * preset.config.kv_bytes_per_slot()
+        engine = kv + 3 * preset.sequences * preset.config.vocab * 4 + preset.config.parameter_count() * 4
+        assert slots >= preset.sequences
+        assert engine + trainer > free + 0.1 * total, (total_gib, trainer, engine)
+        assert engine < free - 0.05 * total and trainer < free
+
+
+def test_micro_batches_add_up_to_the_whole_batch():
+    """Four micro-batches give the gradient of the whole batch (one optimizer step)."""
+    preset = learning_preset("default")
+    sequences = torch.randint(0, 10, (16, task.PROMPT_LENGTH + preset.completion))
+    advantages = torch.randn(16)
+    grads = []
+    for micro in (1, 4):
+        trainer = Trainer(preset.config, 1e-3, torch.device("cpu"), seed=0)
+        trainer._accumulate(sequences, task.PROMPT_LENGTH, advantages, micro)
+        grads.append(torch.cat([p.grad.flatten() for p in trainer.policy.parameters()]))
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-6)
+    assert training_tokens(preset) == preset.sequences // 4 * (task.PROMPT_LENGTH + preset.completion - 1)
+
+
+def test_learning_rate_warms_up_then_decays_to_its_floor():
+    factor = warmup_cosine(10, 100, floor=0.1)
+    assert factor(0) == pytest.approx(0.1) and factor(9) == pytest.approx(1.0)
+    assert factor(10) == pytest.approx(1.0) and factor(100) == pytest.approx(0.1)
+    assert all(factor(s) >= factor(s + 1) for s in range(10, 100))

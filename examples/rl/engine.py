@@ -1,6 +1,8 @@
 """The rollout engine: its own copy of the weights, a preallocated KV cache, a prefill
 step, and the decode step captured as CUDA graphs for batch sizes 1, 2, 4, ... (padded to
-the nearest captured size, as serving engines do).
+the nearest captured size, as serving engines do). As in vLLM, the graphs end at the final
+hidden state and the logits are computed outside them, and the KV cache is sized like a
+serving engine's: room for `kv_slots` sequences, however many a step uses.
 
 With a saver, the weights, the KV cache and the graph pool live in the regions "weights",
 "kv_cache" and "cuda_graph", so the whole engine can be paused while the trainer runs.
@@ -20,7 +22,8 @@ from .task import digit_logits
 
 class RolloutEngine:
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], batch_sizes: list[int],
-                 prompt_length: int, completion_length: int, device: torch.device, saver=None):
+                 prompt_length: int, completion_length: int, device: torch.device, saver=None,
+                 kv_slots: int | None = None):
         self.saver = saver
         self.device = device
         self.prompt_length = prompt_length
@@ -30,12 +33,12 @@ class RolloutEngine:
             self.model = Policy(config).requires_grad_(False).eval()
         self.load_weights(weights)
         with self._region("kv_cache"):
-            self.kv_cache = self.model.new_kv_cache(self.batch_sizes[-1], device)
+            self.kv_cache = self.model.new_kv_cache(max(kv_slots or 0, self.batch_sizes[-1]), device)
         self.cos, self.sin = self.model.rotary(device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.static_tokens = torch.zeros(self.batch_sizes[-1], dtype=torch.long, device=device)
         self.static_positions = torch.zeros(self.batch_sizes[-1], dtype=torch.long, device=device)
-        self.static_logits: dict[int, torch.Tensor] = {}
+        self.static_hidden: dict[int, torch.Tensor] = {}
         if device.type == "cuda":
             self._capture()
 
@@ -43,8 +46,8 @@ class RolloutEngine:
         return self.saver.region(tag) if self.saver is not None else contextlib.nullcontext()
 
     def _decode_eager(self, b: int) -> torch.Tensor:
-        return self.model.decode(self.static_tokens[:b], self.static_positions[:b], self.kv_cache,
-                                 self.cos, self.sin)
+        return self.model.decode_hidden(self.static_tokens[:b], self.static_positions[:b], self.kv_cache,
+                                        self.cos, self.sin)
 
     def _capture(self) -> None:
         side = torch.cuda.Stream()
@@ -61,7 +64,7 @@ class RolloutEngine:
             else:
                 capture = torch.cuda.graph(graph, pool=shared_pool)
             with capture:
-                self.static_logits[b] = self._decode_eager(b)
+                self.static_hidden[b] = self._decode_eager(b)
             self.graphs[b] = graph
 
     def padded_size(self, n: int) -> int:
@@ -75,8 +78,8 @@ class RolloutEngine:
         self.static_positions[:b].fill_(position)
         if b in self.graphs:
             self.graphs[b].replay()
-            return self.static_logits[b]
-        return self._decode_eager(b)
+            return self.model.head(self.static_hidden[b])
+        return self.model.head(self._decode_eager(b))
 
     @torch.no_grad()
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
@@ -93,6 +96,9 @@ class RolloutEngine:
         n = prompts.shape[0]
         b = self.padded_size(n)
         padded = torch.cat([prompts, prompts[:1].expand(b - n, -1)]) if b > n else prompts
+        # Attention weighs every cached position (the unwritten ones by zero), and memory
+        # resumed after a pause holds anything, NaN included: the rows in use start clean.
+        self.kv_cache[:, :, :b].zero_()
         logits = self.model.prefill(padded, self.kv_cache, self.cos, self.sin)
         tokens = [self._sample(logits, temperature, generator)]
         for t in range(self.completion_length - 1):
@@ -107,10 +113,15 @@ class RolloutEngine:
 
     @torch.no_grad()
     def graph_vs_eager(self, prompts: torch.Tensor) -> float:
-        """Largest |graph - eager| over one decode step's logits for the largest batch."""
+        """Largest |graph - eager| over one decode step's output (the final hidden states)
+        for the largest batch."""
         b = self.batch_sizes[-1]
         padded = torch.cat([prompts, prompts[:1].expand(b - prompts.shape[0], -1)])[:b]
+        self.kv_cache[:, :, :b].zero_()
         first = self.model.prefill(padded, self.kv_cache, self.cos, self.sin).argmax(-1)
-        graph_logits = self._step(b, first, self.prompt_length).clone()
-        eager_logits = self._decode_eager(b)
-        return float((graph_logits - eager_logits).abs().max())
+        self.static_tokens[:b].copy_(first)
+        self.static_positions[:b].fill_(self.prompt_length)
+        self.graphs[b].replay()
+        graph_hidden = self.static_hidden[b].clone()
+        eager_hidden = self._decode_eager(b)
+        return float((graph_hidden - eager_hidden).abs().max())

@@ -27,6 +27,10 @@ class ModelConfig:
     def head_dim(self) -> int:
         return self.dim // self.heads
 
+    def kv_bytes_per_slot(self) -> int:
+        """fp32 keys and values of one sequence of max_seq positions, every layer."""
+        return self.layers * 2 * self.max_seq * self.dim * 4
+
     def parameter_count(self) -> int:
         per_layer = 4 * self.dim * self.dim + 8 * self.dim * self.dim + 2 * self.dim
         return self.layers * per_layer + 2 * self.vocab * self.dim + self.dim
@@ -122,10 +126,10 @@ class Policy(nn.Module):
             x, _, _ = block(x, cos, sin)
         return self.head(self.norm(x))
 
-    def new_kv_cache(self, max_batch: int, device) -> torch.Tensor:
-        """[layers, 2, max_batch, heads, max_seq, head_dim], zeroed."""
+    def new_kv_cache(self, slots: int, device) -> torch.Tensor:
+        """[layers, 2, slots, heads, max_seq, head_dim], zeroed: room for `slots` sequences."""
         c = self.config
-        return torch.zeros(c.layers, 2, max_batch, c.heads, c.max_seq, c.head_dim, device=device)
+        return torch.zeros(c.layers, 2, slots, c.heads, c.max_seq, c.head_dim, device=device)
 
     def prefill(self, tokens: torch.Tensor, kv_cache: torch.Tensor, cos, sin) -> torch.Tensor:
         """Runs the prompts [b, p], fills the cache rows [:b] at positions [:p]; last logits [b, vocab]."""
@@ -137,9 +141,17 @@ class Policy(nn.Module):
             kv_cache[i, 1, :b, :, :p] = v
         return self.head(self.norm(x[:, -1]))
 
-    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, cos, sin) -> torch.Tensor:
-        """One step: `tokens` [b] at `positions` [b]; logits [b, vocab]. Graph-capturable."""
+    def decode_hidden(self, tokens: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, cos, sin
+                      ) -> torch.Tensor:
+        """One step: `tokens` [b] at `positions` [b]; final hidden states [b, dim]. Graph-capturable.
+
+        Serving engines capture this part and compute the logits outside the graph, so the
+        graph's memory does not grow with the vocabulary."""
         x = self.embed(tokens)[:, None, :]
         for i, block in enumerate(self.blocks):
             x = block.decode(x, cos, sin, positions, kv_cache[i, 0], kv_cache[i, 1])
-        return self.head(self.norm(x[:, 0]))
+        return self.norm(x[:, 0])
+
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, cos, sin) -> torch.Tensor:
+        """One step: `tokens` [b] at `positions` [b]; logits [b, vocab]."""
+        return self.head(self.decode_hidden(tokens, positions, kv_cache, cos, sin))

@@ -1,0 +1,77 @@
+"""The two pictures of a run: GPU memory over time with the phases shaded, and the reward."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+GiB = 1 << 30
+PHASE_COLORS = {"rollout": "tab:blue", "train": "tab:orange"}
+TRANSITION_COLOR = "tab:red"
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def memory_plot(samples: list[tuple[float, int]], spans: list[tuple[str, float, float]], capacity: int,
+                no_saver_need: int | None, baseline: int | None, title: str, path: Path) -> None:
+    """Memory in use over time against the GPU's capacity and what both engines would need
+    without the saver; rollout, training and the transitions between them shaded."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    labelled = set()
+    for phase, start, end in spans:
+        color = PHASE_COLORS.get(phase, TRANSITION_COLOR if phase != "guard" else None)
+        if color is None:
+            continue
+        label = phase if phase in PHASE_COLORS else "transitions (pause, resume, weight sync)"
+        ax.axvspan(start, end, color=color, alpha=0.18 if phase in PHASE_COLORS else 0.5, linewidth=0,
+                   label=None if label in labelled else label)
+        labelled.add(label)
+    if samples:
+        xs, ys = zip(*samples, strict=True)
+        ax.step(xs, [y / GiB for y in ys], where="post", color="black", linewidth=1.0, label="GPU memory in use")
+    ax.axhline(capacity / GiB, color="tab:green", linewidth=2, label=f"GPU capacity ({capacity / GiB:.0f} GiB)")
+    if no_saver_need:
+        ax.axhline(no_saver_need / GiB, color="tab:purple", linewidth=2, linestyle="--",
+                   label=f"needed without the saver: engine + trainer ({no_saver_need / GiB:.0f} GiB)")
+    if baseline:
+        ax.axhline(baseline / GiB, color="tab:gray", linewidth=1, linestyle=":",
+                   label=f"bare CUDA context at start ({baseline / GiB:.2f} GiB)")
+    top = max([capacity, no_saver_need or 0] + [y for _, y in samples])
+    ax.set_ylim(0, top / GiB * 1.12)
+    ax.set_xlim(left=0)
+    ax.set_xlabel("seconds since start")
+    ax.set_ylabel("GPU memory in use (GiB)")
+    ax.set_title(title)
+    ax.legend(loc="upper left", fontsize=8, ncol=2, framealpha=0.9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def reward_plot(rewards: list[float], chance: float, best: float, title: str, path: Path) -> None:
+    """Mean reward per step, its running mean, chance and the 95 %-of-maximum line."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    steps = range(1, len(rewards) + 1)
+    window = max(1, len(rewards) // 20)
+    smooth = [sum(rewards[max(0, i - window + 1):i + 1]) / (i + 1 - max(0, i - window + 1))
+              for i in range(len(rewards))]
+    ax.plot(steps, rewards, alpha=0.35, color="tab:blue", label="mean reward of the step")
+    ax.plot(steps, smooth, color="tab:blue", label=f"running mean of {window}")
+    ax.axhline(chance, color="tab:gray", linestyle=":", label=f"chance ({chance:.2f})")
+    ax.axhline(0.95 * best, color="tab:green", linestyle="--", label="95 % of the maximum")
+    ax.set_ylim(0, best * 1.05)
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward (share of digits counted right)")
+    ax.set_title(title)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
