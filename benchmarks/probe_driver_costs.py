@@ -5,8 +5,10 @@
 2. How much device memory does page-locking host memory (cuMemHostRegister) take?
 3. How fast is page-locking pre-faulted memory in one call, in 64 MiB pieces, and in 64 MiB
    pieces on 16 threads; and can one CUDA copy cross from one registration into the next?
+4. The stages of a first pause's host memory, each alone and faulting-in under a running copy.
+5. Pause/resume without backup against the bare driver calls it makes (same sizes).
 
-    python benchmarks/probe_driver_costs.py [--only allocations,footprint,pinning]
+    python benchmarks/probe_driver_costs.py [--only allocations,footprint,pinning,stages,no_copy]
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 import argparse
 import ctypes
 import mmap
+import os
+import sys
 import threading
 import time
 
@@ -21,6 +25,8 @@ import torch
 from cuda.bindings import driver as cu
 
 from torch_mem_saver_lite import saver
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 MiB, GiB = 1 << 20, 1 << 30
 
@@ -150,7 +156,127 @@ def footprint() -> None:
         buf.close()
 
 
-SECTIONS = {"allocations": allocations, "footprint": footprint, "pinning": pinning_speed}
+def stages() -> None:
+    """Each stage of preparing 8 GiB of host memory for a first pause, alone, at its own speed."""
+    from host_stages import FreshMemory, fault_in, in_parallel, page_locker
+
+    size = 8 * GiB
+    lock, unlock_all = page_locker()
+    for path in ("enabled", "defrag"):
+        with open(f"/sys/kernel/mm/transparent_hugepage/{path}") as f:
+            print(f"THP {path}: {f.read().strip()}")
+    print(f"cores: {len(os.sched_getaffinity(0))}")
+
+    def rate(seconds: float) -> str:
+        return f"{seconds * 1e3:7.1f} ms = {size / seconds / 1e9:6.1f} GB/s"
+
+    print("8 GiB of fresh huge-page memory, in 64 MiB pieces:")
+    for threads in (1, 4, 8, 15, 16):
+        fresh = FreshMemory(size)
+        seconds = in_parallel(fault_in, fresh.pieces, threads)
+        print(f"  fault in (memset), {threads:2d} threads          : {rate(seconds)}")
+        if threads == 16:
+            for lockers in (1, 16):
+                seconds = in_parallel(lock, fresh.pieces, lockers)
+                print(f"  page-lock the faulted pieces, {lockers:2d} threads: {rate(seconds)}")
+                unlock_all(fresh.pieces)
+        fresh.close()
+    fresh = FreshMemory(size)
+    print(f"  page-lock unfaulted pieces, 16 threads   : {rate(in_parallel(lock, fresh.pieces, 16))}")
+    unlock_all(fresh.pieces)
+    fresh.close()
+    device = torch.empty(size, dtype=torch.uint8, device="cuda")
+    pinned = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    pinned.copy_(device, non_blocking=True)
+    torch.cuda.synchronize()
+    print(f"  D2H copy into pinned memory, alone       : {rate(time.perf_counter() - t0)}")
+    fresh = FreshMemory(size)
+    t0 = time.perf_counter()
+    pinned.copy_(device, non_blocking=True)
+    touched = in_parallel(fault_in, fresh.pieces, 16)
+    torch.cuda.synchronize()
+    both = time.perf_counter() - t0
+    print(f"  fault in on 16 threads during that copy  : {rate(touched)}; both done after {both * 1e3:.1f} ms")
+    fresh.close()
+
+
+def no_copy() -> None:
+    """Pause/resume without backup: the saver against the bare driver calls on the same sizes."""
+    from workloads import tensor_sizes
+
+    def ok(result):
+        assert result[0] == cu.CUresult.CUDA_SUCCESS, result
+        return result[1] if len(result) > 1 else None
+
+    prop = cu.CUmemAllocationProp()
+    prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    prop.location.id = 0
+    access = cu.CUmemAccessDesc()
+    access.location = prop.location
+    access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    repeats = 10
+    for workload in ("one_big", "weights", "many_small"):
+        sizes = tensor_sizes(workload, 8 * GiB)
+        tag = f"nocopy-{workload}"
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with saver.region(tag):
+            tensors = [torch.empty(s, dtype=torch.uint8, device="cuda") for s in sizes]
+        torch.cuda.synchronize()
+        timings: dict[str, list[float]] = {"saver: first allocation": [time.perf_counter() - t0]}
+        native = saver._core()
+        allocations = native.stats()[tag]["allocations"]
+        timings.update({k: [] for k in ("saver.pause", "saver.resume", "core pause", "core resume", "sync")})
+        for _ in range(repeats):
+            t0 = time.perf_counter(); saver.pause(tag); t1 = time.perf_counter(); saver.resume(tag)  # noqa: E702
+            t2 = time.perf_counter(); native.pause([tag]); t3 = time.perf_counter(); native.resume([tag])  # noqa: E702
+            t4 = time.perf_counter(); torch.cuda.synchronize(); t5 = time.perf_counter()  # noqa: E702
+            for key, value in zip(list(timings)[1:], (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True):
+                value and timings[key].append(value)
+        # The same number of allocations of the same sizes through the driver alone.
+        granule = 2 * MiB
+        raw_sizes = [size for _, size, _ in native.allocations(tag)]
+        for alignment in (granule, 0):
+            t0 = time.perf_counter()
+            vas = [ok(cu.cuMemAddressReserve(s, alignment, 0, 0)) for s in raw_sizes]
+            handles = [ok(cu.cuMemCreate(s, prop, 0)) for s in raw_sizes]
+            for va, s, h in zip(vas, raw_sizes, handles, strict=True):
+                ok(cu.cuMemMap(va, s, 0, h, 0)); ok(cu.cuMemSetAccess(va, s, [access], 1))  # noqa: E702
+            first = time.perf_counter() - t0
+            aligned = min(int(va) & -int(va) for va in vas)
+            raw_unmap, raw_map = [], []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                ok(cu.cuCtxSynchronize())
+                for va, s, h in zip(vas, raw_sizes, handles, strict=True):
+                    ok(cu.cuMemUnmap(va, s)); ok(cu.cuMemRelease(h))  # noqa: E702
+                t1 = time.perf_counter()
+                handles = [ok(cu.cuMemCreate(s, prop, 0)) for s in raw_sizes]
+                for va, s, h in zip(vas, raw_sizes, handles, strict=True):
+                    ok(cu.cuMemMap(va, s, 0, h, 0)); ok(cu.cuMemSetAccess(va, s, [access], 1))  # noqa: E702
+                t2 = time.perf_counter()
+                raw_unmap.append(t1 - t0)
+                raw_map.append(t2 - t1)
+            for va, s, h in zip(vas, raw_sizes, handles, strict=True):
+                ok(cu.cuMemUnmap(va, s)); ok(cu.cuMemRelease(h)); ok(cu.cuMemAddressFree(va, s))  # noqa: E702
+            label = f"align {alignment >> 20} MiB" if alignment else f"align 0 (got {aligned >> 20} MiB)"
+            timings[f"driver {label}: reserve+map"] = [first]
+            timings[f"driver {label}: unmap+rel"] = raw_unmap
+            timings[f"driver {label}: map"] = raw_map
+        print(f"{workload}: {len(sizes)} tensors, {allocations} saver allocations, {len(raw_sizes)} driver ones "
+              f"(median / min of {repeats}, ms)")
+        for key, values in timings.items():
+            values = sorted(values)
+            print(f"  {key:40s} {values[len(values) // 2] * 1e3:8.2f} {values[0] * 1e3:8.2f}")
+        del tensors
+        saver.empty_cache(tag)
+
+
+SECTIONS = {"allocations": allocations, "footprint": footprint, "pinning": pinning_speed, "stages": stages,
+            "no_copy": no_copy}
 
 
 def main() -> None:

@@ -15,9 +15,10 @@ constexpr size_t kBufferAlignment = 4096;
 
 size_t round_up(size_t n, size_t multiple) { return (n + multiple - 1) / multiple * multiple; }
 
-size_t worker_count(size_t pieces) {
+size_t fault_in_workers(size_t pieces) {
+  // One core is left to the thread that page-locks and the one that copies.
   size_t cores = std::max<size_t>(1, std::thread::hardware_concurrency());
-  return std::min<size_t>({pieces, cores, 16});
+  return std::min<size_t>({pieces, std::max<size_t>(1, cores - 1), 15});
 }
 
 }  // namespace
@@ -31,72 +32,140 @@ Status HostArena::create(std::shared_ptr<Backend> backend, int device, const std
   }
   madvise(p, arena->size_, MADV_HUGEPAGE);  // advisory: a kernel without THP still works
   arena->data_ = static_cast<char*>(p);
-  for (size_t t = 0, n = worker_count(arena->pieces_.size()); t < n; ++t) {
+  HostArena* a = arena.get();
+  auto start = [&](void (HostArena::*work)()) {
     try {
-      arena->workers_.emplace_back([a = arena.get()] { a->prepare(); });
+      arena->workers_.emplace_back([a, work] { (a->*work)(); });
+      return true;
     } catch (const std::system_error&) {
-      break;  // a thread or address-space limit: the workers that did start do it all
+      return false;  // a thread or address-space limit: the caller does that part itself
     }
-  }
-  if (arena->workers_.empty()) arena->prepare();  // not even one: prepare it right here
+  };
+  const bool registrar = start(&HostArena::page_lock);
+  size_t faulting = 0;
+  for (size_t n = fault_in_workers(arena->pieces_.size()); faulting < n && start(&HostArena::fault_in);) ++faulting;
+  if (faulting == 0) arena->fault_in();
+  if (!registrar) arena->page_lock();
   *out = std::move(arena);
   return Status::Ok();
 }
 
 HostArena::HostArena(std::shared_ptr<Backend> backend, int device, const std::vector<size_t>& buffer_sizes)
     : backend_(std::move(backend)), device_(device) {
-  // Buffers in order; a new range starts once the current one has kRangeBytes.
+  // Buffers in order. Small ones share a range until it has kRangeBytes; a larger one starts
+  // a range and is cut into ranges of kRangeBytes, and the buffer after it starts a new one.
+  bool range_full = true;
   for (size_t size : buffer_sizes) {
-    if (ranges_.empty() || ranges_.back().size >= kRangeBytes) {
-      size_ = round_up(size_, kRangeAlignment);
-      ranges_.emplace_back();
-      ranges_.back().start = size_;
+    const bool large = size > kRangeBytes;
+    if (range_full || large) start_range(round_up(size_, kRangeAlignment));
+    const size_t offset = size_;
+    buffer_offsets_.push_back(offset);
+    for (size_t at = kRangeBytes; large && at < size; at += kRangeBytes) {
+      ranges_.back().size = kRangeBytes;
+      start_range(offset + at);
     }
-    buffer_offsets_.push_back(size_);
-    size_ = round_up(size_ + size, kBufferAlignment);
+    size_ = round_up(offset + size, kBufferAlignment);
     ranges_.back().size = size_ - ranges_.back().start;
+    range_full = large || ranges_.back().size >= kRangeBytes;
   }
   for (size_t r = 0; r < ranges_.size(); ++r) {
     for (size_t at = 0; at < ranges_[r].size; at += kPieceBytes) {
       pieces_.push_back(Piece{r, ranges_[r].start + at, std::min(kPieceBytes, ranges_[r].size - at)});
       ++ranges_[r].pieces_left;
     }
-    ranges_[r].done = ranges_[r].pieces_left == 0;  // only empty buffers: nothing to lock
   }
+  ranges_left_ = ranges_.size();
 }
 
-void HostArena::prepare() {
+void HostArena::start_range(size_t at) {
+  ranges_.emplace_back();
+  ranges_.back().start = at;
+  size_ = at;
+}
+
+void HostArena::fault_in() {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   // Pieces are taken in order, so the first ranges are ready first.
   for (size_t p = next_piece_++; p < pieces_.size(); p = next_piece_++) {
     const Piece& piece = pieces_[p];
-    // Fault the pages in here, in parallel, rather than inside the registration call.
+    // Faulting the pages in here, in parallel, is much faster than inside the registration.
     for (size_t off = 0; off < piece.size; off += page) data_[piece.start + off] = 0;
-    Range& range = ranges_[piece.range];
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--range.pieces_left != 0) continue;
-    }
-    // The range's last piece is in: page-lock all of it in one registration.
-    Status s = backend_->register_host(device_, data_ + range.start, range.size);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      range.registered = s.ok();
-      range.status = std::move(s);
-      range.done = true;
-    }
-    range_done_.notify_all();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--ranges_[piece.range].pieces_left == 0) changed_.notify_all();
   }
 }
 
-Status HostArena::wait_ready(size_t offset) {
-  // The last range starting at or before `offset` holds it.
+void HostArena::page_lock() {
+  // One thread, in order: registrations on many threads at once run slower in the driver.
+  for (Range& range : ranges_) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      changed_.wait(lock, [&] { return range.pieces_left == 0; });
+    }
+    Status s = range.size == 0 ? Status::Ok() : backend_->register_host(device_, data_ + range.start, range.size);
+    std::lock_guard<std::mutex> lock(mu_);
+    range.registered = s.ok() && range.size != 0;
+    range.status = std::move(s);
+    range.done = true;
+    --ranges_left_;
+    changed_.notify_all();
+  }
+}
+
+size_t HostArena::range_index(size_t offset) const {
   auto after = std::upper_bound(ranges_.begin(), ranges_.end(), offset,
                                 [](size_t at, const Range& r) { return at < r.start; });
-  Range& range = *(after - 1);
+  return static_cast<size_t>(after - ranges_.begin()) - 1;
+}
+
+Status HostArena::for_each_part(size_t offset, size_t size, const std::function<Status(size_t, size_t)>& part) {
+  for (size_t at = offset, end = offset + size; at < end;) {
+    size_t range_end = 0;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      const Range& range = ranges_[range_index(at)];
+      changed_.wait(lock, [&] { return range.done; });
+      if (!range.status.ok()) return range.status;
+      range_end = range.start + range.size;
+    }
+    if (range_end <= at) return Status::Error(Code::kHostError, "a backup lies outside its host memory ranges");
+    const size_t n = std::min(end, range_end) - at;
+    Status s = part(at, n);
+    if (!s.ok()) return s;
+    at += n;
+  }
+  return Status::Ok();
+}
+
+Status HostArena::register_as_one(size_t offset, size_t size) {
+  if (size == 0) return Status::Ok();
   std::unique_lock<std::mutex> lock(mu_);
-  range_done_.wait(lock, [&] { return range.done; });
-  return range.status;
+  changed_.wait(lock, [&] { return ranges_left_ == 0; });
+  const size_t first = range_index(offset), last = range_index(offset + size - 1);
+  for (size_t r = first; r <= last; ++r) {
+    if (!ranges_[r].status.ok()) return ranges_[r].status;
+  }
+  if (first == last) return Status::Ok();
+  // A large buffer's ranges hold nothing else: unregister them, register the span once.
+  const size_t start = ranges_[first].start, end = ranges_[last].start + ranges_[last].size;
+  for (size_t r = first; r <= last; ++r) {
+    backend_->unregister_host(device_, data_ + ranges_[r].start);
+    ranges_[r].registered = false;
+  }
+  Status s = backend_->register_host(device_, data_ + start, end - start);
+  if (!s.ok()) {
+    for (size_t r = first; r <= last; ++r) {  // back as it was, so the copies range by range still work
+      Status again = backend_->register_host(device_, data_ + ranges_[r].start, ranges_[r].size);
+      ranges_[r].registered = again.ok();
+      if (!again.ok()) ranges_[r].status = again;
+    }
+    return s;
+  }
+  ranges_[first].size = end - start;
+  ranges_[first].registered = true;
+  ranges_.erase(ranges_.begin() + static_cast<std::ptrdiff_t>(first) + 1,
+                ranges_.begin() + static_cast<std::ptrdiff_t>(last) + 1);
+  return Status::Ok();
 }
 
 HostArena::~HostArena() {

@@ -1,19 +1,24 @@
 // Host memory that holds the content of paused allocations.
 //
 // A pause takes one HostArena for all the backups it needs and carves it into one
-// HostBuffer per allocation. The arena is page-locked in ranges of whole buffers: one CUDA
-// copy may not cross from one registration into the next (the driver answers "invalid
-// value"), and users copy from backups with torch (get_cpu_backup(zero_copy=True)), so a
-// buffer never spans two ranges. Worker threads fault the pages in, 64 MiB at a time and
-// with transparent huge pages, and page-lock each range once its pages are in; a copy
-// starts as soon as its buffer's range is ready, so preparing host memory overlaps the
-// transfers. An arena lives as long as any buffer cut from it.
+// HostBuffer per allocation. The arena is page-locked in ranges of about kRangeBytes, each
+// one registration: small buffers are packed into a range, a larger buffer gets ranges of
+// its own. Worker threads fault the pages in, 64 MiB at a time and with transparent huge
+// pages, while one more thread page-locks the ranges in order as their pages arrive; a copy
+// starts as soon as its range is ready, so preparing host memory overlaps the transfers and
+// no large backup waits for all of its memory to be page-locked first.
+//
+// One CUDA copy may not cross from one registration into the next (the driver answers
+// "invalid value"), so copies go range by range (for_each_part), and a buffer users copy
+// from with torch (get_cpu_backup(zero_copy=True)) is first made one registration
+// (register_as_one). An arena lives as long as any buffer cut from it.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -26,8 +31,8 @@ namespace tmsl {
 
 class HostArena {
  public:
-  // Buffers are grouped into page-locked ranges of at least this size (a larger buffer is
-  // a range of its own): few registrations, and the first copies can start early.
+  // Size of a page-locked range: small enough that the first copies start early, large
+  // enough that registrations stay few (a range of packed small buffers may reach twice this).
   static constexpr size_t kRangeBytes = 64 << 20;
   // Pages are faulted in by the workers in pieces of at most this size.
   static constexpr size_t kPieceBytes = 64 << 20;
@@ -43,8 +48,13 @@ class HostArena {
 
   char* data() const { return data_; }
   size_t buffer_offset(size_t i) const { return buffer_offsets_[i]; }
-  // Blocks until the range holding `offset` is page-locked; its error if that failed.
-  Status wait_ready(size_t offset);
+  // Calls part(offset, size) for each piece of [offset, offset + size) that lies in one
+  // registration, in order, each once it is page-locked; stops at the first error.
+  Status for_each_part(size_t offset, size_t size, const std::function<Status(size_t, size_t)>& part);
+  // Makes [offset, offset + size), a buffer's span, one registration, so that a single copy
+  // may cover it. Waits until the whole arena is prepared. Nothing may copy to or from the
+  // span meanwhile.
+  Status register_as_one(size_t offset, size_t size);
 
  private:
   struct Range {
@@ -62,7 +72,11 @@ class HostArena {
   };
 
   HostArena(std::shared_ptr<Backend> backend, int device, const std::vector<size_t>& buffer_sizes);
-  void prepare();  // one worker: fault in pieces in order, page-lock each range it completes
+  void start_range(size_t at);
+  void fault_in();         // a worker: faults pieces in, in order
+  void page_lock();        // the registrar: page-locks each range, in order, once its pages are in
+  void wait_prepared(std::unique_lock<std::mutex>& lock);
+  size_t range_index(size_t offset) const;  // the range holding offset; mu_ held
 
   const std::shared_ptr<Backend> backend_;
   const int device_;
@@ -72,12 +86,13 @@ class HostArena {
   std::vector<Range> ranges_;
   std::vector<Piece> pieces_;
   std::atomic<size_t> next_piece_{0};
+  size_t ranges_left_ = 0;  // not yet done
   std::mutex mu_;
-  std::condition_variable range_done_;
+  std::condition_variable changed_;
   std::vector<std::thread> workers_;
 };
 
-// One allocation's backup: a slice of an arena, inside one page-locked range.
+// One allocation's backup: a slice of an arena.
 struct HostBuffer {
   std::shared_ptr<HostArena> arena;
   size_t offset = 0;
@@ -85,8 +100,11 @@ struct HostBuffer {
 
   explicit operator bool() const { return arena != nullptr; }
   char* data() const { return arena->data() + offset; }
-  // Blocks until the buffer is page-locked and may take a copy.
-  Status wait_ready() const { return arena->wait_ready(offset); }
+  // part(host, offset in the buffer, size) for each piece in one registration, once it is
+  // page-locked, in order.
+  Status for_each_part(const std::function<Status(char*, size_t, size_t)>& part) const {
+    return arena->for_each_part(offset, size, [&](size_t at, size_t n) { return part(data() + at - offset, at - offset, n); });
+  }
 };
 
 // Frees backups off the caller's thread: unpinning and unmapping gigabytes takes a good

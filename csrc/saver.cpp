@@ -505,8 +505,9 @@ Status Saver::copy_out(const std::vector<Allocation*>& batch, std::vector<HostBu
   for (size_t i = 0; i < batch.size() && s.ok(); ++i) {
     const Allocation& a = *batch[i];
     if (!(*backups)[i]) continue;
-    s = (*backups)[i].wait_ready();
-    if (s.ok()) s = backend_->copy_to_host_async(a.device, (*backups)[i].data(), a.va, a.size);
+    s = (*backups)[i].for_each_part([&](char* host, size_t at, size_t n) {
+      return backend_->copy_to_host_async(a.device, host, a.va + at, n);
+    });
   }
   // Also after an error: copies in flight still write into the host memory.
   Status waited = wait_copies(batch);
@@ -642,8 +643,9 @@ Status Saver::copy_in(const std::vector<Allocation*>& batch) {
       if (poison) s = backend_->fill_async(a.device, a.va, a.size, kPoisonByte);
       continue;
     }
-    s = a.host_copy.wait_ready();
-    if (s.ok()) s = backend_->copy_from_host_async(a.device, a.va, a.host_copy.data(), a.size);
+    s = a.host_copy.for_each_part([&](char* host, size_t at, size_t n) {
+      return backend_->copy_from_host_async(a.device, a.va + at, host, n);
+    });
   }
   // Also after an error: the memory must not be unmapped under a running copy.
   Status waited = wait_copies(batch);
@@ -714,7 +716,9 @@ const Saver::Allocation* Saver::containing(uintptr_t address) const {
   return address < a.va + a.size ? &a : nullptr;
 }
 
-Status Saver::lease_backup(uintptr_t address, size_t nbytes, const void** host, HostBuffer* lease) const {
+Status Saver::lease_backup(uintptr_t address, size_t nbytes, const void** host, HostBuffer* lease) {
+  // Not while a pause or resume copies: making a backup one registration re-registers it.
+  std::lock_guard<std::mutex> op(op_mu_);
   std::lock_guard<std::mutex> lock(mu_);
   const Allocation* a = containing(address);
   if (a == nullptr || nbytes > a->va + a->size - address) {
@@ -727,9 +731,17 @@ Status Saver::lease_backup(uintptr_t address, size_t nbytes, const void** host, 
                          "tag '" + a->tag +
                              "' keeps no CPU backup: enter its region with enable_cpu_backup=True");
   }
-  const bool held = a->state == State::kPaused || a->state == State::kResuming;
-  *host = held && a->host_copy ? a->host_copy.data() + (address - a->va) : nullptr;
-  *lease = *host != nullptr ? a->host_copy : HostBuffer();  // keeps the host memory alive
+  if (a->state != State::kPaused || !a->host_copy) {
+    *host = nullptr;  // resident: its host copy, if one is kept, is stale
+    *lease = HostBuffer();
+    return Status::Ok();
+  }
+  // Users copy from it with torch in one piece, which must not cross registrations.
+  const HostBuffer& backup = a->host_copy;
+  Status s = backup.arena->register_as_one(backup.offset, backup.size);
+  if (!s.ok()) return with_context(s, "page-locking the backup at " + format_address(a->va) + " as one range");
+  *host = backup.data() + (address - a->va);
+  *lease = backup;  // keeps the host memory alive
   return Status::Ok();
 }
 

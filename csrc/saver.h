@@ -115,10 +115,11 @@ class Saver {
   std::string stats_json() const;
 
   // For [address, address + nbytes) inside one backed-up allocation: *host points at its
-  // copy while paused, nullptr while resident.
+  // copy while paused (page-locked as one range, so one CUDA copy may cover it), nullptr
+  // while resident. Waits for a pause or resume in progress.
   // *lease holds the copy's host memory: it stays valid while the lease lives, whatever
   // resumes and frees happen meanwhile.
-  Status lease_backup(uintptr_t address, size_t nbytes, const void** host, HostBuffer* lease) const;
+  Status lease_backup(uintptr_t address, size_t nbytes, const void** host, HostBuffer* lease);
 
   // Whether va is the start of one of this saver's allocations; takes no saver-wide lock.
   bool owns(uintptr_t va) const { return index_.contains(va); }

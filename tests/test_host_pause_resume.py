@@ -187,6 +187,30 @@ def test_get_cpu_backup_returns_the_host_copy_while_paused(host_saver, mem):
     assert torch.equal(tensor, expected)
 
 
+def test_a_backup_larger_than_a_page_locked_range_round_trips_in_parts_and_leases_whole(host_saver, mem):
+    import ctypes
+
+    # 150 MiB is page-locked in three ranges while the pause copies (the host backend, like
+    # CUDA, refuses a copy that crosses from one registration into the next); a lease makes
+    # it one registration, and later cycles copy through that.
+    sizes = [3 * MiB, 150 * MiB, 5 * MiB]
+    with host_saver.region("weights", enable_cpu_backup=True):
+        ptrs = [mem.malloc(n) for n in sizes]
+    tensors = [torch.frombuffer((ctypes.c_uint8 * n).from_address(p), dtype=torch.uint8)
+               for p, n in zip(ptrs, sizes, strict=True)]
+    for cycle in range(3):
+        expected = [torch.randint(0, 256, (n,), dtype=torch.uint8) for n in sizes]
+        for t, e in zip(tensors, expected, strict=True):
+            t.copy_(e)
+        host_saver.pause("weights")
+        if cycle > 0:  # the first cycle copies back in parts, never leased
+            leased = host_saver.get_cpu_backup(tensors[1], zero_copy=True)
+            assert torch.equal(leased, expected[1])
+            del leased
+        host_saver.resume("weights")
+        assert all(torch.equal(t, e) for t, e in zip(tensors, expected, strict=True)), f"cycle {cycle}"
+
+
 def test_get_cpu_backup_rejects_what_it_cannot_serve(host_saver, mem):
     import ctypes
 

@@ -64,24 +64,28 @@ def test_backup_content_identical_after_five_cycles(workload, keep):
 
 
 def test_zero_copy_backup_is_page_locked_and_copies_to_the_gpu_in_one_piece():
-    # A 200 MiB tensor after a smaller segment: a backup that crossed from one page-locked
-    # range into the next would make this one torch copy fail with "invalid argument".
+    # A 200 MiB tensor after a smaller segment: its backup is page-locked in several ranges
+    # while the pause copies, and must be one registration once leased, or this one torch
+    # copy fails with "invalid argument". The second cycle reuses the cached backups.
     tag = unique_tag("zero_copy")
     with saver.region(tag, enable_cpu_backup=True):
         tensors = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in (3 * MiB, 200 * MiB)]
-    for seed, t in enumerate(tensors):
-        t.copy_(pattern(t.numel(), seed))
-    saver.pause(tag)
-    try:
+    for cycle in range(2):
         for seed, t in enumerate(tensors):
-            host = saver.get_cpu_backup(t, zero_copy=True)
-            assert host.is_pinned()
-            on_gpu = torch.empty_like(t)  # outside the region: resident while it is paused
-            on_gpu.copy_(host, non_blocking=True)
-            torch.cuda.synchronize()
-            assert torch.equal(on_gpu, pattern(t.numel(), seed))
-    finally:
-        saver.resume(tag)
+            t.copy_(pattern(t.numel(), seed + 10 * cycle))
+        saver.pause(tag)
+        try:
+            for seed, t in enumerate(tensors):
+                host = saver.get_cpu_backup(t, zero_copy=True)
+                assert host.is_pinned()
+                on_gpu = torch.empty_like(t)  # outside the region: resident while it is paused
+                on_gpu.copy_(host, non_blocking=True)
+                torch.cuda.synchronize()
+                assert torch.equal(on_gpu, pattern(t.numel(), seed + 10 * cycle))
+        finally:
+            saver.resume(tag)
+        for seed, t in enumerate(tensors):
+            assert torch.equal(t, pattern(t.numel(), seed + 10 * cycle))
     del tensors, t, host, on_gpu
     saver.empty_cache(tag)
 

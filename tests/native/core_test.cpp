@@ -68,6 +68,29 @@ void backup_round_trip() {
   for (void* p : ptrs) CHECK(tmsl_free(s.handle, p, nullptr) == 0);
 }
 
+// 150 MiB is page-locked in several ranges that a registrar thread and fault-in workers
+// prepare while the pause copies; a lease makes it one registration, and the next cycle
+// copies through that (the host backend refuses a copy across registrations, as CUDA does).
+void large_backup_round_trips_in_parts_and_leases_whole() {
+  Saver s;
+  const size_t sizes[] = {3 * MiB, 150 * MiB, 5 * MiB};
+  std::vector<void*> ptrs;
+  for (size_t size : sizes) ptrs.push_back(s.malloc(size, "weights", true));
+  for (void* p : ptrs) CHECK(p != nullptr);
+  for (int cycle = 0; cycle < 2; ++cycle) {
+    for (size_t i = 0; i < ptrs.size(); ++i) memset(ptrs[i], 'a' + cycle * 3 + static_cast<int>(i), sizes[i]);
+    CHECK(s.pause("weights") == 0);
+    const void* host = nullptr;
+    void* lease = nullptr;
+    CHECK(tmsl_lease_backup(s.handle, ptrs[1], sizes[1], &host, &lease) == 0);
+    CHECK(host != nullptr && filled_with(host, sizes[1], 'a' + cycle * 3 + 1));
+    CHECK(tmsl_release_lease(lease) == 0);
+    CHECK(s.resume("weights") == 0);
+    for (size_t i = 0; i < ptrs.size(); ++i) CHECK(filled_with(ptrs[i], sizes[i], 'a' + cycle * 3 + static_cast<int>(i)));
+  }
+  for (void* p : ptrs) CHECK(tmsl_free(s.handle, p, nullptr) == 0);
+}
+
 void no_backup_gets_fresh_zero_memory() {
   Saver s;
   void* p = s.malloc(4 * MiB, "kv", false);
@@ -273,6 +296,7 @@ void threads_allocate_and_free_while_another_tag_cycles() {
 int main() {
   const std::vector<std::pair<const char*, std::function<void()>>> tests = {
       {"backup_round_trip", backup_round_trip},
+      {"large_backup_round_trips_in_parts_and_leases_whole", large_backup_round_trips_in_parts_and_leases_whole},
       {"no_backup_gets_fresh_zero_memory", no_backup_gets_fresh_zero_memory},
       {"free_while_paused_and_bad_frees", free_while_paused_and_bad_frees},
       {"out_of_memory_resume_rolls_back_and_retries", out_of_memory_resume_rolls_back_and_retries},
