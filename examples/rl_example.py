@@ -20,6 +20,7 @@ Writes <out>/summary.json, <out>/memory.png and <out>/reward.png.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -62,6 +63,9 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Colocated RL with torch_mem_saver_lite")
     parser.add_argument("--preset", choices=["tiny", "default"], default="default")
     parser.add_argument("--steps", type=int, help="optimizer steps (default: the preset's)")
+    parser.add_argument("--micro-batches", type=int,
+                        help="split each step's batch this many ways (default: the preset's); more gives "
+                             "each step more work for the same memory, so transitions take a smaller share")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--no-saver", action="store_true", help="same loop without pausing anything")
     parser.add_argument("--hook-mode", choices=["torch", "preload"], default="torch")
@@ -120,7 +124,7 @@ class Run:
         """The bare CUDA context, before any model or NCCL: what a pause should get back to."""
         if self.device.type == "cuda":
             torch.zeros(1, device=self.device)
-        self.baseline = used_bytes(self.device)
+        self.baseline = self.timeline.sample()
         self.baseline_breakdown = leftovers.breakdown(self.saver, self.device)  # also records the saver's
         if self.device.type == "cuda":
             self.free0, self.capacity = torch.cuda.mem_get_info(self.device)
@@ -137,7 +141,9 @@ class Run:
     def choose_preset(self) -> Preset:
         preset = learning_preset(self.args.preset)
         if self.args.steps:
-            preset = Preset(**{**preset.__dict__, "steps": self.args.steps})
+            preset = dataclasses.replace(preset, steps=self.args.steps)
+        if self.args.micro_batches:
+            preset = dataclasses.replace(preset, micro_batches=self.args.micro_batches)
         if preset.name == "default" and self.device.type == "cuda":
             preset = with_vocabulary_for(preset, self.capacity)
         return preset
@@ -161,7 +167,7 @@ class Run:
         before = used_bytes(self.device)
         self.engine = RolloutEngine(p.config, initial, self.batch_sizes, task.PROMPT_LENGTH, p.completion,
                                     self.device, self.saver, kv_slots=kv_slots)
-        self.engine_built_bytes = used_bytes(self.device) - before
+        self.engine_built_bytes = self.timeline.sample() - before
         self.kv_slots = self.engine.kv_cache.shape[2]
         del initial
         self.say(f"preset {p.name}: vocabulary {p.config.vocab:,} ({task.VOCAB} used by the task), "
@@ -225,7 +231,8 @@ class Run:
     def out_of_memory(self, number: int, error: Exception) -> OutOfMemory:
         return OutOfMemory(step=number, capacity=self.capacity, baseline=self.baseline,
                            engine=self.engine_built_bytes, trainer=self.trainer_need,
-                           message=str(error).splitlines()[0], preset=self.preset.name, vocab=self.preset.config.vocab)
+                           message=str(error).splitlines()[0], preset=self.preset.name, vocab=self.preset.config.vocab,
+                           saver=self.saver is not None)
 
     # ----- the run ----------------------------------------------------------------------------------------
     def run(self) -> int:

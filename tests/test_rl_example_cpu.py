@@ -130,7 +130,7 @@ def test_default_preset_fits_each_engine_alone_and_not_both(total_gib):
     for trainer in (int(0.3 * total), int(0.55 * total), int(0.8 * total)):  # the guess may be off either way
         slots = kv_slots_for(preset, preset.sequences, free, total, trainer)
         kv = slots * preset.config.kv_bytes_per_slot()
-        engine = kv + 3 * preset.sequences * preset.config.vocab * 4 + preset.config.parameter_count() * 4
+        engine = kv + 4 * preset.sequences * preset.config.vocab * 4 + preset.config.parameter_count() * 4
         assert slots >= preset.sequences
         assert engine + trainer > free + 0.1 * total, (total_gib, trainer, engine)
         assert engine < free - 0.05 * total and trainer < free

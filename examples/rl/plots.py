@@ -23,7 +23,7 @@ def memory_plot(samples: list[tuple[float, int]], spans: list[tuple[str, float, 
     """Memory in use over time against the GPU's capacity and what both engines would need
     without the saver; rollout, training and the transitions between them shaded."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(11, 4.5))
+    fig, ax = plt.subplots(figsize=(11, 5.2))
     labelled = set()
     for phase, start, end in spans:
         color = PHASE_COLORS.get(phase, TRANSITION_COLOR if phase != "guard" else None)
@@ -35,7 +35,9 @@ def memory_plot(samples: list[tuple[float, int]], spans: list[tuple[str, float, 
         labelled.add(label)
     if samples:
         xs, ys = zip(*samples, strict=True)
-        ax.step(xs, [y / GiB for y in ys], where="post", color="black", linewidth=1.0, label="GPU memory in use")
+        # Each sample is taken at the end of a phase and holds for the phase before it (the
+        # caching allocator keeps a phase's peak until it is released).
+        ax.step(xs, [y / GiB for y in ys], where="pre", color="black", linewidth=1.0, label="GPU memory in use")
     ax.axhline(capacity / GiB, color="tab:green", linewidth=2, label=f"GPU capacity ({capacity / GiB:.0f} GiB)")
     if no_saver_need:
         ax.axhline(no_saver_need / GiB, color="tab:purple", linewidth=2, linestyle="--",
@@ -49,7 +51,7 @@ def memory_plot(samples: list[tuple[float, int]], spans: list[tuple[str, float, 
     ax.set_xlabel("seconds since start")
     ax.set_ylabel("GPU memory in use (GiB)")
     ax.set_title(title)
-    ax.legend(loc="upper left", fontsize=8, ncol=2, framealpha=0.9)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), fontsize=8, ncol=3, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

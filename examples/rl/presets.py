@@ -29,8 +29,9 @@ ENGINE_HEADROOM_SHARE = 0.08
 # (the logits, the masked copy, log-softmax, their gradients): a first guess for choosing the
 # vocabulary, which the run then measures.
 LOGITS_COPIES_AT_PEAK = 4
-# Rollout temporaries per decoded row: logits, the masked copy, probabilities (fp32).
-ROLLOUT_LOGITS_COPIES = 3
+# Rollout temporaries per decoded row: logits, the masked copy, its scaled copy,
+# probabilities (fp32; three alive at once, one more for safety).
+ROLLOUT_LOGITS_COPIES = 4
 
 
 @dataclass(frozen=True)

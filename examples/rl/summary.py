@@ -31,9 +31,14 @@ class OutOfMemory(Exception):
     message: str
     preset: str
     vocab: int
+    saver: bool
 
     def explain(self) -> str:
         need = self.baseline + self.engine + self.trainer
+        if self.saver:
+            return (f"out of GPU memory at step {self.step}, training, with the engine paused: {self.message}\n"
+                    f"a training step was measured to need {self.trainer / GiB:.1f} GiB on a GPU of "
+                    f"{self.capacity / GiB:.1f} GiB; something else holds memory on this GPU?")
         return (f"out of GPU memory at step {self.step}, training: {self.message}\n"
                 f"the engine holds {self.engine / GiB:.1f} GiB (weights, KV cache, graph pool), a training step "
                 f"needs {self.trainer / GiB:.1f} GiB more, and the CUDA context {self.baseline / GiB:.1f} GiB: "
@@ -44,7 +49,7 @@ class OutOfMemory(Exception):
 def write_out_of_memory(out: Path, failure: OutOfMemory) -> None:
     out.mkdir(parents=True, exist_ok=True)
     fields = {k: v for k, v in asdict(failure).items()}
-    summary = {"outcome": "out_of_memory", "saver": False, **fields,
+    summary = {"outcome": "out_of_memory", **fields,
                "need_bytes": failure.baseline + failure.engine + failure.trainer}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
 
