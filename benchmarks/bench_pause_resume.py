@@ -47,57 +47,92 @@ def rss_anon() -> int:
 
 
 def copy_limits(nbytes: int) -> dict[str, float]:
-    """Pinned D2H and H2D bandwidth in GB/s for one copy of the workloads' size, best of five
-    (a copy of 8 GiB runs about a tenth slower than one of 2 GiB, for every tool)."""
+    """Pinned D2H and H2D bandwidth in GB/s for one copy of the workloads' size, timed on the
+    wall clock as the rows are (best of five); and H2D into device memory mapped just before,
+    as a resume must copy (best of three)."""
+    from cuda.bindings import driver as cu
+
     host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     device = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     result = {}
     for name, dst, src in (("d2h", host, device), ("h2d", device, host)):
         best = float("inf")
         for _ in range(5):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+            torch.cuda.synchronize()
+            start = time.perf_counter()
             dst.copy_(src, non_blocking=True)
-            end.record()
-            end.synchronize()
-            best = min(best, start.elapsed_time(end) / 1e3)
+            torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - start)
         result[name] = nbytes / best / 1e9
+    del device
+    torch.cuda.empty_cache()
+    best = float("inf")
+    size = -(-nbytes // (2 * MiB)) * 2 * MiB
+    for _ in range(3):
+        va, handle = _map_fresh(cu, size)
+        start = time.perf_counter()
+        _ok(cu, cu.cuMemcpyHtoD(va, host.data_ptr(), nbytes))
+        best = min(best, time.perf_counter() - start)
+        _ok(cu, cu.cuMemUnmap(va, size))
+        _ok(cu, cu.cuMemRelease(handle))
+        _ok(cu, cu.cuMemAddressFree(va, size))
+    result["h2d_fresh"] = nbytes / best / 1e9
+    del host
+    # Give the pinned buffer back (torch caches it): the first cycles measured later fault in
+    # fresh host memory, and should find as much free as a process that never measured.
+    getattr(torch._C, "_host_emptyCache", lambda: None)()
     return result
+
+
+def _ok(cu, result):
+    assert result[0] == cu.CUresult.CUDA_SUCCESS, result[0]
+    return result[1] if len(result) == 2 else result[1:] if len(result) > 2 else None
+
+
+def _device_props(cu):
+    """(allocation properties, read-write access) for device memory on the current GPU."""
+    prop = cu.CUmemAllocationProp()
+    prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    prop.location.id = torch.cuda.current_device()
+    access = cu.CUmemAccessDesc()
+    access.location = prop.location
+    access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    return prop, access
+
+
+def _map_fresh(cu, size: int):
+    """Device memory of `size` bytes, created, mapped and made accessible through the driver."""
+    prop, access = _device_props(cu)
+    va = _ok(cu, cu.cuMemAddressReserve(size, 0, 0, 0))
+    handle = _ok(cu, cu.cuMemCreate(size, prop, 0))
+    _ok(cu, cu.cuMemMap(va, size, 0, handle, 0))
+    _ok(cu, cu.cuMemSetAccess(va, size, [access], 1))
+    return va, handle
 
 
 def create_map_limits() -> dict[str, float]:
     """ms per GiB to create+map+set access and to unmap+release, straight through cuda-python."""
     from cuda.bindings import driver as cu
 
-    def ok(result):
-        assert result[0] == cu.CUresult.CUDA_SUCCESS, result[0]
-        return result[1] if len(result) == 2 else result[1:]
-
-    device = torch.cuda.current_device()
-    prop = cu.CUmemAllocationProp()
-    prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-    prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-    prop.location.id = device
-    access = cu.CUmemAccessDesc()
-    access.location = prop.location
-    access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    prop, access = _device_props(cu)
     out = {}
     for label, piece in (("2MiB", 2 * MiB), ("1GiB", GiB)):
         count = GiB // piece
-        va = ok(cu.cuMemAddressReserve(GiB, piece, 0, 0))
+        va = _ok(cu, cu.cuMemAddressReserve(GiB, piece, 0, 0))
         start = time.perf_counter()
         handles = []
         for i in range(count):
-            handle = ok(cu.cuMemCreate(piece, prop, 0))
-            ok((cu.cuMemMap(int(va) + i * piece, piece, 0, handle, 0)[0], None))
-            ok((cu.cuMemSetAccess(int(va) + i * piece, piece, [access], 1)[0], None))
+            handle = _ok(cu, cu.cuMemCreate(piece, prop, 0))
+            _ok(cu, cu.cuMemMap(int(va) + i * piece, piece, 0, handle, 0))
+            _ok(cu, cu.cuMemSetAccess(int(va) + i * piece, piece, [access], 1))
             handles.append(handle)
         mapped = time.perf_counter()
         for i, handle in enumerate(handles):
-            ok((cu.cuMemUnmap(int(va) + i * piece, piece)[0], None))
-            ok((cu.cuMemRelease(handle)[0], None))
+            _ok(cu, cu.cuMemUnmap(int(va) + i * piece, piece))
+            _ok(cu, cu.cuMemRelease(handle))
         released = time.perf_counter()
-        ok((cu.cuMemAddressFree(va, GiB)[0], None))
+        _ok(cu, cu.cuMemAddressFree(va, GiB))
         out[f"map_ms_per_gib_{label}"] = (mapped - start) * 1e3
         out[f"unmap_ms_per_gib_{label}"] = (released - mapped) * 1e3
     return out
@@ -300,6 +335,7 @@ def add_ratios(rows: list[dict], limits: dict) -> None:
         if row["variant"] != "none":
             row["pause_ratio"] = row["pause_gbps"] / limits["d2h"]
             row["resume_ratio"] = row["resume_gbps"] / limits["h2d"]
+            row["resume_fresh_ratio"] = row["resume_gbps"] / limits["h2d_fresh"]
 
 
 def check_targets(rows: list[dict], limits: dict) -> None:
@@ -324,7 +360,8 @@ def check_targets(rows: list[dict], limits: dict) -> None:
 
 
 def print_table(rows: list[dict], limits: dict) -> None:
-    print(f"\nlimits: pinned D2H {limits['d2h']:.1f} GB/s, H2D {limits['h2d']:.1f} GB/s; "
+    print(f"\nlimits: pinned D2H {limits['d2h']:.1f} GB/s, H2D {limits['h2d']:.1f} GB/s (into memory mapped just "
+          f"before, as a resume copies: {limits['h2d_fresh']:.1f} GB/s); "
           f"driver create+map {limits['map_ms_per_gib_2MiB']:.1f} ms/GiB in 2 MiB pieces, "
           f"{limits['map_ms_per_gib_1GiB']:.2f} ms/GiB in one piece; unmap+release "
           f"{limits['unmap_ms_per_gib_2MiB']:.1f} / {limits['unmap_ms_per_gib_1GiB']:.2f} ms/GiB")
@@ -335,22 +372,23 @@ def print_table(rows: list[dict], limits: dict) -> None:
           f"{first_cycle_bound:.1f} GB/s")
     header = (f"{'tool':18} {'workload':10} {'mode':7} {'backup':8} {'cyc':>3} {'allocs':>6} {'GiB':>5} "
               f"{'alloc ms':>8} {'pause ms':>9} {'resume ms':>9} {'pause':>12} {'resume':>12} {'p/limit':>7} "
-              f"{'r/limit':>7} {'released':>8} {'RSS+MiB':>8} {'ok':>3} {'target':>6}")
+              f"{'r/limit':>7} {'r/fresh':>7} {'released':>8} {'RSS+MiB':>8} {'ok':>3} {'target':>6}")
     print(header)
     print("-" * len(header))
     for r in rows:
         if r["variant"] == "none":
             pause, resume = f"{r['pause_ms_per_gib']:.2f}ms/GiB", f"{r['resume_ms_per_gib']:.2f}ms/GiB"
-            pr = rr = ""
+            pr = rr = rf = ""
         else:
             pause, resume = f"{r['pause_gbps']:.1f} GB/s", f"{r['resume_gbps']:.1f} GB/s"
-            pr, rr = f"{r['pause_ratio']:.0%}", f"{r['resume_ratio']:.0%}"
+            pr, rr, rf = f"{r['pause_ratio']:.0%}", f"{r['resume_ratio']:.0%}", f"{r['resume_fresh_ratio']:.0%}"
         print(f"{r['tool']:18} {r['workload']:10} {r['hook_mode']:7} {r['variant']:8} {r['cycle']:>3} "
               f"{r['allocations'] or '-':>6} {r['bytes'] / GiB:5.2f} {r['alloc_ms']:8.1f} {r['pause_ms']:9.1f} "
-              f"{r['resume_ms']:9.1f} {pause:>12} {resume:>12} {pr:>7} {rr:>7} {r['released_fraction']:8.1%} "
+              f"{r['resume_ms']:9.1f} {pause:>12} {resume:>12} {pr:>7} {rr:>7} {rf:>7} {r['released_fraction']:8.1%} "
               f"{r['host_rss_delta_mib']:8.0f} {'yes' if r['content_ok'] else 'NO':>3} {r['target']:>6}")
     print("variants: backup = default settings (host cache of "
           f"{limits['host_cache_bytes'] / GiB:.1f} GiB); uncached = host_cache_bytes 0; retained = retain_cpu_backup")
+    print("r/fresh = resume against a copy into memory mapped just before (what a resume must do, for every tool)")
     print("cycle 2+ = the median of the later cycles; ok = content bit-identical; target: backup and retained "
           "cycle 2+ >= 90% of the link, cycle 1 >= 25 GB/s; no backup: alloc, pause and resume no slower than "
           "torch_memory_saver's row; released >= 99% (RSS after a resume within the cache budget; uncached: ~0)")
@@ -446,8 +484,9 @@ def main() -> int:
             preload = {"LD_PRELOAD": tms_preload_library(tms_env)} if mode == "preload" else {}
             for workload in workloads:  # one child each: its memory is given back at exit
                 rows += in_child("tms", mode, [workload], args, {**tms_env, **preload})
-    add_ratios(rows, limits)
     summary = summarize(rows)
+    for table in (rows, summary):
+        add_ratios(table, limits)
     check_targets(summary, limits)
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}"
           + ("" if tms_env is not None else "; torch_memory_saver not installed: ours only"))

@@ -14,9 +14,11 @@
 from __future__ import annotations
 
 import argparse
+import cProfile
 import ctypes
 import mmap
 import os
+import pstats
 import sys
 import threading
 import time
@@ -271,6 +273,15 @@ def no_copy() -> None:
         for key, values in timings.items():
             values = sorted(values)
             print(f"  {key:40s} {values[len(values) // 2] * 1e3:8.2f} {values[0] * 1e3:8.2f}")
+        if workload == "one_big":  # where the Python around the core call shows most
+            profile = cProfile.Profile()
+            profile.enable()
+            for _ in range(repeats):
+                saver.pause(tag)
+                saver.resume(tag)
+            profile.disable()
+            print(f"  profile of {repeats} saver.pause + saver.resume, by own time:")
+            pstats.Stats(profile, stream=sys.stdout).sort_stats("tottime").print_stats(12)
         del tensors
         saver.empty_cache(tag)
 
@@ -282,7 +293,10 @@ SECTIONS = {"allocations": allocations, "footprint": footprint, "pinning": pinni
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=",".join(SECTIONS))
-    names = parser.parse_args().only.split(",")
+    parser.add_argument("--hook-mode", default="torch", help="preload: run under LD_PRELOAD of the saver's library")
+    args = parser.parse_args()
+    names = args.only.split(",")
+    saver.hook_mode = args.hook_mode
     torch.cuda.init()
     torch.empty(1, device="cuda")
     for name in names:
