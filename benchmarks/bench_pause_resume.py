@@ -14,8 +14,8 @@ in a child process started with LD_PRELOAD. Each row is checked against the targ
 
 torch_memory_saver runs too, side by side, when it is importable (installed, or in --tms-path,
 a directory put on the children's PYTHONPATH: `pip install --no-deps --target DIR <wheel>`):
-the same workloads and variants (it has no host cache: "uncached" is skipped), each hook
-mode in child processes of its own, its preload library from its own package.
+the same workloads and variants (it has no host cache: "uncached" is skipped), its preload
+library from its own package. Every tool, hook mode and workload runs in a fresh child process.
 """
 
 from __future__ import annotations
@@ -476,15 +476,17 @@ def main() -> int:
     tms_env = tms_environment(args.tms_path)
     rows = []
     for mode in args.hook_modes.split(","):
-        if mode == "torch":
-            rows += measure("ours", "torch", workloads, total, args.cycles)
-        else:
-            rows += in_child("ours", mode, workloads, args, {"LD_PRELOAD": _lib.library_path()})
-        if tms_env is not None:
-            preload = {"LD_PRELOAD": tms_preload_library(tms_env)} if mode == "preload" else {}
-            for workload in workloads:  # one child each: its memory is given back at exit
-                rows += in_child("tms", mode, [workload], args, {**tms_env, **preload})
-    summary = summarize(rows)
+        # Each tool and workload in a fresh process of its own, one after the other: the same
+        # driver state for both tools (a process that has mapped and released many GiB
+        # already pays more for the next release), and the memory is given back at exit.
+        for workload in workloads:
+            ours = {"LD_PRELOAD": _lib.library_path()} if mode == "preload" else {}
+            rows += in_child("ours", mode, [workload], args, ours)
+            if tms_env is not None:
+                theirs = {"LD_PRELOAD": tms_preload_library(tms_env)} if mode == "preload" else {}
+                rows += in_child("tms", mode, [workload], args, {**tms_env, **theirs})
+    summary = sorted(summarize(rows), key=lambda r: (r["tool"] != "ours", r["hook_mode"] != "torch",
+                                                      workloads.index(r["workload"])))
     for table in (rows, summary):
         add_ratios(table, limits)
     check_targets(summary, limits)

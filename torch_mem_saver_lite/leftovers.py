@@ -7,10 +7,10 @@ the device memory of NCCL communicators, suspended (nccl_suspend.py). What it co
 release, and why, is in the returned report. ``saver.restore_leftovers()`` resumes the
 communicators; the caches need nothing back (torch allocates again on demand).
 
-Not released: tensors alive outside regions, torch's cuBLAS/cuDNN workspaces held by live
-handles, the CUDA context and loaded kernels, memory other libraries allocated themselves,
-cached blocks of paused tags (already off the device) and of pools a region or a CUDA
-graph still uses.
+Also released: torch's cuBLAS workspaces (it allocates them again on next use). Not
+released: tensors alive outside regions, cuDNN workspaces held by live handles, the CUDA
+context and loaded kernels, memory other libraries allocated themselves, cached blocks of
+paused tags (already off the device) and of pools a region or a CUDA graph still uses.
 """
 
 from __future__ import annotations
@@ -89,6 +89,13 @@ def _reserved(devices: list[int]) -> int:
 def _release_caches(pools: TorchPools | None, native: Any, devices: list[int], notes: list[str]) -> tuple[int, int]:
     """(torch's free blocks, idle saver pools' free blocks) given back, in bytes."""
     before = _reserved(devices)
+    # cuBLAS workspaces (32 MiB each on Hopper, one per thread and stream) are live blocks: one
+    # carved out of a freed multi-GiB activation segment keeps the whole segment reserved
+    # (measured: 9.2 GiB left by the RL example's trainer). torch makes them again on next use;
+    # a captured graph keeps its own, in its pool (capture starts from cleared workspaces).
+    clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear_workspaces is not None:
+        clear_workspaces()
     torch.cuda.empty_cache()
     middle = _reserved(devices)
     if pools is None or native is None:

@@ -77,6 +77,29 @@ def test_release_leftovers_gives_torchs_cached_free_blocks_back():
     assert report.breakdown is not None and report.breakdown.device == torch.cuda.current_device()
 
 
+def test_release_leftovers_frees_a_segment_that_a_cublas_workspace_landed_in():
+    # The first matmul on a stream makes torch allocate that stream's cuBLAS workspace; here it
+    # is cut out of a freed 1 GiB block, so empty_cache alone cannot give the segment back.
+    saver.release_leftovers()
+    reserved0 = torch.cuda.memory_reserved()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        big = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+        del big
+        a = torch.randn(256, 256, device="cuda")
+        (a @ a).sum().item()
+    del a
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_reserved() - reserved0 >= 1 << 30, "the workspace did not pin the segment"
+    free_before = device_free_bytes()
+    report = saver.release_leftovers()
+    assert torch.cuda.memory_reserved() - reserved0 < 64 * MiB
+    assert device_free_bytes() - free_before >= (1 << 30) - TOLERANCE
+    assert report.torch_cache_bytes >= (1 << 30) - TOLERANCE
+    a = torch.randn(256, 256, device="cuda")
+    assert torch.allclose(a @ a, (a.double() @ a.double()).float(), atol=1e-3)  # cuBLAS works after
+
+
 def test_release_leftovers_gives_back_what_an_idle_saver_pool_caches_and_keeps_live_tensors():
     tag = unique_tag("idle-pool")
     with saver.region(tag, enable_cpu_backup=True):

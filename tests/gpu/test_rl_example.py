@@ -42,8 +42,6 @@ def check_handoff(summary: dict) -> None:
     memory = summary["memory"]
     assert memory["residual_over_baseline_max_bytes"] == max(r - memory["baseline_context_bytes"]
                                                              for r in memory["residual_bytes_per_step"])
-    # The engine's pause gave its memory back: what is left is far below the rollout's use.
-    assert memory["engine_bytes"] > 0.9 * memory["engine_built_bytes"], memory
 
 
 @pytest.mark.skipif(os.environ.get("TMSL_TEST_HOOK_MODE") == "preload",
@@ -69,6 +67,10 @@ def test_default_preset_needs_more_than_the_gpu_and_runs_by_handing_it_over(tmp_
     assert memory["no_saver_need_bytes"] > memory["capacity_bytes"] >= memory["peak_used_bytes"]
     # Each phase alone takes a good part of the GPU: the handoff is what makes it fit.
     assert min(memory["engine_bytes"], memory["trainer_bytes"]) > 0.2 * memory["capacity_bytes"], memory
+    # The engine's pause gave its memory back, and the leftovers went with it: what is left
+    # beside the bare CUDA context is the bound, far below the engine's size.
+    assert memory["engine_bytes"] > 0.9 * memory["engine_built_bytes"], memory
+    assert memory["residual_over_baseline_max_bytes"] <= 256 * 2**20, memory
 
 
 @pytest.mark.skipif(os.environ.get("TMSL_TEST_HOOK_MODE") == "preload", reason="no saver involved")
