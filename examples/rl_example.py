@@ -150,7 +150,7 @@ class Run:
 
     def build(self) -> None:
         p = self.preset = self.choose_preset()
-        self.batch_sizes = [1 << i for i in range((p.sequences - 1).bit_length() + 1)]
+        self.batch_sizes = [1 << i for i in range((p.decode_batch - 1).bit_length() + 1)]
         lr_factor = warmup_cosine(p.warmup, p.steps) if p.warmup else None
         self.trainer = Trainer(p.config, p.lr, self.device, self.saver, self.distributed, seed=self.args.seed,
                                lr_factor=lr_factor)
@@ -184,7 +184,8 @@ class Run:
         record: dict = {"step": number, "seconds": seconds}
         with phase("rollout", seconds):
             prompts = task.make_prompts(p.prompts, prompt_generator, self.device).repeat_interleave(p.group, dim=0)
-            completions = self.engine.generate(prompts, self.args.temperature, generator)
+            completions = torch.cat([self.engine.generate(chunk, self.args.temperature, generator)
+                                     for chunk in prompts.split(p.decode_batch)])
             reward = task.rewards(prompts, completions)
             advantages = group_advantages(reward, p.group)
             sequences = torch.cat([prompts, completions], dim=1)
@@ -192,7 +193,8 @@ class Run:
         if saver is not None:
             with phase("engine_pause", seconds):
                 saver.pause(ENGINE_TAGS)
-                torch.cuda.empty_cache()  # the rollout's temporaries (logits) cached by torch
+                # The rollout's temporaries (logits) and workspaces; NCCL stays up for training.
+                leftovers.release(saver, self.device, process_groups=[])
             record["residual_bytes"] = self.timeline.samples[-1][1]
             record["residual_breakdown"] = leftovers.breakdown(saver, self.device)
             with phase("trainer_resume", seconds):
