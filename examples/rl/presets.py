@@ -70,7 +70,7 @@ def learning_preset(name: str) -> Preset:
         # 8192 sequences a step (decoded 2048 at a time, trained in 16 micro-batches of 512):
         # enough work per step that pausing and resuming take a small share of it. Warm-up
         # and cosine decay from 1e-2; on the CPU (12 tokens, seeds 0-2) the reward goes from
-        # 0.1 to 0.99-1.0 over the last 10 of 40 steps, passing 0.95 at step 14-20 (3e-3
+        # 0.1 to 0.99-1.0 over the last 10 of 40 steps, passing 0.95 at step 19-20 (3e-3
         # reached only 0.94).
         return Preset(name, ModelConfig(task.VOCAB, dim=64, layers=2, heads=2,
                                         max_seq=task.PROMPT_LENGTH + completion),
