@@ -148,8 +148,9 @@ def run_ranks(nproc: int, port: int) -> list[dict]:
                              "--master-port", str(port), str(worker)],
                             capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    rows = [dict(re.findall(r"(\w+)=(\S+)", line)) for line in result.stdout.splitlines()
-            if line.startswith("rank ok")]
+    # The ranks print to one pipe, so their lines may run into each other: match, not split.
+    rows = [dict(rank=rank, suspended=suspended, released=released) for rank, suspended, released in
+            re.findall(r"rank ok rank=(\d+) suspended=(True|False) released=(\d+)", result.stdout)]
     assert len(rows) == nproc, result.stdout
     print(result.stdout)
     return rows
