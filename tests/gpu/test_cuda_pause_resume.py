@@ -210,6 +210,7 @@ def test_cli_reports_the_gpu_ready():
     assert result.returncode == 0, result.stdout + result.stderr
     assert "virtual memory management yes, granularity 2 MiB" in result.stdout
     assert "Ready" in result.stdout
+    assert "GPU 0 breakdown: context" in result.stdout
 
 
 def test_the_doctor_check_pauses_and_resumes_a_region_on_every_gpu():
@@ -223,3 +224,7 @@ def test_the_doctor_check_pauses_and_resumes_a_region_on_every_gpu():
     assert report["ok"] and len(report["checks"]) == torch.cuda.device_count()
     assert all(c["passed"] and c["released_bytes"] >= 0.99 * (64 << 20) for c in report["checks"])
     assert report["memory"] and report["memory"][0]["used_bytes"] > 0
+    assert len(report["breakdown"]) == torch.cuda.device_count()
+    for b in report["breakdown"]:  # the parts add up to what the device has in use
+        parts = b["cuda_context"] + b["torch_reserved_outside_regions"] + b["nccl"] + b["saver_resident"] + b["unknown"]
+        assert b["cuda_context"] > 0 and (parts == b["used"] or any("clamped" in n for n in b["notes"])), b
