@@ -37,13 +37,17 @@ Status HostArena::create(std::shared_ptr<Backend> backend, int device, const std
     try {
       arena->workers_.emplace_back([a, work] { (a->*work)(); });
       return true;
-    } catch (const std::system_error&) {
-      return false;  // a thread or address-space limit: the caller does that part itself
+    } catch (const std::exception&) {
+      return false;  // a thread, memory or address-space limit: the caller does that part itself
     }
   };
+  // Room for every thread first: a vector that failed to grow after the registrar started
+  // would leave it waiting for pages nobody faults in.
+  const size_t faulters = fault_in_workers(arena->pieces_.size());
+  arena->workers_.reserve(faulters + 1);
   const bool registrar = start(&HostArena::page_lock);
   size_t faulting = 0;
-  for (size_t n = fault_in_workers(arena->pieces_.size()); faulting < n && start(&HostArena::fault_in);) ++faulting;
+  while (faulting < faulters && start(&HostArena::fault_in)) ++faulting;
   if (faulting == 0) arena->fault_in();
   if (!registrar) arena->page_lock();
   *out = std::move(arena);
@@ -123,9 +127,15 @@ Status HostArena::for_each_part(size_t offset, size_t size, const std::function<
     size_t range_end = 0;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      const Range& range = ranges_[range_index(at)];
+      Range& range = ranges_[range_index(at)];
       changed_.wait(lock, [&] { return range.done; });
       if (!range.status.ok()) return range.status;
+      if (!range.registered && range.size != 0) {
+        // It lost its registration when register_as_one failed to put it back: try again.
+        Status s = backend_->register_host(device_, data_ + range.start, range.size);
+        if (!s.ok()) return s;
+        range.registered = true;
+      }
       range_end = range.start + range.size;
     }
     if (range_end <= at) return Status::Error(Code::kHostError, "a backup lies outside its host memory ranges");
@@ -149,15 +159,16 @@ Status HostArena::register_as_one(size_t offset, size_t size) {
   // A large buffer's ranges hold nothing else: unregister them, register the span once.
   const size_t start = ranges_[first].start, end = ranges_[last].start + ranges_[last].size;
   for (size_t r = first; r <= last; ++r) {
-    backend_->unregister_host(device_, data_ + ranges_[r].start);
-    ranges_[r].registered = false;
+    ranges_[r].registered = !backend_->unregister_host(device_, data_ + ranges_[r].start).ok();
   }
   Status s = backend_->register_host(device_, data_ + start, end - start);
   if (!s.ok()) {
-    for (size_t r = first; r <= last; ++r) {  // back as it was, so the copies range by range still work
-      Status again = backend_->register_host(device_, data_ + ranges_[r].start, ranges_[r].size);
-      ranges_[r].registered = again.ok();
-      if (!again.ok()) ranges_[r].status = again;
+    // Back as it was, so the copies range by range still work; a range that cannot be
+    // page-locked again now is tried again by the next copy (for_each_part).
+    for (size_t r = first; r <= last; ++r) {
+      if (!ranges_[r].registered) {
+        ranges_[r].registered = backend_->register_host(device_, data_ + ranges_[r].start, ranges_[r].size).ok();
+      }
     }
     return s;
   }

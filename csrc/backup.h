@@ -52,8 +52,8 @@ class HostArena {
   // registration, in order, each once it is page-locked; stops at the first error.
   Status for_each_part(size_t offset, size_t size, const std::function<Status(size_t, size_t)>& part);
   // Makes [offset, offset + size), a buffer's span, one registration, so that a single copy
-  // may cover it. Waits until the whole arena is prepared. Nothing may copy to or from the
-  // span meanwhile.
+  // may cover it. Waits until the whole arena is prepared. No for_each_part may run on any
+  // buffer of the arena meanwhile (the saver serializes both under its operation lock).
   Status register_as_one(size_t offset, size_t size);
 
  private:
@@ -75,7 +75,6 @@ class HostArena {
   void start_range(size_t at);
   void fault_in();         // a worker: faults pieces in, in order
   void page_lock();        // the registrar: page-locks each range, in order, once its pages are in
-  void wait_prepared(std::unique_lock<std::mutex>& lock);
   size_t range_index(size_t offset) const;  // the range holding offset; mu_ held
 
   const std::shared_ptr<Backend> backend_;

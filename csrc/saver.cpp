@@ -719,29 +719,34 @@ const Saver::Allocation* Saver::containing(uintptr_t address) const {
 Status Saver::lease_backup(uintptr_t address, size_t nbytes, const void** host, HostBuffer* lease) {
   // Not while a pause or resume copies: making a backup one registration re-registers it.
   std::lock_guard<std::mutex> op(op_mu_);
-  std::lock_guard<std::mutex> lock(mu_);
-  const Allocation* a = containing(address);
-  if (a == nullptr || nbytes > a->va + a->size - address) {
-    return Status::Error(Code::kInvalidArgument,
-                         "memory at " + format_address(address) +
-                             " was not allocated inside a region (or has been freed)");
+  HostBuffer backup;
+  uintptr_t start = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Allocation* a = containing(address);
+    if (a == nullptr || nbytes > a->va + a->size - address) {
+      return Status::Error(Code::kInvalidArgument,
+                           "memory at " + format_address(address) +
+                               " was not allocated inside a region (or has been freed)");
+    }
+    if (!tags_.at(a->tag).backs_up() && !a->host_copy) {
+      return Status::Error(Code::kInvalidArgument,
+                           "tag '" + a->tag +
+                               "' keeps no CPU backup: enter its region with enable_cpu_backup=True");
+    }
+    if (a->state == State::kPaused) backup = a->host_copy;  // resident: a kept host copy is stale
+    start = a->va;
   }
-  if (!tags_.at(a->tag).backs_up() && !a->host_copy) {
-    return Status::Error(Code::kInvalidArgument,
-                         "tag '" + a->tag +
-                             "' keeps no CPU backup: enter its region with enable_cpu_backup=True");
-  }
-  if (a->state != State::kPaused || !a->host_copy) {
-    *host = nullptr;  // resident: its host copy, if one is kept, is stale
-    *lease = HostBuffer();
-    return Status::Ok();
-  }
-  // Users copy from it with torch in one piece, which must not cross registrations.
-  const HostBuffer& backup = a->host_copy;
+  *host = nullptr;
+  *lease = HostBuffer();
+  if (!backup) return Status::Ok();
+  // Users copy from it with torch in one piece, which must not cross registrations. Off mu_:
+  // re-registering gigabytes must not stall allocations and frees; op_mu_ keeps the backup
+  // paused, and the copy of the buffer keeps its memory alive even if it is freed meanwhile.
   Status s = backup.arena->register_as_one(backup.offset, backup.size);
-  if (!s.ok()) return with_context(s, "page-locking the backup at " + format_address(a->va) + " as one range");
-  *host = backup.data() + (address - a->va);
-  *lease = backup;  // keeps the host memory alive
+  if (!s.ok()) return with_context(s, "page-locking the backup at " + format_address(start) + " as one range");
+  *host = backup.data() + (address - start);
+  *lease = std::move(backup);
   return Status::Ok();
 }
 

@@ -222,6 +222,8 @@ def test_bad_input_is_refused_before_anything_is_paused(host_saver, mem, world):
         assert not host_saver.stats()["kv"].paused, kwargs
     with pytest.raises(ValueError, match="has no NCCL backend"):
         host_saver.release_leftovers([world])
+    with pytest.raises(TypeError, match="cublas_workspaces must be True or False"):
+        host_saver.release_leftovers(cublas_workspaces="yes")
     assert nccl_suspend.check_groups([dist.GroupMember.NON_GROUP_MEMBER]) == []  # not a member: skipped
 
 

@@ -128,10 +128,11 @@ def test_default_preset_fits_each_engine_alone_and_not_both(total_gib):
     preset = with_vocabulary_for(learning_preset("default"), total)
     assert preset.config.vocab > 1000
     for trainer in (int(0.3 * total), int(0.55 * total), int(0.8 * total)):  # the guess may be off either way
-        slots = kv_slots_for(preset, preset.sequences, free, total, trainer)
+        batch = preset.decode_batch  # what the engine decodes at once, as the example sizes it
+        slots = kv_slots_for(preset, batch, free, total, trainer)
         kv = slots * preset.config.kv_bytes_per_slot()
-        engine = kv + 4 * preset.sequences * preset.config.vocab * 4 + preset.config.parameter_count() * 4
-        assert slots >= preset.sequences
+        engine = kv + 4 * batch * preset.config.vocab * 4 + preset.config.parameter_count() * 4
+        assert slots >= batch
         assert engine + trainer > free + 0.1 * total, (total_gib, trainer, engine)
         assert engine < free - 0.05 * total and trainer < free
 
@@ -147,7 +148,14 @@ def test_micro_batches_add_up_to_the_whole_batch():
         trainer._accumulate(sequences, task.PROMPT_LENGTH, advantages, micro)
         grads.append(torch.cat([p.grad.flatten() for p in trainer.policy.parameters()]))
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-6)
-    assert training_tokens(preset) == preset.sequences // 4 * (task.PROMPT_LENGTH + preset.completion - 1)
+    per_micro_batch = -(-preset.sequences // preset.micro_batches)
+    assert training_tokens(preset) == per_micro_batch * (task.PROMPT_LENGTH + preset.completion - 1)
+
+
+def test_the_default_preset_decodes_in_chunks_that_cover_the_step():
+    preset = learning_preset("default")
+    assert preset.decode_batch == min(preset.sequences, preset.rollout_batch)
+    assert preset.sequences % preset.decode_batch == 0 and preset.sequences % preset.micro_batches == 0
 
 
 def test_learning_rate_warms_up_then_decays_to_its_floor():

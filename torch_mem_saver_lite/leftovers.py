@@ -7,10 +7,10 @@ the device memory of NCCL communicators, suspended (nccl_suspend.py). What it co
 release, and why, is in the returned report. ``saver.restore_leftovers()`` resumes the
 communicators; the caches need nothing back (torch allocates again on demand).
 
-Also released: torch's cuBLAS workspaces (it allocates them again on next use). Not
-released: tensors alive outside regions, cuDNN workspaces held by live handles, the CUDA
-context and loaded kernels, memory other libraries allocated themselves, cached blocks of
-paused tags (already off the device) and of pools a region or a CUDA graph still uses.
+On request (``cublas_workspaces=True``), torch's cuBLAS workspaces too. Not released:
+tensors alive outside regions, cuDNN workspaces held by live handles, the CUDA context and
+loaded kernels, memory other libraries allocated themselves, cached blocks of paused tags
+(already off the device) and of pools a region or a CUDA graph still uses.
 """
 
 from __future__ import annotations
@@ -86,16 +86,21 @@ def _reserved(devices: list[int]) -> int:
     return sum(int(torch.cuda.memory_reserved(d)) for d in devices)
 
 
-def _release_caches(pools: TorchPools | None, native: Any, devices: list[int], notes: list[str]) -> tuple[int, int]:
+def _release_caches(pools: TorchPools | None, native: Any, devices: list[int], notes: list[str],
+                    cublas_workspaces: bool) -> tuple[int, int]:
     """(torch's free blocks, idle saver pools' free blocks) given back, in bytes."""
     before = _reserved(devices)
-    # cuBLAS workspaces (32 MiB each on Hopper, one per thread and stream) are live blocks: one
-    # carved out of a freed multi-GiB activation segment keeps the whole segment reserved
-    # (measured: 9.2 GiB left by the RL example's trainer). torch makes them again on next use;
-    # a captured graph keeps its own, in its pool (capture starts from cleared workspaces).
-    clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-    if clear_workspaces is not None:
-        clear_workspaces()
+    if cublas_workspaces:
+        # cuBLAS workspaces (32 MiB each on Hopper, one per thread and stream) are live blocks:
+        # one cut out of a freed multi-GiB activation segment keeps the whole segment reserved
+        # (measured: 9.2 GiB left by the RL example's trainer). torch makes them again on next
+        # use. Opt-in: a graph that recorded a workspace from outside its pool would replay
+        # into freed memory (see release_leftovers).
+        clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear_workspaces is None:
+            notes.append(f"torch {torch.__version__} cannot clear its cuBLAS workspaces: they stay")
+        else:
+            clear_workspaces()
     torch.cuda.empty_cache()
     middle = _reserved(devices)
     if pools is None or native is None:
@@ -109,7 +114,8 @@ def _release_caches(pools: TorchPools | None, native: Any, devices: list[int], n
     return max(0, before - middle), max(0, middle - _reserved(devices))
 
 
-def release(pools: TorchPools | None, native: Any, routes_torch: bool, groups: list[Any] | None) -> LeftoverReport:
+def release(pools: TorchPools | None, native: Any, routes_torch: bool, groups: list[Any] | None,
+            cublas_workspaces: bool = False) -> LeftoverReport:
     """The work of ``saver.release_leftovers`` (``groups``: checked, None for every NCCL group)."""
     notes: list[str] = []
     on_gpu = routes_torch and torch.cuda.is_available() and torch.cuda.is_initialized()
@@ -120,7 +126,7 @@ def release(pools: TorchPools | None, native: Any, routes_torch: bool, groups: l
         record_baseline(device, native)  # before releasing, if it was never taken
     torch_bytes = pool_bytes = 0
     if devices:
-        torch_bytes, pool_bytes = _release_caches(pools, native, devices, notes)
+        torch_bytes, pool_bytes = _release_caches(pools, native, devices, notes, cublas_workspaces)
     elif routes_torch:
         notes.append("torch sees no CUDA GPU: no caching allocator to empty" if not torch.cuda.is_available()
                      else "CUDA is not initialized in this process: no caching allocator to empty")

@@ -879,7 +879,7 @@ class MemorySaver:
         return interrupt
 
     # ----- leftovers outside regions -------------------------------------------------------
-    def release_leftovers(self, process_groups: Any = None) -> LeftoverReport:
+    def release_leftovers(self, process_groups: Any = None, cublas_workspaces: bool = False) -> LeftoverReport:
         """Release what the process holds on the GPU outside regions, where that is safe.
 
         Meant for after pausing tags (``paused(..., release_leftovers=True)`` does both):
@@ -891,14 +891,23 @@ class MemorySaver:
         (NCCL >= 2.29.7). Groups that cannot be suspended are listed in the report with the
         reason. Suspending is collective: every rank of a group must call this, with the same
         groups. A suspended group must not be used until ``restore_leftovers()``.
-        """
-        return self._release_leftovers(nccl_suspend.check_groups(process_groups))
 
-    def _release_leftovers(self, groups: list[Any] | None) -> LeftoverReport:
+        ``cublas_workspaces=True`` also frees torch's cuBLAS workspaces first (torch makes
+        them again on next use): one cut out of a large freed block keeps that whole segment
+        reserved. Only safe when no CUDA graph that will replay recorded a workspace from
+        outside its own pool (a graph whose warm-up ran on its capture stream, or one captured
+        on the stream of a graph in another pool) and no capture into a pool follows while
+        graphs of that pool live; graphs captured by ``cuda_graph`` after warm-up on another
+        stream, as the RL example does, are fine.
+        """
+        workspaces = _check_bool(cublas_workspaces, "cublas_workspaces")
+        return self._release_leftovers(nccl_suspend.check_groups(process_groups), workspaces)
+
+    def _release_leftovers(self, groups: list[Any] | None, cublas_workspaces: bool = False) -> LeftoverReport:
         _lib.check_process()
         if self._routes_torch and torch.cuda.is_available():
             self._refuse_during_capture("release leftovers")
-        return leftovers.release(self._pools, self._existing_core(), self._routes_torch, groups)
+        return leftovers.release(self._pools, self._existing_core(), self._routes_torch, groups, cublas_workspaces)
 
     def restore_leftovers(self) -> None:
         """Resume the NCCL communicators ``release_leftovers`` suspended (every rank of their
