@@ -3,7 +3,6 @@ tests and the host soak use it to interrupt region(), disable() and paused() any
 
 from __future__ import annotations
 
-import gc
 import sys
 
 from torch_mem_saver_lite import memory_saver
@@ -32,7 +31,6 @@ def interrupted_at(k: int, body, files=LIBRARY_FILES) -> bool:
             return None
         return local if frame.f_code.co_filename in files else None
 
-    gc.collect()  # and collect now what earlier rounds left, not during the traced body
     sys.settrace(tracer)
     try:
         body()
