@@ -133,7 +133,27 @@ def test_a_failed_restore_still_resumes_the_tags_and_raises(host_saver, mem, sus
     assert nccl_suspend.suspended_names() == set()
 
 
+def collectives_go_through_process_group_methods() -> bool:
+    """Whether this torch's dist.all_reduce calls ProcessGroup.allreduce, where the guard sits
+    (torch 2.8's does not: there the guard cannot see it, as the README says)."""
+    cls = torch._C._distributed_c10d.ProcessGroup
+    raw, calls = cls.__dict__["allreduce"], []
+
+    def spy(self, *args, **kwargs):
+        calls.append(1)
+        return raw.__get__(self, type(self))(*args, **kwargs)
+
+    cls.allreduce = spy
+    try:
+        dist.all_reduce(torch.ones(1))
+    finally:
+        cls.allreduce = raw
+    return bool(calls)
+
+
 def test_collectives_on_a_suspended_group_are_refused_and_work_after_restore(host_saver, suspendable, world):
+    if not collectives_go_through_process_group_methods():
+        pytest.skip(f"torch {torch.__version__}'s dist.all_reduce bypasses ProcessGroup.allreduce")
     original = torch._C._distributed_c10d.ProcessGroup.__dict__["allreduce"]
     host_saver.release_leftovers()
     t = torch.ones(4)
@@ -147,10 +167,22 @@ def test_collectives_on_a_suspended_group_are_refused_and_work_after_restore(hos
     assert torch._C._distributed_c10d.ProcessGroup.__dict__["allreduce"] is original  # guard gone
 
 
+class RefusesSuspend:
+    """A backend whose suspend refuses, as gloo's does where torch has one."""
+
+    def suspend(self):
+        raise RuntimeError("Backend gloo does not support suspend")
+
+    def resume(self):
+        raise AssertionError("never suspended: never resumed")
+
+
 def test_a_group_that_cannot_suspend_is_reported_with_the_reason(host_saver, monkeypatch, world):
-    # The real gloo backend stands in for the CUDA backend: torch's suspend exists and refuses.
+    # torch's suspend exists and refuses; no NCCL library is loaded (the same on every torch).
     monkeypatch.setattr(nccl_suspend, "is_nccl_group", lambda group: group is world)
-    monkeypatch.setattr(nccl_suspend, "cuda_backend", lambda group: group._get_backend(torch.device("cpu")))
+    monkeypatch.setattr(nccl_suspend, "cuda_backend", lambda group: RefusesSuspend())
+    monkeypatch.setattr(nccl_suspend, "torch_suspend_missing", lambda: None)
+    monkeypatch.setattr(nccl_suspend, "nccl_library", lambda: NcclLibrary(None, None, False))
     monkeypatch.setattr(nccl_suspend, "_comm_device", lambda group, backend: 0)
     monkeypatch.setattr(nccl_suspend, "_free_bytes", lambda device: 0)
     report = host_saver.release_leftovers()
@@ -158,7 +190,7 @@ def test_a_group_that_cannot_suspend_is_reported_with_the_reason(host_saver, mon
     (outcome,) = report.groups
     assert not outcome.suspended and outcome.mechanism == "" and outcome.released_bytes == 0
     assert "torch suspend failed" in outcome.reason and "does not support suspend" in outcome.reason
-    assert "no NCCL shared library is loaded" in outcome.reason  # torch's CPU build loads none
+    assert "no NCCL shared library is loaded" in outcome.reason
     assert report.not_suspended == (outcome,)
     assert "NOT suspended" in str(report) and world.group_name in str(report)
     assert nccl_suspend.suspended_names() == set()
