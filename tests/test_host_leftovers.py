@@ -134,8 +134,9 @@ def test_a_failed_restore_still_resumes_the_tags_and_raises(host_saver, mem, sus
 
 
 def collectives_go_through_process_group_methods() -> bool:
-    """Whether this torch's dist.all_reduce calls ProcessGroup.allreduce, where the guard sits
-    (torch 2.8's does not: there the guard cannot see it, as the README says)."""
+    """Whether this torch's dist.all_reduce calls ProcessGroup.allreduce, where the guard sits.
+    It also runs the group's first collective, which with torch 2.8 went around the method
+    (a group with a communicator to suspend has run collectives already)."""
     cls = torch._C._distributed_c10d.ProcessGroup
     raw, calls = cls.__dict__["allreduce"], []
 
