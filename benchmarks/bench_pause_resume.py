@@ -51,6 +51,7 @@ def copy_limits(nbytes: int) -> dict[str, float]:
     wall clock as the rows are (best of five); and H2D into device memory mapped just before,
     as a resume must copy (best of three)."""
     from cuda.bindings import driver as cu
+    from driver_calls import map_fresh, ok
 
     host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     device = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
@@ -69,13 +70,13 @@ def copy_limits(nbytes: int) -> dict[str, float]:
     best = float("inf")
     size = -(-nbytes // (2 * MiB)) * 2 * MiB
     for _ in range(3):
-        va, handle = _map_fresh(cu, size)
+        va, handle = map_fresh(size)
         start = time.perf_counter()
-        _ok(cu, cu.cuMemcpyHtoD(va, host.data_ptr(), nbytes))
+        ok(cu.cuMemcpyHtoD(va, host.data_ptr(), nbytes))
         best = min(best, time.perf_counter() - start)
-        _ok(cu, cu.cuMemUnmap(va, size))
-        _ok(cu, cu.cuMemRelease(handle))
-        _ok(cu, cu.cuMemAddressFree(va, size))
+        ok(cu.cuMemUnmap(va, size))
+        ok(cu.cuMemRelease(handle))
+        ok(cu.cuMemAddressFree(va, size))
     result["h2d_fresh"] = nbytes / best / 1e9
     del host
     # Give the pinned buffer back (torch caches it): the first cycles measured later fault in
@@ -84,55 +85,29 @@ def copy_limits(nbytes: int) -> dict[str, float]:
     return result
 
 
-def _ok(cu, result):
-    assert result[0] == cu.CUresult.CUDA_SUCCESS, result[0]
-    return result[1] if len(result) == 2 else result[1:] if len(result) > 2 else None
-
-
-def _device_props(cu):
-    """(allocation properties, read-write access) for device memory on the current GPU."""
-    prop = cu.CUmemAllocationProp()
-    prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-    prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-    prop.location.id = torch.cuda.current_device()
-    access = cu.CUmemAccessDesc()
-    access.location = prop.location
-    access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-    return prop, access
-
-
-def _map_fresh(cu, size: int):
-    """Device memory of `size` bytes, created, mapped and made accessible through the driver."""
-    prop, access = _device_props(cu)
-    va = _ok(cu, cu.cuMemAddressReserve(size, 0, 0, 0))
-    handle = _ok(cu, cu.cuMemCreate(size, prop, 0))
-    _ok(cu, cu.cuMemMap(va, size, 0, handle, 0))
-    _ok(cu, cu.cuMemSetAccess(va, size, [access], 1))
-    return va, handle
-
-
 def create_map_limits() -> dict[str, float]:
     """ms per GiB to create+map+set access and to unmap+release, straight through cuda-python."""
     from cuda.bindings import driver as cu
+    from driver_calls import device_props, ok
 
-    prop, access = _device_props(cu)
+    prop, access = device_props()
     out = {}
     for label, piece in (("2MiB", 2 * MiB), ("1GiB", GiB)):
         count = GiB // piece
-        va = _ok(cu, cu.cuMemAddressReserve(GiB, piece, 0, 0))
+        va = ok(cu.cuMemAddressReserve(GiB, piece, 0, 0))
         start = time.perf_counter()
         handles = []
         for i in range(count):
-            handle = _ok(cu, cu.cuMemCreate(piece, prop, 0))
-            _ok(cu, cu.cuMemMap(int(va) + i * piece, piece, 0, handle, 0))
-            _ok(cu, cu.cuMemSetAccess(int(va) + i * piece, piece, [access], 1))
+            handle = ok(cu.cuMemCreate(piece, prop, 0))
+            ok(cu.cuMemMap(int(va) + i * piece, piece, 0, handle, 0))
+            ok(cu.cuMemSetAccess(int(va) + i * piece, piece, [access], 1))
             handles.append(handle)
         mapped = time.perf_counter()
         for i, handle in enumerate(handles):
-            _ok(cu, cu.cuMemUnmap(int(va) + i * piece, piece))
-            _ok(cu, cu.cuMemRelease(handle))
+            ok(cu.cuMemUnmap(int(va) + i * piece, piece))
+            ok(cu.cuMemRelease(handle))
         released = time.perf_counter()
-        _ok(cu, cu.cuMemAddressFree(va, GiB))
+        ok(cu.cuMemAddressFree(va, GiB))
         out[f"map_ms_per_gib_{label}"] = (mapped - start) * 1e3
         out[f"unmap_ms_per_gib_{label}"] = (released - mapped) * 1e3
     return out

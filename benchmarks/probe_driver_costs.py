@@ -206,19 +206,11 @@ def stages() -> None:
 
 def no_copy() -> None:
     """Pause/resume without backup: the saver against the bare driver calls on the same sizes."""
+    from driver_calls import device_props, ok
+
     from workloads import tensor_sizes
 
-    def ok(result):
-        assert result[0] == cu.CUresult.CUDA_SUCCESS, result
-        return result[1] if len(result) > 1 else None
-
-    prop = cu.CUmemAllocationProp()
-    prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-    prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-    prop.location.id = 0
-    access = cu.CUmemAccessDesc()
-    access.location = prop.location
-    access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    prop, access = device_props()
     repeats = 10
     for workload in ("one_big", "weights", "many_small"):
         sizes = tensor_sizes(workload, 8 * GiB)
