@@ -46,16 +46,21 @@ class Recorder:
             raise RuntimeError("resume refused by the recorder")
 
 
-@pytest.fixture
-def suspendable(monkeypatch, world, host_saver):
-    """Make the gloo world group look like an NCCL group whose backend can suspend."""
+def make_suspendable(monkeypatch, group, host_saver) -> Recorder:
+    """Make the gloo `group` look like an NCCL group whose backend can suspend (a Recorder)."""
     recorder = Recorder(host_saver)
-    monkeypatch.setattr(nccl_suspend, "is_nccl_group", lambda group: group is world)
-    monkeypatch.setattr(nccl_suspend, "cuda_backend", lambda group: recorder)
+    monkeypatch.setattr(nccl_suspend, "is_nccl_group", lambda g: g is group)
+    monkeypatch.setattr(nccl_suspend, "cuda_backend", lambda g: recorder)
     monkeypatch.setattr(nccl_suspend, "torch_suspend_missing", lambda: None)
-    monkeypatch.setattr(nccl_suspend, "_comm_device", lambda group, backend: 0)
+    monkeypatch.setattr(nccl_suspend, "_comm_device", lambda g, backend: 0)
     monkeypatch.setattr(nccl_suspend, "_free_bytes", lambda device: 0)
     return recorder
+
+
+@pytest.fixture
+def suspendable(monkeypatch, world, host_saver):
+    """The gloo world group, made to look like an NCCL group whose backend can suspend."""
+    return make_suspendable(monkeypatch, world, host_saver)
 
 
 def test_paused_with_release_leftovers_runs_pause_release_body_restore_resume_in_order(host_saver, mem,
@@ -292,12 +297,7 @@ def test_interrupting_paused_with_release_leftovers_anywhere_leaves_everything_r
 
 def test_only_the_suspended_group_is_refused_others_keep_working(host_saver, monkeypatch, world):
     sub = dist.new_group([0])
-    recorder = Recorder(host_saver)
-    monkeypatch.setattr(nccl_suspend, "is_nccl_group", lambda group: group is sub)
-    monkeypatch.setattr(nccl_suspend, "cuda_backend", lambda group: recorder)
-    monkeypatch.setattr(nccl_suspend, "torch_suspend_missing", lambda: None)
-    monkeypatch.setattr(nccl_suspend, "_comm_device", lambda group, backend: 0)
-    monkeypatch.setattr(nccl_suspend, "_free_bytes", lambda device: 0)
+    make_suspendable(monkeypatch, sub, host_saver)
     report = host_saver.release_leftovers()
     assert [g.group for g in report.groups] == [sub.group_name]  # the default discovery finds NCCL groups only
     t = torch.ones(2)
