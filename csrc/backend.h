@@ -18,6 +18,7 @@
 namespace tmsl {
 
 using PhysicalHandle = uint64_t;
+using CopyMark = uint64_t;
 
 class Backend {
  public:
@@ -52,6 +53,11 @@ class Backend {
   // Sets every byte of mapped memory to `value`, queued like the copies (poison on resume).
   virtual Status fill_async(int device, uintptr_t va, size_t size, unsigned char value) = 0;
   virtual Status wait_copies(int device) = 0;
+  // A point on the device's copy stream after everything queued there so far (a CUDA
+  // event): once wait_copy_mark returns for it, those copies have landed, while later ones
+  // may still run. Each mark is waited for exactly once, which also frees it.
+  virtual Status mark_copies(int device, CopyMark* out) = 0;
+  virtual Status wait_copy_mark(int device, CopyMark mark) = 0;
 
   // Waits for all outstanding work on the device, or on one stream of it.
   virtual Status synchronize_device(int device) = 0;

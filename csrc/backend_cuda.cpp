@@ -48,6 +48,10 @@ struct DriverApi {
   PFN_cuMemcpyDtoHAsync_v3020 cuMemcpyDtoHAsync = nullptr;
   PFN_cuMemcpyHtoDAsync_v3020 cuMemcpyHtoDAsync = nullptr;
   PFN_cuMemsetD8Async_v3020 cuMemsetD8Async = nullptr;
+  PFN_cuEventCreate_v2000 cuEventCreate = nullptr;
+  PFN_cuEventRecord_v2000 cuEventRecord = nullptr;
+  PFN_cuEventSynchronize_v2000 cuEventSynchronize = nullptr;
+  PFN_cuEventDestroy_v4000 cuEventDestroy = nullptr;
 };
 
 Status load_driver(DriverApi* api) {
@@ -104,6 +108,10 @@ Status load_driver(DriverApi* api) {
   resolve("cuMemcpyDtoHAsync", &api->cuMemcpyDtoHAsync);
   resolve("cuMemcpyHtoDAsync", &api->cuMemcpyHtoDAsync);
   resolve("cuMemsetD8Async", &api->cuMemsetD8Async);
+  resolve("cuEventCreate", &api->cuEventCreate);
+  resolve("cuEventRecord", &api->cuEventRecord);
+  resolve("cuEventSynchronize", &api->cuEventSynchronize);
+  resolve("cuEventDestroy", &api->cuEventDestroy);
   if (!missing.empty()) {
     return Status::Error(Code::kNoDriver, "the CUDA driver lacks entry points: " + missing);
   }
@@ -226,6 +234,30 @@ class CudaBackend final : public Backend {
   Status wait_copies(int device) override {
     return in_context(device, [&] {
       return check(api_.cuStreamSynchronize(devices_[device].copy_stream), "cuStreamSynchronize");
+    });
+  }
+
+  Status mark_copies(int device, CopyMark* out) override {
+    return in_context(device, [&] {
+      CUevent event = nullptr;
+      Status s = check(api_.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+      if (!s.ok()) return s;
+      s = check(api_.cuEventRecord(event, devices_[device].copy_stream), "cuEventRecord");
+      if (!s.ok()) {
+        api_.cuEventDestroy(event);
+        return s;
+      }
+      *out = reinterpret_cast<CopyMark>(event);
+      return s;
+    });
+  }
+
+  Status wait_copy_mark(int device, CopyMark mark) override {
+    return in_context(device, [&] {
+      CUevent event = reinterpret_cast<CUevent>(mark);
+      Status s = check(api_.cuEventSynchronize(event), "cuEventSynchronize");
+      api_.cuEventDestroy(event);
+      return s;
     });
   }
 

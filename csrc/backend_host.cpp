@@ -229,6 +229,15 @@ class HostBackend final : public Backend {
     TMSL_FAULT_POINT("wait_copies");
     return Status::Ok();
   }
+  Status mark_copies(int, CopyMark* out) override {
+    *out = 0;
+    return Status::Ok();
+  }
+  // Fails where wait_copies would: both wait for queued copies.
+  Status wait_copy_mark(int, CopyMark) override {
+    TMSL_FAULT_POINT("wait_copies");
+    return Status::Ok();
+  }
 
   Status synchronize_device(int) override {
     TMSL_FAULT_POINT("synchronize_device");

@@ -1,5 +1,6 @@
 #include "saver.h"
 
+#include "copy_marks.h"
 #include "mapping.h"
 
 #include <unistd.h>
@@ -437,7 +438,10 @@ Status Saver::pause_locked(const TagSelection& selection, std::set<std::string>*
   }
   for (const Allocation* a : batch) moved->insert(a->tag);
   if (batch.empty()) return Status::Ok();
+  // Allocations without a backup first: they are released while the others' copies run.
+  std::stable_partition(batch.begin(), batch.end(), [](const Allocation* a) { return !a->backup; });
   std::vector<HostBuffer> backups(batch.size());
+  CopyMarks copies(*backend_, batch.size(), devices_of(batch));
   size_t done = 0;
   // Whatever happens in here (an exception too), the batch is settled below.
   Status s = status_of([&] {
@@ -447,14 +451,26 @@ Status Saver::pause_locked(const TagSelection& selection, std::set<std::string>*
       return with_context(r, "pausing " + describe(batch) + ": everything stays resident with its content, "
                              "call pause again");
     }
-    r = copy_out(batch, &backups);
+    // Every copy is queued before anything is released, so a failure to queue one (no
+    // host memory, say) leaves everything resident. Then each allocation goes as soon as
+    // its own copies have landed: releasing overlaps the copies of the ones after it.
+    r = queue_backups(batch, &backups, &copies);
     while (r.ok() && done < batch.size()) {
+      r = copies.wait(done);
+      if (!r.ok()) {
+        return with_context(r, "pausing " + describe(batch) + ": copying backups to the host failed; " +
+                                   (done == 0 ? std::string("everything stays resident with its content")
+                                              : "what was copied is paused with its backup, the rest stays "
+                                                "resident with its content") +
+                                   ", call pause again");
+      }
       bool unmapped = false;
       r = release_physical(*batch[done], &unmapped);
       if (r.ok() || unmapped) ++done;
     }
     return r;
   });
+  copies.finish();  // also after an error: copies in flight still write into the host memory
   if (!s.ok() && done == 0) backups.assign(batch.size(), HostBuffer());  // nothing released: none kept
   settle(batch, done, State::kPaused, State::kActive, &backups, false);
   if (!s.ok()) {
@@ -471,7 +487,8 @@ Status Saver::pause_locked(const TagSelection& selection, std::set<std::string>*
   return s;
 }
 
-Status Saver::copy_out(const std::vector<Allocation*>& batch, std::vector<HostBuffer>* backups) {
+Status Saver::queue_backups(const std::vector<Allocation*>& batch, std::vector<HostBuffer>* backups,
+                            CopyMarks* copies) {
   // One arena for every backup that has no retained host memory of the right size.
   std::vector<size_t> needed;  // sizes of the new buffers, in batch order
   int arena_device = 0;
@@ -501,21 +518,17 @@ Status Saver::copy_out(const std::vector<Allocation*>& batch, std::vector<HostBu
       }
     }
   }
-  Status s;
-  for (size_t i = 0; i < batch.size() && s.ok(); ++i) {
+  for (size_t i = 0; i < batch.size(); ++i) {
     const Allocation& a = *batch[i];
     if (!(*backups)[i]) continue;
-    s = (*backups)[i].for_each_part([&](char* host, size_t at, size_t n) {
+    Status s = (*backups)[i].for_each_part([&](char* host, size_t at, size_t n) {
       return backend_->copy_to_host_async(a.device, host, a.va + at, n);
     });
-  }
-  // Also after an error: copies in flight still write into the host memory.
-  Status waited = wait_copies(batch);
-  if (s.ok()) s = waited;
-  if (!s.ok()) {
-    backups->assign(batch.size(), HostBuffer());
-    return with_context(s, "pausing " + describe(batch) + ": copying backups to the host failed; everything "
-                               "stays resident with its content, call pause again");
+    if (s.ok()) s = copies->mark(i, a.device);
+    if (!s.ok()) {
+      return with_context(s, "pausing " + describe(batch) + ": copying backups to the host failed; everything "
+                                 "stays resident with its content, call pause again");
+    }
   }
   return Status::Ok();
 }
@@ -546,14 +559,18 @@ Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>
   size_t done = 0;
   // Whatever happens in here (an exception too), what was mapped is rolled back below.
   Status s = status_of([&] {
+    // Each allocation's copy is queued as soon as it is mapped, so mapping the next one
+    // overlaps it.
     Status r;
     while (r.ok() && done < batch.size()) {
       r = map_fresh(*batch[done]);
-      if (r.ok()) ++done;
+      if (r.ok()) r = restore(*batch[done++]);
     }
-    return r.ok() ? copy_in(batch) : r;
+    Status waited = wait_copies(batch);
+    return r.ok() ? with_context(waited, "restoring backups") : r;
   });
   if (!s.ok()) {
+    wait_copies(batch);  // the memory must not be unmapped under a running copy
     for (size_t i = 0; i < done; ++i) {
       Allocation& a = *batch[i];
       take_down(a.device, a.va, a.size, a.physical);
@@ -634,22 +651,16 @@ Status Saver::map_fresh(Allocation& a) {
   return Status::Ok();
 }
 
-Status Saver::copy_in(const std::vector<Allocation*>& batch) {
-  const bool poison = poison_on_resume_.load();
-  Status s;
-  for (size_t i = 0; i < batch.size() && s.ok(); ++i) {
-    const Allocation& a = *batch[i];
-    if (!a.host_copy) {
-      if (poison) s = backend_->fill_async(a.device, a.va, a.size, kPoisonByte);
-      continue;
-    }
-    s = a.host_copy.for_each_part([&](char* host, size_t at, size_t n) {
-      return backend_->copy_from_host_async(a.device, a.va + at, host, n);
-    });
+Status Saver::restore(const Allocation& a) {
+  if (!a.host_copy) {
+    return poison_on_resume_.load() ? with_context(backend_->fill_async(a.device, a.va, a.size, kPoisonByte),
+                                                   "poisoning resumed memory")
+                                    : Status::Ok();
   }
-  // Also after an error: the memory must not be unmapped under a running copy.
-  Status waited = wait_copies(batch);
-  return with_context(s.ok() ? waited : s, "restoring backups");
+  Status s = a.host_copy.for_each_part([&](char* host, size_t at, size_t n) {
+    return backend_->copy_from_host_async(a.device, a.va + at, host, n);
+  });
+  return with_context(s, "restoring backups");
 }
 
 Status Saver::out_of_memory_on_resume(const std::vector<Allocation*>& batch,

@@ -26,6 +26,8 @@
 
 namespace tmsl {
 
+class CopyMarks;
+
 // Whether a pause copies a tag's content to host memory. kAuto (a region's default) backs
 // it up only once it holds graph memory: a CUDA graph captured while one of the tag's
 // regions was open reads state written at capture time that replays never rewrite, so
@@ -93,13 +95,15 @@ class Saver {
   // on (torch passes it); only that stream is waited for, never the whole device.
   Status free(uintptr_t va, void* stream);
 
-  // Waits for the devices' outstanding work, copies the content of backed-up allocations
-  // to pinned host memory (all of them, before anything is released), then unmaps and
-  // releases the physical memory. The VA stays reserved. Already paused allocations are
+  // Waits for the devices' outstanding work, queues the copies of backed-up allocations to
+  // pinned host memory (all of them, before anything is released), then unmaps and
+  // releases the physical memory: allocations without backup at once, the others each as
+  // soon as its own copy has landed. The VA stays reserved. Already paused allocations are
   // skipped. On error, every allocation is either still active with its content or paused
   // with a complete backup.
   Status pause(const TagSelection& selection);
-  // Maps fresh physical memory at the same addresses and restores backed-up content;
+  // Maps fresh physical memory at the same addresses and restores backed-up content (each
+  // allocation's copy queued as soon as it is mapped);
   // with poison on, memory without a backup is filled with 0xFF bytes (NaN as floats).
   // All or nothing: on error (out of memory, say) whatever this call mapped is unmapped
   // again and everything it covered stays paused, backups intact; a later call can succeed.
@@ -197,10 +201,12 @@ class Saver {
               State rest_state, std::vector<HostBuffer>* backups, bool drop_backups);
   static std::set<int> devices_of(const std::vector<Allocation*>& batch);
   Status synchronize_devices(const std::vector<Allocation*>& batch);
-  // Copies every backed-up allocation of the batch into host memory; on error none is kept.
-  Status copy_out(const std::vector<Allocation*>& batch, std::vector<HostBuffer>* backups);
-  // Copies every host copy of the batch back to its (freshly mapped) allocation.
-  Status copy_in(const std::vector<Allocation*>& batch);
+  // Queues the copy of every backed-up allocation of the batch into host memory, marking
+  // the end of each allocation's copies in `copies`.
+  Status queue_backups(const std::vector<Allocation*>& batch, std::vector<HostBuffer>* backups,
+                       CopyMarks* copies);
+  // Queues the copy of a's host copy back into it (freshly mapped), or its poisoning.
+  Status restore(const Allocation& a);
   Status wait_copies(const std::vector<Allocation*>& batch);
   Status release_physical(Allocation& a, bool* unmapped);
   // Whether a resume of `batch` keeps its backups: retention on, or they fit in the cache

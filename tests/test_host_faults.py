@@ -48,9 +48,12 @@ def assert_recoverable(saver, weights, kv, content, mem):
 
 @pytest.mark.parametrize("operation, after", [
     ("synchronize_device", 1), ("register_host", 1), ("copy_to_host_async", 1), ("copy_to_host_async", 3),
-    ("wait_copies", 1), ("unmap", 1), ("unmap", 2), ("unmap", 4), ("release_physical", 2),
+    ("wait_copies", 1), ("wait_copies", 2), ("wait_copies", 3), ("unmap", 1), ("unmap", 2), ("unmap", 4),
+    ("release_physical", 2),
 ])
 def test_failed_pause_loses_nothing_and_retry_succeeds(setup, mem, operation, after):
+    """Each allocation is released once its own copy has landed ("wait_copies", after > 1:
+    a later copy fails once earlier allocations are paused with their backups)."""
     saver, weights, kv, content = setup
     saver._core().inject_fault(operation, after)
     with pytest.raises(MemorySaverError, match=rf"injected fault in {operation}") as caught:
