@@ -150,7 +150,8 @@ class Ours:
         stats = self.saver.stats()[tag]
         return stats.reserved_bytes, stats.allocations
 
-    def release(self, tag: str) -> None:
+    def release(self, tag: str, tensors: list) -> None:
+        tensors.clear()
         self.configure(False, None)
         self.saver.empty_cache(tag)  # give the device memory (and any retained backup) back
         assert self.saver.stats()[tag].allocations == 0, self.saver.stats()[tag]
@@ -166,6 +167,7 @@ class TorchMemorySaver:
         from torch_memory_saver import torch_memory_saver
 
         self.tms = torch_memory_saver
+        self.kept: list[list] = []
         torch_memory_saver.hook_mode = hook_mode
         self.hook_mode = hook_mode
 
@@ -185,9 +187,11 @@ class TorchMemorySaver:
         # No per-tag figures there: the tensors' bytes, in whole 2 MiB pages.
         return sum(-(-t.nbytes // (2 * MiB)) * 2 * MiB for t in tensors), 0
 
-    def release(self, tag: str) -> None:
-        # Nothing to do, and nothing safe: its torch mode ends the process when pool memory
-        # is freed outside a region. Each workload runs in a child; its memory goes at exit.
+    def release(self, tag: str, tensors: list) -> None:
+        # Nothing safe to do: its torch mode complains, or ends the process, when pool memory
+        # is freed outside a region. The tensors stay until the child exits.
+        self.kept.append(list(tensors))
+        tensors.clear()
         self.configure(False, None)
 
 
@@ -205,14 +209,14 @@ def run_workload(tool, workload: str, total: int, variant: str, backup: bool, re
         return tensors, (time.perf_counter() - start) * 1e3
 
     # Without backup the allocation is measured in three fresh regions (median): one takes
-    # a millisecond or two, as noisy as the difference it is compared on.
+    # a millisecond or two, as noisy as the difference it is compared on. The two extra
+    # regions stay allocated through the cycles, for both tools alike (torch_memory_saver
+    # cannot release a region): a process that has released gigabytes already pays more for
+    # its next release, so releasing them for one tool only would skew the comparison.
     extra_tags = [f"{tag}-alloc{i}" for i in range(2 if variant == "none" else 0)]
     extra = [allocate(t) for t in extra_tags]
     tensors, alloc_ms = allocate(tag)
     alloc_ms = statistics.median([alloc_ms, *(ms for _, ms in extra)])
-    del extra
-    for extra_tag in extra_tags:
-        tool.release(extra_tag)
     for i, tensor in enumerate(tensors):
         tensor.fill_(i % 251)
     del tensor  # only `tensors` may hold them: empty_cache below must free every segment
@@ -239,8 +243,8 @@ def run_workload(tool, workload: str, total: int, variant: str, backup: bool, re
     content_ok = sums is None or sums == [checksum(t) for t in tensors]
     for row in rows:
         row["content_ok"] = content_ok
-    del tensors
-    tool.release(tag)
+    for released_tag, released in (*zip(extra_tags, (kept for kept, _ in extra), strict=True), (tag, tensors)):
+        tool.release(released_tag, released)
     return rows
 
 
@@ -340,6 +344,8 @@ def print_table(rows: list[dict], limits: dict) -> None:
           f"driver create+map {limits['map_ms_per_gib_2MiB']:.1f} ms/GiB in 2 MiB pieces, "
           f"{limits['map_ms_per_gib_1GiB']:.2f} ms/GiB in one piece; unmap+release "
           f"{limits['unmap_ms_per_gib_2MiB']:.1f} / {limits['unmap_ms_per_gib_1GiB']:.2f} ms/GiB")
+    print(f"host memory warmed first: {limits['warmed_bytes'] / GiB:.0f} GiB touched once at "
+          f"{limits['warm_gbps']:.1f} GB/s (a VM's first touches since boot run at its hypervisor's pace)")
     first_cycle_bound = min(limits["fault_in_during_copy_gbps"], limits["page_lock_gbps"], limits["d2h"])
     print(f"first-cycle stages: fault in fresh host memory {limits['fault_in_gbps']:.1f} GB/s on "
           f"{limits['fault_threads']} threads, {limits['fault_in_during_copy_gbps']:.1f} GB/s while a copy runs; "
@@ -441,25 +447,35 @@ def main() -> int:
         Path(args.child_output).write_text(json.dumps(measure(tool, mode, workloads, total, args.cycles)))
         return 0
 
-    from host_stages import stage_speeds
+    from host_stages import stage_speeds, warm_host_memory
 
     from torch_mem_saver_lite import _lib, saver
 
     fault_threads = max(1, min(15, len(os.sched_getaffinity(0)) - 1))  # as the saver's arena
+    warmed, warm_gbps = warm_host_memory(fault_threads)
     limits = {**copy_limits(total), **create_map_limits(), **stage_speeds(min(total, 4 * GiB), fault_threads),
-              "fault_threads": fault_threads, "host_cache_bytes": saver.host_cache_bytes}
+              "fault_threads": fault_threads, "host_cache_bytes": saver.host_cache_bytes,
+              "warmed_bytes": warmed, "warm_gbps": warm_gbps}
     tms_env = tms_environment(args.tms_path)
     rows = []
+    started = time.perf_counter()
+
+    def child(tool: str, mode: str, workload: str, env: dict[str, str]) -> None:
+        nonlocal rows
+        rows += in_child(tool, mode, [workload], args, env)
+        print(f"[{time.perf_counter() - started:5.0f} s] {tool} {mode} {workload} measured", flush=True)
+        if args.json:  # a run cut short still leaves what it measured
+            Path(args.json).write_text(json.dumps({"limits": limits, "rows": rows}, indent=1))
+
     for mode in args.hook_modes.split(","):
         # Each tool and workload in a fresh process of its own, one after the other: the same
         # driver state for both tools (a process that has mapped and released many GiB
         # already pays more for the next release), and the memory is given back at exit.
         for workload in workloads:
-            ours = {"LD_PRELOAD": _lib.library_path()} if mode == "preload" else {}
-            rows += in_child("ours", mode, [workload], args, ours)
+            child("ours", mode, workload, {"LD_PRELOAD": _lib.library_path()} if mode == "preload" else {})
             if tms_env is not None:
                 theirs = {"LD_PRELOAD": tms_preload_library(tms_env)} if mode == "preload" else {}
-                rows += in_child("tms", mode, [workload], args, {**tms_env, **theirs})
+                child("tms", mode, workload, {**tms_env, **theirs})
     summary = sorted(summarize(rows), key=lambda r: (r["tool"] != "ours", r["hook_mode"] != "torch",
                                                       workloads.index(r["workload"])))
     for table in (rows, summary):

@@ -1,0 +1,284 @@
+"""Where a backed-up pause or resume loses time against the link, answered on the GPU machine:
+
+1. one_big resume: creating and mapping 8 GiB, then copying it in, from torch's pinned memory
+   or from 64 MiB page-locked ranges (the saver's arena), in one copy or in 64 MiB parts, on
+   one stream or two; against the same copy into memory mapped long before.
+2. many allocations (many_small: 410 x 20 MiB, weights: 238 of 2-64 MiB): does unmapping and
+   releasing one allocation while the copies of the next ones run overlap with them (pause),
+   and does mapping the next while copying into the previous (resume)?
+3. Is the first write into freshly mapped memory slower than later ones, and does it matter
+   whether the address range is new or kept (as a resume keeps it)?
+
+    python benchmarks/probe_copy_pipeline.py [--only one_big,fresh_write,pipeline]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import mmap
+import os
+import statistics
+import sys
+import threading
+import time
+
+import torch
+from cuda.bindings import driver as cu
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from driver_calls import device_props, ok  # noqa: E402
+
+from workloads import tensor_sizes  # noqa: E402
+
+MiB, GiB = 1 << 20, 1 << 30
+RANGE = 64 * MiB
+
+
+def stream() -> cu.CUstream:
+    return ok(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING))
+
+
+def registered_ranges(size: int) -> tuple[mmap.mmap, int]:
+    """Huge-page host memory faulted in on 16 threads, page-locked in 64 MiB ranges."""
+    buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    buf.madvise(mmap.MADV_HUGEPAGE)
+    address = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    piece = size // 16
+    workers = [threading.Thread(target=ctypes.memset, args=(address + i * piece, 1, piece)) for i in range(16)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    for at in range(0, size, RANGE):
+        ok(cu.cuMemHostRegister(address + at, min(RANGE, size - at), 0))
+    return buf, address
+
+
+def copy_parts(direction: str, device: int, host: int, size: int, part: int, streams: list) -> None:
+    for k, at in enumerate(range(0, size, part)):
+        n = min(part, size - at)
+        s = streams[k % len(streams)]
+        if direction == "h2d":
+            ok(cu.cuMemcpyHtoDAsync(device + at, host + at, n, s))
+        else:
+            ok(cu.cuMemcpyDtoHAsync(host + at, device + at, n, s))
+
+
+def one_big() -> None:
+    size = 8 * GiB
+    prop, access = device_props()
+    pinned = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+    buf, ranges = registered_ranges(size)
+    streams = [stream(), stream()]
+    va = ok(cu.cuMemAddressReserve(size, 0, 0, 0))
+    print(f"one_big: {size / GiB:.0f} GiB, resume as the saver does it (the reservation kept); median of 3")
+    print(f"{'host memory':24} {'copy':14} {'streams':>7} {'map ms':>7} {'copy ms':>8} {'total ms':>8} "
+          f"{'copy GB/s':>9} {'total GB/s':>10} {'D2H GB/s':>9}")
+    for host_label, host in (("torch pinned", pinned.data_ptr()), ("64 MiB registered", ranges)):
+        for copy_label, part in (("one piece", size), ("64 MiB parts", RANGE)):
+            if host_label != "torch pinned" and part == size:
+                continue  # one copy may not cross registrations
+            for n_streams in (1, 2):
+                if part == size and n_streams == 2:
+                    continue
+                maps, copies, totals, d2h = [], [], [], []
+                for _ in range(3):
+                    ok(cu.cuCtxSynchronize())
+                    t0 = time.perf_counter()
+                    handle = ok(cu.cuMemCreate(size, prop, 0))
+                    ok(cu.cuMemMap(va, size, 0, handle, 0))
+                    ok(cu.cuMemSetAccess(va, size, [access], 1))
+                    t1 = time.perf_counter()
+                    copy_parts("h2d", int(va), host, size, part, streams[:n_streams])
+                    ok(cu.cuCtxSynchronize())
+                    t2 = time.perf_counter()
+                    copy_parts("d2h", int(va), host, size, part, streams[:n_streams])
+                    ok(cu.cuCtxSynchronize())
+                    t3 = time.perf_counter()
+                    ok(cu.cuMemUnmap(va, size))
+                    ok(cu.cuMemRelease(handle))
+                    maps.append(t1 - t0)
+                    copies.append(t2 - t1)
+                    totals.append(t2 - t0)
+                    d2h.append(t3 - t2)
+                m, c, t, d = (statistics.median(x) for x in (maps, copies, totals, d2h))
+                print(f"{host_label:24} {copy_label:14} {n_streams:>7} {m * 1e3:7.1f} {c * 1e3:8.1f} {t * 1e3:8.1f} "
+                      f"{size / c / 1e9:9.1f} {size / t / 1e9:10.1f} {size / d / 1e9:9.1f}")
+    # The link: the same copies into memory mapped long before (touched by the D2H above).
+    handle = ok(cu.cuMemCreate(size, prop, 0))
+    ok(cu.cuMemMap(va, size, 0, handle, 0))
+    ok(cu.cuMemSetAccess(va, size, [access], 1))
+    for host_label, host, part in (("torch pinned", pinned.data_ptr(), size), ("64 MiB registered", ranges, RANGE)):
+        for direction in ("h2d", "d2h", "h2d"):
+            ok(cu.cuCtxSynchronize())
+            t0 = time.perf_counter()
+            copy_parts(direction, int(va), host, size, part, streams[:1])
+            ok(cu.cuCtxSynchronize())
+            seconds = time.perf_counter() - t0
+            print(f"  mapped long before, {host_label}, {direction}: {size / seconds / 1e9:.1f} GB/s")
+    ok(cu.cuMemUnmap(va, size))
+    ok(cu.cuMemRelease(handle))
+    ok(cu.cuMemAddressFree(va, size))
+    for at in range(0, size, RANGE):
+        ok(cu.cuMemHostUnregister(ranges + at))
+    del pinned
+
+
+def fresh_write() -> None:
+    """Is the first write into freshly mapped memory slower, and does the address matter?"""
+    size = 8 * GiB
+    prop, access = device_props()
+    pinned = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+    host = pinned.data_ptr()
+    kept = ok(cu.cuMemAddressReserve(size, 0, 0, 0))
+
+    def h2d(va) -> float:
+        ok(cu.cuCtxSynchronize())
+        t0 = time.perf_counter()
+        ok(cu.cuMemcpyHtoD(va, host, size))
+        return size / (time.perf_counter() - t0) / 1e9
+
+    print("first write into fresh memory, 8 GiB H2D from torch's pinned memory, GB/s per try:")
+    for label in ("new reservation each time", "reservation kept (a resume)", "kept, memset first"):
+        first, second, memset_ms = [], [], []
+        for _ in range(4):
+            va = kept if label.startswith(("reservation kept", "kept")) else ok(cu.cuMemAddressReserve(size, 0, 0, 0))
+            handle = ok(cu.cuMemCreate(size, prop, 0))
+            ok(cu.cuMemMap(va, size, 0, handle, 0))
+            ok(cu.cuMemSetAccess(va, size, [access], 1))
+            if label == "kept, memset first":
+                ok(cu.cuCtxSynchronize())
+                t0 = time.perf_counter()
+                ok(cu.cuMemsetD8(va, 0, size))
+                ok(cu.cuCtxSynchronize())
+                memset_ms.append((time.perf_counter() - t0) * 1e3)
+            first.append(h2d(va))
+            second.append(h2d(va))
+            ok(cu.cuMemUnmap(va, size))
+            ok(cu.cuMemRelease(handle))
+            if va != kept:
+                ok(cu.cuMemAddressFree(va, size))
+        extra = f"; memset {', '.join(f'{m:.1f}' for m in memset_ms)} ms" if memset_ms else ""
+        print(f"  {label:28}: first write {', '.join(f'{v:.1f}' for v in first)}; "
+              f"second {', '.join(f'{v:.1f}' for v in second)}{extra}")
+    ok(cu.cuMemAddressFree(kept, size))
+    del pinned
+
+
+def pipelined_workload(workload: str, sizes: list[int], host: int) -> None:
+    """Sequential against pipelined pause and resume of `sizes`, each its own reservation."""
+    prop, access = device_props()
+    s = stream()
+    vas = [ok(cu.cuMemAddressReserve(n, 0, 0, 0)) for n in sizes]
+    offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+    nbytes = sum(sizes)
+    events = [ok(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING)) for _ in sizes]
+    order = range(len(sizes))
+
+    def map_one(i: int) -> cu.CUmemGenericAllocationHandle:
+        h = ok(cu.cuMemCreate(sizes[i], prop, 0))
+        ok(cu.cuMemMap(vas[i], sizes[i], 0, h, 0))
+        ok(cu.cuMemSetAccess(vas[i], sizes[i], [access], 1))
+        return h
+
+    def release_one(i: int) -> None:
+        ok(cu.cuMemUnmap(vas[i], sizes[i]))
+        ok(cu.cuMemRelease(handles[i]))
+
+    def d2h(i: int) -> None:
+        ok(cu.cuMemcpyDtoHAsync(host + offsets[i], vas[i], sizes[i], s))
+
+    def h2d(i: int) -> None:
+        ok(cu.cuMemcpyHtoDAsync(vas[i], host + offsets[i], sizes[i], s))
+
+    def pause_sequential() -> None:  # what the saver did: copy everything, then release
+        for i in order:
+            d2h(i)
+        ok(cu.cuStreamSynchronize(s))
+        for i in order:
+            release_one(i)
+
+    def resume_sequential() -> None:
+        for i in order:
+            handles[i] = map_one(i)
+        for i in order:
+            h2d(i)
+
+    def pause_pipelined() -> None:  # every copy queued with an event; each released once copied
+        for i in order:
+            d2h(i)
+            ok(cu.cuEventRecord(events[i], s))
+        for i in order:
+            ok(cu.cuEventSynchronize(events[i]))
+            release_one(i)
+
+    def resume_pipelined() -> None:  # each copy queued once mapped: the next maps meanwhile
+        for i in order:
+            handles[i] = map_one(i)
+            h2d(i)
+
+    def copies_out() -> None:
+        for i in order:
+            d2h(i)
+
+    def copies_in() -> None:
+        for i in order:
+            h2d(i)
+
+    def release_and_map() -> None:
+        for i in order:
+            release_one(i)
+        for i in order:
+            handles[i] = map_one(i)
+
+    handles = [map_one(i) for i in order]
+    results: dict[str, list[float]] = {}
+    steps = (("pause: copy all, then release all", pause_sequential),
+             ("resume: map all, then copy all", resume_sequential),
+             ("pause: release each once copied", pause_pipelined),
+             ("resume: copy each once mapped", resume_pipelined),
+             ("copies alone (D2H)", copies_out), ("copies alone (H2D)", copies_in),
+             ("unmap+release all, then map all (no copies)", release_and_map))
+    for _ in range(3):
+        for label, step in steps:
+            ok(cu.cuCtxSynchronize())
+            t0 = time.perf_counter()
+            step()
+            ok(cu.cuCtxSynchronize())
+            results.setdefault(label, []).append(time.perf_counter() - t0)
+    print(f"{workload}: {len(sizes)} allocations, {nbytes / GiB:.2f} GiB (median of 3)")
+    for label, values in results.items():
+        seconds = statistics.median(values)
+        print(f"  {label:46s} {seconds * 1e3:8.1f} ms {nbytes / seconds / 1e9:6.1f} GB/s")
+    for i in order:
+        release_one(i)
+        ok(cu.cuMemAddressFree(vas[i], sizes[i]))
+        ok(cu.cuEventDestroy(events[i]))
+
+
+def pipeline() -> None:
+    workloads = {"many_small": [20 * MiB] * 410,
+                 "weights": [-(-n // (2 * MiB)) * 2 * MiB for n in tensor_sizes("weights", 8 * GiB)]}
+    pinned = torch.empty(max(sum(sizes) for sizes in workloads.values()), dtype=torch.uint8, pin_memory=True)
+    for workload, sizes in workloads.items():
+        pipelined_workload(workload, sizes, pinned.data_ptr())
+    del pinned
+
+
+SECTIONS = {"one_big": one_big, "fresh_write": fresh_write, "pipeline": pipeline}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default=",".join(SECTIONS))
+    args = parser.parse_args()
+    torch.cuda.init()
+    torch.empty(1, device="cuda")  # torch's context, current on this thread
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    for name in args.only.split(","):
+        SECTIONS[name]()
+
+
+if __name__ == "__main__":
+    main()
