@@ -15,7 +15,9 @@ in a child process started with LD_PRELOAD. Each row is checked against the targ
 torch_memory_saver runs too, side by side, when it is importable (installed, or in --tms-path,
 a directory put on the children's PYTHONPATH: `pip install --no-deps --target DIR <wheel>`):
 the same workloads and variants (it has no host cache: "uncached" is skipped), its preload
-library from its own package. Every tool, hook mode and workload runs in a fresh child process.
+library from its own package. Every tool, hook mode and workload runs in a fresh child process,
+the tools taking turns going first; each child notes how fast fresh host memory faulted in as
+it started (on a virtual machine that varies over a run, and bounds the first cycles).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from workloads import WORKLOADS, tensor_sizes  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
+FAULT_THREADS = max(1, min(15, len(os.sched_getaffinity(0)) - 1))  # as the saver's arena
 # (name, enable_cpu_backup, retain_cpu_backup, host_cache_bytes: None = the default)
 VARIANTS = (("none", False, False, None), ("backup", True, False, None), ("uncached", True, False, 0),
             ("retained", True, True, None))
@@ -249,11 +252,18 @@ def run_workload(tool, workload: str, total: int, variant: str, backup: bool, re
 
 
 def measure(tool_name: str, hook_mode: str, workloads: list[str], total: int, cycles: int) -> list[dict]:
+    from host_stages import fault_in_speed
+
     tool = (Ours if tool_name == "ours" else TorchMemorySaver)(hook_mode)
+    # How fast this machine faults in fresh host memory as the child starts: what its first
+    # cycles (which fault in their backups' memory) are bound by, at that moment.
+    host_gbps = fault_in_speed(GiB, FAULT_THREADS)
     rows = []
     for workload in workloads:
         for variant, backup, retain, host_cache in tool.variants:
             rows += run_workload(tool, workload, total, variant, backup, retain, host_cache, cycles)
+    for row in rows:
+        row["host_fault_in_gbps"] = host_gbps
     return rows
 
 
@@ -344,8 +354,6 @@ def print_table(rows: list[dict], limits: dict) -> None:
           f"driver create+map {limits['map_ms_per_gib_2MiB']:.1f} ms/GiB in 2 MiB pieces, "
           f"{limits['map_ms_per_gib_1GiB']:.2f} ms/GiB in one piece; unmap+release "
           f"{limits['unmap_ms_per_gib_2MiB']:.1f} / {limits['unmap_ms_per_gib_1GiB']:.2f} ms/GiB")
-    print(f"host memory warmed first: {limits['warmed_bytes'] / GiB:.0f} GiB touched once at "
-          f"{limits['warm_gbps']:.1f} GB/s (a VM's first touches since boot run at its hypervisor's pace)")
     first_cycle_bound = min(limits["fault_in_during_copy_gbps"], limits["page_lock_gbps"], limits["d2h"])
     print(f"first-cycle stages: fault in fresh host memory {limits['fault_in_gbps']:.1f} GB/s on "
           f"{limits['fault_threads']} threads, {limits['fault_in_during_copy_gbps']:.1f} GB/s while a copy runs; "
@@ -447,23 +455,27 @@ def main() -> int:
         Path(args.child_output).write_text(json.dumps(measure(tool, mode, workloads, total, args.cycles)))
         return 0
 
-    from host_stages import stage_speeds, warm_host_memory
+    from host_stages import stage_speeds
 
     from torch_mem_saver_lite import _lib, saver
 
-    fault_threads = max(1, min(15, len(os.sched_getaffinity(0)) - 1))  # as the saver's arena
-    warmed, warm_gbps = warm_host_memory(fault_threads)
-    limits = {**copy_limits(total), **create_map_limits(), **stage_speeds(min(total, 4 * GiB), fault_threads),
-              "fault_threads": fault_threads, "host_cache_bytes": saver.host_cache_bytes,
-              "warmed_bytes": warmed, "warm_gbps": warm_gbps}
+    limits = {**copy_limits(total), **create_map_limits(), **stage_speeds(min(total, 4 * GiB), FAULT_THREADS),
+              "fault_threads": FAULT_THREADS, "host_cache_bytes": saver.host_cache_bytes}
     tms_env = tms_environment(args.tms_path)
     rows = []
     started = time.perf_counter()
 
+    idle_free = torch.cuda.mem_get_info()[0]
+
     def child(tool: str, mode: str, workload: str, env: dict[str, str]) -> None:
         nonlocal rows
+        # The last child's memory is given back after it exits, not at once: wait for it.
+        deadline = time.perf_counter() + 30
+        while torch.cuda.mem_get_info()[0] < idle_free - GiB and time.perf_counter() < deadline:
+            time.sleep(0.2)
         rows += in_child(tool, mode, [workload], args, env)
-        print(f"[{time.perf_counter() - started:5.0f} s] {tool} {mode} {workload} measured", flush=True)
+        print(f"[{time.perf_counter() - started:5.0f} s] {tool} {mode} {workload} measured (fresh host memory "
+              f"faulted in at {rows[-1]['host_fault_in_gbps']:.1f} GB/s as it started)", flush=True)
         if args.json:  # a run cut short still leaves what it measured
             Path(args.json).write_text(json.dumps({"limits": limits, "rows": rows}, indent=1))
 
@@ -471,11 +483,15 @@ def main() -> int:
         # Each tool and workload in a fresh process of its own, one after the other: the same
         # driver state for both tools (a process that has mapped and released many GiB
         # already pays more for the next release), and the memory is given back at exit.
-        for workload in workloads:
-            child("ours", mode, workload, {"LD_PRELOAD": _lib.library_path()} if mode == "preload" else {})
+        # The tools take turns going first, workload by workload, so that neither always runs
+        # right after the other's exit.
+        for k, workload in enumerate(workloads):
+            turns = [("ours", {"LD_PRELOAD": _lib.library_path()} if mode == "preload" else {})]
             if tms_env is not None:
                 theirs = {"LD_PRELOAD": tms_preload_library(tms_env)} if mode == "preload" else {}
-                child("tms", mode, workload, {**tms_env, **theirs})
+                turns.append(("tms", {**tms_env, **theirs}))
+            for tool, env in turns[::-1] if k % 2 else turns:
+                child(tool, mode, workload, env)
     summary = sorted(summarize(rows), key=lambda r: (r["tool"] != "ours", r["hook_mode"] != "torch",
                                                       workloads.index(r["workload"])))
     for table in (rows, summary):

@@ -98,16 +98,12 @@ def stage_speeds(size: int, fault_threads: int) -> dict[str, float]:
             "fault_in_during_copy_gbps": size / contended_s / 1e9}
 
 
-def warm_host_memory(threads: int) -> tuple[int, float]:
-    """Touches half of the machine's available memory once and gives it back: (bytes, GB/s).
-    A virtual machine backs guest memory on its first touch since boot, at a third of the
-    speed of faulting in memory touched before (10 against 29-36 GB/s on the H100 machine),
-    and the kernel hands freed pages out again first, so this keeps the hypervisor's cost
-    out of the first cycles measured afterwards; the speed printed shows whether it was there."""
-    with open("/proc/meminfo") as meminfo:
-        available = next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:"))
-    size = available // 2 // PIECE * PIECE
+
+def fault_in_speed(size: int, threads: int) -> float:
+    """GB/s at which `threads` threads fault in `size` bytes of fresh memory right now: on a
+    virtual machine this varies over a run (its first touches since boot, and memory the
+    guest handed back to the hypervisor, run at a fraction of the usual speed)."""
     fresh = FreshMemory(size)
     seconds = in_parallel(fault_in, fresh.pieces, threads)
     fresh.close()
-    return size, size / seconds / 1e9
+    return size / seconds / 1e9

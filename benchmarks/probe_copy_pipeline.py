@@ -8,8 +8,10 @@
    and does mapping the next while copying into the previous (resume)?
 3. Is the first write into freshly mapped memory slower than later ones, and does it matter
    whether the address range is new or kept (as a resume keeps it)?
+4. Would one_big gain from physical memory in pieces, each released once copied (pause) and
+   copied once mapped (resume)?
 
-    python benchmarks/probe_copy_pipeline.py [--only one_big,fresh_write,pipeline]
+    python benchmarks/probe_copy_pipeline.py [--only one_big,fresh_write,chunked,pipeline]
 """
 
 from __future__ import annotations
@@ -166,6 +168,52 @@ def fresh_write() -> None:
     del pinned
 
 
+def chunked() -> None:
+    """one_big mapped from physical pieces: pause (each piece released once copied) and resume
+    (each piece copied once mapped) against one 8 GiB piece."""
+    size = 8 * GiB
+    prop, access = device_props()
+    pinned = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+    host = pinned.data_ptr()
+    s = stream()
+    reservation = ok(cu.cuMemAddressReserve(size, 0, 0, 0))
+    va = int(reservation)
+    print("one_big from physical pieces, median of 3 (pause: each piece released once copied; "
+          "resume: each piece copied once mapped)")
+    for piece in (size, GiB, 256 * MiB, 64 * MiB):
+        offsets = range(0, size, piece)
+        events = {at: ok(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING)) for at in offsets}
+        handles: dict[int, cu.CUmemGenericAllocationHandle] = {}
+        resumes, pauses = [], []
+        for _ in range(4):
+            ok(cu.cuCtxSynchronize())
+            t0 = time.perf_counter()
+            for at in offsets:
+                handles[at] = ok(cu.cuMemCreate(piece, prop, 0))
+                ok(cu.cuMemMap(va + at, piece, 0, handles[at], 0))
+                ok(cu.cuMemSetAccess(va + at, piece, [access], 1))
+                ok(cu.cuMemcpyHtoDAsync(va + at, host + at, piece, s))
+            ok(cu.cuCtxSynchronize())
+            t1 = time.perf_counter()
+            for at in offsets:
+                ok(cu.cuMemcpyDtoHAsync(host + at, va + at, piece, s))
+                ok(cu.cuEventRecord(events[at], s))
+            for at in offsets:
+                ok(cu.cuEventSynchronize(events[at]))
+                ok(cu.cuMemUnmap(va + at, piece))
+                ok(cu.cuMemRelease(handles[at]))
+            t2 = time.perf_counter()
+            resumes.append(t1 - t0)
+            pauses.append(t2 - t1)
+        r, p = statistics.median(resumes[1:]), statistics.median(pauses[1:])
+        print(f"  pieces of {piece / MiB:6.0f} MiB: resume {r * 1e3:6.1f} ms = {size / r / 1e9:5.1f} GB/s; "
+              f"pause {p * 1e3:6.1f} ms = {size / p / 1e9:5.1f} GB/s")
+        for event in events.values():
+            ok(cu.cuEventDestroy(event))
+    ok(cu.cuMemAddressFree(reservation, size))
+    del pinned
+
+
 def pipelined_workload(workload: str, sizes: list[int], host: int) -> None:
     """Sequential against pipelined pause and resume of `sizes`, each its own reservation."""
     prop, access = device_props()
@@ -266,7 +314,7 @@ def pipeline() -> None:
     del pinned
 
 
-SECTIONS = {"one_big": one_big, "fresh_write": fresh_write, "pipeline": pipeline}
+SECTIONS = {"one_big": one_big, "fresh_write": fresh_write, "chunked": chunked, "pipeline": pipeline}
 
 
 def main() -> None:

@@ -71,7 +71,12 @@ def timing(records: list[dict]) -> dict:
     transitions = sum(sum(r["seconds"].get(n, 0.0) for n in TRANSITIONS) for r in steady)
     step_total = sum(r["step_seconds"] for r in steady)
     everything = sum(sum(r["seconds"].get(n, 0.0) for n in TRANSITIONS) for r in records)
+    # The graph pool's own pause and resume (with its backup), within the engine's transitions.
+    graph = [r.get("graph_pause_seconds", 0.0) + r.get("graph_resume_seconds", 0.0) for r in steady]
     return {"median_seconds": per_phase, "median_step_seconds": _median([r["step_seconds"] for r in steady]),
+            "graph_backup_median_seconds": _median(graph),
+            "graph_backup_bytes": max((r.get("graph_backup_bytes", 0) for r in records), default=0),
+            "graph_backup_share": sum(graph) / step_total if step_total else 0.0,
             "transition_share": transitions / step_total if step_total else 0.0,
             "transition_share_all_steps": everything / sum(r["step_seconds"] for r in records) if records else 0.0,
             "transitions": list(TRANSITIONS)}
@@ -155,6 +160,10 @@ def headline(summary: dict) -> str:
              ", ".join(f"{k} {v * 1e3:.1f}" for k, v in t["median_seconds"].items()) +
              f" ms; transitions {100 * t['transition_share']:.1f} % of the step; "
              f"{summary['total_seconds']:.0f} s in all ({summary['startup_seconds']:.0f} s to start)"]
+    if t["graph_backup_bytes"]:
+        lines.append(f"graph pool backed up: {t['graph_backup_bytes'] / MiB:.0f} MiB, its pause + resume "
+                     f"{t['graph_backup_median_seconds'] * 1e3:.1f} ms a step (median), "
+                     f"{100 * t['graph_backup_share']:.2f} % of the step")
     if m.get("engine_bytes") is not None:
         lines.append(f"engine {m['engine_bytes'] / GiB:.1f} GiB + trainer {m['trainer_bytes'] / GiB:.1f} GiB "
                      f"would need {m['no_saver_need_bytes'] / GiB:.1f} GiB of {m['capacity_bytes'] / GiB:.1f}; "

@@ -39,6 +39,8 @@ def check_handoff(summary: dict) -> None:
     for record in summary["records"]:
         assert record["guard_ok"], record
         assert record["residual_bytes"] > 0 and record["residual_breakdown"], record
+        # The graph pool is backed up (the default), in a pause of its own that is timed.
+        assert record["graph_backup_bytes"] > 0 and record["graph_pause_seconds"] > 0, record
     memory = summary["memory"]
     assert memory["residual_over_baseline_max_bytes"] == max(r - memory["baseline_context_bytes"]
                                                              for r in memory["residual_bytes_per_step"])
