@@ -17,12 +17,9 @@
 from __future__ import annotations
 
 import argparse
-import ctypes
-import mmap
 import os
 import statistics
 import sys
-import threading
 import time
 
 import torch
@@ -30,31 +27,25 @@ from cuda.bindings import driver as cu
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from driver_calls import device_props, ok  # noqa: E402
+from host_stages import PIECE as RANGE  # noqa: E402
+from host_stages import FreshMemory, fault_in, in_parallel  # noqa: E402
 
 from workloads import tensor_sizes  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
-RANGE = 64 * MiB
 
 
 def stream() -> cu.CUstream:
     return ok(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING))
 
 
-def registered_ranges(size: int) -> tuple[mmap.mmap, int]:
-    """Huge-page host memory faulted in on 16 threads, page-locked in 64 MiB ranges."""
-    buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    buf.madvise(mmap.MADV_HUGEPAGE)
-    address = ctypes.addressof(ctypes.c_char.from_buffer(buf))
-    piece = size // 16
-    workers = [threading.Thread(target=ctypes.memset, args=(address + i * piece, 1, piece)) for i in range(16)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    for at in range(0, size, RANGE):
-        ok(cu.cuMemHostRegister(address + at, min(RANGE, size - at), 0))
-    return buf, address
+def registered_ranges(size: int) -> FreshMemory:
+    """Huge-page host memory faulted in on 16 threads, page-locked in 64 MiB ranges (its pieces)."""
+    fresh = FreshMemory(size)
+    in_parallel(fault_in, fresh.pieces, 16)
+    for start, length in fresh.pieces:
+        ok(cu.cuMemHostRegister(start, length, 0))
+    return fresh
 
 
 def copy_parts(direction: str, device: int, host: int, size: int, part: int, streams: list) -> None:
@@ -71,7 +62,8 @@ def one_big() -> None:
     size = 8 * GiB
     prop, access = device_props()
     pinned = torch.empty(size, dtype=torch.uint8, pin_memory=True)
-    buf, ranges = registered_ranges(size)
+    registered = registered_ranges(size)
+    ranges = registered.address
     streams = [stream(), stream()]
     va = ok(cu.cuMemAddressReserve(size, 0, 0, 0))
     print(f"one_big: {size / GiB:.0f} GiB, resume as the saver does it (the reservation kept); median of 3")
@@ -122,8 +114,9 @@ def one_big() -> None:
     ok(cu.cuMemUnmap(va, size))
     ok(cu.cuMemRelease(handle))
     ok(cu.cuMemAddressFree(va, size))
-    for at in range(0, size, RANGE):
-        ok(cu.cuMemHostUnregister(ranges + at))
+    for start, _ in registered.pieces:
+        ok(cu.cuMemHostUnregister(start))
+    registered.close()
     del pinned
 
 
