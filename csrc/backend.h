@@ -31,6 +31,13 @@ class Backend {
   // Size every reservation and physical allocation on `device` is a multiple of.
   virtual Status granularity(int device, size_t* out) = 0;
 
+  // Largest piece a resume maps a large backed-up allocation in (see Pieces in mapping.h):
+  // large enough that driver calls stay few, small enough that the first copy starts early.
+  virtual size_t resume_piece_bytes(int device) const {
+    (void)device;
+    return size_t{256} << 20;
+  }
+
   virtual Status reserve(int device, size_t size, size_t alignment, uintptr_t* va) = 0;
   virtual Status free_reservation(int device, uintptr_t va, size_t size) = 0;
 

@@ -117,6 +117,9 @@ class HostBackend final : public Backend {
     return Status::Ok();
   }
 
+  // A few granules: so the tests' allocations of a few MiB already resume in pieces.
+  size_t resume_piece_bytes(int) const override { return 4 * granularity_; }
+
   Status reserve(int, size_t size, size_t alignment, uintptr_t* va) override {
     TMSL_FAULT_POINT("reserve");
     // Over-reserve so the start can be aligned, then trim both ends.

@@ -99,10 +99,14 @@ struct HostBuffer {
 
   explicit operator bool() const { return arena != nullptr; }
   char* data() const { return arena->data() + offset; }
-  // part(host, offset in the buffer, size) for each piece in one registration, once it is
-  // page-locked, in order.
+  // part(host, offset in the buffer, size) for each piece of [from, from + bytes) in the
+  // buffer that lies in one registration, once it is page-locked, in order.
+  Status for_each_part(size_t from, size_t bytes, const std::function<Status(char*, size_t, size_t)>& part) const {
+    return arena->for_each_part(offset + from, bytes,
+                                [&](size_t at, size_t n) { return part(data() + at - offset, at - offset, n); });
+  }
   Status for_each_part(const std::function<Status(char*, size_t, size_t)>& part) const {
-    return arena->for_each_part(offset, size, [&](size_t at, size_t n) { return part(data() + at - offset, at - offset, n); });
+    return for_each_part(0, size, part);
   }
 };
 

@@ -20,11 +20,17 @@ class CopyMarks {
   CopyMarks(const CopyMarks&) = delete;
   CopyMarks& operator=(const CopyMarks&) = delete;
 
+  // Call before queuing an allocation's copies: until its mark, finish() cannot rely on
+  // the marks alone.
+  void begin() { unmarked_ = true; }
   // Marks the end of allocation i's copies, queued on `device` just before.
   Status mark(size_t i, int device) {
     CopyMark m = 0;
     Status s = backend_.mark_copies(device, &m);
-    if (s.ok()) marks_[i] = Pending{device, m, true};
+    if (s.ok()) {
+      marks_[i] = Pending{device, m, true};
+      unmarked_ = false;
+    }
     return s;
   }
   // Returns once allocation i's copies have landed (at once where it has none).
@@ -35,9 +41,14 @@ class CopyMarks {
     return backend_.wait_copy_mark(p.device, p.mark);
   }
   // Waits for every copy still queued and frees the marks left: needed before any backup is
-  // let go after an error, since copies in flight still write into its host memory.
+  // let go after an error, since copies in flight still write into its host memory. Every
+  // copy lies before some mark unless queuing failed midway: only then the streams are
+  // waited for as a whole.
   void finish() {
-    for (int device : devices_) backend_.wait_copies(device);  // a failure here was reported already
+    if (unmarked_) {
+      for (int device : devices_) backend_.wait_copies(device);  // a failure here was reported already
+      unmarked_ = false;
+    }
     for (size_t i = 0; i < marks_.size(); ++i) wait(i);
   }
 
@@ -49,6 +60,7 @@ class CopyMarks {
   };
   Backend& backend_;
   std::vector<Pending> marks_;
+  bool unmarked_ = false;  // copies were queued after the last mark
   const std::set<int> devices_;
 };
 

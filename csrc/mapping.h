@@ -4,13 +4,31 @@
 // written once: a handle is released only once it is unmapped, and never dropped silently.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "backend.h"
 #include "status.h"
 
 namespace tmsl {
+
+// The physical memory behind an allocation's range, in address order: one handle for each
+// piece of piece_bytes (the last piece may be shorter). An allocation is made in one piece;
+// a resume maps a large backed-up one in several, so that the copy into each piece runs
+// while the next one is created (benchmarks/probe_copy_pipeline.py "chunked", H100: one
+// 8 GiB piece took its copy at 48 GB/s, 256 MiB pieces at 54 GB/s).
+struct Pieces {
+  size_t piece_bytes = 0;
+  std::vector<PhysicalHandle> handles;  // the pieces mapped so far
+
+  bool empty() const { return handles.empty(); }
+  // How many pieces cover `size` bytes.
+  size_t count(size_t size) const { return (size + piece_bytes - 1) / piece_bytes; }
+  size_t offset(size_t k) const { return k * piece_bytes; }
+  size_t length(size_t k, size_t size) const { return std::min(piece_bytes, size - offset(k)); }
+};
 
 // What a failed map_physical could not clean up after itself (cleanup failing too): the
 // caller keeps it to release later. physical == 0: nothing.

@@ -16,6 +16,9 @@ Status with_context(Status s, const std::string& context) {
   return s;
 }
 
+// For the calls on every allocation's path: no string is built unless there is an error.
+Status with_context(Status s, const char* context) { return s.ok() ? s : with_context(std::move(s), std::string(context)); }
+
 std::string json_string(const std::string& text) {
   std::string out = "\"";
   for (unsigned char c : text) {
@@ -48,86 +51,76 @@ Saver::Saver(std::unique_ptr<Backend> backend) : backend_(std::move(backend)) {}
 Saver::~Saver() {
   for (auto& entry : table_) {
     Allocation& a = *entry.second;
-    discard(a.device, a.va, a.size, a.state == State::kActive ? a.physical : 0);
+    discard(a.device, a.va, a.size, a.state == State::kActive ? std::move(a.physical) : Pieces());
   }
   retry_orphans();
 }
 
 void Saver::adopt(const Orphan& orphan) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::mutex> lock(orphans_mu_);
   orphans_.push_back(orphan);
   has_orphans_.store(true);
 }
 
-Status Saver::take_down(int device, uintptr_t va, size_t size, PhysicalHandle physical, bool* unmapped) {
-  bool done_unmapping = false;
-  Status s = unmap_physical(*backend_, device, va, size, physical, &done_unmapping);
-  if (unmapped != nullptr) *unmapped = done_unmapping;
-  if (!s.ok() && (done_unmapping || unmapped == nullptr)) adopt({device, va, size, physical, !done_unmapping, false});
-  return s;
-}
-
-Status Saver::discard(int device, uintptr_t va, size_t size, PhysicalHandle physical) {
-  if (physical == 0 && has_orphans_.load()) {
-    // A failed rollback may have left memory mapped in this range: that must go first, so
-    // the orphan takes the range along and gives it back once it is unmapped.
-    retry_orphans();
-    std::lock_guard<std::mutex> lock(mu_);
-    for (Orphan& o : orphans_) {
-      if (o.va == va && o.mapped) {
-        o.range = true;
-        return Status::Ok();
-      }
+Status Saver::take_down(int device, uintptr_t va, size_t size, Pieces& physical, bool* unmapped) {
+  Status first;
+  for (size_t k = 0; k < physical.handles.size(); ++k) {
+    const uintptr_t at = va + physical.offset(k);
+    const size_t bytes = physical.length(k, size);
+    bool done_unmapping = false;
+    Status s = unmap_physical(*backend_, device, at, bytes, physical.handles[k], &done_unmapping);
+    if (k == 0 && unmapped != nullptr && !done_unmapping) {
+      *unmapped = false;  // nothing taken down: all of it is still the caller's
+      return s;
+    }
+    if (!s.ok()) {
+      adopt({device, at, bytes, physical.handles[k], !done_unmapping, false});
+      if (first.ok()) first = std::move(s);
     }
   }
-  Orphan rest{device, va, size, physical, physical != 0, true};
-  Status s;
-  if (rest.mapped) {
-    s = backend_->unmap(device, va, size);
-    rest.mapped = !s.ok();
+  if (unmapped != nullptr) *unmapped = true;
+  physical.handles.clear();
+  return first;
+}
+
+Status Saver::discard(int device, uintptr_t va, size_t size, Pieces physical) {
+  Status first = take_down(device, va, size, physical);
+  if (has_orphans_.load()) {
+    // Memory may still be mapped in the range (a piece that failed to go, here or in a
+    // rollback before): the orphans give the range back once none is.
+    adopt({device, va, size, 0, false, true});
+    retry_orphans();
+    return first;
   }
-  if (s.ok() && rest.physical != 0) {
-    s = backend_->release_physical(device, physical, size);
-    if (s.ok()) rest.physical = 0;
-  }
-  if (s.ok()) {
-    s = backend_->free_reservation(device, va, size);
-    rest.range = !s.ok();
-  }
-  if (!s.ok()) adopt(rest);
-  return s;
+  Status s = backend_->free_reservation(device, va, size);
+  if (!s.ok()) adopt({device, va, size, 0, false, true});
+  return first.ok() ? s : first;
 }
 
 void Saver::retry_orphans() {
   if (!has_orphans_.load()) return;
-  std::vector<Orphan> orphans;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    orphans.swap(orphans_);
-    has_orphans_.store(false);
-  }
-  std::vector<Orphan> still;
-  for (Orphan o : orphans) {
+  std::lock_guard<std::mutex> lock(orphans_mu_);
+  for (Orphan& o : orphans_) {
     Status s;
     if (o.mapped) {
       s = backend_->unmap(o.device, o.va, o.size);
       o.mapped = !s.ok();
     }
-    if (s.ok() && o.physical != 0) {
-      s = backend_->release_physical(o.device, o.physical, o.size);
-      if (s.ok()) o.physical = 0;
-    }
-    if (s.ok() && o.range) {
-      s = backend_->free_reservation(o.device, o.va, o.size);
-      o.range = !s.ok();
-    }
-    if (!s.ok()) still.push_back(o);
+    if (s.ok() && o.physical != 0 && backend_->release_physical(o.device, o.physical, o.size).ok()) o.physical = 0;
   }
-  if (!still.empty()) {
-    std::lock_guard<std::mutex> lock(mu_);
-    orphans_.insert(orphans_.end(), still.begin(), still.end());
-    has_orphans_.store(true);
+  auto mapped_inside = [&](const Orphan& range) {
+    for (const Orphan& o : orphans_) {
+      if (o.mapped && o.device == range.device && o.va < range.va + range.size && range.va < o.va + o.size) return true;
+    }
+    return false;
+  };
+  for (Orphan& o : orphans_) {
+    if (o.range && !mapped_inside(o) && backend_->free_reservation(o.device, o.va, o.size).ok()) o.range = false;
   }
+  orphans_.erase(std::remove_if(orphans_.begin(), orphans_.end(),
+                                [](const Orphan& o) { return !o.mapped && o.physical == 0 && !o.range; }),
+                 orphans_.end());
+  has_orphans_.store(!orphans_.empty());
 }
 
 namespace {
@@ -225,13 +218,15 @@ Status Saver::allocate(size_t size, int device, const std::string& tag, BackupCh
     Status s = admit(tag, backup);
     if (!s.ok()) return s;
   }
-  const std::string where = "allocating " + format_bytes(size) + " in region '" + tag +
-                            "' on device " + std::to_string(device);
+  // Built only on error: formatting it for every allocation cost more than a map lookup.
+  auto where = [&] {
+    return "allocating " + format_bytes(size) + " in region '" + tag + "' on device " + std::to_string(device);
+  };
   size_t granularity = 0;
   Status s = backend_->granularity(device, &granularity);
-  if (!s.ok()) return with_context(s, where);
+  if (!s.ok()) return with_context(s, where());
   if (size > SIZE_MAX - granularity) {
-    return Status::Error(Code::kInvalidArgument, where + ": size too large");
+    return Status::Error(Code::kInvalidArgument, where() + ": size too large");
   }
   const size_t rounded = (size + granularity - 1) / granularity * granularity;
 
@@ -243,7 +238,7 @@ Status Saver::allocate(size_t size, int device, const std::string& tag, BackupCh
       failed.oom = {tag, rounded, free_bytes, device};
       failed.message += "; " + format_bytes(free_bytes) + " free";
     }
-    return with_context(failed, where);
+    return with_context(failed, where());
   };
   uintptr_t address = 0;
   s = backend_->reserve(device, rounded, granularity, &address);
@@ -253,7 +248,7 @@ Status Saver::allocate(size_t size, int device, const std::string& tag, BackupCh
   s = map_physical(*backend_, device, address, rounded, margin_bytes_.load(), &physical, &leftover);
   if (!s.ok()) {
     if (leftover.physical != 0) adopt({device, address, rounded, leftover.physical, leftover.mapped, true});
-    else discard(device, address, rounded, 0);
+    else discard(device, address, rounded, Pieces());
     return explain(s);
   }
 
@@ -262,7 +257,8 @@ Status Saver::allocate(size_t size, int device, const std::string& tag, BackupCh
   a->size = rounded;
   a->device = device;
   a->tag = tag;
-  a->physical = physical;
+  a->physical.piece_bytes = rounded;
+  a->physical.handles.push_back(physical);
   bool refused = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -274,7 +270,7 @@ Status Saver::allocate(size_t size, int device, const std::string& tag, BackupCh
     }
   }
   if (refused) {
-    discard(device, address, rounded, physical);
+    discard(device, address, rounded, std::move(a->physical));  // `a` was not moved
     return tag_paused_error(tag);
   }
   index_.insert(address);
@@ -314,8 +310,9 @@ Status Saver::free(uintptr_t va, void* stream) {
     // business (torch waits for their events before it frees a block).
     keep_first(backend_->synchronize_stream(a->device, stream));
   }
-  keep_first(discard(a->device, a->va, a->size, a->state == State::kActive ? a->physical : 0));
+  keep_first(discard(a->device, a->va, a->size, a->state == State::kActive ? std::move(a->physical) : Pieces()));
   retry_orphans();
+  if (first.ok()) return first;
   return with_context(first, "freeing " + format_address(va) + " (tag '" + a->tag + "')");
 }
 
@@ -521,6 +518,7 @@ Status Saver::queue_backups(const std::vector<Allocation*>& batch, std::vector<H
   for (size_t i = 0; i < batch.size(); ++i) {
     const Allocation& a = *batch[i];
     if (!(*backups)[i]) continue;
+    copies->begin();
     Status s = (*backups)[i].for_each_part([&](char* host, size_t at, size_t n) {
       return backend_->copy_to_host_async(a.device, host, a.va + at, n);
     });
@@ -534,12 +532,11 @@ Status Saver::queue_backups(const std::vector<Allocation*>& batch, std::vector<H
 }
 
 Status Saver::release_physical(Allocation& a, bool* unmapped) {
+  Status s = take_down(a.device, a.va, a.size, a.physical, unmapped);
+  if (s.ok()) return s;
   const std::string where = "pausing tag '" + a.tag + "' (" + format_bytes(a.size) + " at " +
                             format_address(a.va) + " on device " + std::to_string(a.device) + ")";
-  Status s = take_down(a.device, a.va, a.size, a.physical, unmapped);
-  if (!*unmapped) return with_context(s, where + "; it stays resident with its content");
-  a.physical = 0;
-  return with_context(s, where);
+  return with_context(s, *unmapped ? where : where + "; it stays resident with its content");
 }
 
 Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>* moved) {
@@ -559,22 +556,23 @@ Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>
   size_t done = 0;
   // Whatever happens in here (an exception too), what was mapped is rolled back below.
   Status s = status_of([&] {
-    // Each allocation's copy is queued as soon as it is mapped, so mapping the next one
+    // Each piece's copy is queued as soon as it is mapped, so mapping the next piece
     // overlaps it.
     Status r;
     while (r.ok() && done < batch.size()) {
-      r = map_fresh(*batch[done]);
-      if (r.ok()) r = restore(*batch[done++]);
+      Allocation& a = *batch[done];
+      if (a.physical.empty()) r = plan_pieces(a);
+      if (r.ok()) r = map_next_piece(a);
+      if (r.ok()) r = restore(a, a.physical.handles.size() - 1);
+      if (r.ok() && a.physical.handles.size() == a.physical.count(a.size)) ++done;
     }
     Status waited = wait_copies(batch);
     return r.ok() ? with_context(waited, "restoring backups") : r;
   });
   if (!s.ok()) {
     wait_copies(batch);  // the memory must not be unmapped under a running copy
-    for (size_t i = 0; i < done; ++i) {
-      Allocation& a = *batch[i];
-      take_down(a.device, a.va, a.size, a.physical);
-      a.physical = 0;
+    for (size_t i = 0; i < batch.size() && i <= done; ++i) {  // batch[done]: the pieces mapped so far
+      take_down(batch[i]->device, batch[i]->va, batch[i]->size, batch[i]->physical);
     }
     if (s.code == Code::kOutOfMemory && done < batch.size()) {
       s = out_of_memory_on_resume(batch, *batch[done], s);
@@ -640,24 +638,43 @@ size_t Saver::default_host_cache_bytes() {
   return std::min<size_t>(memory / 8, size_t{32} << 30);
 }
 
-Status Saver::map_fresh(Allocation& a) {
-  PhysicalHandle physical = 0;
-  Leftover leftover;
-  Status s = map_physical(*backend_, a.device, a.va, a.size, margin_bytes_.load(), &physical, &leftover);
-  if (leftover.physical != 0) adopt({a.device, a.va, a.size, leftover.physical, leftover.mapped, false});
-  if (s.code == Code::kOutOfMemory) return s;  // the caller explains what the resume needed
-  if (!s.ok()) return with_context(s, "resuming tag '" + a.tag + "' at " + format_address(a.va));
-  a.physical = physical;
+Status Saver::plan_pieces(Allocation& a) {
+  Pieces& pieces = a.physical;
+  pieces.piece_bytes = a.size;
+  const size_t wanted = backend_->resume_piece_bytes(a.device);
+  if (a.host_copy && a.size > wanted) {
+    size_t granularity = 0;
+    Status s = backend_->granularity(a.device, &granularity);
+    if (!s.ok()) return with_context(s, "resuming tag '" + a.tag + "' at " + format_address(a.va));
+    pieces.piece_bytes = std::max(granularity, wanted / granularity * granularity);
+  }
+  pieces.handles.reserve(pieces.count(a.size));  // so that recording a mapped piece cannot throw
   return Status::Ok();
 }
 
-Status Saver::restore(const Allocation& a) {
+Status Saver::map_next_piece(Allocation& a) {
+  Pieces& pieces = a.physical;
+  const size_t k = pieces.handles.size();
+  const uintptr_t at = a.va + pieces.offset(k);
+  const size_t bytes = pieces.length(k, a.size);
+  PhysicalHandle physical = 0;
+  Leftover leftover;
+  Status s = map_physical(*backend_, a.device, at, bytes, margin_bytes_.load(), &physical, &leftover);
+  if (leftover.physical != 0) adopt({a.device, at, bytes, leftover.physical, leftover.mapped, false});
+  if (s.code == Code::kOutOfMemory) return s;  // the caller explains what the resume needed
+  if (!s.ok()) return with_context(s, "resuming tag '" + a.tag + "' at " + format_address(at));
+  pieces.handles.push_back(physical);
+  return Status::Ok();
+}
+
+Status Saver::restore(const Allocation& a, size_t k) {
+  const size_t from = a.physical.offset(k), bytes = a.physical.length(k, a.size);
   if (!a.host_copy) {
-    return poison_on_resume_.load() ? with_context(backend_->fill_async(a.device, a.va, a.size, kPoisonByte),
-                                                   "poisoning resumed memory")
-                                    : Status::Ok();
+    return poison_on_resume_.load()
+               ? with_context(backend_->fill_async(a.device, a.va + from, bytes, kPoisonByte), "poisoning resumed memory")
+               : Status::Ok();
   }
-  Status s = a.host_copy.for_each_part([&](char* host, size_t at, size_t n) {
+  Status s = a.host_copy.for_each_part(from, bytes, [&](char* host, size_t at, size_t n) {
     return backend_->copy_from_host_async(a.device, a.va + at, host, n);
   });
   return with_context(s, "restoring backups");

@@ -22,6 +22,7 @@
 #include "address_index.h"
 #include "backend.h"
 #include "backup.h"
+#include "mapping.h"
 #include "status.h"
 
 namespace tmsl {
@@ -163,18 +164,19 @@ class Saver {
     State state = State::kActive;
     // Written only by the pause/resume that has claimed the allocation (state kPausing or
     // kResuming) or under mu_.
-    PhysicalHandle physical = 0;  // meaningful while active
-    HostBuffer host_copy;         // while paused with backup (or retained)
+    Pieces physical;      // while active; mid-resume, the pieces mapped so far
+    HostBuffer host_copy;  // while paused with backup (or retained)
   };
 
-  // Unmaps and releases a mapping (mapping.h). Whatever of it fails is kept as an orphan
-  // rather than leaked; except that with `unmapped` given, a mapping the unmap failed on is
-  // the caller's to keep (*unmapped false).
-  Status take_down(int device, uintptr_t va, size_t size, PhysicalHandle physical, bool* unmapped = nullptr);
-  // Gives an allocation up entirely: unmaps and releases its physical memory (physical != 0:
-  // it is mapped) and gives its address range back. A step that fails leaves the rest to an
-  // orphan, in order, so nothing is leaked and no range is given back while still mapped.
-  Status discard(int device, uintptr_t va, size_t size, PhysicalHandle physical);
+  // Unmaps and releases the pieces of [va, va + size) mapped in `physical` (mapping.h), and
+  // empties it. Whatever of it fails is kept as an orphan rather than leaked; except that
+  // with `unmapped` given, when the first piece's unmap fails nothing was taken down and
+  // everything stays the caller's (*unmapped false, `physical` untouched).
+  Status take_down(int device, uintptr_t va, size_t size, Pieces& physical, bool* unmapped = nullptr);
+  // Gives an allocation up entirely: unmaps and releases its physical memory (none when
+  // paused) and gives its address range back. What fails is left to orphans, so nothing is
+  // leaked and no range is given back while memory is still mapped inside it.
+  Status discard(int device, uintptr_t va, size_t size, Pieces physical);
   // Tries again to release what failed to be released before (at each pause, resume and
   // free, and when the saver goes), so a passing driver error leaks nothing for good.
   void retry_orphans();
@@ -205,8 +207,9 @@ class Saver {
   // the end of each allocation's copies in `copies`.
   Status queue_backups(const std::vector<Allocation*>& batch, std::vector<HostBuffer>* backups,
                        CopyMarks* copies);
-  // Queues the copy of a's host copy back into it (freshly mapped), or its poisoning.
-  Status restore(const Allocation& a);
+  // Queues the copy of a's host copy back into its piece k (freshly mapped), or the piece's
+  // poisoning.
+  Status restore(const Allocation& a, size_t k);
   Status wait_copies(const std::vector<Allocation*>& batch);
   Status release_physical(Allocation& a, bool* unmapped);
   // Whether a resume of `batch` keeps its backups: retention on, or they fit in the cache
@@ -217,7 +220,11 @@ class Saver {
   bool cached_after_resume(const Allocation& a, State state) const;
   // "tag 'kv' (2.00 GiB)" or "tags 'kv', 'weights' (...)": what a pause or resume covered.
   static std::string describe(const std::vector<Allocation*>& batch);
-  Status map_fresh(Allocation& a);
+  // Chooses how a resume maps `a`: in pieces of the backend's resume piece size when it has
+  // a backup to copy in and is larger than one, in one piece otherwise.
+  Status plan_pieces(Allocation& a);
+  // Maps fresh memory for the next piece of `a` not yet mapped.
+  Status map_next_piece(Allocation& a);
   Status out_of_memory_on_resume(const std::vector<Allocation*>& batch, const Allocation& failed,
                                  const Status& cause);
   const Allocation* containing(uintptr_t address) const;  // needs mu_
@@ -230,8 +237,9 @@ class Saver {
   std::map<std::string, TagInfo> tags_;  // the tag catalogue, under mu_
   // Each tag's allocations (by address), so a pause of one tag does not walk the others'.
   std::map<std::string, std::set<uintptr_t>> by_tag_;
-  // Physical memory (physical != 0, still mapped at va if `mapped`) and address ranges
-  // (physical == 0) not yet released.
+  // Physical memory (physical != 0, still mapped at [va, va + size) if `mapped`) and
+  // address ranges not yet released. A range is given back only once no orphan has memory
+  // mapped inside it.
   struct Orphan {
     int device;
     uintptr_t va;
@@ -240,8 +248,11 @@ class Saver {
     bool mapped;              // still to unmap first
     bool range;               // the address range still to give back, last
   };
-  void adopt(const Orphan& orphan);  // takes mu_
-  std::vector<Orphan> orphans_;  // under mu_
+  void adopt(const Orphan& orphan);  // takes orphans_mu_
+  // Held through a whole retry (backend calls included), so a range is never judged free
+  // while another thread holds memory mapped inside it. Never taken under mu_ or the reverse.
+  std::mutex orphans_mu_;
+  std::vector<Orphan> orphans_;  // under orphans_mu_
   std::atomic<bool> has_orphans_{false};
   AddressIndex index_;
   std::atomic<size_t> margin_bytes_{0};

@@ -76,6 +76,41 @@ def test_4096_saver_allocations_of_2MiB_pause_and_resume():
     assert device_free_bytes() - free_before >= 0.99 * 4096 * 2 * MiB
 
 
+def test_a_large_backup_resumed_in_pieces_keeps_its_address_and_bytes_and_graphs_replay():
+    """A resume maps an allocation larger than a resume piece (256 MiB) in pieces: kernels and
+    a graph captured before the first pause read and write across the piece edges."""
+    tag = unique_tag("pieces")
+    size = GiB + 2 * MiB  # four 256 MiB pieces and a short one
+    with saver.region(tag, enable_cpu_backup=True):
+        big = torch.empty(size, dtype=torch.uint8, device="cuda")
+    big.copy_(pattern(size, 7))
+    edges = torch.tensor([k * 256 * MiB - 1 for k in range(1, 5)], device="cuda")
+    out = torch.zeros(8, dtype=torch.int64, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out[:4] = big[edges].long() + big[edges + 1].long() * 256  # both sides of each edge
+        out[4] = big.sum(dtype=torch.int64)
+    graph.replay()
+    expected = out.clone()
+    address = big.data_ptr()
+    for _cycle in range(3):
+        free_before = device_free_bytes()
+        saver.pause(tag)
+        assert device_free_bytes() - free_before >= size
+        saver.resume(tag)
+        assert free_before - device_free_bytes() <= 4 * MiB
+        assert big.data_ptr() == address
+        assert all(mapped_range(address + k * 256 * MiB) is not None for k in range(5))
+        assert torch.equal(big, pattern(size, 7))
+        out.zero_()
+        graph.replay()
+        assert torch.equal(out, expected)
+    big[256 * MiB - 8: 256 * MiB + 8] = 1  # writable across an edge
+    assert int(big[256 * MiB - 8: 256 * MiB + 8].sum()) == 16
+    del big
+    saver.pause(tag)
+
+
 def test_cuda_graph_captured_before_pause_replays_after_resume():
     weights_tag, kv_tag = unique_tag("graph-weights"), unique_tag("graph-kv")
     with saver.region(weights_tag, enable_cpu_backup=True):

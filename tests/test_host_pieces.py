@@ -1,0 +1,133 @@
+"""A resume maps a large backed-up allocation in pieces (so each piece's copy runs while the
+next piece is created): the address and the content stay what they were, each piece is its
+own physical memory, and pause, free and every failure take all the pieces along.
+
+The host backend's resume piece is 4 granules: with 64 KiB granules, the 17-granule
+allocation below resumes as 4 pieces of 256 KiB and one of 64 KiB (5 memfds)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from host_memory import open_memfds, resident_pages
+from torch_mem_saver_lite import MemorySaverError
+from torch_mem_saver_lite.testing import HostSaver
+
+KiB = 1 << 10
+GRANULE = 64 * KiB
+BIG = 17 * GRANULE  # 5 pieces, the last one short
+BIG_PIECES = 5
+
+
+@pytest.fixture
+def big(mem):
+    """A saver with one filled backed-up allocation of BIG bytes ("weights"), and the memfd
+    count before it."""
+    baseline = open_memfds()
+    saver = HostSaver(granularity_bytes=GRANULE)
+    with saver.region("weights", enable_cpu_backup=True):
+        ptr = mem.malloc(BIG)
+    content = os.urandom(BIG)
+    mem.write(ptr, content)
+    yield saver, ptr, content, baseline
+    saver.close()
+    assert open_memfds() == baseline, "physical memory left behind"
+
+
+def test_resume_maps_a_large_backup_in_pieces_and_keeps_every_byte(big, mem):
+    saver, ptr, content, baseline = big
+    assert open_memfds() == baseline + 1  # allocated in one piece
+    for _ in range(3):
+        saver.pause()
+        assert resident_pages(ptr, BIG) == 0
+        assert open_memfds() == baseline
+        saver.resume()
+        assert open_memfds() == baseline + BIG_PIECES
+        assert mem.read(ptr, BIG) == content  # same address, every byte, across piece edges
+    new = os.urandom(BIG)
+    mem.write(ptr, new)  # all pieces writable
+    saver.pause()
+    saver.resume()
+    assert mem.read(ptr, BIG) == new
+    mem.free(ptr)
+    assert open_memfds() == baseline
+    assert resident_pages(ptr, BIG) is None  # the address range is given back too
+
+
+def test_only_backed_up_allocations_larger_than_a_piece_are_split(mem):
+    baseline = open_memfds()
+    saver = HostSaver(granularity_bytes=GRANULE)
+    try:
+        with saver.region("weights", enable_cpu_backup=True):
+            small = mem.malloc(4 * GRANULE)  # exactly one piece
+        with saver.region("kv"):
+            mem.malloc(BIG)  # no backup: nothing to copy while mapping, one piece
+        mem.write(small, b"\x5a" * 4 * GRANULE)
+        saver.pause()
+        saver.resume()
+        assert open_memfds() == baseline + 2
+        assert mem.read(small, 4 * GRANULE) == b"\x5a" * 4 * GRANULE
+    finally:
+        saver.close()
+    assert open_memfds() == baseline
+
+
+@pytest.mark.parametrize("operation, after", [
+    ("create_physical", 1), ("create_physical", 3), ("map", 2), ("map", BIG_PIECES),
+    ("set_access", 4), ("copy_from_host_async", 3),
+])
+def test_a_resume_failing_midway_through_the_pieces_takes_them_all_back(big, mem, operation, after):
+    saver, ptr, content, baseline = big
+    saver.pause()
+    saver.inject_fault(operation, after)
+    with pytest.raises(MemorySaverError, match=rf"injected fault in {operation}") as caught:
+        saver.resume()
+    assert "stays paused with its backups kept" in str(caught.value)
+    assert open_memfds() == baseline, "pieces mapped by the failed resume were kept"
+    assert resident_pages(ptr, BIG) == 0
+    assert saver.stats()["weights"].paused_bytes == BIG
+    saver.resume()
+    assert mem.read(ptr, BIG) == content
+
+
+def test_a_pause_whose_first_unmap_fails_keeps_every_piece_resident(big, mem):
+    saver, ptr, content, baseline = big
+    saver.pause()
+    saver.resume()
+    saver.inject_fault("unmap", 1)
+    with pytest.raises(MemorySaverError, match="stays resident with its content"):
+        saver.pause()
+    assert open_memfds() == baseline + BIG_PIECES
+    assert mem.read(ptr, BIG) == content
+    saver.pause()
+    saver.resume()
+    assert mem.read(ptr, BIG) == content
+
+
+@pytest.mark.parametrize("operation, after", [("unmap", 3), ("release_physical", 2)])
+def test_a_piece_that_fails_to_go_in_a_pause_is_kept_and_released_later(big, mem, operation, after):
+    """The pieces before it are gone, so the allocation is paused (its backup is complete);
+    the piece is kept as an orphan and released before the next resume maps the range."""
+    saver, ptr, content, baseline = big
+    saver.pause()
+    saver.resume()
+    saver.inject_fault(operation, after)
+    with pytest.raises(MemorySaverError, match=rf"injected fault in {operation}"):
+        saver.pause()
+    assert open_memfds() == baseline + 1  # the one piece that failed, kept, not leaked
+    assert saver.stats()["weights"].paused_bytes == BIG
+    saver.resume()  # releases it first, then maps every piece afresh
+    assert open_memfds() == baseline + BIG_PIECES
+    assert mem.read(ptr, BIG) == content
+
+
+def test_a_freed_range_is_given_back_only_once_no_piece_is_mapped_in_it(big, mem):
+    saver, ptr, content, baseline = big
+    saver.pause()
+    saver.resume()
+    saver.inject_fault("unmap", 2)
+    mem.free(ptr)  # torch's free cannot fail: the piece is retried at once, then the range goes
+    assert open_memfds() == baseline
+    assert resident_pages(ptr, BIG) is None
