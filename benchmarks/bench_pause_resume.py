@@ -7,10 +7,14 @@
 Workloads: one_big (one tensor, a KV cache), weights (~350 tensors of 2-64 MiB), many_small
 (2 MiB tensors). Each runs without backup, with backup (backups freed after resume) and
 with retained backups, four cycles each: cycle 1 is cold, the median of the others is
-reported as "2+". Limits measured first: pinned host<->device copy bandwidth, the driver's
-create+map cost for 1 GiB in 2 MiB and in 1 GiB pieces, and the speed of each stage of
-preparing fresh host memory (host_stages.py), which bounds a first pause. Preload mode runs
-in a child process started with LD_PRELOAD. Each row is checked against the targets.
+reported as "2+". Between a pause and its resume the process idles --idle seconds (0.3), where
+an RL loop runs its other engine: for about 0.1 s after gigabytes of device memory are
+released, copies into freshly created memory run ~8 % slower (probe_copy_pipeline.py --only
+release_gap), which a resume straight after its pause would measure instead. Limits measured
+first: pinned host<->device copy bandwidth, the driver's create+map cost for 1 GiB in 2 MiB and
+in 1 GiB pieces, and the speed of each stage of preparing fresh host memory (host_stages.py),
+which bounds a first pause. Preload mode runs in a child process started with LD_PRELOAD. Each
+row is checked against the targets.
 
 torch_memory_saver runs too, side by side, when it is importable (installed, or in --tms-path,
 a directory put on the children's PYTHONPATH: `pip install --no-deps --target DIR <wheel>`):
@@ -199,7 +203,7 @@ class TorchMemorySaver:
 
 
 def run_workload(tool, workload: str, total: int, variant: str, backup: bool, retain: bool,
-                 host_cache: int | None, cycles: int) -> list[dict]:
+                 host_cache: int | None, cycles: int, idle: float) -> list[dict]:
     tag = f"bench-{workload}-{variant}-{tool.hook_mode}"
     tool.configure(retain, host_cache)
 
@@ -234,6 +238,7 @@ def run_workload(tool, workload: str, total: int, variant: str, backup: bool, re
         tool.pause(tag)
         t1 = time.perf_counter()
         released = torch.cuda.mem_get_info()[0] - free_before
+        time.sleep(idle)  # the other engine's turn
         t2 = time.perf_counter()
         tool.resume(tag)
         torch.cuda.synchronize()
@@ -251,7 +256,8 @@ def run_workload(tool, workload: str, total: int, variant: str, backup: bool, re
     return rows
 
 
-def measure(tool_name: str, hook_mode: str, workloads: list[str], total: int, cycles: int) -> list[dict]:
+def measure(tool_name: str, hook_mode: str, workloads: list[str], total: int, cycles: int,
+            idle: float) -> list[dict]:
     from host_stages import fault_in_speed
 
     tool = (Ours if tool_name == "ours" else TorchMemorySaver)(hook_mode)
@@ -261,7 +267,7 @@ def measure(tool_name: str, hook_mode: str, workloads: list[str], total: int, cy
     rows = []
     for workload in workloads:
         for variant, backup, retain, host_cache in tool.variants:
-            rows += run_workload(tool, workload, total, variant, backup, retain, host_cache, cycles)
+            rows += run_workload(tool, workload, total, variant, backup, retain, host_cache, cycles, idle)
     for row in rows:
         row["host_fault_in_gbps"] = host_gbps
     return rows
@@ -271,8 +277,8 @@ def in_child(tool: str, mode: str, workloads: list[str], args, env: dict[str, st
     """measure() in a fresh process (preload mode needs LD_PRELOAD from the start)."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         child = subprocess.run([sys.executable, __file__, "--gib", str(args.gib), "--workloads", ",".join(workloads),
-                                "--cycles", str(args.cycles), "--child", f"{tool},{mode}", "--child-output", out.name],
-                               env={**os.environ, **env})
+                                "--cycles", str(args.cycles), "--idle", str(args.idle), "--child", f"{tool},{mode}",
+                                "--child-output", out.name], env={**os.environ, **env})
         written = Path(out.name).read_text()
         if not written:  # torch_memory_saver may end its process non-zero at exit, after the rows
             raise RuntimeError(f"the {tool} {mode}-mode child wrote no rows (exit status {child.returncode})")
@@ -439,6 +445,8 @@ def main() -> int:
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--hook-modes", default="torch,preload")
     parser.add_argument("--cycles", type=int, default=4, help="cycles per variant (the first is cold)")
+    parser.add_argument("--idle", type=float, default=0.3,
+                        help="seconds between a pause and its resume, where the other engine would run")
     parser.add_argument("--json", help="write all rows and limits here")
     parser.add_argument("--plot", help="write a PNG bar chart here")
     parser.add_argument("--tms-path", help="a directory holding torch_memory_saver, for its children")
@@ -452,7 +460,7 @@ def main() -> int:
     workloads = args.workloads.split(",")
     if args.child:  # a child process: measure one tool in one mode and hand the rows back
         tool, mode = args.child.split(",")
-        Path(args.child_output).write_text(json.dumps(measure(tool, mode, workloads, total, args.cycles)))
+        Path(args.child_output).write_text(json.dumps(measure(tool, mode, workloads, total, args.cycles, args.idle)))
         return 0
 
     from host_stages import stage_speeds
@@ -500,6 +508,7 @@ def main() -> int:
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}"
           + ("" if tms_env is not None else "; torch_memory_saver not installed: ours only"))
     print_table(summary, limits)
+    print(f"between each pause and its resume the process idled {args.idle} s (the other engine's turn)")
     print_side_by_side(summary)
     if args.json:
         Path(args.json).write_text(json.dumps({"limits": limits, "rows": rows, "summary": summary}, indent=1))

@@ -10,8 +10,11 @@
    whether the address range is new or kept (as a resume keeps it)?
 4. Would one_big gain from physical memory in pieces, each released once copied (pause) and
    copied once mapped (resume)?
+5. Does the size of the host memory's page-locked ranges (each copy stays inside one) bound
+   the copies: 64 MiB ranges (the saver's) against larger ones?
+6. Does a resume straight after releasing gigabytes copy slower than one a moment later?
 
-    python benchmarks/probe_copy_pipeline.py [--only one_big,fresh_write,chunked,pipeline]
+    python benchmarks/probe_copy_pipeline.py [--only one_big,fresh_write,chunked,pipeline,ranges,release_gap]
 """
 
 from __future__ import annotations
@@ -207,6 +210,103 @@ def chunked() -> None:
     del pinned
 
 
+def ranges() -> None:
+    """8 GiB copied range by range between memory mapped long before and host memory
+    page-locked in ranges of one size, one copy per range; then a resume as the saver does it
+    (256 MiB device pieces, each copied once mapped) from those ranges."""
+    size = 8 * GiB
+    prop, access = device_props()
+    fresh = FreshMemory(size)
+    in_parallel(fault_in, fresh.pieces, 16)
+    host = fresh.address
+    s = stream()
+    va = int(ok(cu.cuMemAddressReserve(size, 0, 0, 0)))
+    handle = ok(cu.cuMemCreate(size, prop, 0))
+    ok(cu.cuMemMap(va, size, 0, handle, 0))
+    ok(cu.cuMemSetAccess(va, size, [access], 1))
+    print("8 GiB by page-locked range size, one copy per range, median of 3 (GB/s):")
+    for range_bytes in (64 * MiB, 256 * MiB, GiB, size):
+        starts = range(0, size, range_bytes)
+        for at in starts:
+            ok(cu.cuMemHostRegister(host + at, range_bytes, 0))
+        speeds = {}
+        for direction in ("h2d", "d2h"):
+            runs = []
+            for _ in range(3):
+                ok(cu.cuCtxSynchronize())
+                t0 = time.perf_counter()
+                copy_parts(direction, va, host, size, range_bytes, [s])
+                ok(cu.cuCtxSynchronize())
+                runs.append(size / (time.perf_counter() - t0) / 1e9)
+            speeds[direction] = statistics.median(runs)
+        ok(cu.cuMemUnmap(va, size))
+        ok(cu.cuMemRelease(handle))
+        piece = 256 * MiB
+        resumes, handles = [], {}
+        for _ in range(3):
+            ok(cu.cuCtxSynchronize())
+            t0 = time.perf_counter()
+            for at in range(0, size, piece):
+                handles[at] = ok(cu.cuMemCreate(piece, prop, 0))
+                ok(cu.cuMemMap(va + at, piece, 0, handles[at], 0))
+                ok(cu.cuMemSetAccess(va + at, piece, [access], 1))
+                for part in range(at, at + piece, min(piece, range_bytes)):
+                    ok(cu.cuMemcpyHtoDAsync(va + part, host + part, min(piece, range_bytes), s))
+            ok(cu.cuCtxSynchronize())
+            resumes.append(size / (time.perf_counter() - t0) / 1e9)
+            for at, h in handles.items():
+                ok(cu.cuMemUnmap(va + at, piece))
+                ok(cu.cuMemRelease(h))
+        handle = ok(cu.cuMemCreate(size, prop, 0))
+        ok(cu.cuMemMap(va, size, 0, handle, 0))
+        ok(cu.cuMemSetAccess(va, size, [access], 1))
+        for at in starts:
+            ok(cu.cuMemHostUnregister(host + at))
+        print(f"  ranges of {range_bytes / MiB:5.0f} MiB: H2D {speeds['h2d']:5.1f}  D2H {speeds['d2h']:5.1f}  "
+              f"resume in 256 MiB pieces {statistics.median(resumes):5.1f}")
+    ok(cu.cuMemUnmap(va, size))
+    ok(cu.cuMemRelease(handle))
+    ok(cu.cuMemAddressFree(va, size))
+    fresh.close()
+
+
+def release_gap() -> None:
+    """8 GiB resumed as the saver does it (256 MiB pieces, each copied once mapped), released
+    again at once, then idle for `gap` seconds before the next: five tries per gap."""
+    size, piece = 8 * GiB, 256 * MiB
+    prop, access = device_props()
+    pinned = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+    host = pinned.data_ptr()
+    s = stream()
+    va = int(ok(cu.cuMemAddressReserve(size, 0, 0, 0)))
+
+    def resume_then_release() -> float:
+        ok(cu.cuCtxSynchronize())
+        t0 = time.perf_counter()
+        handles = {}
+        for at in range(0, size, piece):
+            handles[at] = ok(cu.cuMemCreate(piece, prop, 0))
+            ok(cu.cuMemMap(va + at, piece, 0, handles[at], 0))
+            ok(cu.cuMemSetAccess(va + at, piece, [access], 1))
+            ok(cu.cuMemcpyHtoDAsync(va + at, host + at, piece, s))
+        ok(cu.cuCtxSynchronize())
+        gbps = size / (time.perf_counter() - t0) / 1e9
+        for at, handle in handles.items():
+            ok(cu.cuMemUnmap(va + at, piece))
+            ok(cu.cuMemRelease(handle))
+        return gbps
+
+    print("resume of 8 GiB in 256 MiB pieces, by idle time after the last release (GB/s per try):")
+    for gap in (0.0, 0.1, 0.3, 1.0):
+        speeds = []
+        for _ in range(5):
+            speeds.append(resume_then_release())
+            time.sleep(gap)
+        print(f"  idle {gap:3.1f} s: {' '.join(f'{v:5.1f}' for v in speeds)}")
+    ok(cu.cuMemAddressFree(va, size))
+    del pinned
+
+
 def pipelined_workload(workload: str, sizes: list[int], host: int) -> None:
     """Sequential against pipelined pause and resume of `sizes`, each its own reservation."""
     prop, access = device_props()
@@ -307,7 +407,8 @@ def pipeline() -> None:
     del pinned
 
 
-SECTIONS = {"one_big": one_big, "fresh_write": fresh_write, "chunked": chunked, "pipeline": pipeline}
+SECTIONS = {"one_big": one_big, "fresh_write": fresh_write, "chunked": chunked, "pipeline": pipeline,
+            "ranges": ranges, "release_gap": release_gap}
 
 
 def main() -> None:

