@@ -38,7 +38,9 @@ class CopyMarks {
     Pending& p = marks_[i];
     if (!p.pending) return Status::Ok();
     p.pending = false;
-    return backend_.wait_copy_mark(p.device, p.mark);
+    Status s = backend_.wait_copy_mark(p.device, p.mark);
+    if (!s.ok()) unmarked_ = true;  // copies up to it may still run: finish() waits for the streams
+    return s;
   }
   // Waits for every copy still queued and frees the marks left: needed before any backup is
   // let go after an error, since copies in flight still write into its host memory. Every

@@ -58,8 +58,22 @@ Saver::~Saver() {
 
 void Saver::adopt(const Orphan& orphan) {
   std::lock_guard<std::mutex> lock(orphans_mu_);
-  orphans_.push_back(orphan);
-  has_orphans_.store(true);
+  try {
+    orphans_.push_back(orphan);
+    has_orphans_.store(true);
+  } catch (const std::bad_alloc&) {
+    // No room to remember it: leaked, which is better than a caller that goes on believing
+    // it still holds (and later releases again) what was already taken down.
+  }
+}
+
+bool Saver::orphan_mapped_in(int device, uintptr_t va, size_t size) {
+  if (!has_orphans_.load()) return false;
+  std::lock_guard<std::mutex> lock(orphans_mu_);
+  for (const Orphan& o : orphans_) {
+    if (o.mapped && o.device == device && o.va < va + size && va < o.va + o.size) return true;
+  }
+  return false;
 }
 
 Status Saver::take_down(int device, uintptr_t va, size_t size, Pieces& physical, bool* unmapped) {
@@ -73,12 +87,12 @@ Status Saver::take_down(int device, uintptr_t va, size_t size, Pieces& physical,
       *unmapped = false;  // nothing taken down: all of it is still the caller's
       return s;
     }
+    if (unmapped != nullptr) *unmapped = true;  // set at once: no longer resident, whatever follows
     if (!s.ok()) {
       adopt({device, at, bytes, physical.handles[k], !done_unmapping, false});
       if (first.ok()) first = std::move(s);
     }
   }
-  if (unmapped != nullptr) *unmapped = true;
   physical.handles.clear();
   return first;
 }
@@ -240,6 +254,11 @@ Status Saver::allocate(size_t size, int device, const std::string& tag, BackupCh
     }
     return with_context(failed, where());
   };
+  // Made before anything is reserved or mapped, so that no allocation of memory below can
+  // throw while the device memory would be left unrecorded.
+  auto a = std::make_unique<Allocation>();
+  a->tag = tag;
+  a->physical.handles.reserve(1);
   uintptr_t address = 0;
   s = backend_->reserve(device, rounded, granularity, &address);
   if (!s.ok()) return explain(s);
@@ -252,11 +271,9 @@ Status Saver::allocate(size_t size, int device, const std::string& tag, BackupCh
     return explain(s);
   }
 
-  auto a = std::make_unique<Allocation>();
   a->va = address;
   a->size = rounded;
   a->device = device;
-  a->tag = tag;
   a->physical.piece_bytes = rounded;
   a->physical.handles.push_back(physical);
   bool refused = false;
@@ -440,6 +457,7 @@ Status Saver::pause_locked(const TagSelection& selection, std::set<std::string>*
   std::vector<HostBuffer> backups(batch.size());
   CopyMarks copies(*backend_, batch.size(), devices_of(batch));
   size_t done = 0;
+  bool releasing = false;  // batch[done] has begun to be released: it can no longer stay resident
   // Whatever happens in here (an exception too), the batch is settled below.
   Status s = status_of([&] {
     // Kernels still queued may read or write these pages.
@@ -461,12 +479,16 @@ Status Saver::pause_locked(const TagSelection& selection, std::set<std::string>*
                                                 "resident with its content") +
                                    ", call pause again");
       }
-      bool unmapped = false;
-      r = release_physical(*batch[done], &unmapped);
-      if (r.ok() || unmapped) ++done;
+      releasing = false;
+      r = release_physical(*batch[done], &releasing);
+      if (r.ok() || releasing) {
+        ++done;
+        releasing = false;
+      }
     }
     return r;
   });
+  if (releasing) ++done;  // an exception escaped midway: what is left of it went to orphans
   copies.finish();  // also after an error: copies in flight still write into the host memory
   if (!s.ok() && done == 0) backups.assign(batch.size(), HostBuffer());  // nothing released: none kept
   settle(batch, done, State::kPaused, State::kActive, &backups, false);
@@ -561,7 +583,13 @@ Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>
     Status r;
     while (r.ok() && done < batch.size()) {
       Allocation& a = *batch[done];
-      if (a.physical.empty()) r = plan_pieces(a);
+      if (a.physical.empty() && orphan_mapped_in(a.device, a.va, a.size)) {
+        // Mapping over it would be refused by the driver, or (host backend) later undone
+        // by the orphan's own unmap.
+        r = Status::Error(Code::kDriverError, "memory at " + format_address(a.va) + " (tag '" + a.tag +
+                                                  "') that an earlier unmap failed on is still mapped");
+      }
+      if (r.ok() && a.physical.empty()) r = plan_pieces(a);
       if (r.ok()) r = map_next_piece(a);
       if (r.ok()) r = restore(a, a.physical.handles.size() - 1);
       if (r.ok() && a.physical.handles.size() == a.physical.count(a.size)) ++done;
@@ -570,16 +598,16 @@ Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>
     return r.ok() ? with_context(waited, "restoring backups") : r;
   });
   if (!s.ok()) {
-    wait_copies(batch);  // the memory must not be unmapped under a running copy
-    for (size_t i = 0; i < batch.size() && i <= done; ++i) {  // batch[done]: the pieces mapped so far
-      take_down(batch[i]->device, batch[i]->va, batch[i]->size, batch[i]->physical);
-    }
-    if (s.code == Code::kOutOfMemory && done < batch.size()) {
-      s = out_of_memory_on_resume(batch, *batch[done], s);
-    } else {
-      s = with_context(s, "resuming " + describe(batch) + " failed; everything it covered stays paused with "
-                              "its backups kept, call resume again");
-    }
+    // Whatever happens in here too, the batch is settled below: a free waiting on it wakes.
+    s = status_of([&] {
+      wait_copies(batch);  // the memory must not be unmapped under a running copy
+      for (size_t i = 0; i < batch.size() && i <= done; ++i) {  // batch[done]: the pieces mapped so far
+        take_down(batch[i]->device, batch[i]->va, batch[i]->size, batch[i]->physical);
+      }
+      if (s.code == Code::kOutOfMemory && done < batch.size()) return out_of_memory_on_resume(batch, *batch[done], s);
+      return with_context(s, "resuming " + describe(batch) + " failed; everything it covered stays paused with "
+                                 "its backups kept, call resume again");
+    });
     settle(batch, 0, State::kActive, State::kPaused, nullptr, false);
     return s;
   }

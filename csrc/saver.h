@@ -248,7 +248,9 @@ class Saver {
     bool mapped;              // still to unmap first
     bool range;               // the address range still to give back, last
   };
-  void adopt(const Orphan& orphan);  // takes orphans_mu_
+  void adopt(const Orphan& orphan);  // takes orphans_mu_; never throws
+  // Whether an orphan still has memory mapped inside [va, va + size) on `device`.
+  bool orphan_mapped_in(int device, uintptr_t va, size_t size);
   // Held through a whole retry (backend calls included), so a range is never judged free
   // while another thread holds memory mapped inside it. Never taken under mu_ or the reverse.
   std::mutex orphans_mu_;

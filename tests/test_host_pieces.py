@@ -12,7 +12,7 @@ import os
 import pytest
 
 from host_memory import open_memfds, resident_pages
-from torch_mem_saver_lite import MemorySaverError
+from torch_mem_saver_lite import MemorySaverError, OutOfMemoryError
 from torch_mem_saver_lite.testing import HostSaver
 
 KiB = 1 << 10
@@ -123,11 +123,63 @@ def test_a_piece_that_fails_to_go_in_a_pause_is_kept_and_released_later(big, mem
     assert mem.read(ptr, BIG) == content
 
 
-def test_a_freed_range_is_given_back_only_once_no_piece_is_mapped_in_it(big, mem):
+def test_a_range_is_given_back_only_once_no_piece_is_mapped_in_it(big, mem):
     saver, ptr, content, baseline = big
     saver.pause()
     saver.resume()
-    saver.inject_fault("unmap", 2)
-    mem.free(ptr)  # torch's free cannot fail: the piece is retried at once, then the range goes
+    saver.inject_fault("unmap", 3)
+    with pytest.raises(MemorySaverError, match="injected fault in unmap"):
+        saver.pause()  # piece 2 stays mapped, an orphan
+    orphan = ptr + 2 * 4 * GRANULE
+    saver.inject_fault("unmap", 1)
+    # Its first retry fails again, the next one (before free returns) unmaps it. Had the
+    # range been given back under it, that unmap would map the orphan's address anew.
+    mem.free(ptr)
     assert open_memfds() == baseline
+    assert resident_pages(orphan, 4 * GRANULE) is None, "the range was given back while a piece was mapped in it"
     assert resident_pages(ptr, BIG) is None
+
+
+def test_a_resume_waits_until_a_piece_left_mapped_is_gone(big, mem):
+    """Mapping over a piece an earlier unmap failed on would be refused by the driver; the
+    resume says so, leaves everything paused, and the next one succeeds."""
+    saver, ptr, content, baseline = big
+    saver.pause()
+    saver.resume()
+    saver.inject_fault("unmap", 3)
+    with pytest.raises(MemorySaverError, match="injected fault in unmap"):
+        saver.pause()
+    saver.inject_fault("unmap", 1)
+    with pytest.raises(MemorySaverError, match="still mapped") as caught:
+        saver.resume()
+    assert "stays paused with its backups kept" in str(caught.value)
+    assert saver.stats()["weights"].paused_bytes == BIG
+    saver.resume()
+    assert mem.read(ptr, BIG) == content
+    with saver.region("kv"):
+        other = mem.malloc(GRANULE)
+    mem.free(other)  # retries orphans: none may touch the resumed pieces
+    assert mem.read(ptr, BIG) == content
+    assert open_memfds() == baseline + BIG_PIECES
+
+
+def test_running_out_of_memory_midway_through_the_pieces_rolls_back_and_a_retry_succeeds(mem):
+    baseline = open_memfds()
+    saver = HostSaver(capacity_bytes=BIG, granularity_bytes=GRANULE)
+    try:
+        with saver.region("weights", enable_cpu_backup=True):
+            ptr = mem.malloc(BIG)
+        content = os.urandom(BIG)
+        mem.write(ptr, content)
+        saver.pause("weights")
+        with saver.region("kv"):
+            kv = mem.malloc(8 * GRANULE)  # room is left for two pieces, not five
+        with pytest.raises(OutOfMemoryError, match="stays paused"):
+            saver.resume("weights")
+        assert open_memfds() == baseline + 1  # only kv: the pieces mapped before were taken back
+        mem.free(kv)
+        saver.resume("weights")
+        assert mem.read(ptr, BIG) == content
+    finally:
+        saver.close()
+    assert open_memfds() == baseline
