@@ -92,13 +92,19 @@ def test_a_resume_failing_midway_through_the_pieces_takes_them_all_back(big, mem
     assert mem.read(ptr, BIG) == content
 
 
-def test_a_pause_whose_first_unmap_fails_keeps_every_piece_resident(big, mem):
-    saver, ptr, content, baseline = big
+def pause_in_pieces_failing_at(saver, operation: str, after: int, match: str) -> None:
+    """Resumes the allocation once (so it is in pieces), then pauses it with `operation`
+    failing at its `after`-th call; the pause must raise an error matching `match`."""
     saver.pause()
     saver.resume()
-    saver.inject_fault("unmap", 1)
-    with pytest.raises(MemorySaverError, match="stays resident with its content"):
+    saver.inject_fault(operation, after)
+    with pytest.raises(MemorySaverError, match=match):
         saver.pause()
+
+
+def test_a_pause_whose_first_unmap_fails_keeps_every_piece_resident(big, mem):
+    saver, ptr, content, baseline = big
+    pause_in_pieces_failing_at(saver, "unmap", 1, "stays resident with its content")
     assert open_memfds() == baseline + BIG_PIECES
     assert mem.read(ptr, BIG) == content
     saver.pause()
@@ -111,11 +117,7 @@ def test_a_piece_that_fails_to_go_in_a_pause_is_kept_and_released_later(big, mem
     """The pieces before it are gone, so the allocation is paused (its backup is complete);
     the piece is kept as an orphan and released before the next resume maps the range."""
     saver, ptr, content, baseline = big
-    saver.pause()
-    saver.resume()
-    saver.inject_fault(operation, after)
-    with pytest.raises(MemorySaverError, match=rf"injected fault in {operation}"):
-        saver.pause()
+    pause_in_pieces_failing_at(saver, operation, after, rf"injected fault in {operation}")
     assert open_memfds() == baseline + 1  # the one piece that failed, kept, not leaked
     assert saver.stats()["weights"].paused_bytes == BIG
     saver.resume()  # releases it first, then maps every piece afresh
@@ -125,11 +127,7 @@ def test_a_piece_that_fails_to_go_in_a_pause_is_kept_and_released_later(big, mem
 
 def test_a_range_is_given_back_only_once_no_piece_is_mapped_in_it(big, mem):
     saver, ptr, content, baseline = big
-    saver.pause()
-    saver.resume()
-    saver.inject_fault("unmap", 3)
-    with pytest.raises(MemorySaverError, match="injected fault in unmap"):
-        saver.pause()  # piece 2 stays mapped, an orphan
+    pause_in_pieces_failing_at(saver, "unmap", 3, "injected fault in unmap")  # piece 2 stays mapped, an orphan
     orphan = ptr + 2 * 4 * GRANULE
     saver.inject_fault("unmap", 1)
     # Its first retry fails again, the next one (before free returns) unmaps it. Had the
@@ -144,11 +142,7 @@ def test_a_resume_waits_until_a_piece_left_mapped_is_gone(big, mem):
     """Mapping over a piece an earlier unmap failed on would be refused by the driver; the
     resume says so, leaves everything paused, and the next one succeeds."""
     saver, ptr, content, baseline = big
-    saver.pause()
-    saver.resume()
-    saver.inject_fault("unmap", 3)
-    with pytest.raises(MemorySaverError, match="injected fault in unmap"):
-        saver.pause()
+    pause_in_pieces_failing_at(saver, "unmap", 3, "injected fault in unmap")  # piece 2 stays mapped
     saver.inject_fault("unmap", 1)
     with pytest.raises(MemorySaverError, match="still mapped") as caught:
         saver.resume()
