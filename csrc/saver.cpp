@@ -70,6 +70,10 @@ void Saver::adopt(const Orphan& orphan) {
 bool Saver::orphan_mapped_in(int device, uintptr_t va, size_t size) {
   if (!has_orphans_.load()) return false;
   std::lock_guard<std::mutex> lock(orphans_mu_);
+  return orphan_mapped_in_locked(device, va, size);
+}
+
+bool Saver::orphan_mapped_in_locked(int device, uintptr_t va, size_t size) const {
   for (const Orphan& o : orphans_) {
     if (o.mapped && o.device == device && o.va < va + size && va < o.va + o.size) return true;
   }
@@ -122,14 +126,11 @@ void Saver::retry_orphans() {
     }
     if (s.ok() && o.physical != 0 && backend_->release_physical(o.device, o.physical, o.size).ok()) o.physical = 0;
   }
-  auto mapped_inside = [&](const Orphan& range) {
-    for (const Orphan& o : orphans_) {
-      if (o.mapped && o.device == range.device && o.va < range.va + range.size && range.va < o.va + o.size) return true;
-    }
-    return false;
-  };
   for (Orphan& o : orphans_) {
-    if (o.range && !mapped_inside(o) && backend_->free_reservation(o.device, o.va, o.size).ok()) o.range = false;
+    if (o.range && !orphan_mapped_in_locked(o.device, o.va, o.size) &&
+        backend_->free_reservation(o.device, o.va, o.size).ok()) {
+      o.range = false;
+    }
   }
   orphans_.erase(std::remove_if(orphans_.begin(), orphans_.end(),
                                 [](const Orphan& o) { return !o.mapped && o.physical == 0 && !o.range; }),

@@ -251,6 +251,7 @@ class Saver {
   void adopt(const Orphan& orphan);  // takes orphans_mu_; never throws
   // Whether an orphan still has memory mapped inside [va, va + size) on `device`.
   bool orphan_mapped_in(int device, uintptr_t va, size_t size);
+  bool orphan_mapped_in_locked(int device, uintptr_t va, size_t size) const;  // needs orphans_mu_
   // Held through a whole retry (backend calls included), so a range is never judged free
   // while another thread holds memory mapped inside it. Never taken under mu_ or the reverse.
   std::mutex orphans_mu_;
