@@ -73,10 +73,12 @@ class Backend {
   virtual Status memory_info(int device, size_t* free_bytes, size_t* total_bytes) = 0;
 
   // Test hook: make the `after_calls`-th next call of `operation` (a method name above,
-  // e.g. "map") fail as a driver error would. Only the host backend supports it.
-  virtual Status inject_fault(const std::string& operation, long after_calls) {
+  // e.g. "map") and the `times` - 1 calls after it fail as a driver error would. Only the
+  // host backend supports it.
+  virtual Status inject_fault(const std::string& operation, long after_calls, long times) {
     (void)operation;
     (void)after_calls;
+    (void)times;
     return Status::Error(Code::kInvalidArgument, std::string("the ") + name() +
                                                      " backend has no fault injection");
   }

@@ -22,7 +22,7 @@
 namespace tmsl {
 namespace {
 
-// Injected failures: operation -> calls left until the one that fails.
+// Injected failures: operation -> calls left until the first that fails, and how many fail.
 class FaultPlan {
  public:
   static const std::set<std::string>& operations() {
@@ -33,27 +33,36 @@ class FaultPlan {
     return names;
   }
 
-  Status arm(const std::string& operation, long after_calls) {
-    if (operations().count(operation) == 0 || after_calls < 1) {
-      return Status::Error(Code::kInvalidArgument, "cannot inject a fault into '" + operation +
-                                                       "' after " + std::to_string(after_calls) + " calls");
+  Status arm(const std::string& operation, long after_calls, long times) {
+    if (operations().count(operation) == 0 || after_calls < 1 || times < 1) {
+      return Status::Error(Code::kInvalidArgument, "cannot inject a fault into '" + operation + "' after " +
+                                                       std::to_string(after_calls) + " calls, " +
+                                                       std::to_string(times) + " times");
     }
     std::lock_guard<std::mutex> lock(mu_);
-    countdown_[operation] = after_calls;
+    armed_[operation] = Armed{after_calls, times};
     return Status::Ok();
   }
 
   Status check(const char* operation) {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = countdown_.find(operation);
-    if (it == countdown_.end() || --it->second > 0) return Status::Ok();
-    countdown_.erase(it);
+    auto it = armed_.find(operation);
+    if (it == armed_.end() || --it->second.countdown > 0) return Status::Ok();
+    if (--it->second.times == 0) {
+      armed_.erase(it);
+    } else {
+      it->second.countdown = 1;  // the next call fails too
+    }
     return Status::Error(Code::kDriverError, std::string("injected fault in ") + operation);
   }
 
  private:
+  struct Armed {
+    long countdown;
+    long times;
+  };
   std::mutex mu_;
-  std::map<std::string, long> countdown_;
+  std::map<std::string, Armed> armed_;
 };
 
 #define TMSL_FAULT_POINT(op)                 \
@@ -248,8 +257,8 @@ class HostBackend final : public Backend {
   }
   Status synchronize_stream(int, void*) override { return Status::Ok(); }
 
-  Status inject_fault(const std::string& operation, long after_calls) override {
-    return faults_.arm(operation, after_calls);
+  Status inject_fault(const std::string& operation, long after_calls, long times) override {
+    return faults_.arm(operation, after_calls, times);
   }
 
   Status memory_info(int, size_t* free_bytes, size_t* total_bytes) override {

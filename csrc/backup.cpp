@@ -15,6 +15,15 @@ constexpr size_t kBufferAlignment = 4096;
 
 size_t round_up(size_t n, size_t multiple) { return (n + multiple - 1) / multiple * multiple; }
 
+// Background work has nobody to report to: a task says what went wrong its own way (a
+// failed preparation just leaves the next pause to take host memory itself).
+void run_quietly(const std::function<void()>& task) {
+  try {
+    task();
+  } catch (...) {
+  }
+}
+
 size_t fault_in_workers(size_t pieces) {
   // One core is left to the thread that page-locks and the one that copies.
   size_t cores = std::max<size_t>(1, std::thread::hardware_concurrency());
@@ -90,7 +99,7 @@ void HostArena::start_range(size_t at) {
 void HostArena::fault_in() {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   // Pieces are taken in order, so the first ranges are ready first.
-  for (size_t p = next_piece_++; p < pieces_.size(); p = next_piece_++) {
+  for (size_t p = next_piece_++; p < pieces_.size() && !stopping_.load(); p = next_piece_++) {
     const Piece& piece = pieces_[p];
     // Faulting the pages in here, in parallel, is much faster than inside the registration.
     for (size_t off = 0; off < piece.size; off += page) data_[piece.start + off] = 0;
@@ -104,12 +113,13 @@ void HostArena::page_lock() {
   for (Range& range : ranges_) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      changed_.wait(lock, [&] { return range.pieces_left == 0; });
+      changed_.wait(lock, [&] { return range.pieces_left == 0 || stopping_.load(); });
+      if (stopping_.load()) return;
     }
-    Status s = range.size == 0 ? Status::Ok() : backend_->register_host(device_, data_ + range.start, range.size);
+    // A failure is not final: the range's first copy tries again (for_each_part).
+    const bool registered = range.size != 0 && backend_->register_host(device_, data_ + range.start, range.size).ok();
     std::lock_guard<std::mutex> lock(mu_);
-    range.registered = s.ok() && range.size != 0;
-    range.status = std::move(s);
+    range.registered = registered;
     range.done = true;
     --ranges_left_;
     changed_.notify_all();
@@ -129,9 +139,9 @@ Status HostArena::for_each_part(size_t offset, size_t size, const std::function<
       std::unique_lock<std::mutex> lock(mu_);
       Range& range = ranges_[range_index(at)];
       changed_.wait(lock, [&] { return range.done; });
-      if (!range.status.ok()) return range.status;
       if (!range.registered && range.size != 0) {
-        // It lost its registration when register_as_one failed to put it back: try again.
+        // Its page-locking failed (prepared in the background, perhaps long before), or it
+        // lost it when register_as_one failed to put it back: try again now.
         Status s = backend_->register_host(device_, data_ + range.start, range.size);
         if (!s.ok()) return s;
         range.registered = true;
@@ -152,14 +162,12 @@ Status HostArena::register_as_one(size_t offset, size_t size) {
   std::unique_lock<std::mutex> lock(mu_);
   changed_.wait(lock, [&] { return ranges_left_ == 0; });
   const size_t first = range_index(offset), last = range_index(offset + size - 1);
-  for (size_t r = first; r <= last; ++r) {
-    if (!ranges_[r].status.ok()) return ranges_[r].status;
-  }
-  if (first == last) return Status::Ok();
+  if (first == last && (ranges_[first].registered || ranges_[first].size == 0)) return Status::Ok();
   // A large buffer's ranges hold nothing else: unregister them, register the span once.
+  // (One range whose page-locking failed earlier is page-locked here too.)
   const size_t start = ranges_[first].start, end = ranges_[last].start + ranges_[last].size;
   for (size_t r = first; r <= last; ++r) {
-    ranges_[r].registered = !backend_->unregister_host(device_, data_ + ranges_[r].start).ok();
+    if (ranges_[r].registered) ranges_[r].registered = !backend_->unregister_host(device_, data_ + ranges_[r].start).ok();
   }
   Status s = backend_->register_host(device_, data_ + start, end - start);
   if (!s.ok()) {
@@ -180,6 +188,12 @@ Status HostArena::register_as_one(size_t offset, size_t size) {
 }
 
 HostArena::~HostArena() {
+  {
+    // Nobody holds a buffer of it any more: memory not yet prepared is not needed.
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_.store(true);
+  }
+  changed_.notify_all();
   for (std::thread& worker : workers_) worker.join();
   for (const Range& range : ranges_) {
     if (range.registered) backend_->unregister_host(device_, data_ + range.start);
@@ -187,15 +201,15 @@ HostArena::~HostArena() {
   if (data_ != nullptr) munmap(data_, size_);
 }
 
-BackgroundReleaser::BackgroundReleaser() {
+BackgroundWork::BackgroundWork() {
   try {
-    worker_ = std::thread([this] { run(); });
+    worker_ = std::thread([this] { loop(); });
   } catch (const std::system_error&) {
-    // No thread to be had (a thread limit): release() frees on the caller's thread.
+    // No thread to be had (a thread limit): run() works on the caller's thread.
   }
 }
 
-BackgroundReleaser::~BackgroundReleaser() {
+BackgroundWork::~BackgroundWork() {
   if (!worker_.joinable()) return;
   if (in_forked_child()) {
     worker_.detach();  // it exists only in the parent; never wait for it here
@@ -209,35 +223,43 @@ BackgroundReleaser::~BackgroundReleaser() {
   worker_.join();
 }
 
-void BackgroundReleaser::release(std::vector<HostBuffer> buffers) {
-  if (buffers.empty()) return;
-  if (!worker_.joinable() || in_forked_child()) {
-    buffers.clear();  // freed here: there is no background thread to do it
-    return;
+void BackgroundWork::run(std::function<void()> task) {
+  if (worker_.joinable() && !in_forked_child()) {
+    try {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(task));
+      changed_.notify_all();
+      return;
+    } catch (const std::bad_alloc&) {
+      // No room in the queue: done here instead.
+    }
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(std::move(buffers));
-  }
-  changed_.notify_all();
+  run_quietly(task);  // there is no background thread to do it
 }
 
-void BackgroundReleaser::wait_idle() {
+void BackgroundWork::release(std::vector<HostBuffer> buffers) {
+  if (buffers.empty()) return;
+  // The last reference to an arena frees it where the task runs.
+  run([batch = std::move(buffers)]() mutable { batch.clear(); });
+}
+
+void BackgroundWork::wait_idle() {
   if (!worker_.joinable() || in_forked_child()) return;  // nothing is ever queued then
   std::unique_lock<std::mutex> lock(mu_);
   changed_.wait(lock, [this] { return queue_.empty() && !busy_; });
 }
 
-void BackgroundReleaser::run() {
+void BackgroundWork::loop() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     changed_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
     if (queue_.empty()) return;  // stopping, nothing left
-    std::vector<HostBuffer> batch = std::move(queue_.front());
+    std::function<void()> task = std::move(queue_.front());
     queue_.pop_front();
     busy_ = true;
     lock.unlock();
-    batch.clear();  // the last reference to an arena frees it here
+    run_quietly(task);
+    task = nullptr;  // what it captured goes here, before the queue counts as idle
     lock.lock();
     busy_ = false;
     changed_.notify_all();

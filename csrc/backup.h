@@ -1,7 +1,8 @@
 // Host memory that holds the content of paused allocations.
 //
 // A pause takes one HostArena for all the backups it needs and carves it into one
-// HostBuffer per allocation. The arena is page-locked in ranges of about kRangeBytes, each
+// HostBuffer per allocation; so does Saver::prepare_backups, ahead of the first pause, in
+// the background. The arena is page-locked in ranges of about kRangeBytes, each
 // one registration: small buffers are packed into a range, a larger buffer gets ranges of
 // its own. Worker threads fault the pages in, 64 MiB at a time and with transparent huge
 // pages, while one more thread page-locks the ranges in order as their pages arrive; a copy
@@ -11,7 +12,8 @@
 // One CUDA copy may not cross from one registration into the next (the driver answers
 // "invalid value"), so copies go range by range (for_each_part), and a buffer users copy
 // from with torch (get_cpu_backup(zero_copy=True)) is first made one registration
-// (register_as_one). An arena lives as long as any buffer cut from it.
+// (register_as_one). An arena lives as long as any buffer cut from it; once none is left,
+// its workers stop early.
 #pragma once
 
 #include <atomic>
@@ -62,8 +64,7 @@ class HostArena {
     size_t size = 0;
     size_t pieces_left = 0;
     bool done = false;
-    bool registered = false;
-    Status status;
+    bool registered = false;  // false once done: page-locking failed, tried again at its copy
   };
   struct Piece {
     size_t range;
@@ -85,6 +86,7 @@ class HostArena {
   std::vector<Range> ranges_;
   std::vector<Piece> pieces_;
   std::atomic<size_t> next_piece_{0};
+  std::atomic<bool> stopping_{false};  // the arena is going: workers stop early
   size_t ranges_left_ = 0;  // not yet done
   std::mutex mu_;
   std::condition_variable changed_;
@@ -110,20 +112,25 @@ struct HostBuffer {
   }
 };
 
-// Frees backups off the caller's thread: unpinning and unmapping gigabytes takes a good
-// part of a second that a resume need not wait for.
-class BackgroundReleaser {
+// Work done off the caller's thread, one task at a time in order: freeing backups
+// (unpinning and unmapping gigabytes takes a good part of a second that a resume need not
+// wait for) and setting host memory aside for the backups of a tag just allocated.
+class BackgroundWork {
  public:
-  BackgroundReleaser();
-  ~BackgroundReleaser();  // releases what is queued, then stops
+  BackgroundWork();
+  ~BackgroundWork();  // runs what is queued, then stops
+  // Runs `task` on the background thread; on the caller's thread when there is none (a
+  // thread limit, a forked child).
+  void run(std::function<void()> task);
+  // Frees the buffers in the background.
   void release(std::vector<HostBuffer> buffers);
-  void wait_idle();  // returns once everything handed over has been freed
+  void wait_idle();  // returns once everything handed over has run
 
  private:
-  void run();
+  void loop();
   std::mutex mu_;
   std::condition_variable changed_;
-  std::deque<std::vector<HostBuffer>> queue_;
+  std::deque<std::function<void()>> queue_;
   bool busy_ = false;
   bool stopping_ = false;
   std::thread worker_;

@@ -148,6 +148,10 @@ TMSL_API int tmsl_resume(void* handle, const char* const* tags, int ntags) {
   return on_tags(handle, tags, ntags, &Saver::resume);
 }
 
+TMSL_API int tmsl_prepare_backups(void* handle, const char* const* tags, int ntags) {
+  return on_tags(handle, tags, ntags, &Saver::prepare_backups);
+}
+
 TMSL_API int tmsl_tag_state(void* handle, const char* tag, int* state) {
   return on_saver(handle, [&](Saver& saver) {
     Status s = require(tag != nullptr && state != nullptr, "tag and state must not be NULL");

@@ -49,6 +49,10 @@ TMSL_API int tmsl_note_graph_capture(void);
 // ntags < 0: every tag. A named tag no region has used is an error.
 TMSL_API int tmsl_pause(void* saver, const char* const* tags, int ntags);
 TMSL_API int tmsl_resume(void* saver, const char* const* tags, int ntags);
+// Sets host memory aside, in the background, for the backups the next pause of the tags
+// (ntags < 0: all) will take, within the host cache's budget (Saver::prepare_backups).
+// Best effort, and returns at once; tags no region has used are skipped.
+TMSL_API int tmsl_prepare_backups(void* saver, const char* const* tags, int ntags);
 // *state: 0 = no region has used the tag, 1 = active, 2 = paused.
 TMSL_API int tmsl_tag_state(void* saver, const char* tag, int* state);
 // caches = 0: the tag's backups leave host memory at every resume (cpu_backup_backend
@@ -67,7 +71,8 @@ TMSL_API int tmsl_release_host_cache(void* saver);
 // Fill resumed memory that has no backup with 0xFF bytes (NaN as floats); *out reads it.
 TMSL_API int tmsl_set_poison_on_resume(void* saver, int poison);
 TMSL_API int tmsl_get_poison_on_resume(void* saver, int* out);
-// Returns once the backups resume let go of have been freed (that happens in the background).
+// Returns once the background work handed over has run: backups a resume let go of freed,
+// host memory asked for by tmsl_prepare_backups set aside (its pages may still be arriving).
 TMSL_API int tmsl_wait_for_released_backups(void* saver);
 
 // Writes up to `capacity` bytes of JSON (NUL-terminated when it fits); *length is the

@@ -45,9 +45,9 @@ TMSL_API int tmsl_free(void* handle, void* ptr, void* stream) {
   return on_saver(handle, [&](Saver& saver) { return saver.free(reinterpret_cast<uintptr_t>(ptr), stream); });
 }
 
-TMSL_API int tmsl_inject_fault(void* handle, const char* operation, long after_calls) {
+TMSL_API int tmsl_inject_fault(void* handle, const char* operation, long after_calls, long times) {
   return on_saver(handle, [&](Saver& saver) {
     Status s = require(operation != nullptr, "operation must not be NULL");
-    return s.ok() ? saver.backend().inject_fault(operation, after_calls) : s;
+    return s.ok() ? saver.backend().inject_fault(operation, after_calls, times) : s;
   });
 }

@@ -12,5 +12,6 @@ TMSL_API int tmsl_malloc(void* saver, size_t size, int device, const char* tag,
                          int enable_cpu_backup, void** out);
 TMSL_API int tmsl_free(void* saver, void* ptr, void* stream);
 
-// Host backend only: the `after_calls`-th next call of `operation` fails.
-TMSL_API int tmsl_inject_fault(void* saver, const char* operation, long after_calls);
+// Host backend only: the `after_calls`-th next call of `operation` fails, and the
+// `times` - 1 calls after it.
+TMSL_API int tmsl_inject_fault(void* saver, const char* operation, long after_calls, long times);

@@ -49,6 +49,8 @@ std::string json_seconds(double seconds) {
 Saver::Saver(std::unique_ptr<Backend> backend) : backend_(std::move(backend)) {}
 
 Saver::~Saver() {
+  closing_.store(true);
+  background_.wait_idle();  // no preparation may be walking the table below
   for (auto& entry : table_) {
     Allocation& a = *entry.second;
     discard(a.device, a.va, a.size, a.state == State::kActive ? std::move(a.physical) : Pieces());
@@ -375,7 +377,7 @@ void Saver::settle(const std::vector<Allocation*>& batch, size_t done, State don
     }
   }
   settled_.notify_all();  // first: nothing below may keep a waiting free asleep
-  releaser_.release(std::move(let_go));
+  background_.release(std::move(let_go));
 }
 
 std::set<int> Saver::devices_of(const std::vector<Allocation*>& batch) {
@@ -633,13 +635,17 @@ bool Saver::cached_after_resume(const Allocation& a, State state) const {
 
 bool Saver::keeps_backups(const std::vector<Allocation*>& batch) const {
   if (retain_backups_.load()) return true;
-  const size_t budget = host_cache_bytes_.load();
   size_t wanted = 0;  // what this batch would add to the cache ("mmap" tags add nothing)
   for (const Allocation* a : batch) {
     if (cached_after_resume(*a, State::kActive)) wanted += a->host_copy ? a->host_copy.size : 0;
   }
-  if (wanted == 0 || wanted > budget) return false;
-  size_t cached = 0;  // kept for resident allocations already (the batch is still resuming)
+  return wanted != 0 && cache_has_room_for(wanted);  // the batch itself is still resuming
+}
+
+bool Saver::cache_has_room_for(size_t wanted) const {
+  const size_t budget = host_cache_bytes_.load();
+  if (wanted > budget) return false;
+  size_t cached = 0;  // kept for resident allocations already
   for (const auto& entry : table_) {
     const Allocation& a = *entry.second;
     if (a.state == State::kActive && a.host_copy) cached += a.host_copy.size;
@@ -647,7 +653,54 @@ bool Saver::keeps_backups(const std::vector<Allocation*>& batch) const {
   return cached <= budget - wanted;
 }
 
+Status Saver::prepare_backups(const TagSelection& selection) {
+  background_.run([this, selection] { prepare_backups_now(selection); });
+  return Status::Ok();
+}
+
+void Saver::prepare_backups_now(const TagSelection& selection) {
+  if (closing_.load()) return;
+  std::lock_guard<std::mutex> op(op_mu_);  // no pause, resume or cache release meanwhile
+  std::map<int, std::vector<std::pair<uintptr_t, size_t>>> wanted;  // by device: (va, size)
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    size_t bytes = 0;
+    auto want = [&](const Allocation& a) {
+      if (a.state != State::kActive || a.host_copy) return;
+      if (!tags_.at(a.tag).backs_up() || !cached_after_resume(a, State::kActive)) return;
+      wanted[a.device].emplace_back(a.va, a.size);
+      bytes += a.size;
+    };
+    if (selection.all) {
+      for (const auto& entry : table_) want(*entry.second);
+    } else {
+      for (const std::string& tag : selection.tags) {
+        auto it = by_tag_.find(tag);
+        if (it == by_tag_.end()) continue;
+        for (uintptr_t va : it->second) want(*table_.at(va));
+      }
+    }
+    if (bytes == 0 || !cache_has_room_for(bytes)) return;  // the first pause takes it itself
+  }
+  for (const auto& entry : wanted) {
+    std::vector<size_t> sizes;
+    for (const auto& allocation : entry.second) sizes.push_back(allocation.second);
+    std::shared_ptr<HostArena> arena;
+    if (!HostArena::create(backend_, entry.first, sizes, &arena).ok()) continue;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t k = 0; k < entry.second.size(); ++k) {
+      auto it = table_.find(entry.second[k].first);  // freed meanwhile: its buffer goes with the arena
+      if (it == table_.end()) continue;
+      Allocation& a = *it->second;
+      if (a.state == State::kActive && !a.host_copy && a.size == sizes[k]) {
+        a.host_copy = HostBuffer{arena, arena->buffer_offset(k), a.size};
+      }
+    }
+  }
+}
+
 void Saver::release_host_cache() {
+  background_.wait_idle();  // a preparation asked for before this call does not refill it after
   std::lock_guard<std::mutex> op(op_mu_);  // no pause is reusing these meanwhile
   std::vector<HostBuffer> let_go;
   {
@@ -657,7 +710,7 @@ void Saver::release_host_cache() {
       if (a.state == State::kActive && a.host_copy) let_go.push_back(std::move(a.host_copy));
     }
   }
-  releaser_.release(std::move(let_go));
+  background_.release(std::move(let_go));
 }
 
 size_t Saver::default_host_cache_bytes() {

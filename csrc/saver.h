@@ -111,8 +111,17 @@ class Saver {
   // Backups are freed in the background afterwards unless retention is on.
   Status resume(const TagSelection& selection);
 
-  // Returns once backups handed to the background releaser have been freed.
-  void wait_for_released_backups() { releaser_.wait_idle(); }
+  // Sets host memory aside, in the background, for the backups the next pause of
+  // `selection` will take: for every resident allocation of a tag that is backed up and may
+  // keep its backups cached, that has none yet, provided they all fit in the host cache
+  // beside what it holds already. That pause then copies at once, instead of waiting for
+  // fresh host memory to be faulted in and page-locked. Best effort: when the memory cannot
+  // be had now, the pause takes it itself. Named tags no region has used are skipped.
+  Status prepare_backups(const TagSelection& selection);
+
+  // Returns once the work handed to the background (freeing backups, preparing host
+  // memory for them) has run.
+  void wait_for_released_backups() { background_.wait_idle(); }
 
   // {"<tag>": {"allocations": n, "reserved_bytes": n, "resident_bytes": n,
   //            "paused_bytes": n, "host_backup_bytes": n, "paused": b, "graph_memory": b,
@@ -215,6 +224,10 @@ class Saver {
   // Whether a resume of `batch` keeps its backups: retention on, or they fit in the cache
   // beside what it already keeps. Needs mu_.
   bool keeps_backups(const std::vector<Allocation*>& batch) const;
+  // Whether `wanted` more bytes fit in the host cache beside what it holds. Needs mu_.
+  bool cache_has_room_for(size_t wanted) const;
+  // prepare_backups' work, on the background thread.
+  void prepare_backups_now(const TagSelection& selection);
   // Whether `a`, settling into `state`, may keep its host copy: not after a resume of an
   // "mmap" tag, unless backups are retained. Under mu_.
   bool cached_after_resume(const Allocation& a, State state) const;
@@ -262,7 +275,8 @@ class Saver {
   std::atomic<bool> retain_backups_{false};
   std::atomic<size_t> host_cache_bytes_{default_host_cache_bytes()};
   std::atomic<bool> poison_on_resume_{false};
-  BackgroundReleaser releaser_;  // declared after backend_: freeing backups uses it
+  std::atomic<bool> closing_{false};  // the saver is going: background preparation stops
+  BackgroundWork background_;  // declared after backend_: freeing backups uses it
 };
 
 }  // namespace tmsl

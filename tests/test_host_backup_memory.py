@@ -65,6 +65,7 @@ def test_pause_that_runs_out_of_host_memory_keeps_everything_resident():
         from torch_mem_saver_lite import OutOfMemoryError
         from torch_mem_saver_lite.testing import HostSaver
         mem, saver = HostMemory(), HostSaver()
+        saver.host_cache_bytes = 0  # nothing set aside ahead: the pause itself needs the memory
         with saver.region("weights", enable_cpu_backup=True):
             ptrs = [mem.malloc(32 << 20) for _ in range(2)]
         for i, p in enumerate(ptrs):

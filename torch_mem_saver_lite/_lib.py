@@ -62,10 +62,11 @@ _SIGNATURES = {
     "tmsl_free": ([_vp, _vp, _vp], _int),
     "tmsl_pause": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
     "tmsl_resume": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
+    "tmsl_prepare_backups": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
     "tmsl_stats_json": ([_vp, ctypes.c_char_p, _sz, ctypes.POINTER(_sz)], _int),
     "tmsl_lease_backup": ([_vp, _vp, _sz, ctypes.POINTER(_vp), ctypes.POINTER(_vp)], _int),
     "tmsl_release_lease": ([_vp], _int),
-    "tmsl_inject_fault": ([_vp, ctypes.c_char_p, ctypes.c_long], _int),
+    "tmsl_inject_fault": ([_vp, ctypes.c_char_p, ctypes.c_long, ctypes.c_long], _int),
     "tmsl_last_error_code": ([], _int),
     "tmsl_last_error_message": ([], ctypes.c_char_p),
     "tmsl_last_error_oom": (
@@ -258,9 +259,10 @@ class NativeSaver:
     def wait_for_released_backups(self) -> None:
         check(lib().tmsl_wait_for_released_backups(self.handle))
 
-    def inject_fault(self, operation: str, after_calls: int = 1) -> None:
-        """Test hook (host backend): the `after_calls`-th next call of `operation` fails."""
-        check(lib().tmsl_inject_fault(self.handle, operation.encode(), after_calls))
+    def inject_fault(self, operation: str, after_calls: int = 1, times: int = 1) -> None:
+        """Test hook (host backend): the `after_calls`-th next call of `operation` fails,
+        and the `times` - 1 calls after it."""
+        check(lib().tmsl_inject_fault(self.handle, operation.encode(), after_calls, times))
 
     def malloc(self, size: int, device: int, tag: str, enable_cpu_backup: bool | None) -> int | None:
         out = _vp()
@@ -278,6 +280,10 @@ class NativeSaver:
     def resume(self, tags: Sequence[str] | None) -> None:
         array, count = _tag_array(tags)
         check(lib().tmsl_resume(self.handle, array, count))
+
+    def prepare_backups(self, tags: Sequence[str] | None) -> None:
+        array, count = _tag_array(tags)
+        check(lib().tmsl_prepare_backups(self.handle, array, count))
 
     def stats(self) -> dict[str, dict[str, int]]:
         length = _sz()

@@ -504,6 +504,8 @@ class MemorySaver:
                     logger.warning("an allocation in tag %r was refused: %s", tag, cause)
                     raise error from cause
                 raise
+        if backup:
+            native.prepare_backups([tag])  # host memory for its first pause, in the background
 
     def _enter(self) -> _lib.NativeSaver:
         """Checks shared by region() and cuda_graph(); returns the native saver."""
@@ -572,6 +574,8 @@ class MemorySaver:
             with torch.cuda.graph(cuda_graph, pool=pool, stream=stream,
                                   capture_error_mode=capture_error_mode):
                 yield
+        if enable_cpu_backup is not False:
+            native.prepare_backups([tag])  # host memory for the pool's first pause, in the background
 
     @contextlib.contextmanager
     def disable(self) -> Iterator[None]:

@@ -53,10 +53,11 @@ class HostSaver(MemorySaver):
         self._finalizer = weakref.finalize(self, _destroy, native)
         return native
 
-    def inject_fault(self, operation: str, after_calls: int = 1) -> None:
+    def inject_fault(self, operation: str, after_calls: int = 1, times: int = 1) -> None:
         """Make the ``after_calls``-th next call of the backend's ``operation`` (``"map"``,
-        ``"unmap"``, ``"copy_to_host_async"``, ...) fail as a driver error would."""
-        self._core().inject_fault(operation, after_calls)
+        ``"unmap"``, ``"copy_to_host_async"``, ...), and the ``times - 1`` calls after it,
+        fail as a driver error would."""
+        self._core().inject_fault(operation, after_calls, times)
 
     def close(self) -> None:
         """Free everything the saver holds; it cannot be used afterwards."""

@@ -142,11 +142,11 @@ void injected_faults_keep_state_recoverable() {
   Saver s;
   void* p = s.malloc(4 * MiB, "weights", true);
   memset(p, 7, 4 * MiB);
-  CHECK(tmsl_inject_fault(s.handle, "copy_to_host_async", 1) == 0);
+  CHECK(tmsl_inject_fault(s.handle, "copy_to_host_async", 1, 1) == 0);
   CHECK(s.pause("weights") != 0);
   CHECK(filled_with(p, 4 * MiB, 7));  // still resident
   CHECK(s.pause("weights") == 0);
-  CHECK(tmsl_inject_fault(s.handle, "set_access", 1) == 0);
+  CHECK(tmsl_inject_fault(s.handle, "set_access", 1, 1) == 0);
   CHECK(s.resume("weights") != 0);
   CHECK(s.resume("weights") == 0);
   CHECK(filled_with(p, 4 * MiB, 7));
@@ -239,7 +239,7 @@ void null_out_pointers_are_refused() {
   CHECK(tmsl_lease_backup(s.handle, nullptr, 1, &host, nullptr) != 0);
   CHECK(tmsl_pause(s.handle, nullptr, 2) != 0);  // two tags promised, none given
   CHECK(tmsl_enter_region(s.handle, nullptr, 0) != 0);
-  CHECK(tmsl_inject_fault(s.handle, nullptr, 1) != 0);
+  CHECK(tmsl_inject_fault(s.handle, nullptr, 1, 1) != 0);
   tmsl_last_error_oom(nullptr, nullptr, nullptr, nullptr);
   CHECK(tmsl_set_thread_region(s.handle, "kv", 0) == 0);
   CHECK(cudaMalloc(nullptr, MiB) != 0);  // inside a region: the result pointer is needed
