@@ -376,8 +376,11 @@ class MemorySaver:
         """Host memory (bytes) that backups may keep between cycles: after a resume, its
         backups stay page-locked for the next pause of the same memory while everything kept
         this way fits in the budget, so later cycles skip preparing host memory and run at
-        the link's speed. Default: an eighth of the machine's memory, at most 32 GiB; 0 turns
-        the cache off. ``release_host_cache()`` frees what it holds."""
+        the link's speed. It is filled ahead of the first pause too: when a region with
+        ``enable_cpu_backup=True`` (or a ``cuda_graph`` block backing its pool up) closes, host
+        memory for the backups of what it allocated is set aside in the background if it
+        fits, so the first pause copies at once. Default: an eighth of the machine's memory,
+        at most 32 GiB; 0 turns the cache off. ``release_host_cache()`` frees what it holds."""
         native = self._native if self._native is not None or self._host_cache_bytes is not None \
             else self._existing_core()
         if native is not None:
@@ -978,7 +981,8 @@ class MemorySaver:
         torch.cuda.empty_cache()
 
     def wait_for_released_backups(self) -> None:
-        """Wait until host backups that resumes let go of are freed.
+        """Wait until host backups that resumes let go of are freed, and host memory being
+        set aside for backups (when a backed-up region closed) is claimed.
 
         A resume returns as soon as the content is back on the device and frees its host
         memory on a background thread; call this before measuring host memory.

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,40 @@ def test_backup_content_identical_after_five_cycles(workload, keep):
     assert saver.stats()[tag].allocations == 0  # device memory and retained backups given back
 
 
+def test_leaving_a_backed_up_region_sets_host_memory_aside_so_the_first_pause_takes_none():
+    tag = unique_tag("set_aside")
+    default_cache = saver.host_cache_bytes
+    saver.host_cache_bytes = max(default_cache, 2 * GiB)
+    saver.release_host_cache()  # room in the cache, whatever earlier tests left there
+    torch.empty(1, device="cuda")  # the CUDA context's own host memory, before the baseline
+    rss_start = rss_anon_bytes()
+    try:
+        with saver.region(tag, enable_cpu_backup=True):
+            tensors = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in tensor_sizes("weights", GiB)]
+        saver.wait_for_released_backups()
+        reserved = saver.stats()[tag].reserved_bytes
+        assert saver.stats()[tag].host_backup_bytes == reserved  # set aside, without any pause
+        for i, t in enumerate(tensors):
+            t.copy_(pattern(t.numel(), i))
+        deadline = time.monotonic() + 60
+        while rss_anon_bytes() - rss_start < reserved:  # its pages arrive in the background
+            assert time.monotonic() < deadline, "the host memory set aside never arrived"
+            time.sleep(0.01)
+        torch.cuda.synchronize()
+        rss_before, free_before = rss_anon_bytes(), torch.cuda.mem_get_info()[0]
+        saver.pause(tag)
+        assert torch.cuda.mem_get_info()[0] - free_before >= 0.99 * reserved, "device memory not released"
+        grown = rss_anon_bytes() - rss_before
+        assert grown < 64 * MiB, f"the first pause took +{grown / MiB:.0f} MiB of new host memory"
+        saver.resume(tag)
+        for i, t in enumerate(tensors):
+            assert torch.equal(t, pattern(t.numel(), i)), f"tensor {i}"
+    finally:
+        saver.host_cache_bytes = default_cache
+    del tensors, t
+    saver.empty_cache(tag)
+
+
 def test_zero_copy_backup_is_page_locked_and_copies_to_the_gpu_in_one_piece():
     # A 200 MiB tensor after a smaller segment: its backup is page-locked in several ranges
     # while the pause copies, and must be one registration once leased, or this one torch
@@ -95,6 +130,7 @@ def test_pause_interrupted_by_host_memory_exhaustion_loses_nothing():
         """
         import resource, torch
         from torch_mem_saver_lite import saver, OutOfMemoryError
+        saver.host_cache_bytes = 0  # nothing set aside ahead: the pause itself needs the memory
         with saver.region("weights", enable_cpu_backup=True):
             w = torch.full((1 << 30,), 7, dtype=torch.uint8, device="cuda")
         torch.cuda.synchronize()

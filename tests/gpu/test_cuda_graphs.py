@@ -40,6 +40,7 @@ class TinyDecoder:
 
 def test_graphs_for_four_batch_sizes_pause_with_weights_and_kv_and_replay_bit_identical():
     weights_tag, kv_tag, graph_tag = (unique_tag(t) for t in ("weights", "kv", "cuda_graph"))
+    saver.release_host_cache()  # room in the cache, whatever earlier tests left there
     model = TinyDecoder(weights_tag, kv_tag)
     inputs = {b: torch.randint(0, 4096, (b,), device="cuda") for b in BATCH_SIZES}
 
@@ -60,8 +61,11 @@ def test_graphs_for_four_batch_sizes_pause_with_weights_and_kv_and_replay_bit_id
         assert torch.equal(outputs[b], eager[b]), f"graph and eager differ before pausing (b={b})"
 
     tags = [weights_tag, kv_tag, graph_tag]
+    saver.wait_for_released_backups()  # host memory for the backups, set aside as the regions closed
     stats = saver.stats()
     assert stats[graph_tag].reserved_bytes > 0, "the graph pool's memory is not under the saver"
+    assert [stats[t].host_backup_bytes for t in tags] == [stats[weights_tag].reserved_bytes, 0,
+                                                          stats[graph_tag].reserved_bytes]
     reserved = sum(stats[t].reserved_bytes for t in tags)
     free_before = device_free_bytes()
     saver.pause(tags)
