@@ -52,6 +52,29 @@ struct DriverApi {
   PFN_cuEventRecord_v2000 cuEventRecord = nullptr;
   PFN_cuEventSynchronize_v2000 cuEventSynchronize = nullptr;
   PFN_cuEventDestroy_v4000 cuEventDestroy = nullptr;
+  PFN_cuThreadExchangeStreamCaptureMode_v10010 cuThreadExchangeStreamCaptureMode = nullptr;
+};
+
+// Page-locking host memory counts as "unsafe" while any thread captures a CUDA graph in
+// global mode (torch's default): made then, from the background threads that prepare and
+// free backups, it would invalidate the user's capture. It enqueues nothing on any stream,
+// so the calling thread relaxes its capture mode for the call (as torch's own allocator
+// does around cudaMalloc).
+class RelaxedCapture {
+ public:
+  explicit RelaxedCapture(const DriverApi& api) : api_(api) {
+    relaxed_ = api_.cuThreadExchangeStreamCaptureMode(&mode_) == CUDA_SUCCESS;
+  }
+  ~RelaxedCapture() {
+    if (relaxed_) api_.cuThreadExchangeStreamCaptureMode(&mode_);  // the thread's own mode back
+  }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  const DriverApi& api_;
+  CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
+  bool relaxed_ = false;
 };
 
 Status load_driver(DriverApi* api) {
@@ -112,6 +135,7 @@ Status load_driver(DriverApi* api) {
   resolve("cuEventRecord", &api->cuEventRecord);
   resolve("cuEventSynchronize", &api->cuEventSynchronize);
   resolve("cuEventDestroy", &api->cuEventDestroy);
+  resolve("cuThreadExchangeStreamCaptureMode", &api->cuThreadExchangeStreamCaptureMode);
   if (!missing.empty()) {
     return Status::Error(Code::kNoDriver, "the CUDA driver lacks entry points: " + missing);
   }
@@ -200,6 +224,7 @@ class CudaBackend final : public Backend {
   }
 
   Status register_host(int device, void* ptr, size_t size) override {
+    RelaxedCapture relaxed(api_);
     return in_context(device, [&] {
       return check(api_.cuMemHostRegister(ptr, size, CU_MEMHOSTREGISTER_PORTABLE),
                    "cuMemHostRegister(" + format_bytes(size) + ")");
@@ -207,6 +232,7 @@ class CudaBackend final : public Backend {
   }
 
   Status unregister_host(int device, void* ptr) override {
+    RelaxedCapture relaxed(api_);
     return in_context(device, [&] { return check(api_.cuMemHostUnregister(ptr), "cuMemHostUnregister"); });
   }
 

@@ -141,3 +141,39 @@ def test_torch_mode_works_with_expandable_segments():
     words = result.stdout.split()
     assert int(words[1]) >= 0.99 * (1 << 30)
     assert int(words[3]) == 256 << 20 and int(words[5]) == 30
+
+
+@pytest.mark.parametrize("background", ["setting backups aside", "freeing backups"])
+def test_graphs_captured_while_the_saver_works_in_the_background_are_not_invalidated(background):
+    # The saver page-locks and unpins host memory on background threads. Made while this
+    # thread captures in global mode (torch's default), such a call would invalidate the
+    # capture ("operation failed due to a previous error during capture").
+    GiB = 1 << 30
+    tag = unique_tag("weights")
+    default_cache = saver.host_cache_bytes
+    saver.host_cache_bytes = 0 if background == "freeing backups" else max(default_cache, 4 * GiB)
+    saver.release_host_cache()
+    try:
+        with saver.region(tag, enable_cpu_backup=True):  # 2 GiB: set aside at its end
+            weights = [torch.full((256 * MiB,), i, dtype=torch.uint8, device="cuda") for i in range(8)]
+        if background == "freeing backups":
+            saver.pause(tag)
+            saver.resume(tag)  # its 2 GiB of backups are unpinned and freed in the background now
+        x = torch.linspace(0, 1, 4096, device="cuda")
+        for _capture in range(200):  # captures for as long as the background work may take
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                y = x
+                for _ in range(20):
+                    y = y * 1.001 + 0.001
+            graph.replay()
+        eager = x
+        for _ in range(20):
+            eager = eager * 1.001 + 0.001
+        assert torch.equal(y, eager)
+        saver.wait_for_released_backups()
+        assert all(int((w == i).sum()) == w.numel() for i, w in enumerate(weights))
+    finally:
+        saver.host_cache_bytes = default_cache
+    del weights
+    saver.empty_cache(tag)
