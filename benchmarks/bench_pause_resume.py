@@ -6,11 +6,14 @@
 
 Workloads: one_big (one tensor, a KV cache), weights (~350 tensors of 2-64 MiB), many_small
 (2 MiB tensors). Each runs without backup, with backup (backups freed after resume) and
-with retained backups, four cycles each (nine without backup: milliseconds each): cycle 1 is
-cold, the median of the others is reported as "2+". Before a backed-up workload's first pause
-the process waits --rollout seconds (2), the engine's first rollout; ours sets the host memory
-for the backups aside meanwhile when the region closes (uncached, with no host cache, shows a
-first pause without it). Between a pause and its resume the process idles --idle seconds (0.3), where
+with retained backups, six cycles each (nine without backup: milliseconds each): cycle 1 is
+cold, the median of the others is reported as "2+". The variant without backup is measured in
+three fresh processes per tool (--processes-without-backup), the tools taking turns, and its
+rows are medians over all of them, printed with the spread of the processes' own medians.
+Before a backed-up workload's first pause the process waits --rollout seconds (2), the
+engine's first rollout; ours sets the host memory for the backups aside meanwhile when the
+region closes (uncached, with no host cache, shows a first pause without it). Between a
+pause and its resume the process idles --idle seconds (0.3), where
 an RL loop runs its other engine: for about 0.1 s after gigabytes of device memory are
 released, copies into freshly created memory run ~8 % slower (probe_copy_pipeline.py --only
 release_gap), which a resume straight after its pause would measure instead. Limits measured
@@ -262,31 +265,36 @@ def run_workload(tool, workload: str, total: int, variant: str, backup: bool, re
 
 
 def measure(tool_name: str, hook_mode: str, workloads: list[str], total: int, cycles: int,
-            cycles_without_backup: int, idle: float, rollout: float) -> list[dict]:
+            cycles_without_backup: int, idle: float, rollout: float, variants: list[str] | None) -> list[dict]:
     from host_stages import fault_in_speed
 
     tool = (Ours if tool_name == "ours" else TorchMemorySaver)(hook_mode)
     # How fast this machine faults in fresh host memory as the child starts: what its first
     # cycles (which fault in their backups' memory) are bound by, at that moment.
-    host_gbps = fault_in_speed(GiB, FAULT_THREADS)
+    host_gbps = fault_in_speed(GiB, FAULT_THREADS) if variants is None else None
     rows = []
     for workload in workloads:
         for variant, backup, retain, host_cache in tool.variants:
+            if variants is not None and variant not in variants:
+                continue
             # Without backup a cycle takes milliseconds, as noisy as the differences it is
             # compared on: more of them.
             n = cycles if backup else cycles_without_backup
             rows += run_workload(tool, workload, total, variant, backup, retain, host_cache, n, idle, rollout)
     for row in rows:
         row["host_fault_in_gbps"] = host_gbps
+        row["process"] = os.getpid()
     return rows
 
 
-def in_child(tool: str, mode: str, workloads: list[str], args, env: dict[str, str]) -> list[dict]:
-    """measure() in a fresh process (preload mode needs LD_PRELOAD from the start)."""
+def in_child(tool: str, mode: str, workloads: list[str], args, env: dict[str, str],
+             variants: str | None = None) -> list[dict]:
+    """measure() in a fresh process (preload mode needs LD_PRELOAD from the start), of every
+    variant or the ones named."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         options = ["--gib", str(args.gib), "--workloads", ",".join(workloads), "--cycles", str(args.cycles),
                    "--cycles-without-backup", str(args.cycles_without_backup), "--idle", str(args.idle),
-                   "--rollout", str(args.rollout)]
+                   "--rollout", str(args.rollout), *(["--variants", variants] if variants else [])]
         child = subprocess.run([sys.executable, __file__, *options, "--child", f"{tool},{mode}",
                                 "--child-output", out.name], env={**os.environ, **env})
         written = Path(out.name).read_text()
@@ -311,19 +319,27 @@ def tms_preload_library(env: dict[str, str]) -> str:
 
 
 def summarize(rows: list[dict]) -> list[dict]:
-    """One row for cycle 1 (cold) and one for the later cycles (their median, warm), per tool,
-    workload, hook mode and variant: single cycles on a shared machine vary by a third."""
+    """One row for cycle 1 (cold) and one for the later cycles (warm), per tool, workload,
+    hook mode and variant: medians over the cycles of every process that measured it (single
+    cycles on a shared machine vary by a third; without backup, whole processes do too).
+    `spread` holds the lowest and highest of the processes' own medians."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["tool"], r["workload"], r["hook_mode"], r["variant"]), []).append(r)
     summary = []
     for group in groups.values():
-        for label, cycles in (("1", group[:1]), ("2+", group[1:])):
+        for label, cycles in (("1", [c for c in group if c["cycle"] == 1]),
+                              ("2+", [c for c in group if c["cycle"] > 1])):
             if not cycles:
                 continue
             row = dict(cycles[0], cycle=label, cycles=len(cycles))
-            for key in ("pause_ms", "resume_ms"):
+            processes = sorted({c["process"] for c in cycles})
+            row["processes"] = len(processes)
+            row["spread"] = {}
+            for key in ("alloc_ms", "pause_ms", "resume_ms"):
                 row[key] = statistics.median(c[key] for c in cycles)
+                own = [statistics.median(c[key] for c in cycles if c["process"] == p) for p in processes]
+                row["spread"][key] = (min(own), max(own))
             row["released_fraction"] = min(c["released_fraction"] for c in cycles)
             row["host_rss_delta_mib"] = max(c["host_rss_delta_mib"] for c in cycles)
             summary.append(row)
@@ -419,6 +435,16 @@ def print_side_by_side(rows: list[dict]) -> None:
             cells.append(f"{r[key]:7.1f}/{t[key]:<7.1f} {r[key] / t[key]:5.2f}")
         print(f"{r['workload']:10} {r['hook_mode']:7} {r['variant']:8} {r['cycle']:>3} | {cells[0]} | "
               f"{cells[1]} | {cells[2]}")
+    print("\nwithout backup, each process's own median (ms, lowest-highest over the processes; ours | theirs):")
+    for r in rows:
+        t = theirs.get((r["workload"], r["hook_mode"], r["variant"], r["cycle"]))
+        if r["tool"] != "ours" or t is None or r["variant"] != "none":
+            continue
+        cells = [f"{key[:-3]} {r['spread'][key][0]:.1f}-{r['spread'][key][1]:.1f} | "
+                 f"{t['spread'][key][0]:.1f}-{t['spread'][key][1]:.1f}"
+                 for key in ("alloc_ms", "pause_ms", "resume_ms")]
+        print(f"{r['workload']:10} {r['hook_mode']:7} {r['cycle']:>3} ({r['processes']}/{t['processes']} processes): "
+              + ";  ".join(cells))
 
 
 def plot(rows: list[dict], limits: dict, path: str) -> None:
@@ -454,7 +480,7 @@ def main() -> int:
     parser.add_argument("--gib", type=float, default=8.0, help="bytes per workload, in GiB")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--hook-modes", default="torch,preload")
-    parser.add_argument("--cycles", type=int, default=4, help="cycles per variant (the first is cold)")
+    parser.add_argument("--cycles", type=int, default=6, help="cycles per variant (the first is cold)")
     parser.add_argument("--cycles-without-backup", type=int, default=9,
                         help="cycles of the variant without backup (milliseconds each, so more of them)")
     parser.add_argument("--idle", type=float, default=0.3,
@@ -465,6 +491,10 @@ def main() -> int:
     parser.add_argument("--json", help="write all rows and limits here")
     parser.add_argument("--plot", help="write a PNG bar chart here")
     parser.add_argument("--tms-path", help="a directory holding torch_memory_saver, for its children")
+    parser.add_argument("--processes-without-backup", type=int, default=3,
+                        help="fresh processes per tool that measure the variant without backup (its "
+                             "milliseconds vary from process to process by more than between the tools)")
+    parser.add_argument("--variants", help=argparse.SUPPRESS)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--child-output", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -475,7 +505,9 @@ def main() -> int:
     workloads = args.workloads.split(",")
     if args.child:  # a child process: measure one tool in one mode and hand the rows back
         tool, mode = args.child.split(",")
-        rows = measure(tool, mode, workloads, total, args.cycles, args.cycles_without_backup, args.idle, args.rollout)
+        variants = args.variants.split(",") if args.variants else None
+        rows = measure(tool, mode, workloads, total, args.cycles, args.cycles_without_backup, args.idle,
+                       args.rollout, variants)
         Path(args.child_output).write_text(json.dumps(rows))
         return 0
 
@@ -491,15 +523,17 @@ def main() -> int:
 
     idle_free = torch.cuda.mem_get_info()[0]
 
-    def child(tool: str, mode: str, workload: str, env: dict[str, str]) -> None:
+    def child(tool: str, mode: str, workload: str, env: dict[str, str], variants: str | None = None) -> None:
         nonlocal rows
         # The last child's memory is given back after it exits, not at once: wait for it.
         deadline = time.perf_counter() + 30
         while torch.cuda.mem_get_info()[0] < idle_free - GiB and time.perf_counter() < deadline:
             time.sleep(0.2)
-        rows += in_child(tool, mode, [workload], args, env)
-        print(f"[{time.perf_counter() - started:5.0f} s] {tool} {mode} {workload} measured (fresh host memory "
-              f"faulted in at {rows[-1]['host_fault_in_gbps']:.1f} GB/s as it started)", flush=True)
+        rows += in_child(tool, mode, [workload], args, env, variants)
+        host = rows[-1]["host_fault_in_gbps"]
+        print(f"[{time.perf_counter() - started:5.0f} s] {tool} {mode} {workload} {variants or 'all variants'} "
+              "measured" + (f" (fresh host memory faulted in at {host:.1f} GB/s as it started)" if host else ""),
+              flush=True)
         if args.json:  # a run cut short still leaves what it measured
             Path(args.json).write_text(json.dumps({"limits": limits, "rows": rows}, indent=1))
 
@@ -516,6 +550,9 @@ def main() -> int:
                 turns.append(("tms", {**tms_env, **theirs}))
             for tool, env in turns[::-1] if k % 2 else turns:
                 child(tool, mode, workload, env)
+            for repeat in range(1, args.processes_without_backup):
+                for tool, env in turns[::-1] if (k + repeat) % 2 else turns:
+                    child(tool, mode, workload, env, "none")
     summary = sorted(summarize(rows), key=lambda r: (r["tool"] != "ours", r["hook_mode"] != "torch",
                                                       workloads.index(r["workload"])))
     for table in (rows, summary):
