@@ -5,10 +5,46 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <new>
 #include <system_error>
 
 namespace tmsl {
 namespace {
+
+// At process exit the driver is torn down while these threads may be inside it (faulting in
+// or page-locking memory set aside a moment before, unpinning a backup): an exit handler
+// stops them at their next step and waits, briefly, until none is inside.
+std::atomic<bool> g_exiting{false};
+std::mutex g_live_mu;
+std::condition_variable g_live_changed;
+int g_live = 0;  // threads doing arena or background work right now
+
+void stop_background_threads_at_exit() {
+  g_exiting.store(true);
+  if (in_forked_child()) return;  // the parent's threads are not here to wait for
+  std::unique_lock<std::mutex> lock(g_live_mu);
+  g_live_changed.wait_for(lock, std::chrono::seconds(5), [] { return g_live == 0; });
+}
+
+// Counts the calling thread as live for its lifetime; registers the exit handler once.
+class Live {
+ public:
+  Live() {
+    static const bool registered = std::atexit(stop_background_threads_at_exit) == 0;
+    (void)registered;
+    std::lock_guard<std::mutex> lock(g_live_mu);
+    ++g_live;
+  }
+  ~Live() {
+    std::lock_guard<std::mutex> lock(g_live_mu);
+    --g_live;
+    g_live_changed.notify_all();
+  }
+  Live(const Live&) = delete;
+  Live& operator=(const Live&) = delete;
+};
 
 constexpr size_t kRangeAlignment = 2 << 20;  // huge-page aligned: no page is in two ranges
 constexpr size_t kBufferAlignment = 4096;
@@ -96,25 +132,36 @@ void HostArena::start_range(size_t at) {
   size_ = at;
 }
 
+bool HostArena::stopping() const { return stopping_.load() || g_exiting.load(); }
+
 void HostArena::fault_in() {
+  Live live;
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   // Pieces are taken in order, so the first ranges are ready first.
-  for (size_t p = next_piece_++; p < pieces_.size() && !stopping_.load(); p = next_piece_++) {
+  for (size_t p = next_piece_++; p < pieces_.size() && !stopping(); p = next_piece_++) {
     const Piece& piece = pieces_[p];
     // Faulting the pages in here, in parallel, is much faster than inside the registration.
     for (size_t off = 0; off < piece.size; off += page) data_[piece.start + off] = 0;
     std::lock_guard<std::mutex> lock(mu_);
     if (--ranges_[piece.range].pieces_left == 0) changed_.notify_all();
   }
+  if (stopping()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    changed_.notify_all();  // the registrar and wait_prepared stop waiting for pages
+  }
 }
 
 void HostArena::page_lock() {
+  Live live;
   // One thread, in order: registrations on many threads at once run slower in the driver.
   for (Range& range : ranges_) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      changed_.wait(lock, [&] { return range.pieces_left == 0 || stopping_.load(); });
-      if (stopping_.load()) return;
+      changed_.wait(lock, [&] { return range.pieces_left == 0 || stopping(); });
+      if (stopping()) {
+        changed_.notify_all();
+        return;
+      }
     }
     // A failure is not final: the range's first copy tries again (for_each_part).
     const bool registered = range.size != 0 && backend_->register_host(device_, data_ + range.start, range.size).ok();
@@ -124,6 +171,11 @@ void HostArena::page_lock() {
     --ranges_left_;
     changed_.notify_all();
   }
+}
+
+void HostArena::wait_prepared() {
+  std::unique_lock<std::mutex> lock(mu_);
+  changed_.wait(lock, [&] { return ranges_left_ == 0 || stopping(); });
 }
 
 size_t HostArena::range_index(size_t offset) const {
@@ -246,20 +298,23 @@ void BackgroundWork::release(std::vector<HostBuffer> buffers) {
 void BackgroundWork::wait_idle() {
   if (!worker_.joinable() || in_forked_child()) return;  // nothing is ever queued then
   std::unique_lock<std::mutex> lock(mu_);
-  changed_.wait(lock, [this] { return queue_.empty() && !busy_; });
+  changed_.wait(lock, [this] { return !busy_ && (queue_.empty() || g_exiting.load()); });
 }
 
 void BackgroundWork::loop() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     changed_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-    if (queue_.empty()) return;  // stopping, nothing left
+    if (queue_.empty() || g_exiting.load()) return;  // stopping, nothing left; or the process is ending
     std::function<void()> task = std::move(queue_.front());
     queue_.pop_front();
     busy_ = true;
     lock.unlock();
-    run_quietly(task);
-    task = nullptr;  // what it captured goes here, before the queue counts as idle
+    {
+      Live live;
+      run_quietly(task);
+      task = nullptr;  // what it captured goes here, before the queue counts as idle
+    }
     lock.lock();
     busy_ = false;
     changed_.notify_all();

@@ -49,6 +49,9 @@ class HostArena {
   HostArena& operator=(const HostArena&) = delete;
 
   char* data() const { return data_; }
+  size_t size() const { return size_; }
+  // Returns once every range is faulted in and page-locked (or has failed to be).
+  void wait_prepared();
   size_t buffer_offset(size_t i) const { return buffer_offsets_[i]; }
   // Calls part(offset, size) for each piece of [offset, offset + size) that lies in one
   // registration, in order, each once it is page-locked; stops at the first error.
@@ -77,6 +80,7 @@ class HostArena {
   void fault_in();         // a worker: faults pieces in, in order
   void page_lock();        // the registrar: page-locks each range, in order, once its pages are in
   size_t range_index(size_t offset) const;  // the range holding offset; mu_ held
+  bool stopping() const;  // the arena is going, or the process is ending
 
   const std::shared_ptr<Backend> backend_;
   const int device_;

@@ -331,6 +331,12 @@ Status Saver::free(uintptr_t va, void* stream) {
     keep_first(backend_->synchronize_stream(a->device, stream));
   }
   keep_first(discard(a->device, a->va, a->size, a->state == State::kActive ? std::move(a->physical) : Pieces()));
+  if (a->host_copy) {
+    // Its host memory may be the last of an arena: unpinned and unmapped in the background.
+    std::vector<HostBuffer> let_go;
+    let_go.push_back(std::move(a->host_copy));
+    background_.release(std::move(let_go));
+  }
   retry_orphans();
   if (first.ok()) return first;
   return with_context(first, "freeing " + format_address(va) + " (tag '" + a->tag + "')");
@@ -635,40 +641,72 @@ bool Saver::cached_after_resume(const Allocation& a, State state) const {
 
 bool Saver::keeps_backups(const std::vector<Allocation*>& batch) const {
   if (retain_backups_.load()) return true;
-  size_t wanted = 0;  // what this batch would add to the cache ("mmap" tags add nothing)
+  std::vector<const HostBuffer*> kept;  // what this batch would add to the cache ("mmap" tags add nothing)
   for (const Allocation* a : batch) {
-    if (cached_after_resume(*a, State::kActive)) wanted += a->host_copy ? a->host_copy.size : 0;
+    if (a->host_copy && cached_after_resume(*a, State::kActive)) kept.push_back(&a->host_copy);
   }
-  return wanted != 0 && cache_has_room_for(wanted);  // the batch itself is still resuming
+  return !kept.empty() && cached_bytes(kept) <= host_cache_bytes_.load();  // the batch is still resuming
 }
 
-bool Saver::cache_has_room_for(size_t wanted) const {
-  const size_t budget = host_cache_bytes_.load();
-  if (wanted > budget) return false;
-  size_t cached = 0;  // kept for resident allocations already
+size_t Saver::cached_bytes(const std::vector<const HostBuffer*>& more) const {
+  std::set<const HostArena*> arenas;
+  size_t bytes = 0;
+  auto count = [&](const HostBuffer& buffer) {
+    if (buffer && arenas.insert(buffer.arena.get()).second) bytes += buffer.arena->size();
+  };
   for (const auto& entry : table_) {
-    const Allocation& a = *entry.second;
-    if (a.state == State::kActive && a.host_copy) cached += a.host_copy.size;
+    if (entry.second->state == State::kActive) count(entry.second->host_copy);
   }
-  return cached <= budget - wanted;
+  for (const HostBuffer* buffer : more) count(*buffer);
+  return bytes;
 }
 
 Status Saver::prepare_backups(const TagSelection& selection) {
-  background_.run([this, selection] { prepare_backups_now(selection); });
+  {
+    std::lock_guard<std::mutex> lock(prepare_mu_);
+    prepare_pending_.all = prepare_pending_.all || selection.all;
+    prepare_pending_.tags.insert(selection.tags.begin(), selection.tags.end());
+    if (prepare_queued_) return Status::Ok();  // the queued task takes these tags too
+    prepare_queued_ = true;
+  }
+  background_.run([this] { prepare_pending(); });
   return Status::Ok();
 }
 
-void Saver::prepare_backups_now(const TagSelection& selection) {
-  if (closing_.load()) return;
+void Saver::prepare_pending() {
+  TagSelection selection;
+  {
+    std::lock_guard<std::mutex> lock(prepare_mu_);
+    selection = std::move(prepare_pending_);
+    prepare_pending_ = TagSelection{false, {}};
+    prepare_queued_ = false;
+  }
+  // One preparation at a time: the regions that close meanwhile are taken together next,
+  // into one arena, instead of each starting its own workers.
+  for (const std::shared_ptr<HostArena>& arena : prepare_backups_now(selection)) arena->wait_prepared();
+}
+
+std::vector<std::shared_ptr<HostArena>> Saver::prepare_backups_now(const TagSelection& selection) {
+  std::vector<std::shared_ptr<HostArena>> arenas;
+  if (closing_.load()) return arenas;
   std::lock_guard<std::mutex> op(op_mu_);  // no pause, resume or cache release meanwhile
-  std::map<int, std::vector<std::pair<uintptr_t, size_t>>> wanted;  // by device: (va, size)
+  struct Wanted {
+    uintptr_t va;
+    size_t size;
+    std::string tag;
+  };
+  std::map<int, std::vector<Wanted>> wanted;  // by device
+  // Whether `a` is resident, backed up, may keep its backup cached and has none yet. Needs mu_.
+  auto wants = [this](const Allocation& a) {
+    return a.state == State::kActive && !a.host_copy && tags_.at(a.tag).backs_up() &&
+           cached_after_resume(a, State::kActive);
+  };
   {
     std::lock_guard<std::mutex> lock(mu_);
     size_t bytes = 0;
     auto want = [&](const Allocation& a) {
-      if (a.state != State::kActive || a.host_copy) return;
-      if (!tags_.at(a.tag).backs_up() || !cached_after_resume(a, State::kActive)) return;
-      wanted[a.device].emplace_back(a.va, a.size);
+      if (!wants(a)) return;
+      wanted[a.device].push_back(Wanted{a.va, a.size, a.tag});
       bytes += a.size;
     };
     if (selection.all) {
@@ -680,23 +718,27 @@ void Saver::prepare_backups_now(const TagSelection& selection) {
         for (uintptr_t va : it->second) want(*table_.at(va));
       }
     }
-    if (bytes == 0 || !cache_has_room_for(bytes)) return;  // the first pause takes it itself
+    const size_t budget = host_cache_bytes_.load(), cached = cached_bytes({});
+    if (bytes == 0 || bytes > budget || cached > budget - bytes) return arenas;  // the first pause takes it itself
   }
   for (const auto& entry : wanted) {
     std::vector<size_t> sizes;
-    for (const auto& allocation : entry.second) sizes.push_back(allocation.second);
+    for (const Wanted& w : entry.second) sizes.push_back(w.size);
     std::shared_ptr<HostArena> arena;
     if (!HostArena::create(backend_, entry.first, sizes, &arena).ok()) continue;
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t k = 0; k < entry.second.size(); ++k) {
-      auto it = table_.find(entry.second[k].first);  // freed meanwhile: its buffer goes with the arena
+      const Wanted& w = entry.second[k];
+      // Freed meanwhile (its buffer goes with the arena), or its address reused by another
+      // allocation, which gets a buffer only if it is still one that wants it.
+      auto it = table_.find(w.va);
       if (it == table_.end()) continue;
       Allocation& a = *it->second;
-      if (a.state == State::kActive && !a.host_copy && a.size == sizes[k]) {
-        a.host_copy = HostBuffer{arena, arena->buffer_offset(k), a.size};
-      }
+      if (a.size == w.size && a.tag == w.tag && wants(a)) a.host_copy = HostBuffer{arena, arena->buffer_offset(k), a.size};
     }
+    arenas.push_back(std::move(arena));
   }
+  return arenas;
 }
 
 void Saver::release_host_cache() {

@@ -119,8 +119,8 @@ class Saver {
   // be had now, the pause takes it itself. Named tags no region has used are skipped.
   Status prepare_backups(const TagSelection& selection);
 
-  // Returns once the work handed to the background (freeing backups, preparing host
-  // memory for them) has run.
+  // Returns once the work handed to the background has run: backups freed, host memory
+  // asked for by prepare_backups faulted in and page-locked.
   void wait_for_released_backups() { background_.wait_idle(); }
 
   // {"<tag>": {"allocations": n, "reserved_bytes": n, "resident_bytes": n,
@@ -224,10 +224,14 @@ class Saver {
   // Whether a resume of `batch` keeps its backups: retention on, or they fit in the cache
   // beside what it already keeps. Needs mu_.
   bool keeps_backups(const std::vector<Allocation*>& batch) const;
-  // Whether `wanted` more bytes fit in the host cache beside what it holds. Needs mu_.
-  bool cache_has_room_for(size_t wanted) const;
-  // prepare_backups' work, on the background thread.
-  void prepare_backups_now(const TagSelection& selection);
+  // Host memory the cache holds: every arena a resident allocation keeps a copy in, counted
+  // whole (an arena stays while any buffer of it is kept), and those of `more`. Needs mu_.
+  size_t cached_bytes(const std::vector<const HostBuffer*>& more) const;
+  // prepare_backups' work, on the background thread: takes the tags asked for so far,
+  // prepares them, and waits until their host memory is ready.
+  void prepare_pending();
+  // Sets the arenas up and hands their buffers out; returns them.
+  std::vector<std::shared_ptr<HostArena>> prepare_backups_now(const TagSelection& selection);
   // Whether `a`, settling into `state`, may keep its host copy: not after a resume of an
   // "mmap" tag, unless backups are retained. Under mu_.
   bool cached_after_resume(const Allocation& a, State state) const;
@@ -276,6 +280,10 @@ class Saver {
   std::atomic<size_t> host_cache_bytes_{default_host_cache_bytes()};
   std::atomic<bool> poison_on_resume_{false};
   std::atomic<bool> closing_{false};  // the saver is going: background preparation stops
+  // Tags whose host memory is to be prepared, and whether a task to do it is queued.
+  std::mutex prepare_mu_;
+  TagSelection prepare_pending_{false, {}};
+  bool prepare_queued_ = false;
   BackgroundWork background_;  // declared after backend_: freeing backups uses it
 };
 

@@ -158,6 +158,13 @@ class _Region:
             _lib.lib().tmsl_set_thread_region(self._handle, self._tag, self._choice)
 
 
+def _prepare_quietly(native: _lib.NativeSaver, tag: str) -> None:
+    """Have host memory for the tag's backups set aside in the background, for its first
+    pause. Best effort: a saver closed inside the block, say, just skips it."""
+    with contextlib.suppress(MemorySaverError):
+        native.prepare_backups([tag])
+
+
 def _stack() -> list[_Region]:
     return _thread.__dict__.setdefault("stack", [])
 
@@ -508,7 +515,7 @@ class MemorySaver:
                     raise error from cause
                 raise
         if backup:
-            native.prepare_backups([tag])  # host memory for its first pause, in the background
+            _prepare_quietly(native, tag)
 
     def _enter(self) -> _lib.NativeSaver:
         """Checks shared by region() and cuda_graph(); returns the native saver."""
@@ -578,7 +585,7 @@ class MemorySaver:
                                   capture_error_mode=capture_error_mode):
                 yield
         if enable_cpu_backup is not False:
-            native.prepare_backups([tag])  # host memory for the pool's first pause, in the background
+            _prepare_quietly(native, tag)
 
     @contextlib.contextmanager
     def disable(self) -> Iterator[None]:

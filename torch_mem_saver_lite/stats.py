@@ -16,7 +16,9 @@ class TagStats:
         reserved_bytes: virtual address space they reserve (device memory when resident).
         resident_bytes: bytes backed by device memory now.
         paused_bytes: bytes whose device memory is released (reserved - resident).
-        host_backup_bytes: host memory holding paused content.
+        host_backup_bytes: host memory holding paused content, and host memory kept for
+            the next pause of resident memory (the host cache: backups kept after a resume,
+            and memory set aside when a backed-up region closed).
         paused: the tag is paused (and not resumed since).
         graph_memory: a CUDA graph was captured while a region of the tag was open.
         backs_up: a pause copies the tag's content to host memory (``enable_cpu_backup=True``,
