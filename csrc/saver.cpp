@@ -351,14 +351,20 @@ std::vector<Saver::Allocation*> Saver::claim(const TagSelection& selection, Stat
     a.backup = tags_[a.tag].backs_up();
     batch.push_back(&a);
   };
-  if (selection.all) {
-    for (auto& entry : table_) take(*entry.second);
-  } else {
-    for (const std::string& tag : selection.tags) {
-      for (uintptr_t va : by_tag_[tag]) take(*table_.at(va));
-    }
-  }
+  for_each_selected(selection, take);
   return batch;
+}
+
+void Saver::for_each_selected(const TagSelection& selection, const std::function<void(Allocation&)>& visit) {
+  if (selection.all) {
+    for (auto& entry : table_) visit(*entry.second);
+    return;
+  }
+  for (const std::string& tag : selection.tags) {
+    auto it = by_tag_.find(tag);
+    if (it == by_tag_.end()) continue;  // no allocation has named it
+    for (uintptr_t va : it->second) visit(*table_.at(va));
+  }
 }
 
 void Saver::settle(const std::vector<Allocation*>& batch, size_t done, State done_state,
@@ -709,15 +715,7 @@ std::vector<std::shared_ptr<HostArena>> Saver::prepare_backups_now(const TagSele
       wanted[a.device].push_back(Wanted{a.va, a.size, a.tag});
       bytes += a.size;
     };
-    if (selection.all) {
-      for (const auto& entry : table_) want(*entry.second);
-    } else {
-      for (const std::string& tag : selection.tags) {
-        auto it = by_tag_.find(tag);
-        if (it == by_tag_.end()) continue;
-        for (uintptr_t va : it->second) want(*table_.at(va));
-      }
-    }
+    for_each_selected(selection, want);
     const size_t budget = host_cache_bytes_.load(), cached = cached_bytes({});
     if (bytes == 0 || bytes > budget || cached > budget - bytes) return arenas;  // the first pause takes it itself
   }

@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -196,6 +197,8 @@ class Saver {
   // Marks the allocations in `from` state that match `selection` as `to`, each with its
   // tag's backup decision, under the lock.
   std::vector<Allocation*> claim(const TagSelection& selection, State from, State to);
+  // Calls visit(a) for every allocation of the tags `selection` covers; needs mu_.
+  void for_each_selected(const TagSelection& selection, const std::function<void(Allocation&)>& visit);
   // Sets the paused flag of the tags `selection` covers; needs mu_.
   void set_paused(const TagSelection& selection, bool paused);
   // pause / resume under op_mu_, naming the tags whose memory they moved; the public calls
