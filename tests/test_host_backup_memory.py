@@ -70,6 +70,7 @@ def test_pause_that_runs_out_of_host_memory_keeps_everything_resident():
             ptrs = [mem.malloc(32 << 20) for _ in range(2)]
         for i, p in enumerate(ptrs):
             mem.write(p, bytes([7 + i]) * (32 << 20))
+        saver.wait_for_released_backups()  # the background thread is idle: VmSize holds still
         with open("/proc/self/status") as f:
             vm = next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmSize:"))
         soft, hard = resource.getrlimit(resource.RLIMIT_AS)
@@ -125,6 +126,7 @@ def test_a_pause_whose_worker_threads_cannot_start_still_completes_and_settles()
         with saver.region("weights", enable_cpu_backup=True):
             ptr = mem.malloc(3 << 20)
         mem.write(ptr, b"kept" * 1000)
+        saver.wait_for_released_backups()  # the background thread is idle: VmSize holds still
         with open("/proc/self/status") as f:
             vm = next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmSize:"))
         limit = vm + (6 << 20)

@@ -148,6 +148,7 @@ def test_pause_interrupted_by_host_memory_exhaustion_loses_nothing():
         with saver.region("weights", enable_cpu_backup=True):
             w = torch.full((1 << 30,), 7, dtype=torch.uint8, device="cuda")
         torch.cuda.synchronize()
+        saver.wait_for_released_backups()  # the background thread is idle: VmSize holds still
         with open("/proc/self/status") as f:
             vm = next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmSize:"))
         soft, hard = resource.getrlimit(resource.RLIMIT_AS)
