@@ -2,15 +2,36 @@
 # Install a built wheel into a fresh venv, with torch at the lowest version the package
 # declares (pyproject.toml's floor), and run the host tests against that install.
 #   tools/test_wheel.sh path/to/torch_mem_saver_lite-*.whl [torch requirement]
+# The floor's torch on PyPI is its CUDA build: about 7 GB installed plus 4 GB of downloads.
+# With less disk free than that, WHEEL_TEST_FALLBACK_TORCH (a requirement this machine can
+# install from a local file, as CI's CPU torch) is tested instead, and the output says so;
+# without it the script stops and says how much is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 wheel=$(realpath "$1")
 floor=$(sed -n 's/^dependencies = \["torch>=\([0-9.]*\)"\]/\1/p' pyproject.toml)
 torch_req=${2:-torch==$floor.0}
 venv=$PWD/build/wheel-venv
+needs_gb=${WHEEL_TEST_NEEDS_GB:-11}
 
-rm -rf $venv && ${PYTHON:-python3} -m venv $venv
-$venv/bin/python -m pip install -q --disable-pip-version-check "$torch_req" "$wheel[test,examples]"
+rm -rf $venv && mkdir -p build
+# pip's downloads go to TMPDIR; both it and the venv must fit.
+free_gb=$(${PYTHON:-python3} -c 'import shutil, sys, tempfile
+print(min(shutil.disk_usage(p).free for p in (sys.argv[1], tempfile.gettempdir())) // 2**30)' build)
+if [ -z "${2:-}" ] && [ "$free_gb" -lt "$needs_gb" ]; then
+  if [ -z "${WHEEL_TEST_FALLBACK_TORCH:-}" ]; then
+    echo "wheel-test: $torch_req needs about $needs_gb GB of disk, $free_gb GB is free." >&2
+    echo "  Free some, or pass another torch requirement: tools/test_wheel.sh WHEEL 'torch==X'." >&2
+    exit 1
+  fi
+  echo "wheel-test: NOT at the torch floor: $torch_req needs about $needs_gb GB of disk and" \
+       "$free_gb GB is free; testing with $WHEEL_TEST_FALLBACK_TORCH instead."
+  torch_req=$WHEEL_TEST_FALLBACK_TORCH
+fi
+
+${PYTHON:-python3} -m venv $venv
+# No pip cache: it would keep a second copy of the gigabytes just installed.
+$venv/bin/python -m pip install -q --no-cache-dir --disable-pip-version-check "$torch_req" "$wheel[test,examples]"
 # The tests must see the installed wheel, not this checkout's package directory.
 (cd / && $venv/bin/python -c '
 import torch, torch_mem_saver_lite as t, torch_mem_saver_lite._lib as lib
@@ -20,3 +41,5 @@ print("library:", lib.library_path())')
 # pytest's console script does not put the working directory on sys.path either, and
 # PYTHONSAFEPATH keeps it off for the Python processes the tests start.
 PYTHONSAFEPATH=1 $venv/bin/pytest -q -p no:cacheprovider -m "not gpu" tests
+# The venv is gigabytes and nothing reuses it.
+rm -rf $venv
