@@ -2,7 +2,8 @@
 # Install a built wheel into a fresh venv, with torch at the lowest version the package
 # declares (pyproject.toml's floor), and run the host tests against that install.
 #   tools/test_wheel.sh path/to/torch_mem_saver_lite-*.whl [torch requirement]
-# The floor's torch on PyPI is its CUDA build: about 7 GB installed plus 4 GB of downloads.
+# The floor's torch on PyPI is its CUDA build: about 7 GB installed plus 4 GB of downloads
+# (12 GB asked for, a little to spare).
 # With less disk free than that, WHEEL_TEST_FALLBACK_TORCH (a requirement this machine can
 # install from a local file, as CI's CPU torch) is tested instead, and the output says so;
 # without it the script stops and says how much is missing.
@@ -12,7 +13,7 @@ wheel=$(realpath "$1")
 floor=$(sed -n 's/^dependencies = \["torch>=\([0-9.]*\)"\]/\1/p' pyproject.toml)
 torch_req=${2:-torch==$floor.0}
 venv=$PWD/build/wheel-venv
-needs_gb=${WHEEL_TEST_NEEDS_GB:-11}
+needs_gb=${WHEEL_TEST_NEEDS_GB:-12}
 
 rm -rf $venv && mkdir -p build
 # pip's downloads go to TMPDIR; both it and the venv must fit.
