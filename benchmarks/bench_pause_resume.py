@@ -2,7 +2,7 @@
 
     python benchmarks/bench_pause_resume.py [--gib 8] [--hook-modes torch,preload]
         [--workloads one_big,weights,many_small] [--json out.json] [--plot out.png]
-        [--tms-path DIR]
+        [--tms-path DIR] [--processes-without-backup 3] [--only-without-backup]
 
 Workloads: one_big (one tensor, a KV cache), weights (~350 tensors of 2-64 MiB), many_small
 (2 MiB tensors). Each runs without backup, with backup (backups freed after resume) and
@@ -494,6 +494,9 @@ def main() -> int:
     parser.add_argument("--processes-without-backup", type=int, default=3,
                         help="fresh processes per tool that measure the variant without backup (its "
                              "milliseconds vary from process to process by more than between the tools)")
+    parser.add_argument("--only-without-backup", action="store_true",
+                        help="measure only the variant without backup (allocation, pause and resume "
+                             "against torch_memory_saver), in --processes-without-backup processes each")
     parser.add_argument("--variants", help=argparse.SUPPRESS)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--child-output", help=argparse.SUPPRESS)
@@ -549,7 +552,7 @@ def main() -> int:
                 theirs = {"LD_PRELOAD": tms_preload_library(tms_env)} if mode == "preload" else {}
                 turns.append(("tms", {**tms_env, **theirs}))
             for tool, env in turns[::-1] if k % 2 else turns:
-                child(tool, mode, workload, env)
+                child(tool, mode, workload, env, "none" if args.only_without_backup else None)
             for repeat in range(1, args.processes_without_backup):
                 for tool, env in turns[::-1] if (k + repeat) % 2 else turns:
                     child(tool, mode, workload, env, "none")

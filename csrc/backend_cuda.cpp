@@ -8,9 +8,10 @@
 #include <cudaTypedefs.h>
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstdlib>
+#include <memory>
 #include <mutex>
-#include <vector>
 
 #include "backend.h"
 
@@ -152,7 +153,8 @@ class CudaBackend final : public Backend {
     int count = 0;
     s = check(api_.cuDeviceGetCount(&count), "cuDeviceGetCount");
     if (!s.ok()) return s;
-    devices_.resize(static_cast<size_t>(count));
+    devices_ = std::make_unique<DeviceState[]>(static_cast<size_t>(count));
+    device_count_ = static_cast<size_t>(count);
     return Status::Ok();
   }
 
@@ -171,7 +173,7 @@ class CudaBackend final : public Backend {
       // no difference in map/unmap time either way on an H100). Asked for explicitly where
       // the driver's falls short of the granularity.
       CUdeviceptr ptr = 0;
-      const std::string what = "cuMemAddressReserve(" + format_bytes(size) + ")";
+      auto what = [&] { return "cuMemAddressReserve(" + format_bytes(size) + ")"; };
       Status s = check(api_.cuMemAddressReserve(&ptr, size, 0, 0, 0), what);
       if (s.ok() && ptr % alignment != 0) {
         api_.cuMemAddressFree(ptr, size);
@@ -192,9 +194,9 @@ class CudaBackend final : public Backend {
     return in_context(device, [&] {
       CUmemAllocationProp prop = allocation_prop(device);
       CUmemGenericAllocationHandle handle = 0;
-      Status s = check(api_.cuMemCreate(&handle, size, &prop, 0),
-                       "cuMemCreate(" + format_bytes(size) + " on device " +
-                           std::to_string(device) + ")");
+      Status s = check(api_.cuMemCreate(&handle, size, &prop, 0), [&] {
+        return "cuMemCreate(" + format_bytes(size) + " on device " + std::to_string(device) + ")";
+      });
       *out = static_cast<PhysicalHandle>(handle);
       return s;
     });
@@ -227,7 +229,7 @@ class CudaBackend final : public Backend {
     RelaxedCapture relaxed(api_);
     return in_context(device, [&] {
       return check(api_.cuMemHostRegister(ptr, size, CU_MEMHOSTREGISTER_PORTABLE),
-                   "cuMemHostRegister(" + format_bytes(size) + ")");
+                   [&] { return "cuMemHostRegister(" + format_bytes(size) + ")"; });
     });
   }
 
@@ -304,6 +306,7 @@ class CudaBackend final : public Backend {
 
  private:
   struct DeviceState {
+    std::atomic<bool> ready{false};  // set once the fields below are, for the process lifetime
     CUcontext context = nullptr;  // the primary context, retained for the process lifetime
     size_t granularity = 0;
     CUstream copy_stream = nullptr;  // backups travel here, apart from the user's streams
@@ -317,8 +320,17 @@ class CudaBackend final : public Backend {
     return prop;
   }
 
-  Status check(CUresult result, const std::string& what) const {
-    if (result == CUDA_SUCCESS) return Status::Ok();
+  // `what` names the call in the error: a name, or a function that formats one, called only
+  // on failure (formatting sizes for every call cost microseconds per allocation).
+  Status check(CUresult result, const char* what) const {
+    return result == CUDA_SUCCESS ? Status::Ok() : error(result, what);
+  }
+  template <typename Describe>
+  Status check(CUresult result, Describe&& what) const {
+    return result == CUDA_SUCCESS ? Status::Ok() : error(result, what());
+  }
+
+  Status error(CUresult result, const std::string& what) const {
     const char* name = nullptr;
     const char* text = nullptr;
     api_.cuGetErrorName(result, &name);
@@ -332,14 +344,16 @@ class CudaBackend final : public Backend {
   // Retains the device's primary context (the one torch and the runtime use) and checks
   // that it supports virtual memory management, once per device.
   Status device_state(int device) {
-    if (device < 0 || static_cast<size_t>(device) >= devices_.size()) {
+    if (device < 0 || static_cast<size_t>(device) >= device_count_) {
       return Status::Error(Code::kInvalidArgument,
                            "device " + std::to_string(device) + " does not exist (" +
-                               std::to_string(devices_.size()) + " CUDA devices visible)");
+                               std::to_string(device_count_) + " CUDA devices visible)");
     }
-    std::lock_guard<std::mutex> lock(mu_);
     DeviceState& state = devices_[device];
-    if (state.context != nullptr) return Status::Ok();
+    // Every driver call asks: once ready, the answer needs no lock.
+    if (state.ready.load(std::memory_order_acquire)) return Status::Ok();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state.ready.load(std::memory_order_relaxed)) return Status::Ok();
     CUdevice dev = 0;
     Status s = check(api_.cuDeviceGet(&dev, device), "cuDeviceGet");
     if (!s.ok()) return s;
@@ -365,7 +379,10 @@ class CudaBackend final : public Backend {
     s = check(api_.cuStreamCreate(&state.copy_stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
     CUcontext popped = nullptr;
     api_.cuCtxPopCurrent(&popped);
-    if (s.ok()) state.context = context;  // published last: it marks the device ready
+    if (s.ok()) {
+      state.context = context;
+      state.ready.store(true, std::memory_order_release);
+    }
     return s;
   }
 
@@ -389,7 +406,8 @@ class CudaBackend final : public Backend {
 
   const DriverApi api_;
   std::mutex mu_;
-  std::vector<DeviceState> devices_;
+  std::unique_ptr<DeviceState[]> devices_;
+  size_t device_count_ = 0;
 };
 
 }  // namespace
