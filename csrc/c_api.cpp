@@ -63,11 +63,11 @@ TMSL_API const char* tmsl_status_names(void) { return status_code_names(); }
 
 TMSL_API int tmsl_last_error_code(void) { return static_cast<int>(last_error().code); }
 
-TMSL_API const char* tmsl_last_error_message(void) { return last_error().message.c_str(); }
+TMSL_API const char* tmsl_last_error_message(void) { return last_error().message().c_str(); }
 
 TMSL_API void tmsl_last_error_oom(const char** tag, size_t* bytes_needed, size_t* bytes_free,
                                   int* device) {
-  const OomDetail& oom = last_error().oom;
+  const OomDetail& oom = last_error().oom();
   if (tag != nullptr) *tag = oom.tag.c_str();
   if (bytes_needed != nullptr) *bytes_needed = oom.bytes_needed;
   if (bytes_free != nullptr) *bytes_free = oom.bytes_free;

@@ -12,7 +12,7 @@ namespace tmsl {
 namespace {
 
 Status with_context(Status s, const std::string& context) {
-  if (!s.ok()) s.message = context + ": " + s.message;
+  if (!s.ok()) s.set_message(context + ": " + s.message());
   return s;
 }
 
@@ -52,7 +52,7 @@ Saver::~Saver() {
   closing_.store(true);
   background_.wait_idle();  // no preparation may be walking the table below
   for (auto& entry : table_) {
-    Allocation& a = *entry.second;
+    Allocation& a = entry.second;
     discard(a.device, a.va, a.size, a.state == State::kActive ? std::move(a.physical) : Pieces());
   }
   retry_orphans();
@@ -202,8 +202,8 @@ std::vector<Saver::Range> Saver::allocations_of(const std::string& tag) const {
   std::vector<Range> out;
   auto it = by_tag_.find(tag);
   if (it == by_tag_.end()) return out;
-  for (uintptr_t va : it->second) {
-    const Allocation& a = *table_.at(va);
+  for (const auto& entry : it->second) {
+    const Allocation& a = *entry.second;
     out.push_back(Range{a.va, a.size, a.device});
   }
   return out;
@@ -252,16 +252,16 @@ Status Saver::allocate(size_t size, int device, const std::string& tag, BackupCh
     if (failed.code == Code::kOutOfMemory) {
       size_t free_bytes = 0, total = 0;
       backend_->memory_info(device, &free_bytes, &total);
-      failed.oom = {tag, rounded, free_bytes, device};
-      failed.message += "; " + format_bytes(free_bytes) + " free";
+      failed.set_oom({tag, rounded, free_bytes, device});
+      failed.set_message(failed.message() + "; " + format_bytes(free_bytes) + " free");
     }
     return with_context(failed, where());
   };
-  // Made before anything is reserved or mapped, so that no allocation of memory below can
-  // throw while the device memory would be left unrecorded.
-  auto a = std::make_unique<Allocation>();
-  a->tag = tag;
-  a->physical.handles.reserve(1);
+  // Its handle's room is made before anything is reserved or mapped, so that nothing below
+  // allocates host memory outside the guarded recording step.
+  Allocation fresh;
+  fresh.tag = tag;
+  fresh.physical.handles.reserve(1);
   uintptr_t address = 0;
   s = backend_->reserve(device, rounded, granularity, &address);
   if (!s.ok()) return explain(s);
@@ -274,32 +274,46 @@ Status Saver::allocate(size_t size, int device, const std::string& tag, BackupCh
     return explain(s);
   }
 
-  a->va = address;
-  a->size = rounded;
-  a->device = device;
-  a->physical.piece_bytes = rounded;
-  a->physical.handles.push_back(physical);
+  fresh.va = address;
+  fresh.size = rounded;
+  fresh.device = device;
+  fresh.physical.piece_bytes = rounded;
+  fresh.physical.handles.push_back(physical);
+  // Recording it can run out of host memory: then it is given up whole, not left half known.
   bool refused = false;
-  {
+  Status recorded = status_of([&] {
+    index_.insert(address);
+    return Status::Ok();
+  });
+  if (recorded.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
-    // A pause of the tag may have begun since admit(): it would not cover this one.
-    refused = tags_[tag].paused;
-    if (!refused) {
-      table_[address] = std::move(a);
-      by_tag_[tag].insert(address);
-    }
+    recorded = status_of([&] {
+      // A pause of the tag may have begun since admit(): it would not cover this one.
+      refused = tags_.at(tag).paused;  // admit() made the entry; tags are never erased
+      if (refused) return Status::Ok();
+      TagAllocations& of_tag = by_tag_[tag];
+      auto placed = table_.try_emplace(address, std::move(fresh)).first;
+      try {
+        of_tag.emplace(address, &placed->second);
+      } catch (...) {
+        fresh = std::move(placed->second);
+        table_.erase(placed);
+        throw;
+      }
+      return Status::Ok();
+    });
+    if (!recorded.ok() || refused) index_.erase(address);
   }
-  if (refused) {
-    discard(device, address, rounded, std::move(a->physical));  // `a` was not moved
-    return tag_paused_error(tag);
+  if (refused || !recorded.ok()) {
+    discard(device, address, rounded, std::move(fresh.physical));
+    return refused ? tag_paused_error(tag) : with_context(recorded, where());
   }
-  index_.insert(address);
   *va = address;
   return Status::Ok();
 }
 
 Status Saver::free(uintptr_t va, void* stream) {
-  std::unique_ptr<Allocation> a;
+  Table::node_type node;  // the allocation, out of the table: this call's alone
   {
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
@@ -310,45 +324,57 @@ Status Saver::free(uintptr_t va, void* stream) {
                                  ": not an allocation of torch_mem_saver_lite (freed twice, or "
                                  "made by another allocator)");
       }
-      State state = it->second->state;
+      State state = it->second.state;
       if (state == State::kActive || state == State::kPaused) {
-        a = std::move(it->second);
-        table_.erase(it);
-        by_tag_[a->tag].erase(va);
+        node = table_.extract(it);
+        by_tag_.find(node.mapped().tag)->second.erase(va);
         index_.erase(va);
         break;
       }
       settled_.wait(lock);  // a pause or resume is working on it
     }
   }
+  Allocation& a = node.mapped();
   Status first;
   auto keep_first = [&first](Status s) {
     if (first.ok() && !s.ok()) first = std::move(s);
   };
-  if (a->state == State::kActive) {
+  if (a.state == State::kActive) {
     // Work queued on the stream may still use the memory; other streams are the caller's
     // business (torch waits for their events before it frees a block).
-    keep_first(backend_->synchronize_stream(a->device, stream));
+    keep_first(backend_->synchronize_stream(a.device, stream));
   }
-  keep_first(discard(a->device, a->va, a->size, a->state == State::kActive ? std::move(a->physical) : Pieces()));
-  if (a->host_copy) {
+  keep_first(discard(a.device, a.va, a.size, a.state == State::kActive ? std::move(a.physical) : Pieces()));
+  if (a.host_copy) {
     // Its host memory may be the last of an arena: unpinned and unmapped in the background.
     std::vector<HostBuffer> let_go;
-    let_go.push_back(std::move(a->host_copy));
+    let_go.push_back(std::move(a.host_copy));
     background_.release(std::move(let_go));
   }
   retry_orphans();
   if (first.ok()) return first;
-  return with_context(first, "freeing " + format_address(va) + " (tag '" + a->tag + "')");
+  return with_context(first, "freeing " + format_address(va) + " (tag '" + a.tag + "')");
 }
 
 std::vector<Saver::Allocation*> Saver::claim(const TagSelection& selection, State from,
                                              State to) {
   std::vector<Allocation*> batch;
+  size_t selected = selection.all ? table_.size() : 0;
+  for (const std::string& tag : selection.tags) {
+    auto it = by_tag_.find(tag);
+    if (it != by_tag_.end()) selected += it->second.size();
+  }
+  batch.reserve(selected);
+  const std::string* tag = nullptr;  // the last tag looked up: allocations come by tag
+  bool backs_up = false;
   auto take = [&](Allocation& a) {
     if (a.state != from) return;
+    if (tag == nullptr || *tag != a.tag) {
+      tag = &a.tag;
+      backs_up = tags_[a.tag].backs_up();
+    }
     a.state = to;
-    a.backup = tags_[a.tag].backs_up();
+    a.backup = backs_up;
     batch.push_back(&a);
   };
   for_each_selected(selection, take);
@@ -357,13 +383,13 @@ std::vector<Saver::Allocation*> Saver::claim(const TagSelection& selection, Stat
 
 void Saver::for_each_selected(const TagSelection& selection, const std::function<void(Allocation&)>& visit) {
   if (selection.all) {
-    for (auto& entry : table_) visit(*entry.second);
+    for (auto& entry : table_) visit(entry.second);
     return;
   }
   for (const std::string& tag : selection.tags) {
     auto it = by_tag_.find(tag);
     if (it == by_tag_.end()) continue;  // no allocation has named it
-    for (uintptr_t va : it->second) visit(*table_.at(va));
+    for (auto& entry : it->second) visit(*entry.second);
   }
 }
 
@@ -512,7 +538,7 @@ Status Saver::pause_locked(const TagSelection& selection, std::set<std::string>*
     std::lock_guard<std::mutex> lock(mu_);
     std::set<std::string> released;
     for (const auto& entry : table_) {
-      if (entry.second->state == State::kPaused) released.insert(entry.second->tag);
+      if (entry.second.state == State::kPaused) released.insert(entry.second.tag);
     }
     for (auto& entry : tags_) {
       if (selection.matches(entry.first)) entry.second.paused = released.count(entry.first) != 0;
@@ -661,7 +687,7 @@ size_t Saver::cached_bytes(const std::vector<const HostBuffer*>& more) const {
     if (buffer && arenas.insert(buffer.arena.get()).second) bytes += buffer.arena->size();
   };
   for (const auto& entry : table_) {
-    if (entry.second->state == State::kActive) count(entry.second->host_copy);
+    if (entry.second.state == State::kActive) count(entry.second.host_copy);
   }
   for (const HostBuffer* buffer : more) count(*buffer);
   return bytes;
@@ -731,7 +757,7 @@ std::vector<std::shared_ptr<HostArena>> Saver::prepare_backups_now(const TagSele
       // allocation, which gets a buffer only if it is still one that wants it.
       auto it = table_.find(w.va);
       if (it == table_.end()) continue;
-      Allocation& a = *it->second;
+      Allocation& a = it->second;
       if (a.size == w.size && a.tag == w.tag && wants(a)) a.host_copy = HostBuffer{arena, arena->buffer_offset(k), a.size};
     }
     arenas.push_back(std::move(arena));
@@ -746,7 +772,7 @@ void Saver::release_host_cache() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& entry : table_) {
-      Allocation& a = *entry.second;
+      Allocation& a = entry.second;
       if (a.state == State::kActive && a.host_copy) let_go.push_back(std::move(a.host_copy));
     }
   }
@@ -814,9 +840,9 @@ Status Saver::out_of_memory_on_resume(const std::vector<Allocation*>& batch,
       Code::kOutOfMemory,
       "cannot resume tag '" + failed.tag + "' on device " + std::to_string(failed.device) +
           ": this resume needs " + format_bytes(needed) + " there and " + format_bytes(free_bytes) +
-          " is free (" + cause.message + "). Everything it covered stays paused" +
+          " is free (" + cause.message() + "). Everything it covered stays paused" +
           " with its backups kept; free memory and call resume again.");
-  s.oom = {failed.tag, needed, free_bytes, failed.device};
+  s.set_oom({failed.tag, needed, free_bytes, failed.device});
   return s;
 }
 
@@ -830,7 +856,7 @@ std::string Saver::stats_json() const {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& entry : tags_) per_tag[entry.first].info = entry.second;
     for (const auto& entry : table_) {
-      const Allocation& a = *entry.second;
+      const Allocation& a = entry.second;
       Totals& t = per_tag[a.tag];
       t.allocations += 1;
       t.reserved += a.size;
@@ -862,7 +888,7 @@ const Saver::Allocation* Saver::containing(uintptr_t address) const {
   auto it = table_.upper_bound(address);
   if (it == table_.begin()) return nullptr;
   --it;
-  const Allocation& a = *it->second;
+  const Allocation& a = it->second;
   return address < a.va + a.size ? &a : nullptr;
 }
 

@@ -253,10 +253,13 @@ class Saver {
   std::mutex op_mu_;
   mutable std::mutex mu_;
   std::condition_variable settled_;
-  std::map<uintptr_t, std::unique_ptr<Allocation>> table_;
+  // Allocations by base address, held in place: pointers to them stay valid until erased.
+  using Table = std::map<uintptr_t, Allocation>;
+  using TagAllocations = std::map<uintptr_t, Allocation*>;  // into table_
+  Table table_;
   std::map<std::string, TagInfo> tags_;  // the tag catalogue, under mu_
   // Each tag's allocations (by address), so a pause of one tag does not walk the others'.
-  std::map<std::string, std::set<uintptr_t>> by_tag_;
+  std::map<std::string, TagAllocations> by_tag_;
   // Physical memory (physical != 0, still mapped at [va, va + size) if `mapped`) and
   // address ranges not yet released. A range is given back only once no orphan has memory
   // mapped inside it.

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <new>
 #include <string>
 
@@ -38,19 +39,53 @@ struct OomDetail {
   int device = -1;
 };
 
-struct Status {
+// Success is a code alone: every driver call on an allocation's path returns a Status
+// through several layers, so only a failure carries (and allocates) its message.
+class Status {
+ public:
   Code code = Code::kOk;
-  std::string message;
-  OomDetail oom;
+
+  Status() = default;
+  Status(const Status& other) : code(other.code), detail_(other.detail_ ? new Detail(*other.detail_) : nullptr) {}
+  Status& operator=(const Status& other) {
+    if (this != &other) *this = Status(other);
+    return *this;
+  }
+  Status(Status&&) noexcept = default;
+  Status& operator=(Status&&) noexcept = default;
 
   bool ok() const { return code == Code::kOk; }
   static Status Ok() { return {}; }
   static Status Error(Code code, std::string message) {
     Status s;
     s.code = code;
-    s.message = std::move(message);
+    s.detail_.reset(new Detail{std::move(message), {}});
     return s;
   }
+
+  const std::string& message() const { return detail_ ? detail_->message : kNoMessage(); }
+  void set_message(std::string message) { detail().message = std::move(message); }
+  const OomDetail& oom() const { return detail_ ? detail_->oom : kNoOom(); }
+  void set_oom(OomDetail oom) { detail().oom = std::move(oom); }
+
+ private:
+  struct Detail {
+    std::string message;
+    OomDetail oom;
+  };
+  Detail& detail() {
+    if (!detail_) detail_.reset(new Detail());
+    return *detail_;
+  }
+  static const std::string& kNoMessage() {
+    static const std::string empty;
+    return empty;
+  }
+  static const OomDetail& kNoOom() {
+    static const OomDetail none;
+    return none;
+  }
+  std::unique_ptr<Detail> detail_;
 };
 
 // "1.50 GiB", "2.00 MiB", "512 B": sizes in messages a person reads.

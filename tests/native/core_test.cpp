@@ -1,9 +1,11 @@
-// The saver core through its C ABI on the host backend, as a plain executable, so it can
-// run under AddressSanitizer + UndefinedBehaviorSanitizer and under ThreadSanitizer
+// The saver core through its C ABI on the host backend (and the CUDA backend over the fake
+// driver in tests/fake_cuda), as a plain executable, so it can run under
+// AddressSanitizer + UndefinedBehaviorSanitizer and under ThreadSanitizer
 // (`make sanitize`). Prints "N passed, M failed"; exits non-zero on any failure.
 #include <sys/types.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -291,6 +293,44 @@ void threads_allocate_and_free_while_another_tag_cycles() {
   CHECK(errors == 0);
 }
 
+// The CUDA backend (csrc/backend_cuda.cpp) over tests/fake_cuda, host memory standing in
+// for a GPU: threads whose allocations are the device's first use (its context looked up
+// once, then read without a lock), then a pause and a resume of them all.
+void cuda_backend_over_the_fake_driver() {
+#ifdef TMSL_FAKE_DRIVER
+  setenv("TMSL_CUDA_DRIVER_LIBRARY", TMSL_FAKE_DRIVER, 1);
+  void* handle = nullptr;
+  CHECK(tmsl_default_saver(&handle) == 0);
+  if (handle == nullptr) return;
+  constexpr int kThreads = 8, kEach = 8;
+  void* ptrs[kThreads][kEach] = {};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kEach; ++i) {
+        const std::string tag = "fake-" + std::to_string(t);
+        if (tmsl_malloc(handle, 2 * MiB, 0, tag.c_str(), 1, &ptrs[t][i]) == 0) {
+          memset(ptrs[t][i], t * kEach + i, 2 * MiB);
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& row : ptrs) {
+    for (void* p : row) CHECK(p != nullptr);
+  }
+  CHECK(tmsl_pause(handle, nullptr, -1) == 0);
+  CHECK(tmsl_resume(handle, nullptr, -1) == 0);
+  for (int t = 0; t < kThreads; ++t) {
+    for (int i = 0; i < kEach; ++i) {
+      if (ptrs[t][i] == nullptr) continue;
+      CHECK(filled_with(ptrs[t][i], 2 * MiB, static_cast<unsigned char>(t * kEach + i)));
+      CHECK(tmsl_free(handle, ptrs[t][i], nullptr) == 0);
+    }
+  }
+#endif
+}
+
 }  // namespace
 
 int main() {
@@ -307,6 +347,7 @@ int main() {
       {"null_out_pointers_are_refused", null_out_pointers_are_refused},
       {"destroy_races_with_pauses_and_foreign_frees", destroy_races_with_pauses_and_foreign_frees},
       {"threads_allocate_and_free_while_another_tag_cycles", threads_allocate_and_free_while_another_tag_cycles},
+      {"cuda_backend_over_the_fake_driver", cuda_backend_over_the_fake_driver},
   };
   int passed = 0, failed = 0;
   for (const auto& test : tests) {

@@ -1,0 +1,170 @@
+"""Scenarios for the CUDA backend over the fake driver, one per process:
+
+    TMSL_CUDA_DRIVER_LIBRARY=fake_libcuda.so python scenarios.py NAME
+
+Each asserts what it promises and prints "ok" last. The saver is the process-wide one, on
+the CUDA backend (csrc/backend_cuda.cpp), as torch_mem_saver_lite uses it on a GPU; the
+"device memory" is the fake's host memory, so it can be written, read and seen released.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import random
+import sys
+import threading
+
+from torch_mem_saver_lite import _lib
+from torch_mem_saver_lite.errors import MemorySaverError, OutOfMemoryError
+
+MiB = 1 << 20
+fake = ctypes.CDLL(os.environ["TMSL_CUDA_DRIVER_LIBRARY"])
+fake.fake_cuda_used_bytes.restype = ctypes.c_size_t
+fake.fake_cuda_used_bytes.argtypes = [ctypes.c_int]
+
+
+def used(device: int = 0) -> int:
+    """Device memory the fake driver holds: created and not yet released."""
+    return fake.fake_cuda_used_bytes(device)
+
+
+def access(va: int) -> str:
+    """The permissions of the mapping holding `va` ('rw-s' mapped, '---p' only reserved)."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            span, perms = line.split()[:2]
+            start, end = (int(x, 16) for x in span.split("-"))
+            if start <= va < end:
+                return perms
+    return "unmapped"
+
+
+def fill(va: int, nbytes: int, seed: int) -> bytes:
+    data = random.Random(seed).randbytes(nbytes)
+    ctypes.memmove(va, data, nbytes)
+    return data
+
+
+def read(va: int, nbytes: int) -> bytes:
+    return ctypes.string_at(va, nbytes)
+
+
+def round_trip() -> None:
+    """Paused memory is released and inaccessible; resumed memory is at the same addresses,
+    and backed-up content comes back bit for bit."""
+    saver = _lib.NativeSaver.process_wide()
+    sizes = [MiB, 2 * MiB, 3 * MiB + 5, 64 * MiB]
+    backed = [(saver.malloc(n, 0, "weights", True), n) for n in sizes]
+    fresh = [(saver.malloc(n, 0, "kv", False), n) for n in sizes]
+    assert all(va % (2 * MiB) == 0 for va, _ in backed + fresh)
+    content = {va: fill(va, n, seed) for seed, (va, n) in enumerate(backed)}
+    for va, n in fresh:
+        fill(va, n, 99)
+    held = used()
+    assert held == 2 * sum(-(-n // (2 * MiB)) * 2 * MiB for n in sizes), held
+
+    saver.pause(["weights", "kv"])
+    assert used() == 0, used()
+    assert all(access(va) == "---p" for va, _ in backed + fresh)
+    saver.resume(["weights", "kv"])
+    assert used() == held
+    assert all(access(va).startswith("rw") for va, _ in backed + fresh)
+    assert all(read(va, n) == content[va] for va, n in backed)
+    for va, n in fresh:  # fresh memory, writable at its old address
+        fill(va, n, 7)
+    for va, _ in backed + fresh:
+        saver.free(va)
+    assert used() == 0
+    print("ok")
+
+
+def out_of_memory() -> None:
+    """An allocation beyond the device's memory fails with the figures; nothing is left held."""
+    saver = _lib.NativeSaver.process_wide()
+    va = saver.malloc(8 * MiB, 0, "small", None)
+    try:
+        saver.malloc(64 * MiB, 0, "big", None)
+    except OutOfMemoryError as error:
+        message = str(error)
+    else:
+        raise AssertionError("the allocation beyond the device's memory succeeded")
+    assert "cuMemCreate(64.00 MiB on device 0)" in message and "CUDA_ERROR_OUT_OF_MEMORY" in message, message
+    assert "region 'big'" in message and "24.00 MiB free" in message, message
+    assert used() == 8 * MiB, used()
+    saver.free(va)
+    print("ok")
+
+
+def resume_fails_then_succeeds() -> None:
+    """A resume whose mapping fails raises, keeps the tag paused with its backup, and the next
+    resume brings every byte back."""
+    saver = _lib.NativeSaver.process_wide()
+    allocations = [(saver.malloc(n, 0, "weights", True), n) for n in (4 * MiB, 4 * MiB, 4 * MiB)]
+    content = {va: fill(va, n, seed) for seed, (va, n) in enumerate(allocations)}
+    saver.pause(["weights"])  # cuMemMap's calls so far: the three allocations
+    try:
+        saver.resume(["weights"])  # its second mapping fails (FAKE_CUDA_FAIL=cuMemMap:5)
+    except MemorySaverError as error:
+        assert "cuMemMap" in str(error), error
+    else:
+        raise AssertionError("the resume succeeded though a mapping failed")
+    assert used() == 0, used()  # what the failed resume had mapped was given back
+    assert saver.stats()["weights"]["paused"]
+    saver.resume(["weights"])
+    assert all(read(va, n) == content[va] for va, n in allocations)
+    print("ok")
+
+
+def threads_first_use() -> None:
+    """Threads that all start with the device's first use (its context and granularity
+    looked up once, then read without a lock) each get working memory of their own."""
+    saver = _lib.NativeSaver.process_wide()
+    results: dict[int, list[tuple[int, bytes]]] = {}
+    errors: list[BaseException] = []
+    start = threading.Barrier(8)
+
+    def work(k: int) -> None:
+        try:
+            start.wait()
+            mine = []
+            for i in range(16):
+                va = saver.malloc(2 * MiB, 0, f"t{k}", True)
+                mine.append((va, fill(va, 4096, k * 100 + i)))
+            results[k] = mine
+        except BaseException as error:  # noqa: BLE001 - reported by the main thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    addresses = [va for mine in results.values() for va, _ in mine]
+    assert len(set(addresses)) == 8 * 16
+    saver.pause(None)
+    assert used() == 0
+    saver.resume(None)
+    assert all(read(va, 4096) == data for mine in results.values() for va, data in mine)
+    print("ok")
+
+
+def second_device() -> None:
+    """Memory on device 1 is created there, whichever context the calling thread has."""
+    saver = _lib.NativeSaver.process_wide()
+    va0 = saver.malloc(4 * MiB, 0, "zero", True)
+    va1 = saver.malloc(6 * MiB, 1, "one", True)
+    assert (used(0), used(1)) == (4 * MiB, 6 * MiB), (used(0), used(1))
+    data = fill(va1, 6 * MiB, 1)
+    saver.pause(["one"])
+    assert (used(0), used(1)) == (4 * MiB, 0)
+    saver.resume(["one"])
+    assert used(1) == 6 * MiB and read(va1, 6 * MiB) == data
+    saver.free(va0)
+    saver.free(va1)
+    print("ok")
+
+
+if __name__ == "__main__":
+    globals()[sys.argv[1]]()

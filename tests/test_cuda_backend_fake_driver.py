@@ -1,0 +1,57 @@
+"""The CUDA backend (csrc/backend_cuda.cpp) without a GPU: the process-wide saver loads
+tests/fake_cuda/fake_libcuda.c, a stand-in for libcuda over host memory, through
+TMSL_CUDA_DRIVER_LIBRARY. Each scenario runs in a fresh process (the driver is loaded once
+per process) and asserts what it promises (tests/fake_cuda/scenarios.py). The GPU tests
+check the same promises against the real driver."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+FAKE_DIR = Path(__file__).parent / "fake_cuda"
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def fake_driver(tmp_path_factory) -> str:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("needs a C compiler to build the fake CUDA driver")
+    library = tmp_path_factory.mktemp("fake_cuda") / "libcuda.so.1"
+    subprocess.run([compiler, "-std=c11", "-O1", "-shared", "-fPIC", "-o", str(library),
+                    str(FAKE_DIR / "fake_libcuda.c")], check=True)
+    return str(library)
+
+
+def run_scenario(fake_driver: str, name: str, **env: str) -> None:
+    result = subprocess.run(
+        [sys.executable, str(FAKE_DIR / "scenarios.py"), name], capture_output=True, text=True, timeout=120,
+        env={**os.environ, "TMSL_CUDA_DRIVER_LIBRARY": fake_driver, **env},
+    )
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr
+
+
+def test_paused_memory_is_released_at_the_same_addresses_and_backups_come_back_bit_for_bit(fake_driver):
+    run_scenario(fake_driver, "round_trip")
+
+
+def test_an_allocation_beyond_the_device_says_which_call_how_much_and_what_is_free(fake_driver):
+    run_scenario(fake_driver, "out_of_memory", FAKE_CUDA_MEMORY_BYTES=str(32 * MiB))
+
+
+def test_a_resume_whose_mapping_fails_keeps_the_backup_and_the_next_one_restores_it(fake_driver):
+    run_scenario(fake_driver, "resume_fails_then_succeeds", FAKE_CUDA_FAIL="cuMemMap:5")
+
+
+def test_threads_making_the_devices_first_allocations_each_get_their_own_memory(fake_driver):
+    run_scenario(fake_driver, "threads_first_use")
+
+
+def test_memory_on_a_second_device_is_created_and_released_there(fake_driver):
+    run_scenario(fake_driver, "second_device", FAKE_CUDA_DEVICES="2")
