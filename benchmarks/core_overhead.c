@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "block_timing.h"
+
 #define SIZE ((size_t)2 << 20)
 #define BLOCK __attribute__((noinline))
 
@@ -53,22 +55,6 @@ static struct {
 
 static const int kProp[8] = {1, 0, 1, 0};  /* CUmemAllocationProp: pinned, on device 0 */
 static int g_failed;
-
-static double now_ns(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1e9 + t.tv_nsec;
-}
-
-static int compare(const void* a, const void* b) {
-  double x = *(const double*)a, y = *(const double*)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double* v, int n) {
-  qsort(v, n, sizeof(double), compare);
-  return v[n / 2];
-}
 
 static void* need(void* lib, const char* name) {
   void* fn = dlsym(lib, name);

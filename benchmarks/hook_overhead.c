@@ -7,24 +7,10 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "block_timing.h"
+
 typedef int (*malloc_fn)(void**, size_t);
 typedef int (*free_fn)(void*);
-
-static double now_ns(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1e9 + t.tv_nsec;
-}
-
-static int compare(const void* a, const void* b) {
-  double x = *(const double*)a, y = *(const double*)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double* v, int n) {
-  qsort(v, n, sizeof(double), compare);
-  return v[n / 2];
-}
 
 /* Per-pair time of one block of malloc(size)+free, or of free(foreign) alone when
  * foreign != NULL (a pointer that is neither the saver's nor a valid allocation start:
