@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <stdexcept>
 
 namespace tmsl {
 namespace {
@@ -292,7 +293,8 @@ Status Saver::allocate(size_t size, int device, const std::string& tag, BackupCh
       refused = tags_.at(tag).paused;  // admit() made the entry; tags are never erased
       if (refused) return Status::Ok();
       TagAllocations& of_tag = by_tag_[tag];
-      auto placed = table_.try_emplace(address, std::move(fresh)).first;
+      auto [placed, inserted] = table_.try_emplace(address, std::move(fresh));
+      if (!inserted) throw std::logic_error("address " + format_address(address) + " recorded twice");
       try {
         of_tag.emplace(address, &placed->second);
       } catch (...) {
