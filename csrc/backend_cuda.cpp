@@ -341,17 +341,23 @@ class CudaBackend final : public Backend {
                          message);
   }
 
+  // Every driver call asks first: once a device is ready, the answer is one load.
+  bool ready(int device) const {
+    return device >= 0 && static_cast<size_t>(device) < device_count_ &&
+           devices_[device].ready.load(std::memory_order_acquire);
+  }
+
+  Status device_state(int device) { return ready(device) ? Status::Ok() : prepare_device(device); }
+
   // Retains the device's primary context (the one torch and the runtime use) and checks
   // that it supports virtual memory management, once per device.
-  Status device_state(int device) {
+  __attribute__((noinline)) Status prepare_device(int device) {
     if (device < 0 || static_cast<size_t>(device) >= device_count_) {
       return Status::Error(Code::kInvalidArgument,
                            "device " + std::to_string(device) + " does not exist (" +
                                std::to_string(device_count_) + " CUDA devices visible)");
     }
     DeviceState& state = devices_[device];
-    // Every driver call asks: once ready, the answer needs no lock.
-    if (state.ready.load(std::memory_order_acquire)) return Status::Ok();
     std::lock_guard<std::mutex> lock(mu_);
     if (state.ready.load(std::memory_order_relaxed)) return Status::Ok();
     CUdevice dev = 0;

@@ -258,11 +258,10 @@ Status Saver::allocate(size_t size, int device, const std::string& tag, BackupCh
     }
     return with_context(failed, where());
   };
-  // Its handle's room is made before anything is reserved or mapped, so that nothing below
-  // allocates host memory outside the guarded recording step.
+  // Made before anything is reserved or mapped, so that nothing below allocates host
+  // memory outside the guarded recording step (its one handle is held inline).
   Allocation fresh;
   fresh.tag = tag;
-  fresh.physical.handles.reserve(1);
   uintptr_t address = 0;
   s = backend_->reserve(device, rounded, granularity, &address);
   if (!s.ok()) return explain(s);

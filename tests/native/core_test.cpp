@@ -319,6 +319,9 @@ void cuda_backend_over_the_fake_driver() {
   for (auto& row : ptrs) {
     for (void* p : row) CHECK(p != nullptr);
   }
+  // No host cache: the backups' arena goes (its threads joined) once the resume is done, as
+  // this saver, the process-wide one, outlives the test.
+  CHECK(tmsl_set_host_cache_bytes(handle, 0) == 0);
   CHECK(tmsl_pause(handle, nullptr, -1) == 0);
   CHECK(tmsl_resume(handle, nullptr, -1) == 0);
   for (int t = 0; t < kThreads; ++t) {
@@ -328,6 +331,7 @@ void cuda_backend_over_the_fake_driver() {
       CHECK(tmsl_free(handle, ptrs[t][i], nullptr) == 0);
     }
   }
+  CHECK(tmsl_wait_for_released_backups(handle) == 0);
 #endif
 }
 
