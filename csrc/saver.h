@@ -170,6 +170,7 @@ class Saver {
     size_t size = 0;  // reserved = mapped bytes, a multiple of the granularity
     int device = 0;
     std::string tag;
+    TagInfo* tag_info = nullptr;  // its tag's entry in tags_ (never erased), read under mu_
     bool backup = false;  // whether the pause that claimed it copies it out (from its tag)
     State state = State::kActive;
     // Written only by the pause/resume that has claimed the allocation (state kPausing or
@@ -192,13 +193,14 @@ class Saver {
   void retry_orphans();
   // Checks that every tag `selection` names is in the catalogue; needs mu_.
   Status check_known(const TagSelection& selection) const;
-  // The catalogue check behind enter_tag and allocate; needs mu_.
-  Status admit(const std::string& tag, BackupChoice backup);
+  // The catalogue check behind enter_tag and allocate, giving the tag's entry; needs mu_.
+  Status admit(const std::string& tag, BackupChoice backup, TagInfo** entry = nullptr);
   // Marks the allocations in `from` state that match `selection` as `to`, each with its
   // tag's backup decision, under the lock.
   std::vector<Allocation*> claim(const TagSelection& selection, State from, State to);
   // Calls visit(a) for every allocation of the tags `selection` covers; needs mu_.
-  void for_each_selected(const TagSelection& selection, const std::function<void(Allocation&)>& visit);
+  template <typename Visit>
+  void for_each_selected(const TagSelection& selection, Visit&& visit);
   // Sets the paused flag of the tags `selection` covers; needs mu_.
   void set_paused(const TagSelection& selection, bool paused);
   // pause / resume under op_mu_, naming the tags whose memory they moved; the public calls
@@ -214,6 +216,8 @@ class Saver {
   void settle(const std::vector<Allocation*>& batch, size_t done, State done_state,
               State rest_state, std::vector<HostBuffer>* backups, bool drop_backups);
   static std::set<int> devices_of(const std::vector<Allocation*>& batch);
+  // Adds the tags of a batch's allocations to *tags.
+  static void note_tags(const std::vector<Allocation*>& batch, std::set<std::string>* tags);
   Status synchronize_devices(const std::vector<Allocation*>& batch);
   // Queues the copy of every backed-up allocation of the batch into host memory, marking
   // the end of each allocation's copies in `copies`.
@@ -255,11 +259,8 @@ class Saver {
   std::condition_variable settled_;
   // Allocations by base address, held in place: pointers to them stay valid until erased.
   using Table = std::map<uintptr_t, Allocation>;
-  using TagAllocations = std::map<uintptr_t, Allocation*>;  // into table_
   Table table_;
   std::map<std::string, TagInfo> tags_;  // the tag catalogue, under mu_
-  // Each tag's allocations (by address), so a pause of one tag does not walk the others'.
-  std::map<std::string, TagAllocations> by_tag_;
   // Physical memory (physical != 0, still mapped at [va, va + size) if `mapped`) and
   // address ranges not yet released. A range is given back only once no orphan has memory
   // mapped inside it.
