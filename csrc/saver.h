@@ -12,7 +12,6 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -260,7 +259,8 @@ class Saver {
   // Allocations by base address, held in place: pointers to them stay valid until erased.
   using Table = std::map<uintptr_t, Allocation>;
   Table table_;
-  std::map<std::string, TagInfo> tags_;  // the tag catalogue, under mu_
+  // The tag catalogue, under mu_. Entries are never erased: allocations point at theirs.
+  std::map<std::string, TagInfo> tags_;
   // Physical memory (physical != 0, still mapped at [va, va + size) if `mapped`) and
   // address ranges not yet released. A range is given back only once no orphan has memory
   // mapped inside it.
