@@ -12,8 +12,10 @@ namespace {
 thread_local bool t_allocation_failed = false;
 
 Status backup_choice(int value, BackupChoice* out) {
-  if (value < -1 || value > 1) {
-    return Status::Error(Code::kInvalidArgument, "enable_cpu_backup must be -1 (not given), 0 or 1");
+  if (value < -1 || value > kMaxBackupChoice) {
+    return Status::Error(Code::kInvalidArgument,
+                         "the backup choice must be -1 (not given), 0 (off), 1 (on), 2 (on, host memory given "
+                         "back at resume) or 3 (disk)");
   }
   *out = static_cast<BackupChoice>(value);
   return Status::Ok();
@@ -171,12 +173,12 @@ TMSL_API int tmsl_set_tag_caches_backups(void* handle, const char* tag, int cach
 }
 
 TMSL_API int tmsl_tag_allocations(void* handle, const char* tag, uint64_t* addresses, uint64_t* sizes,
-                                  int* devices, size_t capacity, size_t* count) {
+                                  int* devices, int* choices, size_t capacity, size_t* count) {
   return on_saver(handle, [&](Saver& saver) {
     Status s = require(tag != nullptr && count != nullptr, "tag and count must not be NULL");
     if (s.ok() && capacity > 0) {
-      s = require(addresses != nullptr && sizes != nullptr && devices != nullptr,
-                  "addresses, sizes and devices must not be NULL when capacity > 0");
+      s = require(addresses != nullptr && sizes != nullptr && devices != nullptr && choices != nullptr,
+                  "addresses, sizes, devices and choices must not be NULL when capacity > 0");
     }
     if (!s.ok()) return s;
     std::vector<Saver::Range> ranges = saver.allocations_of(tag);
@@ -185,6 +187,7 @@ TMSL_API int tmsl_tag_allocations(void* handle, const char* tag, uint64_t* addre
       addresses[i] = ranges[i].va;
       sizes[i] = ranges[i].size;
       devices[i] = ranges[i].device;
+      choices[i] = static_cast<int>(ranges[i].choice);
     }
     return Status::Ok();
   });

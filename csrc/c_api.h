@@ -30,11 +30,13 @@ TMSL_API int tmsl_check_process(void);
 // The process-wide (CUDA) saver, created on first call.
 TMSL_API int tmsl_default_saver(void** out);
 
-// enable_cpu_backup: -1 = not given (the tag's setting; a new tag backs up graph memory
-// only), 0 = off, 1 = on. A tag keeps the first explicit setting it was given.
+// enable_cpu_backup, the region's backup choice: -1 = not given (the tag's first explicit
+// setting; without one, graph memory only), 0 = off, 1 = on, 2 = on with the host memory
+// given back at every resume (cpu_backup_backend "mmap"), 3 = disk (no host copy; the
+// Python side writes the content to a file). Each allocation keeps its region's choice.
 
-// Checks that `tag` may take allocations (not paused, backup setting consistent), enters
-// it in the saver's tag catalogue, and makes it the calling thread's region.
+// Checks that `tag` may take allocations (not paused), enters it in the saver's tag
+// catalogue, and makes it the calling thread's region.
 TMSL_API int tmsl_enter_region(void* saver, const char* tag, int enable_cpu_backup);
 // Makes (saver, tag) the thread's region again without checks (leaving a nested region).
 // saver == NULL: the thread leaves its region and follows the process defaults again
@@ -58,9 +60,10 @@ TMSL_API int tmsl_tag_state(void* saver, const char* tag, int* state);
 // caches = 0: the tag's backups leave host memory at every resume (cpu_backup_backend
 // "mmap"); 1 (the default): they may stay in the host cache. Enters the tag if new.
 TMSL_API int tmsl_set_tag_caches_backups(void* saver, const char* tag, int caches);
-// The tag's allocations in address order: *count of them, the first `capacity` written.
+// The tag's allocations in address order, each with its region's backup choice (as above):
+// *count of them, the first `capacity` written.
 TMSL_API int tmsl_tag_allocations(void* saver, const char* tag, uint64_t* addresses, uint64_t* sizes,
-                                  int* devices, size_t capacity, size_t* count);
+                                  int* devices, int* choices, size_t capacity, size_t* count);
 
 TMSL_API int tmsl_set_memory_margin(void* saver, size_t bytes);
 TMSL_API int tmsl_set_retain_backups(void* saver, int retain);

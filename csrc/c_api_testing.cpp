@@ -32,7 +32,8 @@ TMSL_API int tmsl_malloc(void* handle, size_t size, int device, const char* tag,
   return on_saver(handle, [&](Saver& saver) {
     Status s = require(tag != nullptr && *tag != '\0', "tag must be a non-empty string");
     if (s.ok()) s = require(out != nullptr, "out must not be NULL");
-    if (s.ok()) s = require(enable_cpu_backup >= -1 && enable_cpu_backup <= 1, "enable_cpu_backup must be -1, 0 or 1");
+    if (s.ok()) s = require(enable_cpu_backup >= -1 && enable_cpu_backup <= kMaxBackupChoice,
+                                  "enable_cpu_backup must be a backup choice from -1 to 3 (c_api.h)");
     if (!s.ok()) return s;
     uintptr_t va = 0;
     s = saver.allocate(size, device, tag, static_cast<BackupChoice>(enable_cpu_backup), &va);

@@ -142,13 +142,21 @@ void Saver::retry_orphans() {
 }
 
 namespace {
-const char* choice_name(BackupChoice backup) {
-  return backup == BackupChoice::kOn ? "enable_cpu_backup=True" : "enable_cpu_backup=False";
-}
-
 Status tag_paused_error(const std::string& tag) {
   return Status::Error(Code::kTagPaused, "tag '" + tag + "' is paused; resume it before allocating in it (a new "
                                          "tensor could be placed in its released memory)");
+}
+
+// The tag-wide host-backup choice an explicit region choice stands for (kAuto: none).
+BackupChoice host_backup_of(BackupChoice choice) {
+  switch (choice) {
+    case BackupChoice::kOn:
+    case BackupChoice::kOnUncached: return BackupChoice::kOn;
+    case BackupChoice::kOff:
+    case BackupChoice::kDisk: return BackupChoice::kOff;
+    case BackupChoice::kAuto: break;
+  }
+  return BackupChoice::kAuto;
 }
 }  // namespace
 
@@ -156,21 +164,10 @@ Status Saver::admit(const std::string& tag, BackupChoice backup, TagInfo** entry
   auto [it, is_new] = tags_.try_emplace(tag);
   TagInfo& info = it->second;
   if (entry != nullptr) *entry = &info;
-  if (is_new) {
-    info.backup = backup;
-    return Status::Ok();
-  }
-  if (info.paused) return tag_paused_error(tag);
-  if (backup != BackupChoice::kAuto) {
-    if (info.backup == BackupChoice::kAuto) {
-      info.backup = backup;  // the first explicit choice decides
-    } else if (info.backup != backup) {
-      return Status::Error(Code::kInvalidArgument,
-                           "tag '" + tag + "' was first used with " + choice_name(info.backup) +
-                               "; a tag keeps one backup setting, so use another tag for memory "
-                               "that needs the other");
-    }
-  }
+  if (!is_new && info.paused) return tag_paused_error(tag);
+  // Each allocation keeps its own region's choice; the tag keeps the first explicit one, for
+  // the regions of it that give none.
+  if (info.backup == BackupChoice::kAuto) info.backup = host_backup_of(backup);
   return Status::Ok();
 }
 
@@ -204,7 +201,7 @@ std::vector<Saver::Range> Saver::allocations_of(const std::string& tag) const {
   std::vector<Range> out;
   for (const auto& entry : table_) {
     const Allocation& a = entry.second;
-    if (a.tag == tag) out.push_back(Range{a.va, a.size, a.device});
+    if (a.tag == tag) out.push_back(Range{a.va, a.size, a.device, a.choice});
   }
   return out;
 }
@@ -263,6 +260,7 @@ Status Saver::allocate(size_t size, int device, const std::string& tag, BackupCh
   Allocation fresh;
   fresh.tag = tag;
   fresh.tag_info = tag_info;
+  fresh.choice = backup;
   uintptr_t address = 0;
   s = backend_->reserve(device, rounded, granularity, &address);
   if (!s.ok()) return explain(s);
@@ -374,7 +372,7 @@ std::vector<Saver::Allocation*> Saver::claim(const TagSelection& selection, Stat
   auto take = [&](Allocation& a) {
     if (a.state != from) return;
     a.state = to;
-    a.backup = a.tag_info->backs_up();
+    a.backup = a.backs_up();
     batch.push_back(&a);
   };
   for_each_selected(selection, take);
@@ -384,16 +382,25 @@ std::vector<Saver::Allocation*> Saver::claim(const TagSelection& selection, Stat
 void Saver::settle(const std::vector<Allocation*>& batch, size_t done, State done_state,
                    State rest_state, std::vector<HostBuffer>* backups, bool drop_backups) {
   std::vector<HostBuffer> let_go;
+  // Copies of "mmap" allocations: their host memory is given back before the resume
+  // returns, as that backend promises (the process's RSS falls at once).
+  std::vector<HostBuffer> free_now;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t i = 0; i < batch.size(); ++i) {
       Allocation& a = *batch[i];
       a.state = i < done ? done_state : rest_state;
-      if (i < done && backups != nullptr) {
+      if (i >= done) continue;
+      if (backups != nullptr) {
         if (a.host_copy) let_go.push_back(std::move(a.host_copy));
         a.host_copy = std::move((*backups)[i]);
-      } else if (i < done && a.host_copy && (drop_backups || !cached_after_resume(a, done_state))) {
-        let_go.push_back(std::move(a.host_copy));
+        a.retained = false;
+      } else if (a.host_copy && (drop_backups || !cached_after_resume(a, done_state))) {
+        bool uncached = done_state == State::kActive && a.choice == BackupChoice::kOnUncached;
+        (uncached ? free_now : let_go).push_back(std::move(a.host_copy));
+        a.retained = false;
+      } else if (done_state == State::kActive) {
+        a.retained = a.host_copy && retain_backups_.load();
       }
     }
   }
@@ -404,6 +411,7 @@ void Saver::settle(const std::vector<Allocation*>& batch, size_t done, State don
   }
   settled_.notify_all();  // first: nothing below may keep a waiting free asleep
   background_.release(std::move(let_go));
+  free_now.clear();
 }
 
 // Batches hold runs of one device and one tag: a set is asked only when the value changes.
@@ -666,7 +674,7 @@ Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>
 
 bool Saver::cached_after_resume(const Allocation& a, State state) const {
   if (state != State::kActive || retain_backups_.load()) return true;
-  return a.tag_info->caches_backups;
+  return a.choice != BackupChoice::kOnUncached && a.tag_info->caches_backups;
 }
 
 bool Saver::keeps_backups(const std::vector<Allocation*>& batch) const {
@@ -728,8 +736,7 @@ std::vector<std::shared_ptr<HostArena>> Saver::prepare_backups_now(const TagSele
   std::map<int, std::vector<Wanted>> wanted;  // by device
   // Whether `a` is resident, backed up, may keep its backup cached and has none yet. Needs mu_.
   auto wants = [this](const Allocation& a) {
-    return a.state == State::kActive && !a.host_copy && tags_.at(a.tag).backs_up() &&
-           cached_after_resume(a, State::kActive);
+    return a.state == State::kActive && !a.host_copy && a.backs_up() && cached_after_resume(a, State::kActive);
   };
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -847,6 +854,7 @@ Status Saver::out_of_memory_on_resume(const std::vector<Allocation*>& batch,
 std::string Saver::stats_json() const {
   struct Totals {
     size_t allocations = 0, reserved = 0, resident = 0, paused = 0, host_backup = 0;
+    bool backs_up = false;  // some allocation of it is backed up at a pause
     TagInfo info;
   };
   std::map<std::string, Totals> per_tag;
@@ -858,6 +866,7 @@ std::string Saver::stats_json() const {
       Totals& t = per_tag[a.tag];
       t.allocations += 1;
       t.reserved += a.size;
+      t.backs_up = t.backs_up || a.backs_up();
       // An allocation mid-pause still holds its memory; one mid-resume does not yet.
       bool resident = a.state == State::kActive || a.state == State::kPausing;
       (resident ? t.resident : t.paused) += a.size;
@@ -875,7 +884,7 @@ std::string Saver::stats_json() const {
            ",\"host_backup_bytes\":" + std::to_string(t.host_backup) +
            ",\"paused\":" + (t.info.paused ? "true" : "false") +
            ",\"graph_memory\":" + (t.info.graph_memory ? "true" : "false") +
-           ",\"backs_up\":" + (t.info.backs_up() ? "true" : "false") +
+           ",\"backs_up\":" + (t.backs_up || t.info.backs_up() ? "true" : "false") +
            ",\"last_pause_seconds\":" + json_seconds(t.info.last_pause_seconds) +
            ",\"last_resume_seconds\":" + json_seconds(t.info.last_resume_seconds) + "}";
   }
@@ -903,12 +912,14 @@ Status Saver::lease_backup(uintptr_t address, size_t nbytes, const void** host, 
                            "memory at " + format_address(address) +
                                " was not allocated inside a region (or has been freed)");
     }
-    if (!tags_.at(a->tag).backs_up() && !a->host_copy) {
+    if (!a->backs_up() && !a->host_copy) {
       return Status::Error(Code::kInvalidArgument,
                            "tag '" + a->tag +
                                "' keeps no CPU backup: enter its region with enable_cpu_backup=True");
     }
-    if (a->state == State::kPaused) backup = a->host_copy;  // resident: a kept host copy is stale
+    // Resident, a copy kept by the cache is stale; one kept by retention is handed out, as
+    // torch_memory_saver does (its content is that of the last pause).
+    if (a->state == State::kPaused || a->retained) backup = a->host_copy;
     start = a->va;
   }
   *host = nullptr;

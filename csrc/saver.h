@@ -29,11 +29,15 @@ namespace tmsl {
 
 class CopyMarks;
 
-// Whether a pause copies a tag's content to host memory. kAuto (a region's default) backs
-// it up only once it holds graph memory: a CUDA graph captured while one of the tag's
-// regions was open reads state written at capture time that replays never rewrite, so
-// releasing it without a copy would make later replays compute something else.
-enum class BackupChoice : int { kAuto = -1, kOff = 0, kOn = 1 };
+// How a region's allocations are kept across a pause; each allocation keeps the choice of
+// the region it was made in. kAuto (a region's default) follows the tag's first explicit
+// choice, and otherwise backs up only once the tag holds graph memory: a CUDA graph captured
+// while one of the tag's regions was open reads state written at capture time that replays
+// never rewrite, so releasing it without a copy would make later replays compute something
+// else. kOnUncached backs up like kOn, but gives the host memory back at every resume
+// (cpu_backup_backend "mmap"). kDisk: no host copy; the Python side writes it to a file.
+enum class BackupChoice : int { kAuto = -1, kOff = 0, kOn = 1, kOnUncached = 2, kDisk = 3 };
+constexpr int kMaxBackupChoice = 3;
 
 // What poison-on-resume writes into every byte: 0xFF.. is NaN in every float format.
 constexpr unsigned char kPoisonByte = 0xFF;
@@ -41,7 +45,9 @@ constexpr unsigned char kPoisonByte = 0xFF;
 // What the saver knows of one tag: its catalogue entry, created by the first region or
 // allocation that names it.
 struct TagInfo {
-  BackupChoice backup = BackupChoice::kAuto;  // the first explicit choice; kAuto until one
+  // The first explicit host-backup choice (kOn or kOff; kAuto until one): what its regions
+  // that give none follow.
+  BackupChoice backup = BackupChoice::kAuto;
   bool graph_memory = false;  // a CUDA graph was captured into it
   bool paused = false;        // paused and not resumed since
   // Whether backups may stay in the host cache after a resume ("pinned"); false ("mmap"):
@@ -71,8 +77,8 @@ class Saver {
 
   Backend& backend() { return *backend_; }
 
-  // Checks that `tag` may take new allocations with this backup choice (it is not paused,
-  // and an explicit choice matches the tag's), and enters it in the catalogue.
+  // Checks that `tag` may take new allocations (it is not paused), and enters it in the
+  // catalogue with its first explicit backup choice.
   Status enter_tag(const std::string& tag, BackupChoice backup);
   // Records that a CUDA graph is being captured while a region of `tag` is open: from now
   // on a pause backs the tag up unless it was entered with an explicit kOff.
@@ -82,11 +88,13 @@ class Saver {
   // Whether the tag's backups may stay in the host cache after a resume (see TagInfo).
   Status set_caches_backups(const std::string& tag, bool caches);
 
-  // The tag's allocations (address, size, device), in address order.
+  // The tag's allocations (address, size, device, the choice of the region that made it),
+  // in address order.
   struct Range {
     uintptr_t va;
     size_t size;
     int device;
+    BackupChoice choice;
   };
   std::vector<Range> allocations_of(const std::string& tag) const;
 
@@ -170,12 +178,27 @@ class Saver {
     int device = 0;
     std::string tag;
     TagInfo* tag_info = nullptr;  // its tag's entry in tags_ (never erased), read under mu_
-    bool backup = false;  // whether the pause that claimed it copies it out (from its tag)
+    BackupChoice choice = BackupChoice::kAuto;  // its region's
+    bool backup = false;  // whether the pause that claimed it copies it out (backs_up())
+    // Whether its host copy outlived a resume because backups were retained: such a copy is
+    // handed out while resident too (torch_memory_saver's retain_cpu_backup).
+    bool retained = false;
     State state = State::kActive;
     // Written only by the pause/resume that has claimed the allocation (state kPausing or
     // kResuming) or under mu_.
     Pieces physical;      // while active; mid-resume, the pieces mapped so far
     HostBuffer host_copy;  // while paused with backup (or retained)
+    // Whether a pause copies it to host memory: its own choice, else its tag's.
+    bool backs_up() const {
+      switch (choice) {
+        case BackupChoice::kOn:
+        case BackupChoice::kOnUncached: return true;
+        case BackupChoice::kOff:
+        case BackupChoice::kDisk: return false;
+        case BackupChoice::kAuto: break;
+      }
+      return tag_info->backs_up();
+    }
   };
 
   // Unmaps and releases the pieces of [va, va + size) mapped in `physical` (mapping.h), and

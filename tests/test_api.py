@@ -58,12 +58,18 @@ def test_bad_arguments_raise_clear_errors(host_saver, call, error):
         call(host_saver)
 
 
-def test_a_tag_keeps_its_backup_setting(host_saver, mem):
-    with host_saver.region("weights", enable_cpu_backup=True):
-        mem.malloc(MiB)
-    with pytest.raises(ValueError, match="enable_cpu_backup=True"):
-        with host_saver.region("weights", enable_cpu_backup=False):
-            pass
+def test_each_region_keeps_its_own_backup_backend_under_one_tag(host_saver, mem):
+    with host_saver.region("w", enable_cpu_backup=True, cpu_backup_backend="mmap"):
+        given_back = mem.malloc(MiB)
+    with host_saver.region("w", enable_cpu_backup=True, cpu_backup_backend="pinned"):
+        cached = mem.malloc(MiB)
+    mem.write(given_back, b"mmap")
+    mem.write(cached, b"pinned")
+    host_saver.pause("w")
+    host_saver.resume("w")
+    assert (mem.read(given_back, 4), mem.read(cached, 6)) == (b"mmap", b"pinned")
+    # Only the "pinned" allocation's copy stays in the host cache after the resume.
+    assert host_saver.stats()["w"].host_backup_bytes == host_saver.stats()["w"].reserved_bytes // 2
 
 
 def test_region_of_a_paused_tag_is_refused(host_saver, mem):

@@ -70,20 +70,21 @@ def test_a_capture_outside_any_region_marks_nothing(host_saver, mem):
     assert not host_saver.stats()["kv"].graph_memory
 
 
-def test_a_later_explicit_setting_decides_and_conflicts_are_refused(host_saver, mem):
-    with host_saver.region("w"):  # not given: the tag waits for an explicit choice
-        ptr = mem.malloc(2 * MiB)
-    with host_saver.region("w", enable_cpu_backup=True):
-        pass
-    with host_saver.region("w"):  # not given again: keeps True
-        pass
-    with pytest.raises(ValueError, match="first used with enable_cpu_backup=True"):
-        with host_saver.region("w", enable_cpu_backup=False):
-            pass
-    mem.write(ptr, b"weights")
+def test_each_allocation_keeps_its_regions_choice_and_unspecified_ones_follow_the_tags_first(host_saver, mem):
+    with host_saver.region("w"):  # not given: follows the tag's first explicit choice
+        follows = mem.malloc(2 * MiB)
+    with host_saver.region("w", enable_cpu_backup=True):  # the first explicit choice
+        kept = mem.malloc(2 * MiB)
+    with host_saver.region("w", enable_cpu_backup=False):  # its own choice, as in torch_memory_saver
+        dropped = mem.malloc(2 * MiB)
+    for ptr in (follows, kept, dropped):
+        mem.write(ptr, b"weights")
     host_saver.pause("w")
+    assert host_saver.stats()["w"].host_backup_bytes == 4 * MiB  # two of the three copied
     host_saver.resume("w")
-    assert mem.read(ptr, 7) == b"weights"
+    assert mem.read(follows, 7) == b"weights"
+    assert mem.read(kept, 7) == b"weights"
+    assert mem.read(dropped, 7) == bytes(7)  # fresh memory: no backup
 
 
 def test_poison_fills_resumed_memory_without_backup_and_spares_backups(host_saver, mem):

@@ -55,7 +55,7 @@ _SIGNATURES = {
     "tmsl_set_tag_caches_backups": ([_vp, ctypes.c_char_p, _int], _int),
     "tmsl_tag_allocations": (
         [_vp, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64),
-         ctypes.POINTER(_int), _sz, ctypes.POINTER(_sz)],
+         ctypes.POINTER(_int), ctypes.POINTER(_int), _sz, ctypes.POINTER(_sz)],
         _int,
     ),
     "tmsl_malloc": ([_vp, _sz, _int, ctypes.c_char_p, _int, ctypes.POINTER(_vp)], _int),
@@ -175,9 +175,19 @@ def take_allocation_failure() -> bool:
     return bool(lib().tmsl_take_allocation_failure())
 
 
-def backup_choice(enable_cpu_backup: bool | None) -> int:
-    """The C ABI's encoding of a region's enable_cpu_backup: -1 = not given, 0, 1."""
-    return -1 if enable_cpu_backup is None else int(enable_cpu_backup)
+CHOICE_AUTO, CHOICE_OFF, CHOICE_ON, CHOICE_ON_UNCACHED, CHOICE_DISK = -1, 0, 1, 2, 3
+
+
+def backup_choice(enable_cpu_backup: bool | None, caches: bool = True, disk: bool = False) -> int:
+    """The C ABI's encoding of a region's backup choice (c_api.h): -1 = not given, 0 = off,
+    1 = on, 2 = on with host memory given back at every resume ("mmap"), 3 = to disk."""
+    if disk:
+        return CHOICE_DISK
+    if enable_cpu_backup is None:
+        return CHOICE_AUTO
+    if not enable_cpu_backup:
+        return CHOICE_OFF
+    return CHOICE_ON if caches else CHOICE_ON_UNCACHED
 
 
 def _tag_array(tags: Sequence[str] | None) -> tuple[ctypes.Array[ctypes.c_char_p] | None, int]:
@@ -239,16 +249,25 @@ class NativeSaver:
 
     def allocations(self, tag: str) -> list[tuple[int, int, int]]:
         """The tag's allocations as (address, size, device), in address order."""
+        return [(address, size, device) for address, size, device, _ in self._allocations(tag)]
+
+    def disk_allocations(self, tag: str) -> list[tuple[int, int, int]]:
+        """The tag's allocations made in regions with enable_disk_backup=True, as
+        (address, size, device), in address order."""
+        return [(address, size, device) for address, size, device, choice in self._allocations(tag)
+                if choice == CHOICE_DISK]
+
+    def _allocations(self, tag: str) -> list[tuple[int, int, int, int]]:
         count = _sz()
-        check(lib().tmsl_tag_allocations(self.handle, tag.encode(), None, None, None, 0, ctypes.byref(count)))
+        check(lib().tmsl_tag_allocations(self.handle, tag.encode(), None, None, None, None, 0, ctypes.byref(count)))
         while True:
             capacity = count.value
             addresses, sizes = (ctypes.c_uint64 * capacity)(), (ctypes.c_uint64 * capacity)()
-            devices = (_int * capacity)()
-            check(lib().tmsl_tag_allocations(self.handle, tag.encode(), addresses, sizes, devices, capacity,
-                                             ctypes.byref(count)))
+            devices, choices = (_int * capacity)(), (_int * capacity)()
+            check(lib().tmsl_tag_allocations(self.handle, tag.encode(), addresses, sizes, devices, choices,
+                                             capacity, ctypes.byref(count)))
             if count.value <= capacity:  # else more were allocated meanwhile: ask again
-                return [(addresses[i], sizes[i], devices[i]) for i in range(count.value)]
+                return [(addresses[i], sizes[i], devices[i], choices[i]) for i in range(count.value)]
 
     def set_memory_margin(self, nbytes: int) -> None:
         check(lib().tmsl_set_memory_margin(self.handle, nbytes))

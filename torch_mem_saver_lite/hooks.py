@@ -1,11 +1,13 @@
 """Routing a region's allocations into its torch MemPool, in both hook modes.
 
-One ``torch.cuda.MemPool`` per (tag, device). In "torch" mode the pool sits on a
+One ``torch.cuda.MemPool`` per (tag, device, backup choice). In "torch" mode the pool sits on a
 ``CUDAPluggableAllocator`` whose malloc/free are the library's ``tmsl_torch_malloc`` /
 ``tmsl_torch_free``. In "preload" mode the pool uses torch's ordinary allocator, whose
 ``cudaMalloc`` the preloaded library answers for threads inside a region. Either way
-PyTorch's caching allocator keeps reusing blocks, but only within the tag's own pool, so
-memory of one tag never serves another.
+PyTorch's caching allocator keeps reusing blocks, but only within the pool, so memory of one
+tag never serves another, and a block made under one backup choice never holds a tensor of a
+region with another (each allocation keeps its region's choice: a tensor that must be backed
+up must not land in a segment that is not).
 
 torch routes a thread to the *first* pool it was told about, so nesting is done by the
 region stack (memory_saver.py): an inner region ends the outer pool's routing and begins it
@@ -34,13 +36,14 @@ class TorchPools:
         """``library_path``: the library's pluggable allocator; None: torch's own (preload)."""
         self._library_path = library_path
         self._allocator = None
-        self._pools: dict[tuple[str, int], torch.cuda.MemPool] = {}
+        self._pools: dict[tuple[str, int, int], torch.cuda.MemPool] = {}  # (tag, device, choice)
         self._lock = threading.Lock()
 
-    def pool(self, tag: str, device: int) -> torch.cuda.MemPool:
-        """The pool for ``tag`` on ``device``, created on first use and kept for the process."""
+    def pool(self, tag: str, device: int, choice: int = -1) -> torch.cuda.MemPool:
+        """The pool for ``tag`` on ``device`` for regions of that backup ``choice`` (the C
+        ABI's encoding), created on first use and kept for the process."""
         with self._lock:
-            key = (tag, device)
+            key = (tag, device, choice)
             if key not in self._pools:
                 if self._allocator is None and self._library_path is not None:
                     self._allocator = torch.cuda.memory.CUDAPluggableAllocator(
@@ -69,12 +72,12 @@ class TorchPools:
                 use_count = getattr(self._pools[key], "use_count", None)
                 if use_count is not None and use_count() == 1:
                     del self._pools[key]
-                    dropped.append(key)
+                    dropped.append(key[:2])
                 else:
-                    kept.append(key)
+                    kept.append(key[:2])
         return dropped, kept
 
-    def route(self, tag: str) -> Route:
-        """The route to ``tag``'s pool on the current device."""
+    def route(self, tag: str, choice: int = -1) -> Route:
+        """The route to the pool of ``tag`` and backup ``choice`` on the current device."""
         device = torch.cuda.current_device()
-        return device, self.pool(tag, device)
+        return device, self.pool(tag, device, choice)

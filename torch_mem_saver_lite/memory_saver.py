@@ -135,14 +135,14 @@ class _Region:
     the torch pool route that go with it. What the C ABI and torch take is computed here,
     so that making an entry current is a single C call each (see _pushed)."""
 
-    __slots__ = ("native", "tag", "backup", "route", "_handle", "_tag", "_choice")
+    __slots__ = ("native", "route", "_handle", "_tag", "_choice")
 
-    def __init__(self, native: _lib.NativeSaver | None, tag: str = "", backup: bool | None = None,
+    def __init__(self, native: _lib.NativeSaver | None, tag: str = "", choice: int = _lib.CHOICE_AUTO,
                  route: Route | None = None):
-        self.native, self.tag, self.backup = native, tag, backup
+        self.native = native
         self.route = None if route is None else (route[0], route[1].id)  # (device, pool id)
         self._handle = native.handle if native is not None else None
-        self._tag, self._choice = tag.encode(), _lib.backup_choice(backup)
+        self._tag, self._choice = tag.encode(), choice
 
     def enter(self) -> int:
         """Check the region against its saver's tag catalogue and make it current natively."""
@@ -496,13 +496,12 @@ class MemorySaver:
             backup = False  # the content goes to disk, not to host memory
         if caches is None and backup is True:
             caches = self._default_caches()
-        route = self._torch_pools().route(tag) if self._routes_torch else None
+        choice = _lib.backup_choice(backup, caches is not False, disk)
+        route = self._torch_pools().route(tag, choice) if self._routes_torch else None
         _lib.take_allocation_failure()  # only failures inside this block are explained below
-        with _pushed(_Region(native, tag, backup, route)):
+        with _pushed(_Region(native, tag, choice, route)):
             if disk:  # only once the tag has taken the region
                 self._back_up_to_disk(tag)
-            if caches is not None:
-                native.set_caches_backups(tag, caches)
             if self._routes_torch and torch.cuda.is_current_stream_capturing():
                 _lib.note_graph_capture()  # entered inside a capture: graph memory too
             try:
@@ -566,7 +565,8 @@ class MemorySaver:
         if caches is None and enable_cpu_backup is not False:
             caches = self._default_caches()
         native = self._enter()
-        entry = _Region(native, _check_tag(tag), _check_backup(enable_cpu_backup))  # no torch route
+        backup = _check_backup(enable_cpu_backup)
+        entry = _Region(native, _check_tag(tag), _lib.backup_choice(backup, caches is not False))  # no torch route
         _turn_off_nccl_graph_registration()
         pools = self._torch_pools()
         tag_pool = pools.pool(tag, torch.cuda.current_device()).id
@@ -589,9 +589,18 @@ class MemorySaver:
 
     @contextlib.contextmanager
     def disable(self) -> Iterator[None]:
-        """Allocations on this thread inside the block are ordinary, even within a region."""
-        with _pushed(_Region(None)):
+        """Allocations on this thread inside the block are ordinary, even within a region.
+
+        They come from a torch pool of their own, made for the block and freed when it ends
+        (its cached memory goes back to the device then): torch's caching allocator would
+        otherwise hand out cached blocks of the enclosing region's pool, or, in preload mode
+        with a process-wide region (``TMS_INIT_ENABLE=1``), of the default pool, which a
+        pause may have released. Tensors made inside stay valid after the block."""
+        pool = torch.cuda.MemPool() if self._routes_torch and torch.cuda.is_available() else None
+        route = None if pool is None else (torch.cuda.current_device(), pool)
+        with _pushed(_Region(None, route=route)):
             yield
+        del route, pool  # torch frees the pool's cached blocks once nothing uses it
 
     def _torch_pools(self) -> TorchPools:
         with self._lock:
