@@ -94,6 +94,27 @@ TMSL_API int tmsl_process_default_poison(void);
 // 1 when this library's cudaMalloc is the one the process calls (LD_PRELOAD in effect).
 TMSL_API int tmsl_preload_active(void);
 
+// torch_memory_saver's C entry points under its names (tms_compat.cpp), for code that binds
+// them with ctypes. They act on the process-wide saver and the calling thread's region
+// (its "configuration"). tms_pause/tms_resume: tag NULL = every tag, a tag no region has used
+// is skipped; they return a status code. The getters and setters read and change the
+// thread's region: whether it is one ("interesting"), its tag, and its backup choice.
+TMSL_API int tms_pause(const char* tag);
+TMSL_API int tms_resume(const char* tag);
+TMSL_API const char* tms_get_current_tag(void);
+TMSL_API void tms_set_current_tag(const char* tag);
+TMSL_API bool tms_get_interesting_region(void);
+TMSL_API void tms_set_interesting_region(bool interesting);
+TMSL_API bool tms_get_enable_cpu_backup(void);
+TMSL_API void tms_set_enable_cpu_backup(bool enable);
+TMSL_API const char* tms_get_cpu_backup_backend(void);  // "pinned" or "mmap"
+TMSL_API void tms_set_cpu_backup_backend(const char* backend);
+TMSL_API bool tms_get_enable_disk_backup(void);
+TMSL_API void tms_set_enable_disk_backup(bool enable);
+TMSL_API void set_memory_margin_bytes(uint64_t bytes);
+TMSL_API void tms_set_retain_cpu_backup(bool retain);
+TMSL_API bool tms_get_retain_cpu_backup(void);
+
 // torch hook mode (hook_torch.cpp): a CUDAPluggableAllocator's malloc and free. Allocations
 // go to the calling thread's region; a failure returns NULL and is kept as above.
 TMSL_API void* tmsl_torch_malloc(ssize_t size, int device, void* stream);

@@ -154,6 +154,7 @@ class Saver {
   // Keep host backups after a successful resume and reuse them at the next pause, so a
   // pause/resume cycle stops paying for host allocation.
   void set_retain_backups(bool retain) { retain_backups_.store(retain); }
+  bool retain_backups() const { return retain_backups_.load(); }
   // The host cache: after a resume, its backups stay (page-locked, ready for the next pause
   // of the same memory) as long as all that is kept this way fits in `bytes`; 0 = none.
   // Without it every pause would fault in and page-lock new host memory, at a fraction of

@@ -54,6 +54,20 @@ ProcessDefaults read_process_defaults() {
   } else {
     ok = false;
   }
+  const char* backend_name = nullptr;
+  if (pick("TMSL_DEFAULT_CPU_BACKUP_BACKEND", "TMS_INIT_CPU_BACKUP_BACKEND", &backend_name, &d.error)) {
+    const char* backend = backend_name != nullptr ? getenv(backend_name) : "pinned";
+    if (strcmp(backend, "mmap") == 0) {
+      d.caches_backups = false;
+      if (d.backup == BackupChoice::kOn) d.backup = BackupChoice::kOnUncached;
+    } else if (strcmp(backend, "pinned") != 0) {
+      d.error += std::string(d.error.empty() ? "" : "; ") + backend_name + " must be pinned or mmap, got '" +
+                 backend + "'";
+      ok = false;
+    }
+  } else {
+    ok = false;
+  }
   ok = parse_flag("TMSL_POISON_ON_RESUME", &d.poison_on_resume, &d.error) && ok;
   const char* tag = getenv("TMSL_DEFAULT_TAG");
   if (tag != nullptr) {

@@ -36,12 +36,16 @@ Status region_saver(const ThreadRegion& region, SaverRef* out);
 //   TMSL_DEFAULT_TAG=<tag>      that region's tag (default "default")
 //   TMSL_DEFAULT_CPU_BACKUP=0|1 and its backup setting (unset: back up graph memory only;
 //                               torch_memory_saver's name: TMS_INIT_ENABLE_CPU_BACKUP)
+//   TMSL_DEFAULT_CPU_BACKUP_BACKEND=pinned|mmap  the backend of backed-up regions that name
+//                               none (torch_memory_saver's name: TMS_INIT_CPU_BACKUP_BACKEND);
+//                               with mmap the default region's choice is kOnUncached
 //   TMSL_POISON_ON_RESUME=1     savers start with poison on resume turned on
 // A bad value leaves regions off and is kept in `error`, naming the variable.
 struct ProcessDefaults {
   bool all_threads = false;
   std::string tag = "default";
   BackupChoice backup = BackupChoice::kAuto;
+  bool caches_backups = true;  // the default backend is "pinned"
   bool poison_on_resume = false;
   std::string error;
 };

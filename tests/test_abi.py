@@ -21,7 +21,7 @@ C_TYPES = {
     "int*": ctypes.POINTER(ctypes.c_int), "size_t*": ctypes.POINTER(ctypes.c_size_t),
     "uint64_t*": ctypes.POINTER(ctypes.c_uint64),
     "const char**": ctypes.POINTER(ctypes.c_char_p), "const char* const*": ctypes.POINTER(ctypes.c_char_p),
-    "void": None,
+    "void": None, "bool": ctypes.c_bool, "uint64_t": ctypes.c_uint64,
 }
 
 
@@ -63,6 +63,15 @@ def test_the_library_exports_every_declared_function():
                               text=True, check=True).stdout
     names = {line.split()[-1] for line in exported.splitlines() if line.strip()}
     assert set(declared()) <= names
+
+
+def test_the_library_exports_exactly_the_declared_functions():
+    # Frameworks bind torch_memory_saver's names from the preloaded library; anything more
+    # exported could change which definition another library of the process binds to.
+    exported = subprocess.run(["nm", "-D", "--defined-only", _lib.library_path()], capture_output=True,
+                              text=True, check=True).stdout
+    functions = {line.split()[-1] for line in exported.splitlines() if line.split()[-2:-1] == ["T"]}
+    assert functions == set(declared())
 
 
 def test_status_codes_come_from_the_one_list_in_status_h():

@@ -55,3 +55,8 @@ def test_threads_making_the_devices_first_allocations_each_get_their_own_memory(
 
 def test_memory_on_a_second_device_is_created_and_released_there(fake_driver):
     run_scenario(fake_driver, "second_device", FAKE_CUDA_DEVICES="2")
+
+
+def test_torch_memory_saver_c_entry_points_over_the_process_wide_region(fake_driver):
+    run_scenario(fake_driver, "tms_entry_points", TMS_INIT_ENABLE="1", TMS_INIT_ENABLE_CPU_BACKUP="1",
+                 TMS_INIT_CPU_BACKUP_BACKEND="mmap")

@@ -241,3 +241,52 @@ def test_configure_subprocess_is_torch_memory_savers_module_level_context_manage
     with torch_mem_saver_lite.configure_subprocess():
         assert os.environ["LD_PRELOAD"].split()[0] == torch_mem_saver_lite._lib.library_path()
     assert os.environ.get("LD_PRELOAD") == before
+
+
+@pytest.mark.parametrize("selection", [b"kv", [3], [None], ["kv", 3], {"kv": 1}, 3, 3.5, object()])
+def test_a_selection_that_is_not_tags_is_a_clear_error_that_changes_nothing(host_saver, mem, selection):
+    compat = TorchMemorySaver(host_saver)
+    with compat.region("kv"):
+        mem.malloc(2 * MiB)
+    for verb in (compat.pause, compat.resume):
+        with pytest.raises(TypeError, match="tag must be a str, a list of str or None"):
+            verb(selection)
+    assert not host_saver.stats()["kv"].paused
+
+
+def test_the_internals_torch_memory_savers_examples_reach(host_saver, mem):
+    compat = TorchMemorySaver(host_saver)
+    compat._ensure_initialized()
+    cdll = compat._impl._binary_wrapper.cdll
+    assert not cdll.tms_get_interesting_region()
+    with compat.region("kv", enable_cpu_backup=True, cpu_backup_backend="mmap"):
+        # The native configuration follows the thread's regions, as torch_memory_saver's does.
+        assert cdll.tms_get_interesting_region() and cdll.tms_get_current_tag() == b"kv"
+        assert cdll.tms_get_enable_cpu_backup() and cdll.tms_get_cpu_backup_backend() == b"mmap"
+        with compat.region("grad", enable_cpu_backup=False):
+            assert cdll.tms_get_current_tag() == b"grad" and not cdll.tms_get_enable_cpu_backup()
+            assert cdll.tms_get_cpu_backup_backend() == b"pinned"
+        with compat.disable():
+            assert not cdll.tms_get_interesting_region()
+        assert cdll.tms_get_current_tag() == b"kv"
+    with compat._impl._with_region_config(tag="cfg", enable_cpu_backup=True):
+        assert cdll.tms_get_current_tag() == b"cfg" and cdll.tms_get_enable_cpu_backup()
+        ptr = mem.malloc(2 * MiB)
+    mem.write(ptr, b"configured")
+    compat.pause("cfg")
+    compat.resume("cfg")
+    assert mem.read(ptr, 10) == b"configured"
+    assert dict(compat._impl._mem_pools) == {}  # the host saver routes no torch pools
+
+
+def test_one_tag_takes_regions_with_and_without_backup_as_torch_memory_saver_does(host_saver, mem):
+    compat = TorchMemorySaver(host_saver)
+    with compat.region(enable_cpu_backup=True):
+        kept = mem.malloc(2 * MiB)
+    with compat.region(enable_cpu_backup=False):
+        lost = mem.malloc(2 * MiB)
+    mem.write(kept, b"kept")
+    mem.write(lost, b"lost")
+    compat.pause()
+    compat.resume()
+    assert mem.read(kept, 4) == b"kept" and mem.read(lost, 4) == bytes(4)

@@ -87,6 +87,22 @@ _SIGNATURES = {
     "tmsl_torch_free": ([_vp, _sz, _int, _vp], None),
     "cudaMalloc": ([ctypes.POINTER(_vp), _sz], _int),
     "cudaFree": ([_vp], _int),
+    # torch_memory_saver's names (tms_compat.cpp), as its own binding declares them.
+    "tms_pause": ([ctypes.c_char_p], _int),
+    "tms_resume": ([ctypes.c_char_p], _int),
+    "tms_get_current_tag": ([], ctypes.c_char_p),
+    "tms_set_current_tag": ([ctypes.c_char_p], None),
+    "tms_get_interesting_region": ([], ctypes.c_bool),
+    "tms_set_interesting_region": ([ctypes.c_bool], None),
+    "tms_get_enable_cpu_backup": ([], ctypes.c_bool),
+    "tms_set_enable_cpu_backup": ([ctypes.c_bool], None),
+    "tms_get_cpu_backup_backend": ([], ctypes.c_char_p),
+    "tms_set_cpu_backup_backend": ([ctypes.c_char_p], None),
+    "tms_get_enable_disk_backup": ([], ctypes.c_bool),
+    "tms_set_enable_disk_backup": ([ctypes.c_bool], None),
+    "set_memory_margin_bytes": ([ctypes.c_uint64], None),
+    "tms_set_retain_cpu_backup": ([ctypes.c_bool], None),
+    "tms_get_retain_cpu_backup": ([], ctypes.c_bool),
 }
 
 

@@ -1,40 +1,129 @@
 """``torch_memory_saver``: torch_memory_saver's API over our saver, for frameworks that switch
 without edits. Where the two tools differ on purpose, this object behaves like
-torch_memory_saver (the README's difference table lists every case):
+torch_memory_saver (docs/migration.md's difference table lists every case):
 
 - ``pause``/``resume`` of a tag no region has used does nothing (``saver`` raises, naming
   the known tags: a typo there should not pass silently);
 - ``cuda_graph``'s default tag is ``"default"`` (``saver``'s is ``"cuda_graph"``), so
   ``pause("default")`` covers graph memory, as it does there.
 
-Everything else is ``saver`` itself: the same regions, tags, settings and state; attributes
-torch_memory_saver lacks (``stats``, ``paused``, ...) are passed through.
+Everything else is ``saver`` itself: the same regions, tags, settings and state. The members
+torch_memory_saver lacks (``stats``, ``paused``, ...) are ``saver``'s, served here as they are
+there. Code that reaches into torch_memory_saver's internals, as its own example programs do,
+finds ``_ensure_initialized()`` and an ``_impl`` with the native library under
+``_binary_wrapper.cdll`` (its ``tms_*`` entry points), the region pools under ``_mem_pools``
+and ``_with_region_config``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Iterator, MutableMapping, Sequence
 from typing import Any
 
 import torch
 
-from .memory_saver import MemorySaver
+from . import _lib
+from .memory_saver import MemorySaver, check_tag
+
+
+class _Passthrough:
+    """A member of ``saver`` served on the compat object as it is there: same signature,
+    docstring and value (settable where ``saver``'s is)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+        self.__doc__ = getattr(MemorySaver, name).__doc__
+
+    def __get__(self, compat: TorchMemorySaver | None, owner: type) -> Any:
+        if compat is None:
+            return getattr(MemorySaver, self._name)
+        return getattr(compat._saver, self._name)
+
+    def __set__(self, compat: TorchMemorySaver, value: object) -> None:
+        setattr(compat._saver, self._name, value)
+
+
+class _BinaryWrapper:
+    """torch_memory_saver's ``_impl._binary_wrapper``: ``cdll`` is our native library, with
+    torch_memory_saver's entry points (``tms_pause``, ``tms_get_current_tag``, ...) bound."""
+
+    def __init__(self) -> None:
+        self.cdll: ctypes.CDLL = _lib.lib()
+
+
+class _PoolTable(MutableMapping[tuple, torch.cuda.MemPool]):
+    """torch_memory_saver's ``_impl._mem_pools``: the region pools under its keys, (tag,
+    enable_cpu_backup, enable_disk_backup, cpu_backup_backend or "", device). Removing one
+    forgets the pool, as there: torch frees its cached memory once nothing else holds it."""
+
+    def __init__(self, saver: MemorySaver) -> None:
+        self._saver = saver
+
+    @staticmethod
+    def _ours(key: tuple) -> tuple[str, int, int]:
+        tag, backup, disk, backend, device = key
+        return tag, device, _lib.backup_choice(backup, backend != "mmap", disk)
+
+    def _pools(self) -> dict[tuple[str, int, int], torch.cuda.MemPool]:
+        return self._saver._torch_pools().table
+
+    def __getitem__(self, key: tuple) -> torch.cuda.MemPool:
+        return self._pools()[self._ours(key)]
+
+    def __setitem__(self, key: tuple, pool: torch.cuda.MemPool) -> None:
+        self._pools()[self._ours(key)] = pool
+
+    def __delitem__(self, key: tuple) -> None:
+        del self._pools()[self._ours(key)]
+
+    def __iter__(self) -> Iterator[tuple]:
+        for tag, device, choice in list(self._pools()):
+            backup = choice in (_lib.CHOICE_ON, _lib.CHOICE_ON_UNCACHED)
+            backend = ("mmap" if choice == _lib.CHOICE_ON_UNCACHED else "pinned") if backup else ""
+            yield tag, backup, choice == _lib.CHOICE_DISK, backend, device
+
+    def __len__(self) -> int:
+        return len(self._pools())
+
+
+class _Impl:
+    """torch_memory_saver's ``_impl``, for code that reaches into it."""
+
+    def __init__(self, saver: MemorySaver) -> None:
+        self._saver = saver
+        self._hook_mode = saver.hook_mode
+        self._binary_wrapper = _BinaryWrapper()
+        self._mem_pools = _PoolTable(saver)
+
+    @contextlib.contextmanager
+    def _with_region_config(self, tag: str, enable_cpu_backup: bool, cpu_backup_backend: str | None = None,
+                            enable_disk_backup: bool = False) -> Iterator[None]:
+        """The thread's allocations go to ``tag`` with these settings, without a torch pool
+        of their own (torch_memory_saver's native configuration alone)."""
+        choice = _lib.backup_choice(enable_cpu_backup, cpu_backup_backend != "mmap", enable_disk_backup)
+        with self._saver._native_region(check_tag(tag), choice):
+            yield
 
 
 class TorchMemorySaver:
-    """torch_memory_saver's ``TorchMemorySaver`` over a MemorySaver."""
+    """torch_memory_saver's ``TorchMemorySaver`` over a MemorySaver (the process-wide one is
+    ``torch_mem_saver_lite.torch_memory_saver``)."""
 
     def __init__(self, saver: MemorySaver):
-        object.__setattr__(self, "_saver", saver)
+        self._saver = saver
+        self._impl_instance: _Impl | None = None
+        self._impl_lock = threading.Lock()
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._saver, name)
-
+    # ----- torch_memory_saver's API ------------------------------------------------------
     @contextlib.contextmanager
     def region(self, tag: str = "default", enable_cpu_backup: bool | None = None, enable_disk_backup: bool = False,
                cpu_backup_backend: str | None = None) -> Iterator[None]:
+        """Allocations on this thread inside the block are pauseable under ``tag``; each keeps
+        this region's backup settings (``saver.region`` has the details)."""
         with self._saver.region(tag, enable_cpu_backup=enable_cpu_backup, enable_disk_backup=enable_disk_backup,
                                 cpu_backup_backend=cpu_backup_backend):
             yield
@@ -44,6 +133,8 @@ class TorchMemorySaver:
                    stream: torch.cuda.Stream | None = None, capture_error_mode: str = "global",
                    tag: str = "default", enable_cpu_backup: bool | None = None,
                    cpu_backup_backend: str | None = None) -> Iterator[None]:
+        """Like ``torch.cuda.graph``, with the graph's memory pauseable under ``tag``
+        (default ``"default"``, as in torch_memory_saver); ``saver.cuda_graph`` has the details."""
         with self._saver.cuda_graph(cuda_graph, pool=pool, stream=stream, capture_error_mode=capture_error_mode,
                                     tag=tag, enable_cpu_backup=enable_cpu_backup,
                                     cpu_backup_backend=cpu_backup_backend):
@@ -51,16 +142,23 @@ class TorchMemorySaver:
 
     @contextlib.contextmanager
     def disable(self) -> Iterator[None]:
+        """Allocations on this thread inside the block are ordinary (``saver.disable``)."""
         with self._saver.disable():
             yield
 
-    def _known(self, tag: str | Sequence[str] | None) -> list[str] | None:
-        """The named tags that exist (None: every tag); unknown ones are dropped."""
+    def _known(self, tag: object) -> list[str] | None:
+        """The tags named that some region has used (None: every tag); a selection that is not
+        None, a str or a list/tuple/set of str is a TypeError that changes nothing."""
         if tag is None:
             return None
-        names = [tag] if isinstance(tag, str) else list(tag)
+        if isinstance(tag, str):
+            names = [tag]
+        elif isinstance(tag, (list, tuple, set, frozenset)) and all(isinstance(name, str) for name in tag):
+            names = list(tag)
+        else:
+            raise TypeError(f"tag must be a str, a list of str or None, got {tag!r}")
         known = set(self._saver.stats())
-        return [name for name in names if name in known]
+        return [check_tag(name) for name in names if check_tag(name) in known]
 
     def pause(self, tag: str | Sequence[str] | None = None) -> None:
         """Like ``saver.pause``; a tag no region has used is skipped, as torch_memory_saver does."""
@@ -76,10 +174,12 @@ class TorchMemorySaver:
 
     @property
     def enabled(self) -> bool:
+        """Always True (torch_memory_saver's flag)."""
         return True
 
     @property
     def hook_mode(self) -> str:
+        """``"torch"`` or ``"preload"`` (``saver.hook_mode``); set it before the first region."""
         return self._saver.hook_mode
 
     @hook_mode.setter
@@ -88,6 +188,7 @@ class TorchMemorySaver:
 
     @property
     def memory_margin_bytes(self) -> int:
+        """Device memory allocations and resumes leave free (``saver.memory_margin_bytes``)."""
         return self._saver.memory_margin_bytes
 
     @memory_margin_bytes.setter
@@ -96,6 +197,7 @@ class TorchMemorySaver:
 
     @property
     def retain_cpu_backup(self) -> bool:
+        """Keep host backups after resume for the next pause (``saver.retain_cpu_backup``)."""
         return self._saver.retain_cpu_backup
 
     @retain_cpu_backup.setter
@@ -103,7 +205,37 @@ class TorchMemorySaver:
         self._saver.retain_cpu_backup = retain
 
     def get_cpu_backup(self, x: torch.Tensor, zero_copy: bool = False) -> torch.Tensor | None:
+        """The host copy of a backed-up tensor (``saver.get_cpu_backup``): while paused, or
+        while resident when retention kept it."""
         return self._saver.get_cpu_backup(x, zero_copy=zero_copy)
 
     def set_disk_backup_dir(self, path: str | os.PathLike[str]) -> None:
+        """The directory disk backups go to (``saver.set_disk_backup_dir``)."""
         self._saver.set_disk_backup_dir(path)
+
+    # ----- torch_memory_saver's internals that code reaches --------------------------------
+    def _ensure_initialized(self) -> None:
+        """Start the saver (the native library, the CUDA driver): what torch_memory_saver does
+        on first use, and its example programs call before reading the native state."""
+        self._impl  # noqa: B018 - made on first access
+
+    @property
+    def _impl(self) -> _Impl:
+        with self._impl_lock:
+            if self._impl_instance is None:
+                self._saver._core()
+                self._impl_instance = _Impl(self._saver)
+            return self._impl_instance
+
+    # ----- saver's members, served as they are there ---------------------------------------
+    stats = _Passthrough()
+    paused = _Passthrough()
+    register_hooks = _Passthrough()
+    release_leftovers = _Passthrough()
+    restore_leftovers = _Passthrough()
+    memory_breakdown = _Passthrough()
+    empty_cache = _Passthrough()
+    host_cache_bytes = _Passthrough()
+    release_host_cache = _Passthrough()
+    wait_for_released_backups = _Passthrough()
+    poison_on_resume = _Passthrough()

@@ -55,6 +55,11 @@ class TorchPools:
                     self._pools[key] = torch.cuda.MemPool(allocator)
             return self._pools[key]
 
+    @property
+    def table(self) -> dict[tuple[str, int, int], torch.cuda.MemPool]:
+        """The pools by (tag, device, backup choice); the compat object's ``_mem_pools`` view."""
+        return self._pools
+
     def drop(self, tag: str) -> None:
         """Forget ``tag``'s pools; torch frees their cached segments at its next empty_cache()."""
         with self._lock:

@@ -19,7 +19,7 @@ import torch
 
 from . import _lib, breakdown, environment, leftovers, nccl_suspend
 from .breakdown import MemoryBreakdown
-from .disk_backup import DiskBackup, check_directory, chunk_bytes_from_environment, workers_from_environment
+from .disk_backup import DiskBackups
 from .environment import CPU_BACKUP_BACKENDS
 from .errors import DriverNotFoundError, InvalidArgumentError, MemorySaverError
 from .hooks import Route, TorchPools, begin_route, end_route, release_route
@@ -85,7 +85,8 @@ def _run_quietly(hooks: Iterable[Hook | None]) -> None:
                           f"{error!r}", RuntimeWarning, stacklevel=3)
 
 
-def _check_tag(tag: object) -> str:
+def check_tag(tag: object) -> str:
+    """``tag`` if it is a valid tag name, else TypeError/ValueError saying what is wrong."""
     if not isinstance(tag, str):
         raise TypeError(f"tag must be a str, got {type(tag).__name__}")
     if not tag or len(tag) > _MAX_TAG_LENGTH or "\0" in tag:
@@ -315,11 +316,11 @@ class MemorySaver:
         self._poison_on_resume: bool | None = None  # None: the process default (environment)
         self._host_cache_bytes: int | None = None  # None: the core's default
         self._hooks: dict[str, list[_TagHooks]] = {}
-        # Disk backup: the directory (None: not chosen yet), the tags backed up to disk with
-        # their hooks, and the backups of those paused now.
-        self._disk_directory: str | None = None
+        # Disk backup (disk_backup.DiskBackups: the directory and the backups of paused tags),
+        # and its hooks for the tags backed up to disk.
+        self._disk = DiskBackups(self._on_device)
         self._disk_hooks: dict[str, _TagHooks] = {}
-        self._disk_backups: dict[str, DiskBackup] = {}
+        self._disk_backups = self._disk.backups  # what HostSaver.close() closes
 
     # ----- configuration -------------------------------------------------------------
     @property
@@ -490,7 +491,7 @@ class MemorySaver:
         if disk and backup:
             raise ValueError("enable_cpu_backup=True and enable_disk_backup=True exclude each other")
         native = self._enter()
-        _check_tag(tag)
+        check_tag(tag)
         if disk:
             self._disk_directory_or_raise()
             backup = False  # the content goes to disk, not to host memory
@@ -566,7 +567,7 @@ class MemorySaver:
             caches = self._default_caches()
         native = self._enter()
         backup = _check_backup(enable_cpu_backup)
-        entry = _Region(native, _check_tag(tag), _lib.backup_choice(backup, caches is not False))  # no torch route
+        entry = _Region(native, check_tag(tag), _lib.backup_choice(backup, caches is not False))  # no torch route
         _turn_off_nccl_graph_registration()
         pools = self._torch_pools()
         tag_pool = pools.pool(tag, torch.cuda.current_device()).id
@@ -602,6 +603,11 @@ class MemorySaver:
             yield
         del route, pool  # torch frees the pool's cached blocks once nothing uses it
 
+    def _native_region(self, tag: str, choice: int) -> contextlib.AbstractContextManager[None]:
+        """The thread's allocations go to ``tag`` with backup ``choice`` natively, with no torch
+        pool of their own (the compat object's ``_impl._with_region_config``)."""
+        return _pushed(_Region(self._enter(), tag, choice))
+
     def _torch_pools(self) -> TorchPools:
         with self._lock:
             if self._pools is None:
@@ -619,7 +625,7 @@ class MemorySaver:
             names = list(tag)
         else:
             raise TypeError(f"tag must be a str, a list of str or None, got {type(tag).__name__}")
-        return [_check_tag(name) for name in names]
+        return [check_tag(name) for name in names]
 
     def _existing_core(self) -> _lib.NativeSaver | None:
         """The core, also when only the allocation hooks have used it so far (preload
@@ -724,10 +730,9 @@ class MemorySaver:
     # ----- disk backup -------------------------------------------------------------------
     def set_disk_backup_dir(self, path: str | os.PathLike[str]) -> None:
         """The directory (on a real disk; created if needed) that disk backups go to.
-        Default: ``TMSL_DISK_BACKUP_DIR`` or ``TMS_DISK_BACKUP_DIR``. tmpfs is refused."""
-        directory = check_directory(path)
-        with self._lock:
-            self._disk_directory = directory
+        Default: ``TMSL_DISK_BACKUP_DIR`` or ``TMS_DISK_BACKUP_DIR``. tmpfs is refused.
+        Backup files left there by processes that no longer exist are removed."""
+        self._disk.set_directory(path)
 
     def _default_caches(self) -> bool | None:
         """TMS_INIT_CPU_BACKUP_BACKEND / TMSL_DEFAULT_CPU_BACKUP_BACKEND for backed-up regions
@@ -736,59 +741,19 @@ class MemorySaver:
         return None if backend is None else backend == "pinned"
 
     def _disk_directory_or_raise(self) -> str:
-        with self._lock:
-            if self._disk_directory is None:
-                found = self._env().disk_backup_dir
-                if found is None:
-                    raise MemorySaverError("enable_disk_backup=True needs a directory: call "
-                                           "set_disk_backup_dir(path) or set TMSL_DISK_BACKUP_DIR")
-                try:
-                    self._disk_directory = check_directory(found[1])
-                except MemorySaverError as error:
-                    raise MemorySaverError(f"{found[0]}: {error}") from None
-            return self._disk_directory
+        return self._disk.directory(lambda: self._env().disk_backup_dir)
 
     def _back_up_to_disk(self, tag: str) -> None:
-        """From now on a pause of ``tag`` writes its content to disk and a resume reads it back."""
+        """From now on a pause of ``tag`` writes its disk-backed allocations to files and a
+        resume reads them back (after the user's before_pause hooks, before their after_resume)."""
         self._disk_directory_or_raise()
         with self._lock:
             if tag not in self._disk_hooks:
-                self._disk_hooks[tag] = _TagHooks(functools.partial(self._save_to_disk, tag),
-                                                  functools.partial(self._restore_from_disk, tag))
-
-    def _save_to_disk(self, tag: str) -> None:
-        with self._lock:
-            current = self._disk_backups.get(tag)
-            if current is not None and current.restored:
-                # The resume that read it back is being rolled back: the memory still holds
-                # what the file holds, so the file serves again (writing it anew could fail).
-                current.restored = False
-                return
-        native = self._core()
-        backup = DiskBackup(self._disk_directory_or_raise(), tag, native.allocations(tag), self._on_device,
-                            chunk_bytes_from_environment(), workers_from_environment())
-        backup.save()  # raises with nothing released: the pause is called off
-        with self._lock:
-            stale = self._disk_backups.pop(tag, None)
-            self._disk_backups[tag] = backup
-        if stale is not None:
-            stale.close()
-
-    def _restore_from_disk(self, tag: str) -> None:
-        with self._lock:
-            backup = self._disk_backups.get(tag)
-        if backup is None:
-            return
-        backup.restore(self._core().allocations(tag))  # raises: the tag is paused again, backup kept
-        backup.restored = True  # closed once the whole resume has succeeded
+                self._disk_hooks[tag] = _TagHooks(*self._disk.hooks(tag, self._core))
 
     def _close_restored_disk_backups(self) -> None:
-        """Free the files of backups a finished resume read back (and only those)."""
-        with self._lock:
-            done = [tag for tag, backup in self._disk_backups.items() if backup.restored]
-            closing = [self._disk_backups.pop(tag) for tag in done]
-        for backup in closing:
-            backup.close()
+        """Remove the files of disk backups read back by a finished resume."""
+        self._disk.close_restored(self._native)
 
     def register_hooks(self, tag: str, before_pause: Hook | None = None,
                        after_resume: Hook | None = None) -> Callable[[], None]:
@@ -803,7 +768,7 @@ class MemorySaver:
         tags again (hooks that ran get their before_pause) and the exception propagates.
         Returns a function that removes the hooks.
         """
-        _check_tag(tag)
+        check_tag(tag)
         for name, hook in (("before_pause", before_pause), ("after_resume", after_resume)):
             if hook is not None and not callable(hook):
                 raise TypeError(f"{name} must be callable or None, got {type(hook).__name__}")
@@ -991,7 +956,7 @@ class MemorySaver:
         still covers them). Call this once none of the tag's tensors is alive to give that
         memory back for good; the next region of the tag starts a new pool.
         """
-        _check_tag(tag)
+        check_tag(tag)
         if self._pools is not None:
             self._pools.drop(tag)
         torch.cuda.empty_cache()

@@ -166,5 +166,51 @@ def second_device() -> None:
     print("ok")
 
 
+def rss_anon() -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("RssAnon:"))
+
+
+def tms_entry_points() -> None:
+    """torch_memory_saver's C entry points, bound by name as its users bind them, over the
+    process-wide region its TMS_INIT_* variables ask for (set by the test): the thread's
+    configuration reads and changes; tms_pause/tms_resume release and restore, skipping a tag
+    no region used; an "mmap" backup's host memory comes at the pause and goes at the resume."""
+    lib = ctypes.CDLL(_lib.library_path())
+    lib.tms_get_current_tag.restype = lib.tms_get_cpu_backup_backend.restype = ctypes.c_char_p
+    for name in ("tms_get_interesting_region", "tms_get_enable_cpu_backup", "tms_get_enable_disk_backup"):
+        getattr(lib, name).restype = ctypes.c_bool
+    lib.tms_pause.argtypes = lib.tms_resume.argtypes = lib.tms_set_current_tag.argtypes = [ctypes.c_char_p]
+    lib.tms_set_enable_cpu_backup.argtypes = [ctypes.c_bool]
+    lib.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+
+    def malloc(nbytes: int) -> int:
+        out = ctypes.c_void_p()
+        assert lib.cudaMalloc(ctypes.byref(out), nbytes) == 0, _lib.last_error()
+        return out.value
+
+    config = (lib.tms_get_interesting_region(), lib.tms_get_current_tag(), lib.tms_get_enable_cpu_backup(),
+              lib.tms_get_cpu_backup_backend(), lib.tms_get_enable_disk_backup())
+    assert config == (True, b"default", True, b"mmap", False), config
+    weights = malloc(64 * MiB)
+    data = fill(weights, 64 * MiB, 7)
+    lib.tms_set_current_tag(b"grad")
+    lib.tms_set_enable_cpu_backup(False)
+    assert (lib.tms_get_current_tag(), lib.tms_get_enable_cpu_backup()) == (b"grad", False)
+    grad = malloc(6912)  # not a multiple of the granularity
+    fill(grad, 6912, 8)
+    assert used() == 64 * MiB + 2 * MiB
+    assert lib.tms_pause(b"never_used") == 0 and used() == 66 * MiB  # skipped, as torch_memory_saver does
+    before = rss_anon()
+    assert lib.tms_pause(None) == 0
+    paused = rss_anon()
+    assert used() == 0 and access(weights) == "---p" and access(grad) == "---p"
+    assert paused - before >= 48 * MiB, (before, paused)
+    assert lib.tms_resume(b"default") == 0 and lib.tms_resume(b"grad") == 0
+    assert before - rss_anon() >= -16 * MiB, (before, rss_anon())  # the mmap backup's memory is back
+    assert read(weights, 64 * MiB) == data and used() == 66 * MiB
+    print("ok")
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]]()
