@@ -210,6 +210,16 @@ def member_kind(value: Any) -> str:
     return "method"
 
 
+def _plain(value: Any) -> bool:
+    return isinstance(value, (property, staticmethod, classmethod)) or inspect.isfunction(value)
+
+
+def _owner_of(value: Any) -> str:
+    """The class a function or property is defined in, from its qualified name."""
+    function = value.fget if isinstance(value, property) else value
+    return getattr(function, "__qualname__", "").rpartition(".")[0]
+
+
 def describe(owner: str, name: str, value: Any) -> tuple[str, str | None]:
     """(`owner.name(signature)` (kind), docstring or None) of one member."""
     kind = member_kind(value)
@@ -223,13 +233,24 @@ def describe(owner: str, name: str, value: Any) -> tuple[str, str | None]:
     return f"{head} ({kind})", inspect.getdoc(function) if function.__doc__ else None
 
 
-def render_member(owner: str, name: str, value: Any, fallback: type | None) -> str:
+def render_member(owner: str, cls: type, name: str, value: Any, fallback: type | None) -> str:
+    heading = f"### {owner}.{name}"
+    if not _plain(value):
+        # A descriptor serving another class's member (the compat object's passthroughs).
+        resolved = getattr(cls, name)
+        source = _owner_of(resolved) if _plain(resolved) else ""
+        if source and source != owner:
+            head, _ = describe(owner, name, resolved)
+            return "\n".join([heading, "", head, "", f"Served from `saver` as it is there: see "
+                              f"[{source}.{name}](#{slug(f'{source}.{name}')})."])
+        doc = inspect.getdoc(value) if type(value).__doc__ != value.__doc__ else None
+        return "\n".join([heading, "", f"`{owner}.{name}`", "", render_doc(doc) or "No docstring."])
     head, doc = describe(owner, name, value)
     body = render_doc(doc)
     if not body and fallback is not None and name in vars(fallback):
         body = (f"No docstring of its own: it forwards to `saver`, see "
                 f"[{fallback.__name__}.{name}](#{slug(f'{fallback.__name__}.{name}')}).")
-    return "\n".join([f"### {owner}.{name}", "", head, "", body or "No docstring."])
+    return "\n".join([heading, "", head, "", body or "No docstring."])
 
 
 def slug(heading: str) -> str:
@@ -290,7 +311,7 @@ def render_class(package: Any, name: str, fallback: type | None = None) -> str:
                  "(`__getattr__`): " + ", ".join(f"[`{n}`](#{slug(f'{fallback.__name__}.{n}')})" for n in passed)
                  + "."]
     for member, value in public_members(cls):
-        text += ["", render_member(name, member, value, fallback)]
+        text += ["", render_member(name, cls, member, value, fallback)]
     return "\n".join(text)
 
 
