@@ -234,7 +234,7 @@ def describe(owner: str, name: str, value: Any) -> tuple[str, str | None]:
 
 
 def render_member(owner: str, cls: type, name: str, value: Any, fallback: type | None) -> str:
-    heading = f"### {owner}.{name}"
+    heading = f"### `{owner}.{name}`"
     if not _plain(value):
         # A descriptor serving another class's member (the compat object's passthroughs).
         resolved = getattr(cls, name)
@@ -281,7 +281,7 @@ def classify(package: Any) -> dict[str, list[str]]:
 def render_object(package: Any, name: str, docs: dict[str, str]) -> str:
     value = getattr(package, name)
     kind = type(value).__name__
-    text = [f"### {name}", "", f"`{PACKAGE}.{name}` (an instance of `{kind}`)", ""]
+    text = [f"### `{name}`", "", f"`{PACKAGE}.{name}` (an instance of `{kind}`)", ""]
     if name == "__version__":
         text.append("The installed distribution's version (`0+unknown` in a source checkout that was never "
                     "installed).")
@@ -293,7 +293,7 @@ def render_object(package: Any, name: str, docs: dict[str, str]) -> str:
 def render_function(package: Any, name: str) -> str:
     function = getattr(package, name)
     kind = member_kind(function)
-    return "\n".join([f"### {name}", "", f"`{PACKAGE}.{name}{signature(function, drop_self=False)}` ({kind})",
+    return "\n".join([f"### `{name}`", "", f"`{PACKAGE}.{name}{signature(function, drop_self=False)}` ({kind})",
                       "", render_doc(inspect.getdoc(function)) or "No docstring."])
 
 
@@ -302,7 +302,7 @@ def render_class(package: Any, name: str, fallback: type | None = None) -> str:
     init = vars(cls).get("__init__")
     head = f"`{name}{signature(init, returns=False)}`" if init is not None else f"`{name}()`"
     bases = source_bases(cls)
-    text = [f"## {name}", "", head + (f", a subclass of {', '.join(f'`{b}`' for b in bases)}" if bases else ""),
+    text = [f"## `{name}`", "", head + (f", a subclass of {', '.join(f'`{b}`' for b in bases)}" if bases else ""),
             "", render_doc(inspect.getdoc(cls)) or "No docstring."]
     if "__getattr__" in vars(cls) and fallback is not None:
         own = {n for n in vars(cls) if not n.startswith("_")}
@@ -317,7 +317,7 @@ def render_class(package: Any, name: str, fallback: type | None = None) -> str:
 
 def render_data(package: Any, name: str) -> str:
     cls = getattr(package, name)
-    text = [f"### {name}", "", f"`{name}` (a frozen data class)" if cls.__dataclass_params__.frozen
+    text = [f"### `{name}`", "", f"`{name}` (a frozen data class)" if cls.__dataclass_params__.frozen
             else f"`{name}` (a data class)", "", render_doc(inspect.getdoc(cls)) or "No docstring.", "",
             "| field | type | default |", "| --- | --- | --- |"]
     for field in dataclasses.fields(cls):
@@ -336,7 +336,7 @@ def render_error(package: Any, name: str) -> str:
     bases = " and ".join(f"`{b}`" for b in source_bases(cls))
     init = vars(cls).get("__init__")
     head = f"`{name}{signature(init, returns=False)}`" if init is not None else f"`{name}`"
-    return "\n".join([f"### {name}", "", f"{head}, a subclass of {bases}", "",
+    return "\n".join([f"### `{name}`", "", f"{head}, a subclass of {bases}", "",
                       render_doc(inspect.getdoc(cls)) or "No docstring."])
 
 
