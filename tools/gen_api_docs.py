@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import importlib
+import importlib.machinery
 import inspect
 import re
 import sys
@@ -40,11 +42,24 @@ file is stale. The public API is what `{PACKAGE}.__all__` names; the guide
 
 
 def import_package() -> Any:
-    """The package from this checkout (not an installed copy elsewhere on sys.path)."""
+    """The package from this checkout, not an installed copy: an editable install's import
+    hook (a finder in sys.meta_path) would otherwise serve another tree's source."""
     sys.path.insert(0, str(ROOT))
-    import torch_mem_saver_lite
-
-    return torch_mem_saver_lite
+    for finder in list(sys.meta_path):
+        find_spec = getattr(finder, "find_spec", None)
+        if find_spec is None or finder in (importlib.machinery.BuiltinImporter, importlib.machinery.FrozenImporter,
+                                           importlib.machinery.PathFinder):
+            continue
+        try:
+            spec = find_spec(PACKAGE, None)
+        except Exception:  # noqa: BLE001 - a finder that cannot answer does not redirect us
+            continue
+        if spec is not None and spec.origin and ROOT not in Path(spec.origin).resolve().parents:
+            sys.meta_path.remove(finder)
+    package = importlib.import_module(PACKAGE)
+    if ROOT not in Path(package.__file__).resolve().parents:
+        raise SystemExit(f"{PACKAGE} was imported from {package.__file__}, not from this checkout ({ROOT})")
+    return package
 
 
 # ----- docstrings to Markdown ---------------------------------------------------------------
