@@ -94,6 +94,14 @@ TMSL_API int tmsl_process_default_poison(void);
 // 1 when this library's cudaMalloc is the one the process calls (LD_PRELOAD in effect).
 TMSL_API int tmsl_preload_active(void);
 
+// What the CUDA driver reports, asked as the CUDA backend asks (libcuda.so.1 or
+// $TMSL_CUDA_DRIVER_LIBRARY, through cuGetProcAddress) and without creating a context, as
+// JSON written like tmsl_stats_json's: {"requested", "loaded", "path" (the file loaded),
+// "error" ("" when every query succeeded), "version" (cuDriverGetVersion), "devices": [{"index",
+// "name", "total_bytes", "vmm" (virtual memory management supported), "granularity" (bytes),
+// "error"}]}; null where not known. A missing driver is reported there, not as a failure.
+TMSL_API int tmsl_driver_info_json(char* buf, size_t capacity, size_t* length);
+
 // torch_memory_saver's C entry points under its names (tms_compat.cpp), for code that binds
 // them with ctypes. They act on the process-wide saver and the calling thread's region
 // (its "configuration"). tms_pause/tms_resume: tag NULL = every tag, a tag no region has used

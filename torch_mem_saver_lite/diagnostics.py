@@ -1,28 +1,33 @@
 """What a user needs to know about this machine before pausing GPU memory.
 
-Facts about the driver and GPUs come from cuda-python when it is installed (an observer
-independent of the native library), else from torch; the library's own state comes from
-the package. ``check()`` really pauses and resumes a small region on each GPU.
+Every fact about the driver and the GPUs comes from the native library itself (driver_info:
+the libcuda it loads, the driver version, each GPU's virtual memory management support and
+granularity), and the library's CUDA backend is started as a region would start it; torch
+says what it sees. "Ready" is said only when all of these were confirmed. ``check()`` really
+pauses and resumes a small region on each GPU.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
-from typing import Any
 
 
 @dataclass
 class GpuInfo:
     index: int
     name: str
-    vmm_supported: bool
+    vmm_supported: bool | None  # None: the driver could not say
     granularity_bytes: int | None
+    total_bytes: int | None = None
 
 
 @dataclass
 class Environment:
-    driver_version: str | None = None
+    driver_version: str | None = None  # "12.8": the CUDA version the driver supports
+    driver_library: str | None = None  # the libcuda file the native library loaded
     gpus: list[GpuInfo] = field(default_factory=list)
+    cuda_backend: str = "not started"  # "ready" once the native CUDA backend started
     torch_version: str = ""
     torch_cuda: str | None = None
     torch_sees_gpu: bool = False
@@ -34,55 +39,64 @@ class Environment:
     problems: list[str] = field(default_factory=list)
 
 
-def _check(result: tuple[Any, ...]) -> Any:
-    """cuda-python returns (CUresult, *values); raise on failure, return the values."""
-    from cuda.bindings import driver
+def _no_gpu_hint() -> str:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return f" (CUDA_VISIBLE_DEVICES={visible!r} hides GPUs)" if visible is not None else ""
 
-    error, *values = result
-    if error != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"{error.name}")
-    return values[0] if len(values) == 1 else values
+
+def _driver_facts(env: Environment) -> bool:
+    """The driver and GPUs as the native library reports them; whether all is usable."""
+    from . import driver_info
+
+    facts = driver_info.query()
+    env.driver_version, env.driver_library = facts.version_text, facts.path
+    for d in facts.devices:
+        env.gpus.append(GpuInfo(d.index, d.name, d.vmm_supported, d.granularity_bytes, d.total_bytes))
+    if not facts.loaded:
+        env.problems.append(f"no CUDA driver: {facts.error}; install the NVIDIA driver or run on a GPU machine")
+        return False
+    if facts.error:
+        env.problems.append(f"the CUDA driver ({facts.path}) is not usable: {facts.error}")
+        return False
+    if not facts.devices:
+        env.problems.append(f"the CUDA driver sees no GPU{_no_gpu_hint()}")
+    for d in facts.devices:
+        if d.error:
+            env.problems.append(f"GPU {d.index} ({d.name or 'no name'}) could not be queried: {d.error}")
+        elif not d.vmm_supported:
+            env.problems.append(f"GPU {d.index} ({d.name}) does not support CUDA virtual memory management")
+    return not env.problems
+
+
+def _start_backend(env: Environment) -> None:
+    """Start the native CUDA backend as the first region would (every driver entry point it
+    needs resolved, cuInit, the device count), so "ready" is the library's own answer."""
+    from . import _lib
+
+    try:
+        _lib.NativeSaver.process_wide()
+        env.cuda_backend = "ready"
+    except Exception as error:  # a diagnosis: report, do not raise
+        env.cuda_backend = f"failed: {error}"
+        env.problems.append(f"the CUDA backend cannot start: {error}")
 
 
 def _torch_facts(env: Environment) -> None:
-    """GPU names from torch, where cuda-python is not installed."""
     import torch
 
-    if torch.cuda.is_available():
-        env.gpus = [GpuInfo(i, torch.cuda.get_device_name(i), True, None) for i in range(torch.cuda.device_count())]
+    env.torch_sees_gpu = torch.cuda.is_available()
+    if env.torch_cuda is None:
+        env.problems.append(f"torch {torch.__version__} is a CPU-only build: install a CUDA build of torch")
+    elif env.gpus and not env.torch_sees_gpu:
+        # A driver older than torch's CUDA major is the usual cause: say so where it is.
+        older = env.driver_version is not None and _major(env.torch_cuda) > _major(env.driver_version)
+        needs = f": torch is built for CUDA {env.torch_cuda}, the driver supports {env.driver_version}" if older else ""
+        env.problems.append(f"torch cannot use the GPU (torch.cuda.is_available() is False){needs}")
 
 
-def _driver_facts(env: Environment) -> None:
-    try:
-        from cuda.bindings import driver
-    except ImportError:
-        _torch_facts(env)  # the check below still tries a real map/unmap
-        return
-    try:
-        _check(driver.cuInit(0))
-    except Exception as error:  # no libcuda, no device, broken install
-        env.problems.append(f"no usable CUDA driver: {error}")
-        return
-    version = _check(driver.cuDriverGetVersion())
-    env.driver_version = f"{version // 1000}.{version % 1000 // 10}"
-    for index in range(_check(driver.cuDeviceGetCount())):
-        device = _check(driver.cuDeviceGet(index))
-        name = _check(driver.cuDeviceGetName(128, device)).split(b"\0", 1)[0].decode()
-        vmm = bool(_check(driver.cuDeviceGetAttribute(
-            driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device)))
-        granularity = None
-        if vmm:
-            prop = driver.CUmemAllocationProp()
-            prop.type = driver.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-            prop.location.type = driver.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-            prop.location.id = index
-            granularity = _check(driver.cuMemGetAllocationGranularity(
-                prop, driver.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM))
-        else:
-            env.problems.append(f"GPU {index} ({name}) does not support CUDA virtual memory management")
-        env.gpus.append(GpuInfo(index, name, vmm, granularity))
-    if not env.gpus:
-        env.problems.append("the CUDA driver sees no GPU")
+def _major(version: str) -> int:
+    head = version.split(".")[0]
+    return int(head) if head.isdecimal() else 0
 
 
 def collect() -> Environment:
@@ -93,17 +107,15 @@ def collect() -> Environment:
 
     env = Environment(torch_version=torch.__version__, torch_cuda=torch.version.cuda,
                       hook_mode=saver.hook_mode, version=__version__)
-    _driver_facts(env)
-    env.torch_sees_gpu = torch.cuda.is_available()
-    if env.torch_cuda is None:
-        env.problems.append(f"torch {torch.__version__} is a CPU-only build: install a CUDA build of torch")
-    elif env.gpus and not env.torch_sees_gpu:
-        env.problems.append("torch cannot use the GPU (torch.cuda.is_available() is False)")
     try:
         env.library_path = _lib.library_path()
         _lib.lib()
     except Exception as error:
         env.problems.append(f"native library unusable: {error}")
+    else:
+        if _driver_facts(env):
+            _start_backend(env)
+    _torch_facts(env)
     if env.torch_sees_gpu:
         env.memory = memory_use()
         env.breakdown = memory_breakdowns(env.problems)
@@ -183,14 +195,20 @@ def render(env: Environment) -> str:
     def mib(n: int | None) -> str:
         return "-" if n is None else f"{n / (1 << 20):.0f} MiB"
 
+    def yes(flag: bool | None) -> str:
+        return "unknown" if flag is None else "yes" if flag else "NO"
+
+    driver = f"{env.driver_version or 'version unknown'} ({env.driver_library})" if env.driver_library \
+        else "not loaded"
     lines = [
-        f"CUDA driver:      {env.driver_version or 'not found'}",
+        f"CUDA driver:      {driver}",
         f"GPUs:             {len(env.gpus)}",
     ]
     for gpu in env.gpus:
-        lines.append(f"  [{gpu.index}] {gpu.name}: virtual memory management "
-                     f"{'yes' if gpu.vmm_supported else 'NO'}, granularity {mib(gpu.granularity_bytes)}")
+        lines.append(f"  [{gpu.index}] {gpu.name}: {mib(gpu.total_bytes)}, virtual memory management "
+                     f"{yes(gpu.vmm_supported)}, granularity {mib(gpu.granularity_bytes)}")
     lines += [
+        f"CUDA backend:     {env.cuda_backend}",
         f"torch:            {env.torch_version} (CUDA {env.torch_cuda or 'none'}), "
         f"sees a GPU: {'yes' if env.torch_sees_gpu else 'no'}",
         f"hook mode:        {env.hook_mode}",

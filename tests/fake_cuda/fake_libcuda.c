@@ -11,6 +11,7 @@
 //   FAKE_CUDA_DEVICES       device count (default 1)
 //   FAKE_CUDA_FAIL          "cuMemMap:3": that entry point's 3rd call (counted from
 //                           cuInit) fails with CUDA_ERROR_UNKNOWN
+//   FAKE_CUDA_NO_VMM_DEVICE that device ordinal reports no virtual memory management support
 //
 // Only what the backend (through cuGetProcAddress_v2) and torch_memory_saver (linked by
 // name, for benchmarks/bench_core_overhead.py) call is here; signatures follow cuda.h at ABI
@@ -18,6 +19,7 @@
 #define _GNU_SOURCE
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -53,6 +55,10 @@ static atomic_int g_initialized;
 static atomic_size_t g_used[MAX_DEVICES];
 static char g_contexts[MAX_DEVICES];  // a context is the address of its device's byte
 static char g_stream, g_event;
+static int g_no_vmm_device = -1;
+
+#define FAKE_DRIVER_VERSION 12080  // what cuDriverGetVersion reports: CUDA 12.8
+#define ATTRIBUTE_VMM_SUPPORTED 102  // CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
 
 // Per thread: the context stack and the stream-capture mode.
 static __thread CUcontext t_stack[16];
@@ -82,7 +88,14 @@ EXPORT CUresult cuInit(unsigned flags) {
     memcpy(g_fail_name, fail, (size_t)(strchr(fail, ':') - fail));
     g_fail_at = atol(strchr(fail, ':') + 1);
   }
+  const char* no_vmm = getenv("FAKE_CUDA_NO_VMM_DEVICE");
+  if (no_vmm != NULL && *no_vmm != '\0') g_no_vmm_device = atoi(no_vmm);
   atomic_store(&g_initialized, 1);
+  return kSuccess;
+}
+
+EXPORT CUresult cuDriverGetVersion(int* version) {
+  *version = FAKE_DRIVER_VERSION;
   return kSuccess;
 }
 
@@ -120,6 +133,19 @@ EXPORT CUresult cuDeviceGetAttribute(int* value, int attribute, int device) {
   (void)attribute;
   if (device < 0 || device >= g_devices) return kInvalidDevice;
   *value = 1;  // virtual memory management, and anything else asked, is supported
+  if (attribute == ATTRIBUTE_VMM_SUPPORTED && device == g_no_vmm_device) *value = 0;
+  return kSuccess;
+}
+
+EXPORT CUresult cuDeviceGetName(char* name, int length, int device) {
+  if (device < 0 || device >= g_devices) return kInvalidDevice;
+  if (length > 0) snprintf(name, (size_t)length, "Fake CUDA device %d", device);
+  return kSuccess;
+}
+
+EXPORT CUresult cuDeviceTotalMem_v2(size_t* bytes, int device) {
+  if (device < 0 || device >= g_devices) return kInvalidDevice;
+  *bytes = g_memory_bytes;
   return kSuccess;
 }
 
@@ -321,6 +347,9 @@ static const struct {
     {"cuDeviceGetCount", (void*)cuDeviceGetCount},
     {"cuDeviceGet", (void*)cuDeviceGet},
     {"cuDeviceGetAttribute", (void*)cuDeviceGetAttribute},
+    {"cuDriverGetVersion", (void*)cuDriverGetVersion},
+    {"cuDeviceGetName", (void*)cuDeviceGetName},
+    {"cuDeviceTotalMem", (void*)cuDeviceTotalMem_v2},
     {"cuDevicePrimaryCtxRetain", (void*)cuDevicePrimaryCtxRetain},
     {"cuCtxPushCurrent", (void*)cuCtxPushCurrent},
     {"cuCtxPopCurrent", (void*)cuCtxPopCurrent},

@@ -1,0 +1,104 @@
+"""The doctor (`python -m torch_mem_saver_lite`) states driver facts the native library
+checked: over the stand-in driver (tests/fake_cuda/fake_libcuda.c, loaded through
+TMSL_CUDA_DRIVER_LIBRARY) it reports the driver's figures and says ready; without a driver, or
+with a GPU lacking virtual memory management, it names what is missing and exits 1.
+
+torch here is a CPU build, so where a test needs torch to see the fake GPUs, the doctor runs
+under a wrapper that makes torch's CUDA queries answer as a CUDA build on a GPU machine would
+(the driver facts still come from the fake, through the native library)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+FAKE_SOURCE = Path(__file__).parent / "fake_cuda" / "fake_libcuda.c"
+MiB = 1 << 20
+
+# torch answering as on a machine with `FAKE_CUDA_DEVICES` GPUs (default 1), then the doctor.
+TORCH_SEES_GPUS = textwrap.dedent("""
+    import os, sys, torch
+    devices, total = int(os.environ.get("FAKE_CUDA_DEVICES", "1")), int(os.environ["FAKE_CUDA_MEMORY_BYTES"])
+    torch.version.cuda = "12.8"
+    torch.cuda.is_available = lambda: True
+    torch.cuda.device_count = lambda: devices
+    torch.cuda.mem_get_info = lambda device=None: (total, total)
+    torch.cuda.memory_reserved = lambda device=None: 0
+    torch.cuda.synchronize = lambda device=None: None
+    from torch_mem_saver_lite.__main__ import main
+    sys.exit(main(sys.argv[1:]))
+""")
+
+
+@pytest.fixture(scope="module")
+def fake_driver(tmp_path_factory) -> str:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("needs a C compiler to build the fake CUDA driver")
+    library = tmp_path_factory.mktemp("fake_cuda") / "libcuda.so.1"
+    subprocess.run([compiler, "-std=c11", "-O1", "-shared", "-fPIC", "-o", str(library), str(FAKE_SOURCE)],
+                   check=True)
+    return str(library)
+
+
+def doctor(driver: str, *args: str, torch_sees_gpus: bool = True, **env: str) -> subprocess.CompletedProcess:
+    command = ["-c", TORCH_SEES_GPUS] if torch_sees_gpus else ["-m", "torch_mem_saver_lite"]
+    environment = {**os.environ, "TMSL_CUDA_DRIVER_LIBRARY": driver, "FAKE_CUDA_MEMORY_BYTES": str(512 * MiB), **env}
+    return subprocess.run([sys.executable, *command, *args], capture_output=True, text=True, timeout=120,
+                          env=environment)
+
+
+def test_over_the_fake_driver_the_doctor_says_ready_with_the_drivers_figures(fake_driver):
+    result = doctor(fake_driver, "--json", FAKE_CUDA_DEVICES="2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert report["ok"] is True and report["problems"] == []
+    assert report["driver_version"] == "12.8" and report["driver_library"] == fake_driver
+    assert report["cuda_backend"] == "ready"
+    assert report["gpus"] == [
+        {"index": i, "name": f"Fake CUDA device {i}", "vmm_supported": True, "granularity_bytes": 2 * MiB,
+         "total_bytes": 512 * MiB} for i in range(2)
+    ]
+    text = doctor(fake_driver, FAKE_CUDA_DEVICES="2").stdout
+    assert f"CUDA driver:      12.8 ({fake_driver})" in text
+    assert "[1] Fake CUDA device 1: 512 MiB, virtual memory management yes, granularity 2 MiB" in text
+    assert "Ready: regions can pause and resume GPU memory." in text
+
+
+def test_a_gpu_without_virtual_memory_management_is_named_and_the_doctor_fails(fake_driver):
+    result = doctor(fake_driver, FAKE_CUDA_DEVICES="2", FAKE_CUDA_NO_VMM_DEVICE="1")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "[0] Fake CUDA device 0: 512 MiB, virtual memory management yes, granularity 2 MiB" in result.stdout
+    assert "[1] Fake CUDA device 1: 512 MiB, virtual memory management NO, granularity -" in result.stdout
+    assert "  - GPU 1 (Fake CUDA device 1) does not support CUDA virtual memory management" in result.stdout
+    assert "Ready" not in result.stdout
+
+
+def test_without_a_driver_the_doctor_says_what_is_missing_and_fails(tmp_path):
+    missing = str(tmp_path / "nowhere" / "libcuda.so.1")
+    result = doctor(missing, "--json")
+    assert result.returncode == 1, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert report["ok"] is False and report["driver_version"] is None and report["driver_library"] is None
+    assert report["gpus"] == [] and report["cuda_backend"] == "not started"
+    (problem,) = report["problems"]  # torch sees GPUs here: the driver is all that is missing
+    assert problem.startswith(f"no CUDA driver: cannot load {missing}") and "install the NVIDIA driver" in problem
+    text = doctor(missing).stdout
+    assert "CUDA driver:      not loaded" in text and "Missing for GPU use:" in text and "Ready" not in text
+
+
+@pytest.mark.skipif(torch.version.cuda is not None, reason="checks what a CPU-only torch build is told")
+def test_a_cpu_only_torch_is_named_even_where_the_driver_is_usable(fake_driver):
+    result = doctor(fake_driver, "--json", torch_sees_gpus=False)
+    assert result.returncode == 1, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert report["driver_version"] == "12.8" and report["cuda_backend"] == "ready"
+    assert [p for p in report["problems"] if "CPU-only build" in p] == report["problems"] != []
