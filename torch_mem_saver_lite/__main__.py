@@ -3,6 +3,10 @@
 Prints the environment (driver, GPUs, torch, the native library, what holds GPU memory) and
 exits 1 when GPU use is impossible. ``--check`` also pauses and resumes a small region on
 each GPU and verifies it; ``--json`` prints the same as JSON.
+
+``alias install|remove|status`` manages the .pth hook that makes ``import torch_memory_saver``
+load torch_mem_saver_lite in this environment, also where torch_memory_saver is installed
+(torch_mem_saver_lite.alias); ``--alias-path`` prints the alias folder for PYTHONPATH.
 """
 
 from __future__ import annotations
@@ -24,12 +28,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--alias-path", action="store_true",
                         help="print the directory that, put on PYTHONPATH, makes `import torch_memory_saver` "
                              "load torch_mem_saver_lite (see torch_mem_saver_lite.alias)")
+    commands = parser.add_subparsers(dest="command", title="commands")
+    alias_parser = commands.add_parser(
+        "alias", help="make `import torch_memory_saver` load torch_mem_saver_lite in this environment, also where "
+                      "torch_memory_saver is installed (a .pth hook in site-packages)")
+    alias_parser.add_argument("action", choices=["install", "remove", "status"],
+                              help="install the hook, remove it, or show which routes are in place")
     args = parser.parse_args(argv)
     if args.alias_path:
         from .alias import ALIAS_PATH
 
         print(ALIAS_PATH)
         return 0
+    if args.command == "alias":
+        return alias_command(args.action)
 
     from .diagnostics import check, collect, render
 
@@ -46,6 +58,40 @@ def main(argv: list[str] | None = None) -> int:
         if args.check and env.problems:
             print("check: not run (see what is missing above)")
     return 1 if failed else 0
+
+
+def alias_command(action: str) -> int:
+    """`alias install`, `alias remove` or `alias status`; the exit status."""
+    from . import alias
+
+    if action == "install":
+        try:
+            path = alias.install()
+        except OSError as error:
+            print(f"cannot write {alias.hook_path()}: {error}", file=sys.stderr)
+            return 1
+        print(f"installed {path}: every Python started in this environment ({sys.prefix}) now loads "
+              "torch_mem_saver_lite for `import torch_memory_saver`, also where torch_memory_saver is installed "
+              "or reinstalled, and warns at that import")
+        print(f"undo: python -m torch_mem_saver_lite alias remove ({alias.VARIABLE}=0 turns it off for one "
+              "process tree)")
+    elif action == "remove":
+        try:
+            removed = alias.remove()
+        except OSError as error:
+            print(f"cannot remove {alias.hook_path()}: {error}", file=sys.stderr)
+            return 1
+        print(f"removed {removed}: `import torch_memory_saver` loads what is installed again" if removed is not None
+              else f"no hook to remove ({alias.hook_path()} does not exist)")
+    else:
+        state = alias.status()
+        print(f".pth hook:                 {state.hook or f'not installed (would be {state.hook_location})'}")
+        print(f"hook in this process:      {state.active or 'no'}")
+        print(f"{alias.VARIABLE}: {state.variable if state.variable is not None else 'not set'}")
+        print(f"torch_memory_saver:        {f'installed at {state.installed}' if state.installed else 'not installed'}")
+        print(f"import torch_memory_saver: {state.imports}")
+        print(f"alias folder:              {alias.ALIAS_PATH} (for PYTHONPATH)")
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,14 +1,12 @@
 """torch_mem_saver_lite standing in for torch_memory_saver (opt-in: torch_mem_saver_lite.alias)."""
 
-from torch_mem_saver_lite.alias import real_installation as _real_installation
+from torch_mem_saver_lite.alias import check_import as _check_import
 
 __torch_mem_saver_lite_alias__ = True
 
-if _real_installation() is not None:
-    raise ImportError(
-        f"torch_mem_saver_lite's torch_memory_saver alias is on the path, but torch_memory_saver is "
-        f"installed too ({_real_installation()}): uninstall it, or take the alias off PYTHONPATH"
-    )
+# ImportError where this would hide an installed torch_memory_saver unasked; a warning where an
+# override (the .pth hook, TMSL_ALIAS_TORCH_MEMORY_SAVER=1, enable(override=True)) asked for it.
+_check_import()
 
 from torch_mem_saver_lite import configure_subprocess, torch_memory_saver  # noqa: E402
 from torch_mem_saver_lite.compat import TorchMemorySaver  # noqa: E402
