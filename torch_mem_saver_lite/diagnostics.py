@@ -48,7 +48,12 @@ def _driver_facts(env: Environment) -> bool:
     """The driver and GPUs as the native library reports them; whether all is usable."""
     from . import driver_info
 
-    facts = driver_info.query()
+    try:
+        facts = driver_info.query()
+    except Exception as error:  # a library without the query (TMSL_LIBRARY): report, do not raise
+        env.problems.append(f"the native library cannot query the CUDA driver: {error}")
+        return False
+    before = len(env.problems)
     env.driver_version, env.driver_library = facts.version_text, facts.path
     for d in facts.devices:
         env.gpus.append(GpuInfo(d.index, d.name, d.vmm_supported, d.granularity_bytes, d.total_bytes))
@@ -65,7 +70,7 @@ def _driver_facts(env: Environment) -> bool:
             env.problems.append(f"GPU {d.index} ({d.name or 'no name'}) could not be queried: {d.error}")
         elif not d.vmm_supported:
             env.problems.append(f"GPU {d.index} ({d.name}) does not support CUDA virtual memory management")
-    return not env.problems
+    return len(env.problems) == before
 
 
 def _start_backend(env: Environment) -> None:
