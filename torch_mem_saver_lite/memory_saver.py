@@ -170,6 +170,24 @@ def _stack() -> list[_Region]:
     return _thread.__dict__.setdefault("stack", [])
 
 
+# The threads torch routes to one of our pools now, and disable()'s pools waiting to be freed.
+# torch refuses to free any pool's cache while some thread is routed on the device (it counts
+# routes as captures underway, and ends the process), so a disable() block's pool is freed
+# once no thread is routed.
+_routed_threads: dict[int, tuple] = {}
+_parked_pools: list[torch.cuda.MemPool] = []
+
+
+def _retire_pool(pool: torch.cuda.MemPool | None) -> None:
+    """Free ``pool`` (a disable() block's, now unused) and those parked earlier, or park it
+    until no thread is routed. No lock: an interrupt could leave one held; each list step is
+    atomic under the GIL."""
+    if pool is not None:
+        _parked_pools.append(pool)
+    if not _routed_threads:
+        _parked_pools.clear()  # torch frees each pool's cached blocks as it goes
+
+
 def _route_to(target: tuple | None) -> None:
     """Make ``target`` ((device, pool id), or None) the torch pool this thread's allocations
     go to. torch counts a reference per begin, which an end plus a release give back. Each
@@ -183,8 +201,10 @@ def _route_to(target: tuple | None) -> None:
         return
     if current is not None:
         end_route(*current); state["unreleased"], state["route"] = current, None  # noqa: E702
+        _routed_threads.pop(threading.get_ident(), None)
         release_route(*current); state["unreleased"] = None  # noqa: E702
     if target is not None:
+        _routed_threads[threading.get_ident()] = target
         begin_route(*target); state["route"] = target  # noqa: E702
 
 
@@ -250,6 +270,8 @@ def _pushed(entry: _Region) -> Iterator[None]:
         yield
     finally:
         undo()
+        if _parked_pools and not _routed_threads:
+            _retire_pool(None)
 
 
 @functools.cache
@@ -593,15 +615,19 @@ class MemorySaver:
         """Allocations on this thread inside the block are ordinary, even within a region.
 
         They come from a torch pool of their own, made for the block and freed when it ends
-        (its cached memory goes back to the device then): torch's caching allocator would
+        (its cached memory goes back to the device then; inside a region, once no thread is in
+        one, since torch frees no pool's cache while another is in use): torch's caching allocator would
         otherwise hand out cached blocks of the enclosing region's pool, or, in preload mode
         with a process-wide region (``TMS_INIT_ENABLE=1``), of the default pool, which a
         pause may have released. Tensors made inside stay valid after the block."""
         pool = torch.cuda.MemPool() if self._routes_torch and torch.cuda.is_available() else None
         route = None if pool is None else (torch.cuda.current_device(), pool)
-        with _pushed(_Region(None, route=route)):
-            yield
-        del route, pool  # torch frees the pool's cached blocks once nothing uses it
+        try:
+            with _pushed(_Region(None, route=route)):
+                yield
+        finally:
+            del route
+            _retire_pool(pool)
 
     def _native_region(self, tag: str, choice: int) -> contextlib.AbstractContextManager[None]:
         """The thread's allocations go to ``tag`` with backup ``choice`` natively, with no torch

@@ -131,8 +131,10 @@ PROGRAMS = {
         assert torch.equal(torch_memory_saver.get_cpu_backup(w), reference)
         assert torch.equal(torch_memory_saver.get_cpu_backup(w, zero_copy=True), reference)
         torch_memory_saver.resume("weights")
-        assert torch_memory_saver.get_cpu_backup(w) is None
-        assert torch_memory_saver.stats()["weights"].host_backup_bytes >= w.nbytes  # retained
+        # Retained: handed out while resident too, at the same host address, as there.
+        assert torch.equal(torch_memory_saver.get_cpu_backup(w), reference)
+        assert torch_memory_saver.stats()["weights"].host_backup_bytes >= w.nbytes
+        torch_memory_saver.retain_cpu_backup = False
         torch_memory_saver.pause("weights")
         torch_memory_saver.resume("weights")
         assert torch.equal(w.cpu(), reference)
@@ -148,6 +150,42 @@ PROGRAMS = {
         assert torch.equal(m.cpu(), reference_m) and torch.equal(p.cpu(), reference_p)
         stats = torch_memory_saver.stats()
         assert stats["m"].host_backup_bytes == 0 and stats["p"].host_backup_bytes >= p.nbytes
+    """,
+    "disable_after_a_process_wide_pause_uses_fresh_memory": """
+        # TMS_INIT_ENABLE=1, TMS_INIT_ENABLE_CPU_BACKUP=1 (slime's training engine): torch's
+        # default pool is full of paused blocks, none of which disable() may hand out.
+        weights = torch.full((256 * MiB,), 42, dtype=torch.uint8, device="cuda")
+        activations = [torch.ones(64 * MiB // 4, device="cuda") for _ in range(8)]
+        del activations  # cached free blocks in the default pool, paused with it below
+        before = used()
+        torch_memory_saver.pause()
+        check_released(before, 256 * MiB + 512 * MiB)
+        paused = used()
+        with torch_memory_saver.disable():
+            x = torch.full((64 * MiB,), 53, dtype=torch.uint8, device="cuda")
+            small = torch.arange(1000, device="cuda", dtype=torch.float32)
+            assert float(x.float().mean()) == 53.0 and float(small.sum()) == 499500.0
+            a = torch.randn(512, 512, device="cuda")
+            assert torch.allclose((a @ a).cpu(), a.cpu() @ a.cpu(), rtol=1e-3, atol=1e-3)
+            del x, small, a
+        assert used() <= paused + 8 * MiB, f"{(used() - paused) / MiB:.1f} MiB kept after disable()"
+        torch_memory_saver.resume()
+        assert int(weights.sum()) == 42 * 256 * MiB
+    """,
+    "allocations_outside_and_in_disable_while_a_pool_is_paused": """
+        with torch_memory_saver.region(tag="w", enable_cpu_backup=True):
+            w = torch.full((128 * MiB,), 7, dtype=torch.uint8, device="cuda")
+            scratch = [torch.empty(16 * MiB, dtype=torch.uint8, device="cuda") for _ in range(8)]
+            del scratch  # the tag's pool caches free blocks that the pause releases
+        torch_memory_saver.pause("w")
+        with torch_memory_saver.region(tag="other"):
+            with torch_memory_saver.disable():
+                inside = torch.full((16 * MiB,), 3, dtype=torch.uint8, device="cuda")
+                assert int(inside.sum()) == 3 * 16 * MiB
+        outside = torch.full((16 * MiB,), 5, dtype=torch.uint8, device="cuda")
+        assert int(outside.sum()) == 5 * 16 * MiB and int(inside.sum()) == 3 * 16 * MiB
+        torch_memory_saver.resume("w")
+        assert int(w.sum()) == 7 * 128 * MiB
     """,
     "pausing_a_tag_no_region_used_does_nothing": """
         with torch_memory_saver.region(tag="kv_cache"):
@@ -222,6 +260,8 @@ EXTRA_ENV = {
     "environment_defaults_make_every_allocation_pauseable": {"TMS_INIT_ENABLE": "1",
                                                              "TMS_INIT_ENABLE_CPU_BACKUP": "1"},
     "environment_defaults_with_disk_backup": {"TMS_INIT_ENABLE": "1", "TMS_INIT_ENABLE_DISK_BACKUP": "1"},
+    "disable_after_a_process_wide_pause_uses_fresh_memory": {"TMS_INIT_ENABLE": "1",
+                                                             "TMS_INIT_ENABLE_CPU_BACKUP": "1"},
     "environment_defaults_with_the_mmap_backend": {"TMS_INIT_ENABLE": "1", "TMS_INIT_ENABLE_CPU_BACKUP": "1",
                                                    "TMS_INIT_CPU_BACKUP_BACKEND": "mmap"},
 }
