@@ -54,6 +54,18 @@ ProcessDefaults read_process_defaults() {
   } else {
     ok = false;
   }
+  bool disk = false;
+  if (parse_flag_pair("TMSL_DEFAULT_DISK_BACKUP", "TMS_INIT_ENABLE_DISK_BACKUP", &disk, &given, &d.error)) {
+    if (disk && d.backup == BackupChoice::kOn) {
+      d.error += std::string(d.error.empty() ? "" : "; ") +
+                 "disk backup and CPU backup of the default region exclude each other";
+      ok = false;
+    } else if (disk) {
+      d.backup = BackupChoice::kDisk;
+    }
+  } else {
+    ok = false;
+  }
   const char* backend_name = nullptr;
   if (pick("TMSL_DEFAULT_CPU_BACKUP_BACKEND", "TMS_INIT_CPU_BACKUP_BACKEND", &backend_name, &d.error)) {
     const char* backend = backend_name != nullptr ? getenv(backend_name) : "pinned";

@@ -36,6 +36,8 @@ Status region_saver(const ThreadRegion& region, SaverRef* out);
 //   TMSL_DEFAULT_TAG=<tag>      that region's tag (default "default")
 //   TMSL_DEFAULT_CPU_BACKUP=0|1 and its backup setting (unset: back up graph memory only;
 //                               torch_memory_saver's name: TMS_INIT_ENABLE_CPU_BACKUP)
+//   TMSL_DEFAULT_DISK_BACKUP=0|1 that region's content goes to disk at a pause instead (kDisk;
+//                               torch_memory_saver's name: TMS_INIT_ENABLE_DISK_BACKUP)
 //   TMSL_DEFAULT_CPU_BACKUP_BACKEND=pinned|mmap  the backend of backed-up regions that name
 //                               none (torch_memory_saver's name: TMS_INIT_CPU_BACKUP_BACKEND);
 //                               with mmap the default region's choice is kOnUncached

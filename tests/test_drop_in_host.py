@@ -274,6 +274,8 @@ def test_the_internals_torch_memory_savers_examples_reach(host_saver, mem):
         ptr = mem.malloc(2 * MiB)
     mem.write(ptr, b"configured")
     compat.pause("cfg")
+    with compat._impl._with_region_config(tag="cfg", enable_cpu_backup=True):
+        pass  # a paused tag's configuration is taken without the checks, as there
     compat.resume("cfg")
     assert mem.read(ptr, 10) == b"configured"
     assert dict(compat._impl._mem_pools) == {}  # the host saver routes no torch pools
@@ -290,3 +292,17 @@ def test_one_tag_takes_regions_with_and_without_backup_as_torch_memory_saver_doe
     compat.pause()
     compat.resume()
     assert mem.read(kept, 4) == b"kept" and mem.read(lost, 4) == bytes(4)
+
+
+def test_the_preload_library_is_found_where_frameworks_look_beside_the_alias_package():
+    # slime and AReaL build LD_PRELOAD from the folder that holds the torch_memory_saver package.
+    result = run("""
+        import os
+        from torch_mem_saver_lite import _lib, alias
+        alias.enable()
+        import torch_memory_saver
+        beside = os.path.dirname(os.path.dirname(torch_memory_saver.__file__))
+        path = os.path.join(beside, "torch_memory_saver_hook_mode_preload.abi3.so")
+        print(os.path.realpath(path) == os.path.realpath(_lib.library_path()))
+    """)
+    assert result.stdout.strip() == "True", result.stdout + result.stderr

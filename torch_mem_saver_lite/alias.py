@@ -96,6 +96,31 @@ def check_import() -> None:
                   f"of {reason}. To undo: {undo}.", AliasWarning, stacklevel=2)
 
 
+# Where torch_memory_saver's wheel puts its preload library: beside the package folder.
+# slime and AReaL build LD_PRELOAD from dirname(dirname(torch_memory_saver.__file__)) + this.
+PRELOAD_LIBRARY_NAME = "torch_memory_saver_hook_mode_preload.abi3.so"
+
+
+def link_preload_library() -> Path | None:
+    """Make ``PRELOAD_LIBRARY_NAME`` beside the alias package a link to our library, so code
+    that looks for torch_memory_saver's preload library as a file finds ours. Returns the
+    link, or None where the alias folder cannot be written (the lookup then fails there as
+    it would without the file)."""
+    from . import _lib
+
+    link = Path(ALIAS_PATH) / PRELOAD_LIBRARY_NAME
+    target = _lib.library_path()
+    try:
+        if link.is_symlink() and os.readlink(link) == target:
+            return link
+        staged = link.with_name(f".{link.name}.{os.getpid()}")
+        os.symlink(target, staged)
+        os.replace(staged, link)  # atomic: a concurrent import sees the old link or the new one
+    except OSError:
+        return None
+    return link
+
+
 def enable(override: bool = False) -> None:
     """``import torch_memory_saver`` loads our alias from now on (in this process). Where
     torch_memory_saver is installed, only with ``override=True`` (or TMSL_ALIAS_TORCH_MEMORY_SAVER=1):

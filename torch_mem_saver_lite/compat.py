@@ -47,12 +47,40 @@ class _Passthrough:
         setattr(compat._saver, self._name, value)
 
 
-class _BinaryWrapper:
-    """torch_memory_saver's ``_impl._binary_wrapper``: ``cdll`` is our native library, with
-    torch_memory_saver's entry points (``tms_pause``, ``tms_get_current_tag``, ...) bound."""
+class _NativeLibrary:
+    """torch_memory_saver's ``cdll``: our native library, with torch_memory_saver's entry
+    points (``tms_pause``, ``tms_get_current_tag``, ...) bound. torch_memory_saver's library
+    links the CUDA runtime, so code also finds runtime functions through it (its examples
+    call ``cudaHostGetFlags``); ours does not, so those come from the runtime torch loaded."""
 
     def __init__(self) -> None:
-        self.cdll: ctypes.CDLL = _lib.lib()
+        self._ours = _lib.lib()
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return getattr(self._ours, name)
+        except AttributeError:
+            runtime = _loaded_cuda_runtime()
+            if runtime is None:
+                raise
+            return getattr(runtime, name)
+
+
+def _loaded_cuda_runtime() -> ctypes.CDLL | None:
+    """The CUDA runtime library this process has loaded (torch's), if any."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split()[-1]
+            if "/libcudart.so" in path:
+                return ctypes.CDLL(path)
+    return None
+
+
+class _BinaryWrapper:
+    """torch_memory_saver's ``_impl._binary_wrapper``."""
+
+    def __init__(self) -> None:
+        self.cdll = _NativeLibrary()
 
 
 class _PoolTable(MutableMapping[tuple, torch.cuda.MemPool]):

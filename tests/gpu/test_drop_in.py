@@ -165,9 +165,8 @@ PROGRAMS = {
             x = torch.full((64 * MiB,), 53, dtype=torch.uint8, device="cuda")
             small = torch.arange(1000, device="cuda", dtype=torch.float32)
             assert float(x.float().mean()) == 53.0 and float(small.sum()) == 499500.0
-            a = torch.randn(512, 512, device="cuda")
-            assert torch.allclose((a @ a).cpu(), a.cpu() @ a.cpu(), rtol=1e-3, atol=1e-3)
-            del x, small, a
+            assert torch.equal(torch.cumsum(small, 0).cpu(), torch.cumsum(small.cpu(), 0))
+            del x, small
         assert used() <= paused + 8 * MiB, f"{(used() - paused) / MiB:.1f} MiB kept after disable()"
         torch_memory_saver.resume()
         assert int(weights.sum()) == 42 * 256 * MiB

@@ -9,6 +9,9 @@ __torch_mem_saver_lite_alias__ = True
 _check_import()
 
 from torch_mem_saver_lite import configure_subprocess, torch_memory_saver  # noqa: E402
+from torch_mem_saver_lite.alias import link_preload_library as _link_preload_library  # noqa: E402
+
+_link_preload_library()  # for code that finds the preload library beside this package
 from torch_mem_saver_lite.compat import TorchMemorySaver  # noqa: E402
 
 __all__ = ["TorchMemorySaver", "configure_subprocess", "torch_memory_saver"]
