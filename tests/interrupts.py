@@ -1,13 +1,15 @@
 """Injecting a KeyboardInterrupt at a chosen line the library executes (sys.settrace): the
-tests and the host soak use it to interrupt region(), disable() and paused() anywhere."""
+tests and the host soak use it to interrupt region(), disable(), paused() and disk-backed
+pauses and resumes anywhere. Only the calling thread is traced: Python raises Ctrl-C on the
+main thread only, never in the disk backup's worker threads."""
 
 from __future__ import annotations
 
 import sys
 
-from torch_mem_saver_lite import memory_saver
+from torch_mem_saver_lite import disk_backup, memory_saver
 
-LIBRARY_FILES = (memory_saver.__file__,)
+LIBRARY_FILES = (memory_saver.__file__, disk_backup.__file__)
 
 
 def interrupted_at(k: int, body, files=LIBRARY_FILES) -> bool:

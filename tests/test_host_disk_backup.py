@@ -1,11 +1,14 @@
-"""Disk backup (enable_disk_backup=True) on the host backend: content through a real file,
-host memory released, the file gone with the backup, a full disk and a failed read
-reported with nothing lost, tmpfs refused."""
+"""Disk backup (enable_disk_backup=True) on the host backend: content through real files, one
+per disk-backed allocation, visible while paused and removed at resume, close(), exit and,
+after a kill -9, by the next process choosing the directory; host memory released; a full
+disk and a failed read reported with nothing lost; per-region choice under one tag; tmpfs
+and bad environment values refused."""
 
 from __future__ import annotations
 
 import os
-import shutil
+import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -13,36 +16,72 @@ from pathlib import Path
 
 import pytest
 
-from host_memory import open_disk_backup_files, resident_pages
-from torch_mem_saver_lite import MemorySaverError
+from host_memory import resident_pages
+from torch_mem_saver_lite import MemorySaverError, disk_backup
 from torch_mem_saver_lite.disk_backup import filesystem_type
+from torch_mem_saver_lite.testing import HostSaver
 
 MiB = 1 << 20
-ROOT = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+NAME = re.compile(r"tmsl-(\d+)-(\d+)-([0-9a-f]{8})-(.+)-dev(\d+)-([0-9a-f]+)\.bin")
 
 
-def backup_files() -> list[tuple[str, int]]:
-    return [(target, size) for _, target, size in open_disk_backup_files()]
+def files_in(directory: Path) -> dict[str, int]:
+    """name -> size of the files in ``directory`` (none if it does not exist)."""
+    if not directory.is_dir():
+        return {}
+    return {name: (directory / name).stat().st_size for name in os.listdir(directory)}
 
 
-def test_a_backup_left_paused_is_freed_when_its_saver_closes(disk_dir, mem):
-    from torch_mem_saver_lite.testing import HostSaver
-
-    saver = HostSaver()
-    saver.set_disk_backup_dir(disk_dir)
-    with saver.region("kv", enable_disk_backup=True):
-        mem.malloc(2 * MiB)
-    saver.pause("kv")
-    assert len(backup_files()) == 1
-    saver.close()
-    assert backup_files() == []
+def open_files_in(directory: Path) -> list[str]:
+    """Targets of this process's descriptors open on files inside ``directory`` (only there:
+    nothing about the checkout's own path can match)."""
+    inside = str(directory.resolve()) + "/"
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # the descriptor listdir itself used, closed meanwhile
+            continue
+        if target.startswith(inside):
+            found.append(target)
+    return found
 
 
 def pattern(size: int, seed: int) -> bytes:
     return bytes((i * 7 + seed) % 251 for i in range(4096)) * (size // 4096)
 
 
-def test_disk_backup_keeps_content_through_a_file_and_releases_memory(host_saver, mem, disk_dir):
+def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(TESTS), **env})
+
+
+def start_python(code: str) -> subprocess.Popen:
+    """A child that prints a line once its tags are paused, then waits for a line on stdin."""
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(TESTS)})
+
+
+PAUSED_CHILD = """
+    import sys
+    from host_memory import HostMemory
+    from torch_mem_saver_lite.testing import HostSaver
+    saver, mem = HostSaver(), HostMemory()
+    saver.set_disk_backup_dir({directory!r})
+    with saver.region("kv", enable_disk_backup=True):
+        ptrs = [mem.malloc(2 << 20), mem.malloc(4 << 20)]
+    mem.write(ptrs[0], b"child")
+    saver.pause("kv")
+    print("paused", flush=True)
+    sys.stdin.readline()
+    saver.resume("kv")
+    print("resumed", mem.read(ptrs[0], 5) == b"child", flush=True)
+"""
+
+
+def test_one_file_per_disk_allocation_visible_while_paused_and_removed_at_resume(host_saver, mem, disk_dir):
     host_saver.set_disk_backup_dir(disk_dir)
     sizes = [16 * MiB, 4 * MiB, 2 * MiB]
     with host_saver.region("weights", enable_disk_backup=True):
@@ -50,27 +89,68 @@ def test_disk_backup_keeps_content_through_a_file_and_releases_memory(host_saver
     for i, (ptr, size) in enumerate(zip(ptrs, sizes, strict=True)):
         mem.write(ptr, pattern(size, i))
 
-    host_saver.pause("weights")
+    for _ in range(2):
+        host_saver.pause("weights")
 
-    assert all(resident_pages(ptr, size) == 0 for ptr, size in zip(ptrs, sizes, strict=True))
-    stats = host_saver.stats()["weights"]
-    assert (stats.resident_bytes, stats.host_backup_bytes, stats.paused) == (0, 0, True)
-    files = backup_files()
-    assert len(files) == 1 and files[0][1] >= sum(sizes)  # one file holding everything
-    assert files[0][0].startswith(str(disk_dir.resolve())) and files[0][0].endswith("(deleted)")
-    assert os.listdir(disk_dir) == []  # unlinked at once: nothing to clean up after a crash
+        assert all(resident_pages(ptr, size) == 0 for ptr, size in zip(ptrs, sizes, strict=True))
+        stats = host_saver.stats()["weights"]
+        assert (stats.resident_bytes, stats.host_backup_bytes, stats.paused) == (0, 0, True)
+        files = files_in(disk_dir)
+        # One file per allocation, exactly its size, named by process, tag, device and address.
+        by_address = {int(NAME.fullmatch(name)[6], 16): size for name, size in files.items()}
+        assert by_address == dict(zip(ptrs, sizes, strict=True))
+        for name in files:
+            pid, _, _, tag, device, _ = NAME.fullmatch(name).groups()
+            assert (int(pid), tag, device) == (os.getpid(), "weights", "0")
+        assert open_files_in(disk_dir) == []  # nothing held open while paused
 
-    host_saver.resume("weights")
+        host_saver.resume("weights")
 
-    for i, (ptr, size) in enumerate(zip(ptrs, sizes, strict=True)):
-        assert mem.read(ptr, size) == pattern(size, i)
-    assert backup_files() == []  # the space is freed once the content is back
-    host_saver.pause("weights")  # a second cycle writes a fresh backup
-    host_saver.resume("weights")
-    assert mem.read(ptrs[0], sizes[0]) == pattern(sizes[0], 0)
+        for i, (ptr, size) in enumerate(zip(ptrs, sizes, strict=True)):
+            assert mem.read(ptr, size) == pattern(size, i)
+        assert files_in(disk_dir) == {} and open_files_in(disk_dir) == []
 
 
-def test_allocations_freed_while_paused_are_skipped_at_resume(host_saver, mem, disk_dir):
+def test_a_backup_left_paused_is_removed_when_its_saver_closes(disk_dir, mem):
+    saver = HostSaver()
+    saver.set_disk_backup_dir(disk_dir)
+    with saver.region("kv", enable_disk_backup=True):
+        mem.malloc(2 * MiB)
+    saver.pause("kv")
+    assert len(files_in(disk_dir)) == 1
+    saver.close()
+    assert files_in(disk_dir) == {}
+
+
+def test_each_allocation_keeps_the_disk_choice_of_its_region_under_one_tag(host_saver, mem, disk_dir):
+    # torch_memory_saver's example: two regions of the default tag, with and without disk backup.
+    host_saver.set_disk_backup_dir(disk_dir)
+    with host_saver.region(enable_disk_backup=True):
+        big, small = mem.malloc(14 * MiB), mem.malloc(2 * MiB)
+    with host_saver.region(enable_disk_backup=False):
+        no_backup = mem.malloc(20 * MiB)
+    with host_saver.region(enable_cpu_backup=True):
+        host_backed = mem.malloc(2 * MiB)
+    for seed, (ptr, size) in enumerate(((big, 14 * MiB), (small, 2 * MiB), (no_backup, 20 * MiB),
+                                        (host_backed, 2 * MiB))):
+        mem.write(ptr, pattern(size, seed))
+
+    disk_usage = set()
+    for _ in range(3):
+        host_saver.pause()
+        files = files_in(disk_dir)
+        assert sorted(files.values()) == [2 * MiB, 14 * MiB]  # big and small only
+        disk_usage.add(sum(files.values()))
+        host_saver.resume()
+        assert mem.read(big, 14 * MiB) == pattern(14 * MiB, 0)
+        assert mem.read(small, 2 * MiB) == pattern(2 * MiB, 1)
+        assert mem.read(host_backed, 2 * MiB) == pattern(2 * MiB, 3)
+        assert mem.read(no_backup, 4096) != pattern(20 * MiB, 2)[:4096]  # not kept
+        assert files_in(disk_dir) == {}
+    assert disk_usage == {16 * MiB}  # constant across cycles
+
+
+def test_allocations_freed_while_paused_are_skipped_at_resume_and_their_files_removed(host_saver, mem, disk_dir):
     host_saver.set_disk_backup_dir(disk_dir)
     with host_saver.region("kv", enable_disk_backup=True):
         kept, dropped = mem.malloc(4 * MiB), mem.malloc(4 * MiB)
@@ -79,6 +159,125 @@ def test_allocations_freed_while_paused_are_skipped_at_resume(host_saver, mem, d
     mem.free(dropped)
     host_saver.resume("kv")
     assert mem.read(kept, 4 * MiB) == pattern(4 * MiB, 3)
+    assert files_in(disk_dir) == {}
+
+
+def test_file_names_carry_any_tag_safely():
+    tags = ["a/b", "a%2Fb", "a-b", "../x", "ü", "kv cache", "t" * 256, "t" * 255 + "u", "\n"]
+    names = {disk_backup.file_name(tag, 3, 0x7F0000200000) for tag in tags}
+    assert len(names) == len(tags)  # distinct tags, distinct names
+    for name in names:
+        match = NAME.fullmatch(name)
+        assert match and int(match[1]) == os.getpid() and match[5] == "3" and match[6] == "7f0000200000"
+        assert len(name.encode()) < 200 and "/" not in name and name.isascii() and name.isprintable()
+    assert NAME.fullmatch(disk_backup.file_name("kv_cache.0", 0, 1))[4] == "kv_cache.0"  # readable as is
+
+
+def test_files_are_removed_when_the_process_exits(disk_dir):
+    result = run_python(f"""
+        import os
+        from host_memory import HostMemory
+        from torch_mem_saver_lite.testing import HostSaver
+        saver, mem = HostSaver(), HostMemory()
+        saver.set_disk_backup_dir({str(disk_dir)!r})
+        with saver.region("kv", enable_disk_backup=True):
+            mem.malloc(2 << 20); mem.malloc(2 << 20)
+        saver.pause("kv")
+        print(len(os.listdir({str(disk_dir)!r})))
+    """)  # ends without resume or close
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["2"]
+    assert files_in(disk_dir) == {}
+
+
+def test_a_forked_child_leaves_its_parents_files_alone(disk_dir):
+    result = run_python(f"""
+        import os
+        from host_memory import HostMemory
+        from torch_mem_saver_lite.testing import HostSaver
+        saver, mem = HostSaver(), HostMemory()
+        saver.set_disk_backup_dir({str(disk_dir)!r})
+        with saver.region("kv", enable_disk_backup=True):
+            ptr = mem.malloc(2 << 20)
+        mem.write(ptr, b"parent")
+        saver.pause("kv")
+        child = os.fork()
+        if child == 0:
+            raise SystemExit(0)  # a normal exit: exit handlers run in the child
+        os.waitpid(child, 0)
+        print(len(os.listdir({str(disk_dir)!r})))
+        saver.resume("kv")
+        print(mem.read(ptr, 6))
+    """)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["1", "b'parent'"]
+
+
+def paused_then_killed(directory: Path) -> int:
+    """The pid of a child killed with SIGKILL (no exit handler runs) while its tag was paused."""
+    child = start_python(PAUSED_CHILD.format(directory=str(directory)))
+    assert child.stdout.readline() == "paused\n"
+    child.kill()
+    child.wait()
+    for stream in (child.stdin, child.stdout, child.stderr):
+        stream.close()
+    return child.pid
+
+
+def pids_of(names) -> set[int]:
+    return {int(NAME.fullmatch(name)[1]) for name in names}
+
+
+def test_files_of_a_killed_process_are_removed_by_the_next_one_choosing_the_directory(disk_dir):
+    disk_dir.mkdir(parents=True)
+    killed = paused_then_killed(disk_dir)
+    assert len(files_in(disk_dir)) == 2 and pids_of(files_in(disk_dir)) == {killed}
+
+    alive = start_python(PAUSED_CHILD.format(directory=str(disk_dir)))  # set_disk_backup_dir
+    try:
+        assert alive.stdout.readline() == "paused\n"
+        assert len(files_in(disk_dir)) == 2 and pids_of(files_in(disk_dir)) == {alive.pid}
+
+        killed = paused_then_killed(disk_dir)
+        assert pids_of(files_in(disk_dir)) == {alive.pid, killed}
+        # A new process taking the directory from the environment, at its first disk region.
+        result = run_python("""
+            from torch_mem_saver_lite.testing import HostSaver
+            saver = HostSaver()
+            with saver.region("x", enable_disk_backup=True):
+                pass
+        """, TMS_DISK_BACKUP_DIR=str(disk_dir))
+        assert result.returncode == 0, result.stderr
+        assert "removed 2 disk backup files (6 MiB)" in result.stderr
+        assert len(files_in(disk_dir)) == 2 and pids_of(files_in(disk_dir)) == {alive.pid}  # live: kept
+    finally:
+        alive.stdin.write("\n")
+        alive.stdin.close()
+    assert alive.stdout.readline() == "resumed True\n"
+    assert alive.wait() == 0
+    assert "removed 2 disk backup files (6 MiB)" in alive.stderr.read()
+    alive.stdout.close()
+    alive.stderr.close()
+    assert files_in(disk_dir) == {}
+
+
+def test_stale_files_are_told_by_pid_and_start_time_and_others_left_alone(disk_dir):
+    disk_dir.mkdir(parents=True)
+    parent = os.getppid()  # alive, and not us
+    start = disk_backup._start_time(parent)
+    host = disk_backup._host()
+    names = {
+        "live": f"tmsl-{parent}-{start}-{host}-kv-dev0-200000.bin",
+        "reused pid": f"tmsl-{parent}-{start + 1}-{host}-kv-dev0-200000.bin",  # same pid, another process
+        "other host": f"tmsl-{parent}-{start + 1}-{'0' * 8 if host != '0' * 8 else '1' * 8}-kv-dev0-200000.bin",
+        "not ours": "tmsl-notes.txt",
+    }
+    for name in names.values():
+        (disk_dir / name).write_bytes(b"x" * 4096)
+
+    HostSaver().set_disk_backup_dir(disk_dir)
+
+    assert set(files_in(disk_dir)) == {names["live"], names["other host"], names["not ours"]}
 
 
 def test_a_failed_read_keeps_the_tag_paused_and_says_so(host_saver, mem, disk_dir):
@@ -86,44 +285,66 @@ def test_a_failed_read_keeps_the_tag_paused_and_says_so(host_saver, mem, disk_di
     with host_saver.region("kv", enable_disk_backup=True):
         ptr = mem.malloc(4 * MiB)
     host_saver.pause("kv")
-    (fd, _, _), = open_disk_backup_files()
-    os.ftruncate(fd, 0)  # the disk lost the file's content
+    (name,) = files_in(disk_dir)
+    os.truncate(disk_dir / name, 0)  # the disk lost the file's content
 
     with pytest.raises(MemorySaverError, match="reading the disk backup of tag 'kv'.*stays paused"):
         host_saver.resume("kv")
 
     assert host_saver.stats()["kv"].paused and resident_pages(ptr, 4 * MiB) == 0
+    assert list(files_in(disk_dir)) == [name] and open_files_in(disk_dir) == []
 
 
 def test_a_full_disk_fails_the_pause_with_the_region_resident_and_intact(disk_dir):
     # RLIMIT_FSIZE makes the kernel refuse the file's space exactly as a full disk would.
-    code = f"""
+    result = run_python(f"""
         import resource, signal, os
-        from host_memory import HostMemory, open_disk_backup_files, resident_pages
+        from host_memory import HostMemory, resident_pages
         from torch_mem_saver_lite import MemorySaverError
         from torch_mem_saver_lite.testing import HostSaver
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         saver, mem = HostSaver(), HostMemory()
         saver.set_disk_backup_dir({str(disk_dir)!r})
         with saver.region("kv", enable_disk_backup=True):
-            ptr = mem.malloc(8 << 20)
-        mem.write(ptr, b"\\x5a" * (8 << 20))
+            ptrs = [mem.malloc(8 << 20), mem.malloc(512 << 10), mem.malloc(8 << 20)]
+        mem.write(ptrs[0], b"\\x5a" * (8 << 20))
         resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
         try:
             saver.pause("kv")
         except MemorySaverError as error:
             print("refused:", error)
-        print("resident", resident_pages(ptr, 8 << 20) == 2048, not saver.stats()["kv"].paused)
-        print("intact", mem.read(ptr, 8 << 20) == b"\\x5a" * (8 << 20))
-        print("files", os.listdir({str(disk_dir)!r}), open_disk_backup_files())
+        print("resident", resident_pages(ptrs[0], 8 << 20) == 2048, not saver.stats()["kv"].paused)
+        print("intact", mem.read(ptrs[0], 8 << 20) == b"\\x5a" * (8 << 20))
+        fds = [os.readlink(f"/proc/self/fd/{{fd}}") for fd in os.listdir("/proc/self/fd")
+               if os.path.exists(f"/proc/self/fd/{{fd}}")]
+        print("files", os.listdir({str(disk_dir)!r}), [t for t in fds if t.startswith({str(disk_dir)!r})])
         saver.close()
-    """
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                            timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT / "tests")})
+    """)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("refused: disk backup of tag 'kv' (8 MiB)") and "stays resident" in lines[0]
+    assert lines[0].startswith("refused: disk backup of tag 'kv' (18 MiB)") and "stays resident" in lines[0]
     assert lines[1:] == ["resident True True", "intact True", "files [] []"]
+
+
+@pytest.mark.parametrize("variable", ["TMS_DISK_BACKUP_CHUNK_MB", "TMSL_DISK_BACKUP_CHUNK_MB",
+                                      "TMSL_DISK_BACKUP_WORKERS"])
+@pytest.mark.parametrize("value", ["²", "⁵", "¹", "0", "x"])
+def test_a_bad_chunk_or_worker_count_is_refused_by_name(host_saver, mem, disk_dir, monkeypatch, variable, value):
+    host_saver.set_disk_backup_dir(disk_dir)
+    with host_saver.region("kv", enable_disk_backup=True):
+        ptr = mem.malloc(2 * MiB)
+    mem.write(ptr, b"kept")
+    monkeypatch.setenv(variable, value)
+
+    with pytest.raises(MemorySaverError, match=f"{variable} must be a whole number.*got {value!r}"):
+        host_saver.pause("kv")
+
+    assert not host_saver.stats()["kv"].paused and mem.read(ptr, 4) == b"kept"
+    assert files_in(disk_dir) == {}
+    monkeypatch.setenv(variable, "2")  # a good value works
+    host_saver.pause("kv")
+    host_saver.resume("kv")
+    assert mem.read(ptr, 4) == b"kept"
 
 
 def test_tmpfs_and_missing_directories_are_refused(host_saver, mem, disk_dir):
@@ -149,13 +370,14 @@ def test_user_hooks_see_the_content_restored(host_saver, mem, disk_dir):
         ptr = mem.malloc(2 * MiB)
     mem.write(ptr, b"abcd")
     seen = []
-    host_saver.register_hooks("w", after_resume=lambda: seen.append(mem.read(ptr, 4)))
+    host_saver.register_hooks("w", before_pause=lambda: seen.append(len(files_in(disk_dir))),
+                              after_resume=lambda: seen.append(mem.read(ptr, 4)))
     host_saver.pause("w")
     host_saver.resume("w")
-    assert seen == [b"abcd"]
+    assert seen == [0, b"abcd"]  # written after the user's before_pause, read before their after_resume
 
 
-def test_a_rolled_back_resume_keeps_the_disk_backup_it_read(host_saver, mem, disk_dir):
+def test_a_rolled_back_resume_keeps_the_disk_backup_it_read(host_saver, mem, disk_dir, monkeypatch):
     host_saver.set_disk_backup_dir(disk_dir)
     with host_saver.region("w", enable_disk_backup=True):
         ptr = mem.malloc(4 * MiB)
@@ -168,10 +390,37 @@ def test_a_rolled_back_resume_keeps_the_disk_backup_it_read(host_saver, mem, dis
 
     host_saver.register_hooks("w", after_resume=flaky_after_resume)
     host_saver.pause("w")
-    shutil.rmtree(disk_dir)  # a new backup cannot be written now: the rollback must reuse the file
+    files = files_in(disk_dir)
+    monkeypatch.setenv("TMSL_DISK_BACKUP_WORKERS", "0")  # a new backup cannot be written now
     with pytest.raises(RuntimeError, match="registration failed"):
         host_saver.resume("w")  # content read back, then the hook fails: paused again
-    assert host_saver.stats()["w"].paused and len(backup_files()) == 1
+    assert host_saver.stats()["w"].paused and files_in(disk_dir) == files  # the files serve again
     host_saver.resume("w")
     assert mem.read(ptr, 4 * MiB) == pattern(4 * MiB, 5)
-    assert backup_files() == []
+    assert files_in(disk_dir) == {}
+
+
+def test_a_sigkill_leaves_nothing_the_next_process_cannot_clean(disk_dir):
+    """kill -9 in the middle of writing: the next process choosing the directory removes
+    whatever the killed one left, however far it got."""
+    disk_dir.mkdir(parents=True)
+    child = start_python(f"""
+        import sys
+        from host_memory import HostMemory
+        from torch_mem_saver_lite.testing import HostSaver
+        saver, mem = HostSaver(), HostMemory()
+        saver.set_disk_backup_dir({str(disk_dir)!r})
+        with saver.region("kv", enable_disk_backup=True):
+            [mem.malloc(2 << 20) for _ in range(64)]
+        saver.pause("kv")
+        print("paused", flush=True)
+        while True:
+            saver.resume("kv"); saver.pause("kv")
+    """)
+    assert child.stdout.readline() == "paused\n"
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    for stream in (child.stdin, child.stdout, child.stderr):
+        stream.close()
+    HostSaver().set_disk_backup_dir(disk_dir)
+    assert files_in(disk_dir) == {}

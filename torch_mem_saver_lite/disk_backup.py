@@ -1,30 +1,48 @@
-"""Disk backup: a paused tag's content in a file on a real disk instead of host memory.
+"""Disk backup: a paused tag's content in files on a real disk instead of host memory.
 
-For hosts whose RAM cannot hold the backups. A pause writes the tag's allocations to one
-file, a resume reads them back; the file is unlinked as soon as it is created, so nothing
-is left behind whatever happens to the process (its space is freed when the descriptor is
-closed: after a successful resume, or at exit).
+For hosts whose RAM cannot hold the backups. A pause writes each disk-backed allocation of
+the tag to a file of its own in the chosen directory, a resume reads them back and removes
+them. The files can be seen while the tag is paused, named after the process, the tag and
+the device (``tmsl-<pid>-<start>-<host>-<tag>-dev<N>-<address>.bin``). They are removed at
+resume, when the saver is closed or the process exits, and, should the process have been
+killed before it could do so, by the next process that chooses the directory.
 
-Speed: the file is preallocated (a full disk fails before anything is written), then
-written and read in large chunks by several threads at once, each with its own bounded,
-page-locked staging buffer, so device transfers overlap disk requests. The
-file is opened with O_DIRECT where the file system allows it (no page cache: host memory
-stays free and the disk's own speed is what counts).
+Speed: every file is preallocated first (a full disk fails before anything is written),
+then written and read in large chunks by several threads at once, each with its own
+bounded, page-locked staging buffer, so device transfers overlap disk requests. Files are
+opened with O_DIRECT where the file system allows it (no page cache: host memory stays free
+and the disk's own speed is what counts).
+
+Ctrl-C: the threads never see it (Python raises it on the main thread only), and each
+chunk counts as done only once its thread has finished it, so a call cut short leaves a
+state the next call can finish: an interrupted pause is undone by the hook the saver runs
+to undo it (the files are removed, the memory was never released), an interrupted resume
+is finished by the next pause, resume or close.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import ctypes
 import errno
+import functools
+import hashlib
 import logging
 import os
+import re
+import string
 import threading
-from collections.abc import Callable, Iterator, Sequence
+import uuid
+import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import torch
 
+from . import _lib
 from .errors import MemorySaverError
 
 logger = logging.getLogger("torch_mem_saver_lite")
@@ -36,6 +54,7 @@ _ALIGNMENT = 4096  # O_DIRECT: buffers, offsets and lengths are multiples of the
 _MEMORY_FILE_SYSTEMS = {"tmpfs", "ramfs", "hugetlbfs", "devtmpfs"}
 
 
+# ----- the directory ------------------------------------------------------------------------
 def filesystem_type(path: str | os.PathLike[str]) -> str:
     """The type of the file system holding ``path`` (from /proc/self/mountinfo)."""
     target = os.path.realpath(path)
@@ -71,36 +90,140 @@ def check_directory(path: str | os.PathLike[str]) -> str:
     return os.path.realpath(directory)
 
 
+# ----- the environment ----------------------------------------------------------------------
+def _whole_number(name: str, value: str, highest: int, unit: str) -> int:
+    # ASCII digits only: str.isdigit() also takes '²' or '⁵', which int() refuses.
+    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= highest:
+        raise MemorySaverError(f"{name} must be a whole number{unit} from 1 to {highest}, got {value!r}")
+    return int(value)
+
+
 def chunk_bytes_from_environment() -> int:
     """TMSL_DISK_BACKUP_CHUNK_MB / TMS_DISK_BACKUP_CHUNK_MB, else 64 MiB."""
     for name in ("TMSL_DISK_BACKUP_CHUNK_MB", "TMS_DISK_BACKUP_CHUNK_MB"):
         value = os.environ.get(name)
         if value:
-            if not value.isdigit() or not 1 <= int(value) <= 4096:
-                raise MemorySaverError(f"{name} must be a whole number of MiB from 1 to 4096, got {value!r}")
-            return int(value) * MiB
+            return _whole_number(name, value, 4096, " of MiB") * MiB
     return DEFAULT_CHUNK_BYTES
 
 
 def workers_from_environment() -> int:
     """TMSL_DISK_BACKUP_WORKERS (requests in flight), else 4."""
     value = os.environ.get("TMSL_DISK_BACKUP_WORKERS")
-    if value:
-        if not value.isdigit() or not 1 <= int(value) <= 64:
-            raise MemorySaverError(f"TMSL_DISK_BACKUP_WORKERS must be a whole number from 1 to 64, got {value!r}")
-        return int(value)
-    return DEFAULT_WORKERS
+    return _whole_number("TMSL_DISK_BACKUP_WORKERS", value, 64, "") if value else DEFAULT_WORKERS
 
 
+# ----- file names and stale files -----------------------------------------------------------
+# A process is known by its pid and its start time (a pid is reused, the pair is not), and
+# those can only be checked in /proc by a process of the same boot and pid namespace: the
+# "host" part of a name (a hash of the two) says which, so that files of other machines
+# sharing the directory, other containers or an earlier boot are never judged from here.
+_NAME = re.compile(r"tmsl-(\d+)-(\d+)-([0-9a-f]{8})-.+-dev\d+-[0-9a-f]+\.bin")
+_TAG_KEPT = frozenset(string.ascii_letters + string.digits + "_.")
+_TAG_CHARS = 64  # a longer (escaped) tag is cut, with a hash of the whole
+
+
+def _start_time(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks after boot, field 22 of /proc/<pid>/stat);
+    None if there is no such process. Raises OSError where /proc cannot tell."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return int(fields[fields.rindex(b")") + 2:].split()[19])  # after "pid (comm) ", field 3 on
+
+
+@functools.cache
+def _own_start_time(pid: int) -> int:
+    return _start_time(pid) or 0
+
+
+@functools.cache
+def _host() -> str:
+    """This boot of this machine and this pid namespace, as 8 hex digits."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as boot:
+            where = boot.read().strip() + os.readlink("/proc/self/ns/pid")
+    except OSError:  # unknown: a name no other process shares, so none judges another's files
+        where = uuid.uuid4().hex
+    return hashlib.sha1(where.encode()).hexdigest()[:8]
+
+
+def _safe_tag(tag: str) -> str:
+    """The tag as file names show it: ASCII letters, digits, '_' and '.' as they are, any other
+    character as %XX per UTF-8 byte (so '/' cannot make a path and two tags never share a
+    name); cut to _TAG_CHARS with a hash of the whole tag if longer."""
+    parts = [c if c in _TAG_KEPT else "".join(f"%{b:02X}" for b in c.encode()) for c in tag]
+    if sum(map(len, parts)) <= _TAG_CHARS:
+        return "".join(parts)
+    kept, length = [], 0
+    for part in parts:
+        if length + len(part) > _TAG_CHARS - 13:
+            break
+        kept.append(part)
+        length += len(part)
+    return "".join(kept) + "~" + hashlib.sha1(tag.encode()).hexdigest()[:12]
+
+
+def file_name(tag: str, device: int, address: int) -> str:
+    """The name of the file that holds the allocation at ``address`` while it is paused."""
+    pid = os.getpid()
+    return f"tmsl-{pid}-{_own_start_time(pid)}-{_host()}-{_safe_tag(tag)}-dev{device}-{address:x}.bin"
+
+
+def _belongs_to_a_live_process(pid: int, start: int) -> bool:
+    try:
+        return _start_time(pid) == start
+    except (OSError, ValueError, IndexError):  # /proc cannot tell (hidepid, say): keep the file
+        return True
+
+
+def remove_stale_files(directory: str) -> None:
+    """Remove the backup files in ``directory`` of processes of this machine (this boot and pid
+    namespace) that no longer exist: what a process killed before it could clean up left
+    (kill -9, a crash, the OOM killer). Files of live processes are kept, and so are files
+    of other machines, boots or containers, whose processes cannot be checked from here."""
+    removed, freed, foreign = 0, 0, 0
+    own = (os.getpid(), _own_start_time(os.getpid()))
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        match = _NAME.fullmatch(name)
+        if match is None:
+            continue
+        pid, start, host = int(match[1]), int(match[2]), match[3]
+        if host != _host():
+            foreign += 1
+        elif (pid, start) != own and not _belongs_to_a_live_process(pid, start):
+            path = os.path.join(directory, name)
+            try:
+                size = os.stat(path).st_size
+                os.unlink(path)
+            except OSError:  # removed by another process meanwhile, or not ours to remove
+                continue
+            removed, freed = removed + 1, freed + size
+    if removed:
+        logger.warning("removed %d disk backup files (%.0f MiB) in %s left by processes that no longer exist",
+                       removed, freed / MiB, directory)
+    if foreign:
+        logger.info("%d disk backup files in %s belong to another machine, boot or container; left alone "
+                    "(remove them by hand if nothing else uses this directory)", foreign, directory)
+
+
+# ----- moving bytes -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class _Piece:
-    """One chunk of one allocation: ``size`` bytes at ``address``, at ``offset`` in the file."""
+    """One chunk of one allocation: ``size`` bytes at ``address``, at ``offset`` in the
+    allocation's file (``file``: its index)."""
 
     address: int
     size: int
     device: int
     offset: int
-    range_address: int  # the allocation it belongs to
+    file: int
 
 
 class Transfer:
@@ -178,59 +301,90 @@ class CudaTransfer(Transfer):
 
 
 def _pieces(ranges: Sequence[tuple[int, int, int]], chunk_bytes: int) -> list[_Piece]:
-    pieces, offset = [], 0
-    for address, size, device in ranges:
-        for start in range(0, size, chunk_bytes):
-            length = min(chunk_bytes, size - start)
-            pieces.append(_Piece(address + start, length, device, offset + start, address))
-        offset += -(-size // _ALIGNMENT) * _ALIGNMENT
-    return pieces
+    """The chunks of each range (address, size, device); offsets count from the range's start."""
+    return [_Piece(address + start, min(chunk_bytes, size - start), device, start, index)
+            for index, (address, size, device) in enumerate(ranges) for start in range(0, size, chunk_bytes)]
+
+
+Item = TypeVar("Item")
+
+
+class _Job(Generic[Item]):
+    """work(transfer, item) for every item, on up to ``workers`` threads.
+
+    A Ctrl-C while run() waits is raised once every thread has stopped (none is left
+    touching the memory or the files). One that lands between two lines, where nothing
+    can hold it, leaves the threads going: the next run() or wait() waits for them and
+    run() does what is left. An item counts as done only when its thread has finished it,
+    so ``done`` never depends on where the calling thread was interrupted."""
+
+    def __init__(self, items: Sequence[Item], workers: int, make_transfer: Callable[[], Transfer],
+                 work: Callable[[Transfer, Item], None]):
+        self._todo = collections.deque(items)
+        self._left = len(self._todo)
+        self._workers, self._make_transfer, self._work = workers, make_transfer, work
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()  # taken by the worker threads only
+        self.error: BaseException | None = None  # the first failure; the job is over then
+
+    @property
+    def done(self) -> bool:
+        return self._left == 0
+
+    def _worker(self) -> None:
+        try:
+            transfer = self._make_transfer()
+            while True:
+                with self._lock:
+                    if self.error is not None or not self._todo:
+                        return
+                    item = self._todo.popleft()
+                self._work(transfer, item)
+                with self._lock:
+                    self._left -= 1
+        except BaseException as error:  # noqa: BLE001 - handed to the calling thread
+            with self._lock:
+                self.error = self.error or error
+
+    def wait(self) -> None:
+        """Wait until no thread of the job runs."""
+        interrupt = None
+        for thread in self._threads:
+            while thread.is_alive():
+                try:
+                    thread.join()
+                except KeyboardInterrupt as error:
+                    interrupt = interrupt or error
+        if interrupt is not None:
+            raise interrupt
+
+    def run(self) -> None:
+        """Do every item left; raises the first failure once no thread runs."""
+        interrupt = None
+        while True:
+            try:
+                self.wait()
+                # No thread runs now: nothing changes under us. (The calling thread takes no
+                # lock: an interrupt where a `with` block ends could leave it held.)
+                if self.error is not None or not self._todo:
+                    break
+                count = min(self._workers, len(self._todo))
+                self._threads = [threading.Thread(target=self._worker, name=f"tmsl-disk-{i}", daemon=True)
+                                 for i in range(count)]
+                for thread in self._threads:
+                    thread.start()
+            except KeyboardInterrupt as error:  # raised once all is done
+                interrupt = interrupt or error
+        if self.error is not None:
+            raise self.error
+        if interrupt is not None:
+            raise interrupt
 
 
 def _run_parallel(pieces: list[_Piece], workers: int, make_transfer: Callable[[], Transfer],
                   work: Callable[[Transfer, _Piece], None]) -> None:
-    """work(transfer, piece) for every piece on ``workers`` threads; raises the first error
-    once every thread has stopped (none is left touching the memory)."""
-    iterator: Iterator[_Piece] = iter(pieces)
-    lock = threading.Lock()
-    errors: list[BaseException] = []
-
-    def worker() -> None:
-        transfer = make_transfer()
-        while True:
-            with lock:
-                if errors:
-                    return
-                piece = next(iterator, None)
-            if piece is None:
-                return
-            try:
-                work(transfer, piece)
-            except BaseException as error:  # noqa: BLE001 - handed to the calling thread
-                with lock:
-                    errors.append(error)
-                return
-
-    threads = [threading.Thread(target=worker, name=f"tmsl-disk-{i}", daemon=True)
-               for i in range(min(workers, len(pieces)))]
-    # A Ctrl-C here waits until every piece is done: a copy cut short would leave half a
-    # backup, or half-restored memory reported as resumed. It is raised afterwards.
-    interrupt: BaseException | None = None
-    for step in ("start", "join"):
-        for thread in threads:
-            while True:
-                try:
-                    if step == "join":
-                        thread.join()
-                    elif thread.ident is None:
-                        thread.start()
-                    break
-                except BaseException as error:  # noqa: BLE001 - re-raised once the copies are done
-                    interrupt = interrupt or error
-    if errors:
-        raise errors[0]
-    if interrupt is not None:
-        raise interrupt
+    """work(transfer, piece) for every piece on ``workers`` threads (see _Job)."""
+    _Job(pieces, workers, make_transfer, work).run()
 
 
 def _write_all(fd: int, buffer: memoryview, offset: int) -> None:
@@ -247,99 +401,261 @@ def _read_all(fd: int, buffer: memoryview, offset: int) -> None:
         buffer, offset = buffer[got:], offset + got
 
 
-class DiskBackup:
-    """One tag's content in one (already unlinked) file, from pause to resume."""
-
-    def __init__(self, directory: str, tag: str, ranges: Sequence[tuple[int, int, int]], on_device: bool,
-                 chunk_bytes: int, workers: int = DEFAULT_WORKERS):
-        """``on_device``: the ranges are CUDA memory (False: host memory, the test saver)."""
-        self.tag = tag
-        self._ranges = list(ranges)
-        self._on_device = on_device
-        self._make_transfer: Callable[[], Transfer] = (
-            (lambda: CudaTransfer(chunk_bytes)) if on_device else HostTransfer)
-        self._chunk_bytes = chunk_bytes
-        self._workers = workers
-        self._directory = directory
-        self._fd: int | None = None
-        self.bytes = sum(size for _, size, _ in self._ranges)
-        self.restored = False  # read back by a resume that may still be rolled back
-
-    def _open(self) -> int:
-        path = os.path.join(self._directory, f"tmsl-{os.getpid()}-{id(self):x}.bin")
-        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-        try:
-            fd = os.open(path, flags | getattr(os, "O_DIRECT", 0), 0o600)
-        except OSError as error:
-            if error.errno != errno.EINVAL:
-                raise
-            logger.warning("%s does not take O_DIRECT; disk backups there go through the page cache",
-                           self._directory)
-            fd = os.open(path, flags, 0o600)
-        os.unlink(path)  # the space lives exactly as long as the descriptor
-        return fd
-
-    def save(self) -> None:
-        """Write the content to disk. On failure nothing is kept and the memory is untouched."""
-        pieces = _pieces(self._ranges, self._chunk_bytes)
-        size = pieces[-1].offset + -(-pieces[-1].size // _ALIGNMENT) * _ALIGNMENT if pieces else 0
-        fd = -1
-        try:
-            fd = self._open()
-            if size:
-                os.posix_fallocate(fd, 0, size)  # a full disk fails here, before any write
-            for device in sorted({device for _, _, device in self._ranges} if self._on_device else ()):
-                torch.cuda.synchronize(device)  # queued kernels may still write the memory
-
-            def write(transfer: Transfer, piece: _Piece) -> None:
-                transfer.to_buffer(piece)
-                _write_all(fd, _padded(transfer.buffer(piece), piece), piece.offset)
-
-            _run_parallel(pieces, self._workers, self._make_transfer, write)
-        except BaseException as error:
-            if fd >= 0:
-                os.close(fd)
-            if isinstance(error, OSError):
-                raise MemorySaverError(
-                    f"disk backup of tag {self.tag!r} ({self.bytes / MiB:.0f} MiB) to {self._directory!r} "
-                    f"failed: {error}; the tag stays resident with its content"
-                ) from error
-            raise
-        self._fd = fd
-
-    def restore(self, ranges: Sequence[tuple[int, int, int]]) -> None:
-        """Read the content back into the allocations still there (``ranges``: the tag's
-        allocations now; freed ones are skipped). The file is kept until close()."""
-        if self._fd is None:
-            raise MemorySaverError(f"the disk backup of tag {self.tag!r} is closed")
-        fd = self._fd
-        now = set(ranges)
-        kept_addresses = {r[0] for r in self._ranges if r in now}
-        pieces = [p for p in _pieces(self._ranges, self._chunk_bytes) if p.range_address in kept_addresses]
-
-        def read(transfer: Transfer, piece: _Piece) -> None:
-            _read_all(fd, _padded(transfer.buffer(piece), piece), piece.offset)
-            transfer.from_buffer(piece)
-
-        try:
-            _run_parallel(pieces, self._workers, self._make_transfer, read)
-        except OSError as error:
-            raise MemorySaverError(
-                f"reading the disk backup of tag {self.tag!r} from {self._directory!r} failed: {error}; "
-                "the tag stays paused with its backup, call resume again"
-            ) from error
-
-    def close(self) -> None:
-        """Free the file's space."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-
-def _padded(buffer: memoryview, piece: _Piece) -> memoryview:
+def _aligned(buffer: memoryview, piece: _Piece) -> memoryview:
     """O_DIRECT wants whole blocks; allocation sizes are whole pages, so this is a no-op
     check that says so rather than sending the kernel a request it would refuse."""
     if piece.size % _ALIGNMENT or piece.offset % _ALIGNMENT:
         raise MemorySaverError(f"disk backup piece of {piece.size} bytes at offset {piece.offset} is not "
                                f"{_ALIGNMENT}-byte aligned")
     return buffer
+
+
+# ----- one pause of one tag -----------------------------------------------------------------
+class TagBackup:
+    """One tag's disk-backed allocations in files (one per allocation), from the pause that
+    writes them until the resume that read them back has finished."""
+
+    def __init__(self, directory: str, tag: str, ranges: Sequence[tuple[int, int, int]], on_device: bool,
+                 chunk_bytes: int, workers: int = DEFAULT_WORKERS):
+        """``ranges``: (address, size, device) of the allocations; ``on_device``: they are
+        CUDA memory (False: host memory, the test saver)."""
+        self.tag, self._directory = tag, directory
+        self._ranges = list(ranges)
+        self.paths = [os.path.join(directory, file_name(tag, device, address)) for address, _, device in ranges]
+        self.bytes = sum(size for _, size, _ in self._ranges)
+        self._on_device, self._chunk_bytes, self._workers = on_device, chunk_bytes, workers
+        self._pid = os.getpid()  # a forked child must not remove its parent's files
+        self._direct = hasattr(os, "O_DIRECT")  # cleared where the file system refuses it
+        self._jobs: list[_Job] = []  # every job started, to wait for their threads
+        self._writing: _Job | None = None
+        self._reading: _Job | None = None
+        self.restored = False  # read back by a resume that may still be rolled back
+
+    @property
+    def written(self) -> bool:
+        """Every file holds its allocation's content."""
+        return self._writing is not None and self._writing.done
+
+    def _job(self, items: Sequence, work: Callable) -> _Job:
+        job = _Job(items, self._workers, (lambda: CudaTransfer(self._chunk_bytes)) if self._on_device
+                   else HostTransfer, work)
+        self._jobs.append(job)
+        return job
+
+    def _open(self, path: str, flags: int) -> int:
+        flags |= os.O_CLOEXEC
+        if self._direct:
+            try:
+                return os.open(path, flags | os.O_DIRECT, 0o600)
+            except OSError as error:
+                if error.errno != errno.EINVAL:
+                    raise
+                if self._direct:
+                    logger.warning("%s does not take O_DIRECT; disk backups there go through the page cache",
+                                   self._directory)
+                self._direct = False
+                flags &= ~os.O_EXCL  # the refused open may have created the file
+        return os.open(path, flags, 0o600)
+
+    def _create(self, _: Transfer, index: int) -> None:
+        fd = self._open(self.paths[index], os.O_RDWR | os.O_CREAT | os.O_EXCL)
+        try:
+            os.posix_fallocate(fd, 0, self._ranges[index][1])  # a full disk fails here, before any write
+        finally:
+            os.close(fd)
+
+    def _write(self, transfer: Transfer, piece: _Piece) -> None:
+        transfer.to_buffer(piece)
+        fd = self._open(self.paths[piece.file], os.O_WRONLY)
+        try:
+            _write_all(fd, _aligned(transfer.buffer(piece), piece), piece.offset)
+        finally:
+            os.close(fd)
+
+    def _read(self, transfer: Transfer, piece: _Piece) -> None:
+        fd = self._open(self.paths[piece.file], os.O_RDONLY)
+        try:
+            _read_all(fd, _aligned(transfer.buffer(piece), piece), piece.offset)
+        finally:
+            os.close(fd)
+        transfer.from_buffer(piece)
+
+    def save(self) -> None:
+        """Write every allocation to its file. On failure no file is left and the memory is
+        untouched (the caller keeps the tag resident)."""
+        try:
+            self._job(range(len(self.paths)), self._create).run()
+            for device in sorted({device for _, _, device in self._ranges} if self._on_device else ()):
+                torch.cuda.synchronize(device)  # queued kernels may still write the memory
+            self._writing = self._job(_pieces(self._ranges, self._chunk_bytes), self._write)
+            self._writing.run()
+        except BaseException as error:
+            self.close()
+            if isinstance(error, OSError):
+                raise MemorySaverError(
+                    f"disk backup of tag {self.tag!r} ({self.bytes / MiB:.0f} MiB) to {self._directory!r} "
+                    f"failed: {error}; the tag stays resident with its content"
+                ) from error
+            raise
+
+    def restore(self, ranges: Sequence[tuple[int, int, int]]) -> None:
+        """Read the files back into the allocations still there (``ranges``: the tag's
+        disk-backed allocations now; freed ones are skipped). Raises with the files kept:
+        the caller pauses the tag again."""
+        if self._reading is None or self._reading.error is not None:  # else one cut short: finish it
+            now = set(ranges)
+            kept = [r for r in self._ranges if r in now]
+            pieces = [p for p in _pieces(self._ranges, self._chunk_bytes) if self._ranges[p.file] in kept]
+            self._reading = self._job(pieces, self._read)
+        try:
+            self._reading.run()
+        except OSError as error:
+            raise MemorySaverError(
+                f"reading the disk backup of tag {self.tag!r} from {self._directory!r} failed: {error}; "
+                "the tag stays paused with its backup, call resume again"
+            ) from error
+        self.restored = True
+
+    def serve_again(self) -> None:
+        """The resume that read the files back is being rolled back (the memory is about to
+        be released again): the files still hold what the memory holds, so they serve as
+        this pause's backup (writing them anew could fail)."""
+        self.wait()
+        self._reading, self.restored = None, False
+
+    def wait(self) -> None:
+        """Wait until no thread of this backup runs."""
+        for job in self._jobs:
+            job.wait()
+
+    def close(self) -> None:
+        """Remove the files (once no thread uses them). Only in the process that made them."""
+        self.wait()
+        self._writing = None  # no longer a backup
+        if os.getpid() != self._pid:
+            return
+        for path in self.paths:
+            with contextlib.suppress(FileNotFoundError):  # never made (a pause cut short), or removed
+                os.unlink(path)
+
+
+# ----- the saver's disk backup --------------------------------------------------------------
+Hooks = TypeVar("Hooks")
+
+
+class DiskBackups(Generic[Hooks]):
+    """A saver's disk backup: the directory, and the backup of each disk-backed tag paused
+    now, whose files its hooks write before a pause and read back after a resume.
+
+    Each pause of a tag gets hooks of its own (made by ``make_hooks(before_pause,
+    after_resume)``, kept in ``hooks``): a pause runs the tag's hooks and puts new ones in
+    their place, so its own after_resume is called again only to undo that very pause (a
+    failure or Ctrl-C in it: the files are read back if needed and removed at once), while
+    the resume runs the new ones (the files are kept until the resume has finished: a hook
+    of the user's that fails makes it pause the tag again, and the files serve again).
+
+    No lock: every step on the dictionaries is one operation, atomic in Python (and an
+    interrupt where a ``with`` block ends could leave a lock held)."""
+
+    def __init__(self, on_device: bool, make_hooks: Callable[[Callable[[], None], Callable[[], None]], Hooks]):
+        """``on_device``: the saver's memory is CUDA memory (False: host memory, the test saver)."""
+        self._on_device, self._make_hooks = on_device, make_hooks
+        self._directory: str | None = None
+        self.hooks: dict[str, Hooks] = {}  # tag -> the hooks its next pause or resume runs
+        self._current: dict[str, object] = {}  # tag -> the token of those hooks
+        self.backups: dict[str, TagBackup] = {}  # tag -> the backup of its current pause
+        # What is still held when the saver goes away or the process exits is removed then.
+        weakref.finalize(self, _close_all, self.backups)
+
+    def set_directory(self, path: str | os.PathLike[str]) -> None:
+        """Where backups go from now on; stale files of dead processes there are removed."""
+        directory = check_directory(path)
+        remove_stale_files(directory)
+        self._directory = directory
+
+    def directory(self, from_environment: Callable[[], tuple[str, str] | None]) -> str:
+        """The directory; the first time, ``from_environment()`` ((variable, path) or None)
+        gives it if none was set."""
+        if self._directory is None:
+            found = from_environment()
+            if found is None:
+                raise MemorySaverError("enable_disk_backup=True needs a directory: call "
+                                       "set_disk_backup_dir(path) or set TMSL_DISK_BACKUP_DIR")
+            try:
+                self.set_directory(found[1])
+            except MemorySaverError as error:
+                raise MemorySaverError(f"{found[0]}: {error}") from None
+        assert self._directory is not None
+        return self._directory
+
+    def back_up(self, tag: str, native: Callable[[], _lib.NativeSaver]) -> None:
+        """From now on pauses of ``tag`` write its disk-backed allocations to files."""
+        if tag not in self.hooks:
+            self._renew_hooks(tag, native)
+
+    def _renew_hooks(self, tag: str, native: Callable[[], _lib.NativeSaver]) -> None:
+        token = object()
+        self._current[tag] = token  # first: a Ctrl-C between the two lines still counts as renewed
+        self.hooks[tag] = self._make_hooks(functools.partial(self._save, tag, native),
+                                           functools.partial(self._restore, tag, native, token))
+
+    def _save(self, tag: str, native: Callable[[], _lib.NativeSaver]) -> None:
+        self._renew_hooks(tag, native)
+        current = self.backups.get(tag)
+        if current is not None and current.written:
+            current.serve_again()  # a resume is being rolled back
+            return
+        ranges = native().disk_allocations(tag)
+        chunk_bytes, workers = chunk_bytes_from_environment(), workers_from_environment()
+        if current is not None:  # a pause cut short whose undo never ran
+            self._drop(tag, current)
+        if not ranges or self._directory is None:
+            return
+        backup = TagBackup(self._directory, tag, ranges, self._on_device, chunk_bytes, workers)
+        self.backups[tag] = backup  # known before it makes a file: whatever happens, close() finds them
+        try:
+            backup.save()  # raises with no file left and nothing released: the pause is called off
+        except BaseException:
+            self._drop(tag, backup)
+            raise
+
+    def _restore(self, tag: str, native: Callable[[], _lib.NativeSaver], token: object) -> None:
+        backup = self.backups.get(tag)
+        if backup is None:
+            return
+        backup.wait()
+        if not backup.written:  # undoing a pause cut short while writing: the memory was kept
+            self._drop(tag, backup)
+            return
+        backup.restore(native().disk_allocations(tag))  # raises: the tag is paused again, files kept
+        if self._current.get(tag) is not token:  # undoing the pause that wrote them: done with them
+            self._drop(tag, backup)
+
+    def _drop(self, tag: str, backup: TagBackup) -> None:
+        backup.close()
+        if self.backups.get(tag) is backup:
+            self.backups.pop(tag, None)
+
+    def close_restored(self, native: _lib.NativeSaver | None) -> None:
+        """Remove the files of the tags that are resident again (after a resume, or before a
+        pause). One whose resume was cut short by Ctrl-C before all was read back is read back
+        first: nothing is lost, and a pause never writes memory that was not restored."""
+        if native is None:
+            return
+        for tag, backup in list(self.backups.items()):
+            if native.tag_state(tag) == _lib.TAG_PAUSED:
+                continue  # still needed
+            backup.wait()
+            if backup.written and not backup.restored:
+                backup.restore(native.disk_allocations(tag))
+            self._drop(tag, backup)
+
+    def close(self) -> None:
+        """Remove every file (the saver is closed: its memory is gone)."""
+        _close_all(self.backups)
+
+
+def _close_all(backups: dict[str, TagBackup]) -> None:
+    for tag, backup in list(backups.items()):
+        backup.close()
+        backups.pop(tag, None)
