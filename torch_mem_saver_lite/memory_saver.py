@@ -136,17 +136,20 @@ class _Region:
     the torch pool route that go with it. What the C ABI and torch take is computed here,
     so that making an entry current is a single C call each (see _pushed)."""
 
-    __slots__ = ("native", "route", "_handle", "_tag", "_choice")
+    __slots__ = ("native", "route", "checked", "_handle", "_tag", "_choice")
 
     def __init__(self, native: _lib.NativeSaver | None, tag: str = "", choice: int = _lib.CHOICE_AUTO,
-                 route: Route | None = None):
-        self.native = native
+                 route: Route | None = None, checked: bool = True):
+        self.native, self.checked = native, checked  # checked=False: entered without the tag checks
         self.route = None if route is None else (route[0], route[1].id)  # (device, pool id)
         self._handle = native.handle if native is not None else None
         self._tag, self._choice = tag.encode(), choice
 
     def enter(self) -> int:
         """Check the region against its saver's tag catalogue and make it current natively."""
+        if not self.checked:
+            self.restore()
+            return 0
         if self.native is None:
             return _lib.lib().tmsl_disable_thread_region()
         return _lib.lib().tmsl_enter_region(self._handle, self._tag, self._choice)
@@ -631,8 +634,10 @@ class MemorySaver:
 
     def _native_region(self, tag: str, choice: int) -> contextlib.AbstractContextManager[None]:
         """The thread's allocations go to ``tag`` with backup ``choice`` natively, with no torch
-        pool of their own (the compat object's ``_impl._with_region_config``)."""
-        return _pushed(_Region(self._enter(), tag, choice))
+        pool of their own and without the tag checks, as torch_memory_saver's configuration
+        (the compat object's ``_impl._with_region_config``); an allocation in a paused tag is
+        still refused."""
+        return _pushed(_Region(self._enter(), tag, choice, checked=False))
 
     def _torch_pools(self) -> TorchPools:
         with self._lock:
