@@ -354,7 +354,9 @@ class MemorySaver:
 
         ``"torch"`` (default): a ``CUDAPluggableAllocator`` under one MemPool per tag.
         ``"preload"``: the library, preloaded with ``LD_PRELOAD``, answers ``cudaMalloc`` and
-        ``cudaFree`` for the whole process. Set it before the first region.
+        ``cudaFree`` for the whole process. Set it before the first region: later assignments
+        of another mode are ignored with a RuntimeWarning, and so is ``"torch"`` in a process
+        that runs with the library preloaded once the mode is ``"preload"``.
         """
         return self._hook_mode
 
@@ -364,11 +366,19 @@ class MemorySaver:
             raise ValueError(f"hook_mode must be one of {_HOOK_MODES}, got {mode!r}")
         if mode == self._hook_mode:
             return
+        # Libraries assign it at import (Megatron-Core "torch") or at start-up (AReaL, slime's
+        # preloaded workers "preload"); whichever comes second must not break the other's
+        # import, nor split one process between two hooks: the mode in use is kept, loudly.
         if self._pools is not None or (self._native is not None and self._native.stats()):
-            raise MemorySaverError(
-                f"hook_mode is already {self._hook_mode!r} and regions have used it; "
-                "set hook_mode before the first region"
-            )
+            warnings.warn(f"torch_mem_saver_lite: hook_mode stays {self._hook_mode!r}, which regions have "
+                          f"used already; the assignment of {mode!r} is ignored (set it before the first "
+                          "region)", RuntimeWarning, stacklevel=2)
+            return
+        if mode == "torch" and _lib.lib().tmsl_preload_active():
+            warnings.warn("torch_mem_saver_lite: hook_mode stays 'preload': this process runs with the "
+                          "library preloaded, which serves every allocation; the assignment of 'torch' "
+                          "is ignored", RuntimeWarning, stacklevel=2)
+            return
         if mode == "preload":
             check_preload_ready()
         self._hook_mode = mode
