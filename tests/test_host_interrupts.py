@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -142,6 +143,12 @@ def open_descriptors() -> list[str]:
     return sorted(targets)
 
 
+def assert_no_disk_thread_runs(k: int) -> None:
+    """No disk backup thread is still reading or writing once the call has returned or raised."""
+    running = [t.name for t in threading.enumerate() if t.name.startswith("tmsl-disk")]
+    assert running == [], f"interrupt at line {k}: {running} still running"
+
+
 class DiskBacked:
     """A saver with a disk-backed tag (two disk allocations and one without backup, from
     regions of the same tag) and a host-backed one, both hooked, with known content."""
@@ -167,6 +174,7 @@ class DiskBacked:
     def check_resumed_intact_and_clean(self, k: int) -> None:
         """Every tag resident with its content, its hooks run as often each way, no file left
         in the directory and no descriptor left open."""
+        assert_no_disk_thread_runs(k)
         stats = self.saver.stats()
         assert not stats["disk"].paused and not stats["host"].paused, f"interrupt at line {k}"
         for seed, (ptr, size) in enumerate(self.kept):
@@ -195,6 +203,7 @@ def test_interrupting_a_disk_backed_pause_anywhere_keeps_the_content(mem, disk_d
     setup = DiskBacked(mem, disk_dir)
 
     def check(k):
+        assert_no_disk_thread_runs(k)
         paused = setup.saver.stats()["disk"].paused
         assert len(os.listdir(disk_dir)) == (2 if paused else 0), f"interrupt at line {k}"
         setup.saver.resume()
@@ -212,6 +221,7 @@ def test_interrupting_a_disk_backed_resume_anywhere_keeps_the_content(mem, disk_
         setup.saver.pause()
         files = os.listdir(disk_dir)
         interrupted = interrupted_at(body.k, setup.saver.resume)
+        assert_no_disk_thread_runs(body.k)
         if setup.saver.stats()["disk"].paused:  # the resume did not get to it: files intact
             assert os.listdir(disk_dir) == files
         return interrupted

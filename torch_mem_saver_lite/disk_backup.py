@@ -349,30 +349,36 @@ class _Job(Generic[Item]):
     def wait(self) -> None:
         """Wait until no thread of the job runs."""
         interrupt = None
-        for thread in self._threads:
-            while thread.is_alive():
-                try:
-                    thread.join()
-                except KeyboardInterrupt as error:
-                    interrupt = interrupt or error
+        while True:  # (loops again only after an interrupt: every other step is inside the try)
+            try:
+                for thread in self._threads:
+                    if thread.is_alive():
+                        thread.join()
+                break
+            except KeyboardInterrupt as error:  # raised once all is done
+                interrupt = interrupt or error
         if interrupt is not None:
             raise interrupt
+
+    def _start(self) -> None:
+        # Only while no thread runs: nothing changes under us. (The calling thread takes no
+        # lock: an interrupt where a `with` block ends could leave it held.)
+        count = min(self._workers, len(self._todo))
+        self._threads = [threading.Thread(target=self._worker, name=f"tmsl-disk-{i}", daemon=True)
+                         for i in range(count)]
+        for thread in self._threads:
+            thread.start()
 
     def run(self) -> None:
         """Do every item left; raises the first failure once no thread runs."""
         interrupt = None
-        while True:
+        while True:  # (loops again only after an interrupt: every other step is inside the try)
             try:
                 self.wait()
-                # No thread runs now: nothing changes under us. (The calling thread takes no
-                # lock: an interrupt where a `with` block ends could leave it held.)
-                if self.error is not None or not self._todo:
-                    break
-                count = min(self._workers, len(self._todo))
-                self._threads = [threading.Thread(target=self._worker, name=f"tmsl-disk-{i}", daemon=True)
-                                 for i in range(count)]
-                for thread in self._threads:
-                    thread.start()
+                while self._todo and self.error is None:
+                    self._start()
+                    self.wait()
+                break
             except KeyboardInterrupt as error:  # raised once all is done
                 interrupt = interrupt or error
         if self.error is not None:
