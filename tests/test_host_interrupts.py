@@ -153,8 +153,8 @@ class DiskBacked:
     """A saver with a disk-backed tag (two disk allocations and one without backup, from
     regions of the same tag) and a host-backed one, both hooked, with known content."""
 
-    def __init__(self, mem, disk_dir: Path):
-        self.mem, self.disk_dir = mem, disk_dir
+    def __init__(self, mem, disk_dir: Path, recwarn):
+        self.mem, self.disk_dir, self.warnings = mem, disk_dir, recwarn
         self.saver = HostSaver()
         self.saver.set_disk_backup_dir(disk_dir)
         with self.saver.region("disk", enable_disk_backup=True):
@@ -173,8 +173,10 @@ class DiskBacked:
 
     def check_resumed_intact_and_clean(self, k: int) -> None:
         """Every tag resident with its content, its hooks run as often each way, no file left
-        in the directory and no descriptor left open."""
+        in the directory and no descriptor left open, and no hook failed while undoing."""
         assert_no_disk_thread_runs(k)
+        failed = [str(w.message) for w in self.warnings if issubclass(w.category, RuntimeWarning)]
+        assert failed == [], f"interrupt at line {k}: {failed}"
         stats = self.saver.stats()
         assert not stats["disk"].paused and not stats["host"].paused, f"interrupt at line {k}"
         for seed, (ptr, size) in enumerate(self.kept):
@@ -186,8 +188,8 @@ class DiskBacked:
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-def test_interrupting_a_disk_backed_paused_block_anywhere_loses_and_leaks_nothing(mem, disk_dir):
-    setup = DiskBacked(mem, disk_dir)
+def test_interrupting_a_disk_backed_paused_block_anywhere_loses_and_leaks_nothing(mem, disk_dir, recwarn):
+    setup = DiskBacked(mem, disk_dir, recwarn)
 
     def body():
         with setup.saver.paused(None, release_leftovers=True):
@@ -199,8 +201,8 @@ def test_interrupting_a_disk_backed_paused_block_anywhere_loses_and_leaks_nothin
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-def test_interrupting_a_disk_backed_pause_anywhere_keeps_the_content(mem, disk_dir):
-    setup = DiskBacked(mem, disk_dir)
+def test_interrupting_a_disk_backed_pause_anywhere_keeps_the_content(mem, disk_dir, recwarn):
+    setup = DiskBacked(mem, disk_dir, recwarn)
 
     def check(k):
         assert_no_disk_thread_runs(k)
@@ -214,8 +216,8 @@ def test_interrupting_a_disk_backed_pause_anywhere_keeps_the_content(mem, disk_d
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-def test_interrupting_a_disk_backed_resume_anywhere_keeps_the_content(mem, disk_dir):
-    setup = DiskBacked(mem, disk_dir)
+def test_interrupting_a_disk_backed_resume_anywhere_keeps_the_content(mem, disk_dir, recwarn):
+    setup = DiskBacked(mem, disk_dir, recwarn)
 
     def body():
         setup.saver.pause()
