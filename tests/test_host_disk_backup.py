@@ -6,6 +6,7 @@ and bad environment values refused."""
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import signal
@@ -424,3 +425,27 @@ def test_a_sigkill_leaves_nothing_the_next_process_cannot_clean(disk_dir):
         stream.close()
     HostSaver().set_disk_backup_dir(disk_dir)
     assert files_in(disk_dir) == {}
+
+
+def test_a_file_system_refusing_o_direct_goes_through_the_page_cache_said_once(host_saver, mem, disk_dir,
+                                                                                 monkeypatch, caplog):
+    real_open = os.open
+
+    def open_without_o_direct(path, flags, mode=0o777, **kwargs):
+        if flags & os.O_DIRECT:
+            real_open(path, flags & ~os.O_DIRECT, mode, **kwargs)  # as the kernel: made, then refused
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, mode, **kwargs)
+
+    host_saver.set_disk_backup_dir(disk_dir)
+    with host_saver.region("kv", enable_disk_backup=True):
+        ptrs = [mem.malloc(4 * MiB), mem.malloc(2 * MiB)]
+    mem.write(ptrs[0], pattern(4 * MiB, 9))
+    monkeypatch.setattr(os, "open", open_without_o_direct)
+    for _ in range(2):
+        host_saver.pause("kv")
+        assert sorted(files_in(disk_dir).values()) == [2 * MiB, 4 * MiB]
+        host_saver.resume("kv")
+        assert mem.read(ptrs[0], 4 * MiB) == pattern(4 * MiB, 9) and files_in(disk_dir) == {}
+    said = [r for r in caplog.records if "does not take O_DIRECT" in r.getMessage()]
+    assert len(said) == 1

@@ -52,6 +52,7 @@ DEFAULT_CHUNK_BYTES = 64 * MiB
 DEFAULT_WORKERS = 4
 _ALIGNMENT = 4096  # O_DIRECT: buffers, offsets and lengths are multiples of the block size
 _MEMORY_FILE_SYSTEMS = {"tmpfs", "ramfs", "hugetlbfs", "devtmpfs"}
+_WITHOUT_O_DIRECT: set[str] = set()  # directories whose file system refused O_DIRECT (said once)
 
 
 # ----- the directory ------------------------------------------------------------------------
@@ -431,7 +432,7 @@ class TagBackup:
         self.bytes = sum(size for _, size, _ in self._ranges)
         self._on_device, self._chunk_bytes, self._workers = on_device, chunk_bytes, workers
         self._pid = os.getpid()  # a forked child must not remove its parent's files
-        self._direct = hasattr(os, "O_DIRECT")  # cleared where the file system refuses it
+        self._direct = hasattr(os, "O_DIRECT") and directory not in _WITHOUT_O_DIRECT
         self._jobs: list[_Job] = []  # every job started, to wait for their threads
         self._writing: _Job | None = None
         self._reading: _Job | None = None
@@ -456,9 +457,10 @@ class TagBackup:
             except OSError as error:
                 if error.errno != errno.EINVAL:
                     raise
-                if self._direct:
+                if self._directory not in _WITHOUT_O_DIRECT:
                     logger.warning("%s does not take O_DIRECT; disk backups there go through the page cache",
                                    self._directory)
+                    _WITHOUT_O_DIRECT.add(self._directory)
                 self._direct = False
                 flags &= ~os.O_EXCL  # the refused open may have created the file
         return os.open(path, flags, 0o600)
