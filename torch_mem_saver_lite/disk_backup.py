@@ -13,11 +13,12 @@ bounded, page-locked staging buffer, so device transfers overlap disk requests. 
 opened with O_DIRECT where the file system allows it (no page cache: host memory stays free
 and the disk's own speed is what counts).
 
-Ctrl-C: the threads never see it (Python raises it on the main thread only), and each
-chunk counts as done only once its thread has finished it, so a call cut short leaves a
-state the next call can finish: an interrupted pause is undone by the hook the saver runs
-to undo it (the files are removed, the memory was never released), an interrupted resume
-is finished by the next pause, resume or close.
+Ctrl-C: the threads never see it (Python raises it on the main thread only), a call waits
+for its threads before it raises it, and each chunk counts as done only once its thread has
+finished it, so a call cut short leaves a state that can be finished: a pause cut short is
+undone when the saver undoes the pause (content read back if the memory was released, files
+removed), a resume cut short before everything was read back is finished by the next pause,
+resume or close, and nothing is ever written over a file that was not read back.
 """
 
 from __future__ import annotations
@@ -512,8 +513,7 @@ class TagBackup:
         the caller pauses the tag again."""
         if self._reading is None or self._reading.error is not None:  # else one cut short: finish it
             now = set(ranges)
-            kept = [r for r in self._ranges if r in now]
-            pieces = [p for p in _pieces(self._ranges, self._chunk_bytes) if self._ranges[p.file] in kept]
+            pieces = [p for p in _pieces(self._ranges, self._chunk_bytes) if self._ranges[p.file] in now]
             self._reading = self._job(pieces, self._read)
         try:
             self._reading.run()
