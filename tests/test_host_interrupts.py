@@ -218,26 +218,20 @@ def test_interrupting_a_disk_backed_pause_anywhere_keeps_the_content(mem, disk_d
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_interrupting_a_disk_backed_resume_anywhere_keeps_the_content(mem, disk_dir, recwarn):
     setup = DiskBacked(mem, disk_dir, recwarn)
-
-    def body():
-        setup.saver.pause()
-        files = os.listdir(disk_dir)
-        interrupted = interrupted_at(body.k, setup.saver.resume)
-        assert_no_disk_thread_runs(body.k)
-        if setup.saver.stats()["disk"].paused:  # the resume did not get to it: files intact
-            assert os.listdir(disk_dir) == files
-        return interrupted
-
-    def check(k):
-        setup.saver.resume()
-        setup.check_resumed_intact_and_clean(k)
-
     k = 0
     while True:
         k += 1
-        body.k = k
-        hit = body()
-        check(k)
+        setup.saver.pause()
+        files = sorted(os.listdir(disk_dir))
+        hit = interrupted_at(k, setup.saver.resume)
+        assert_no_disk_thread_runs(k)
+        # Until the next call, the content is either back in memory or still in its files.
+        on_disk = list(enumerate(setup.kept))[:2]
+        back = not setup.saver.stats()["disk"].paused and all(
+            mem.read(ptr, size) == pattern(size, seed) for seed, (ptr, size) in on_disk)
+        assert back or sorted(os.listdir(disk_dir)) == files, f"interrupt at line {k}"
+        setup.saver.resume()
+        setup.check_resumed_intact_and_clean(k)
         if not hit:
             break
     assert k > 50
