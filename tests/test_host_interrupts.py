@@ -218,7 +218,7 @@ def test_interrupting_a_disk_backed_pause_anywhere_keeps_the_content(mem, disk_d
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_interrupting_a_disk_backed_resume_anywhere_keeps_the_content(mem, disk_dir, recwarn):
     setup = DiskBacked(mem, disk_dir, recwarn)
-    k = 0
+    k, pending = 0, []
     while True:
         k += 1
         setup.saver.pause()
@@ -230,9 +230,13 @@ def test_interrupting_a_disk_backed_resume_anywhere_keeps_the_content(mem, disk_
         back = not setup.saver.stats()["disk"].paused and all(
             mem.read(ptr, size) == pattern(size, seed) for seed, (ptr, size) in on_disk)
         assert back or sorted(os.listdir(disk_dir)) == files, f"interrupt at line {k}"
+        if not back and not setup.saver.stats()["disk"].paused:
+            pending.append(k)  # reported resumed, content still in the files
         setup.saver.resume()
         setup.check_resumed_intact_and_clean(k)
         if not hit:
             break
     assert k > 50
+    # Only an interrupt on the first line of the disk hook leaves the reading to the next call.
+    assert len(pending) <= 1, f"interrupts at lines {pending} left the content to the next call"
     setup.saver.close()

@@ -628,6 +628,18 @@ class DiskBackups(Generic[Hooks]):
             raise
 
     def _restore(self, tag: str, native: Callable[[], _lib.NativeSaver], token: object) -> None:
+        # A Ctrl-C here counts the hook as run: the content is read back before it goes on
+        # (every step can be redone). One on the first line leaves it to the next call.
+        try:
+            self._read_back(tag, native, token)
+        except KeyboardInterrupt:
+            while True:
+                with contextlib.suppress(KeyboardInterrupt):
+                    self._read_back(tag, native, token)
+                    break
+            raise
+
+    def _read_back(self, tag: str, native: Callable[[], _lib.NativeSaver], token: object) -> None:
         backup = self.backups.get(tag)
         if backup is None:
             return
