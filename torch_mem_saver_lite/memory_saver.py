@@ -735,9 +735,13 @@ class MemorySaver:
         self._refuse_during_capture("resume")
         hooks = [hook for _, hook in reversed(self._hooks_of(native, names, _lib.TAG_PAUSED))]
         paused_before = self._paused_tags(native, names) if hooks else []
-        self._resume_with_hooks(native, functools.partial(_logged, "resume", native, native.resume, names),
-                                hooks, paused_before)
-        self._close_restored_disk_backups()
+        try:
+            self._resume_with_hooks(native, functools.partial(_logged, "resume", native, native.resume, names),
+                                    hooks, paused_before)
+        finally:
+            # Also after a Ctrl-C: a read-back it cut short is finished here, before the caller
+            # can touch the memory.
+            self._close_restored_disk_backups()
 
     @staticmethod
     def _resume_with_hooks(native: _lib.NativeSaver, do_resume: Callable[[], None], hooks: list[_TagHooks],
