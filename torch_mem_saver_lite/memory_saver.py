@@ -508,14 +508,16 @@ class MemorySaver:
                 while one of its regions was open, e.g. ``torch.compile(mode=
                 "reduce-overhead")`` recording its graphs) is backed up, because replays read
                 state written at capture time. ``False``: never back up, graph memory
-                included; a replay after resume may then compute something else. A tag keeps
-                the first explicit setting it was given.
-            enable_disk_backup: keep the content across a pause in a file on disk instead of
-                host memory (``set_disk_backup_dir``); excludes ``enable_cpu_backup=True``.
-                A tag backed up to disk stays so.
+                included; a replay after resume may then compute something else. Each
+                allocation keeps the setting of the region it was made in, as in
+                torch_memory_saver; a region that gives none follows the first explicit
+                setting its tag was given.
+            enable_disk_backup: keep the content across a pause in files on disk instead of
+                host memory (``set_disk_backup_dir``), one per allocation, visible while
+                paused; excludes ``enable_cpu_backup=True``.
             cpu_backup_backend: with ``enable_cpu_backup=True``: ``"pinned"`` (default) lets
                 backups stay in the host cache after a resume (``host_cache_bytes``);
-                ``"mmap"`` gives their host memory back at every resume.
+                ``"mmap"`` gives their host memory back before every resume returns.
         Regions nest; leaving one restores the enclosing one. Allocations on the current
         CUDA device are routed. Routing is per thread: a thread started inside a region is
         not routed.
