@@ -1,5 +1,7 @@
 #include "c_api_testing.h"
 
+#include "host_limits.h"
+
 #include <unistd.h>
 
 #include "abi_guard.h"
@@ -50,5 +52,13 @@ TMSL_API int tmsl_inject_fault(void* handle, const char* operation, long after_c
   return on_saver(handle, [&](Saver& saver) {
     Status s = require(operation != nullptr, "operation must not be NULL");
     return s.ok() ? saver.backend().inject_fault(operation, after_calls, times) : s;
+  });
+}
+
+TMSL_API int tmsl_host_memory_limit(const char* root, size_t* out) {
+  return guarded([&] {
+    Status s = require(root != nullptr && out != nullptr, "root and out must not be NULL");
+    if (s.ok()) *out = host_memory_limit(root);
+    return s;
   });
 }

@@ -15,3 +15,7 @@ TMSL_API int tmsl_free(void* saver, void* ptr, void* stream);
 // Host backend only: the `after_calls`-th next call of `operation` fails, and the
 // `times` - 1 calls after it.
 TMSL_API int tmsl_inject_fault(void* saver, const char* operation, long after_calls, long times);
+
+// The host memory limit the host cache's default budget is an eighth of (host_limits.h), read
+// under `root` (a fake /proc and /sys/fs/cgroup tree in tests; "" for the real ones).
+TMSL_API int tmsl_host_memory_limit(const char* root, size_t* out);

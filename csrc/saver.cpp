@@ -1,6 +1,7 @@
 #include "saver.h"
 
 #include "copy_marks.h"
+#include "host_limits.h"
 #include "mapping.h"
 
 #include <unistd.h>
@@ -784,10 +785,43 @@ void Saver::release_host_cache() {
   background_.release(std::move(let_go));
 }
 
+void Saver::set_host_cache_bytes(size_t bytes) {
+  host_cache_bytes_.store(bytes);
+  std::lock_guard<std::mutex> op(op_mu_);  // no pause is reusing these meanwhile
+  std::vector<HostBuffer> let_go;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    size_t cached = cached_bytes({});
+    if (cached <= bytes) return;
+    // Arenas whose every kept copy may go (none retained: retention keeps whatever the size).
+    std::map<const HostArena*, std::vector<Allocation*>> holders;
+    std::set<const HostArena*> pinned_by_retention;
+    for (auto& entry : table_) {
+      Allocation& a = entry.second;
+      if (a.state != State::kActive || !a.host_copy) continue;
+      if (a.retained) {
+        pinned_by_retention.insert(a.host_copy.arena.get());
+      } else {
+        holders[a.host_copy.arena.get()].push_back(&a);
+      }
+    }
+    for (auto& [arena, allocations] : holders) {
+      if (cached <= bytes) break;
+      if (pinned_by_retention.count(arena) != 0) continue;
+      cached -= arena->size();
+      for (Allocation* a : allocations) let_go.push_back(std::move(a->host_copy));
+    }
+  }
+  background_.release(std::move(let_go));
+}
+
 size_t Saver::default_host_cache_bytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page_size = sysconf(_SC_PAGESIZE);
-  const size_t memory = pages > 0 && page_size > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page_size) : 0;
+  size_t memory = host_memory_limit();
+  if (memory == 0) {
+    const long pages = sysconf(_SC_PHYS_PAGES);
+    const long page_size = sysconf(_SC_PAGESIZE);
+    memory = pages > 0 && page_size > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page_size) : 0;
+  }
   return std::min<size_t>(memory / 8, size_t{32} << 30);
 }
 

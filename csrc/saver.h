@@ -159,11 +159,14 @@ class Saver {
   // of the same memory) as long as all that is kept this way fits in `bytes`; 0 = none.
   // Without it every pause would fault in and page-lock new host memory, at a fraction of
   // the link's speed. Retention (above) keeps backups whatever their size.
-  void set_host_cache_bytes(size_t bytes) { host_cache_bytes_.store(bytes); }
+  // A lowered budget applies at once to what the cache holds already: whole arenas of
+  // resident allocations' copies are let go, in address order, until the rest fits.
+  void set_host_cache_bytes(size_t bytes);
   size_t host_cache_bytes() const { return host_cache_bytes_.load(); }
   // Frees the host memory kept for resident allocations (the cache, retained backups).
   void release_host_cache();
-  // The default cache budget: an eighth of the machine's memory, at most 32 GiB.
+  // The default cache budget: an eighth of the host memory this process may use (the least
+  // of the machine's memory, what is available and its container's limit), at most 32 GiB.
   static size_t default_host_cache_bytes();
   // Fill resumed memory that has no backup with 0xFF bytes, so code that wrongly reads
   // discarded content sees NaN instead of plausible leftovers (a debugging aid).

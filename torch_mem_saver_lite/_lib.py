@@ -67,6 +67,7 @@ _SIGNATURES = {
     "tmsl_lease_backup": ([_vp, _vp, _sz, ctypes.POINTER(_vp), ctypes.POINTER(_vp)], _int),
     "tmsl_release_lease": ([_vp], _int),
     "tmsl_inject_fault": ([_vp, ctypes.c_char_p, ctypes.c_long, ctypes.c_long], _int),
+    "tmsl_host_memory_limit": ([ctypes.c_char_p, ctypes.POINTER(_sz)], _int),
     "tmsl_last_error_code": ([], _int),
     "tmsl_last_error_message": ([], ctypes.c_char_p),
     "tmsl_last_error_oom": (

@@ -422,8 +422,10 @@ class MemorySaver:
         the link's speed. It is filled ahead of the first pause too: when a region with
         ``enable_cpu_backup=True`` (or a ``cuda_graph`` block backing its pool up) closes, host
         memory for the backups of what it allocated is set aside in the background if it
-        fits, so the first pause copies at once. Default: an eighth of the machine's memory,
-        at most 32 GiB; 0 turns the cache off. ``release_host_cache()`` frees what it holds."""
+        fits, so the first pause copies at once. Default: an eighth of the host memory this
+        process may use (the least of the machine's memory, what is available at start and its
+        container's cgroup limit), at most 32 GiB; 0 turns the cache off. Lowering it gives
+        back at once what no longer fits. ``release_host_cache()`` frees what it holds."""
         native = self._native if self._native is not None or self._host_cache_bytes is not None \
             else self._existing_core()
         if native is not None:
