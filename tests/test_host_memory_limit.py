@@ -53,7 +53,8 @@ def test_a_cgroup_v1_memory_limit(tmp_path):
 
 
 def test_this_machine_reads_a_positive_limit_within_its_memory():
-    total = int(next(line.split()[1] for line in open("/proc/meminfo") if line.startswith("MemTotal:"))) * 1024
+    meminfo = Path("/proc/meminfo").read_text().splitlines()
+    total = int(next(line.split()[1] for line in meminfo if line.startswith("MemTotal:"))) * 1024
     assert 0 < limit_under(Path("/")) <= total
 
 
