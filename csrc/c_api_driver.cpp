@@ -48,23 +48,6 @@ struct Api {
   PFN_cuMemGetAllocationGranularity_v10020 cuMemGetAllocationGranularity = nullptr;
 };
 
-std::string json_string(const std::string& text) {
-  std::string out = "\"";
-  for (unsigned char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      char buf[8];
-      snprintf(buf, sizeof(buf), "\\u%04x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
-}
-
 // "cuInit failed: CUDA_ERROR_NO_DEVICE" (the name needs no cuInit).
 std::string failed(const Api& api, const char* what, CUresult result) {
   const char* name = nullptr;

@@ -21,23 +21,6 @@ Status with_context(Status s, const std::string& context) {
 // For the calls on every allocation's path: no string is built unless there is an error.
 Status with_context(Status s, const char* context) { return s.ok() ? s : with_context(std::move(s), std::string(context)); }
 
-std::string json_string(const std::string& text) {
-  std::string out = "\"";
-  for (unsigned char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      char buf[8];
-      snprintf(buf, sizeof(buf), "\\u%04x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
-}
-
 // Seconds as a JSON number; null for "never" (negative).
 std::string json_seconds(double seconds) {
   if (seconds < 0) return "null";

@@ -88,6 +88,8 @@ class Status {
   std::unique_ptr<Detail> detail_;
 };
 
+// `text` as a JSON string literal, quotes included (stats and the driver report).
+std::string json_string(const std::string& text);
 // "1.50 GiB", "2.00 MiB", "512 B": sizes in messages a person reads.
 std::string format_bytes(size_t bytes);
 // "0x7f12a0000000"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,3 +49,16 @@ def disk_dir(tmp_path) -> Iterator[Path]:
     directory = tmp_path / "backups" if on_disk else root / "build" / "disk-backup-test" / tmp_path.name
     yield directory
     shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def fake_driver(tmp_path_factory) -> str:
+    """tests/fake_cuda/fake_libcuda.c built as a libcuda.so.1 stand-in (load it through
+    TMSL_CUDA_DRIVER_LIBRARY in a fresh process)."""
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("needs a C compiler to build the fake CUDA driver")
+    library = tmp_path_factory.mktemp("fake_cuda") / "libcuda.so.1"
+    source = Path(__file__).parent / "fake_cuda" / "fake_libcuda.c"
+    subprocess.run([compiler, "-std=c11", "-O1", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    return str(library)

@@ -7,26 +7,13 @@ check the same promises against the real driver."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 FAKE_DIR = Path(__file__).parent / "fake_cuda"
 MiB = 1 << 20
 
-
-@pytest.fixture(scope="module")
-def fake_driver(tmp_path_factory) -> str:
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        pytest.skip("needs a C compiler to build the fake CUDA driver")
-    library = tmp_path_factory.mktemp("fake_cuda") / "libcuda.so.1"
-    subprocess.run([compiler, "-std=c11", "-O1", "-shared", "-fPIC", "-o", str(library),
-                    str(FAKE_DIR / "fake_libcuda.c")], check=True)
-    return str(library)
 
 
 def run_scenario(fake_driver: str, name: str, **env: str) -> None:

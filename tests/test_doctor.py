@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
 
-FAKE_SOURCE = Path(__file__).parent / "fake_cuda" / "fake_libcuda.c"
 MiB = 1 << 20
 
 # torch answering as on a machine with `FAKE_CUDA_DEVICES` GPUs (default 1), then the doctor.
@@ -36,17 +33,6 @@ TORCH_SEES_GPUS = textwrap.dedent("""
     from torch_mem_saver_lite.__main__ import main
     sys.exit(main(sys.argv[1:]))
 """)
-
-
-@pytest.fixture(scope="module")
-def fake_driver(tmp_path_factory) -> str:
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        pytest.skip("needs a C compiler to build the fake CUDA driver")
-    library = tmp_path_factory.mktemp("fake_cuda") / "libcuda.so.1"
-    subprocess.run([compiler, "-std=c11", "-O1", "-shared", "-fPIC", "-o", str(library), str(FAKE_SOURCE)],
-                   check=True)
-    return str(library)
 
 
 def doctor(driver: str, *args: str, torch_sees_gpus: bool = True, **env: str) -> subprocess.CompletedProcess:
