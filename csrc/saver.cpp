@@ -137,7 +137,7 @@ BackupChoice host_backup_of(BackupChoice choice) {
     case BackupChoice::kOn:
     case BackupChoice::kOnUncached: return BackupChoice::kOn;
     case BackupChoice::kOff:
-    case BackupChoice::kDisk: return BackupChoice::kOff;
+    case BackupChoice::kDisk: return BackupChoice::kOff;  // no host copy asked for
     case BackupChoice::kAuto: break;
   }
   return BackupChoice::kAuto;
@@ -188,6 +188,13 @@ std::vector<Saver::Range> Saver::allocations_of(const std::string& tag) const {
     if (a.tag == tag) out.push_back(Range{a.va, a.size, a.device, a.choice});
   }
   return out;
+}
+
+bool Saver::has_choice(const TagSelection& selection, BackupChoice choice) {
+  std::lock_guard<std::mutex> lock(mu_);
+  bool found = false;
+  for_each_selected(selection, [&](const Allocation& a) { found = found || a.choice == choice; });
+  return found;
 }
 
 Status Saver::check_known(const TagSelection& selection) const {
@@ -540,8 +547,11 @@ Status Saver::pause_locked(const TagSelection& selection, std::set<std::string>*
 
 Status Saver::queue_backups(const std::vector<Allocation*>& batch, std::vector<HostBuffer>* backups,
                             CopyMarks* copies) {
-  // One arena for every backup that has no retained host memory of the right size.
-  std::vector<size_t> needed;  // sizes of the new buffers, in batch order
+  // One arena for every backup that has no retained host memory of the right size, and one
+  // more for those of "mmap" allocations: their memory goes back at resume, which an arena
+  // shared with copies that stay cached would prevent.
+  auto uncached = [](const Allocation& a) { return a.choice == BackupChoice::kOnUncached; };
+  std::vector<size_t> needed[2];  // sizes of the new buffers, in batch order: cached, uncached
   int arena_device = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     const Allocation& a = *batch[i];
@@ -549,22 +559,25 @@ Status Saver::queue_backups(const std::vector<Allocation*>& batch, std::vector<H
     if (a.host_copy && a.host_copy.size == a.size) {
       (*backups)[i] = a.host_copy;  // retained from the last cycle: reused
     } else {
-      needed.push_back(a.size);
+      needed[uncached(a)].push_back(a.size);
       arena_device = a.device;
     }
   }
-  if (!needed.empty()) {
+  for (int group = 0; group < 2; ++group) {
+    if (needed[group].empty()) continue;
     std::shared_ptr<HostArena> arena;
-    Status s = HostArena::create(backend_, arena_device, needed, &arena);
+    Status s = HostArena::create(backend_, arena_device, needed[group], &arena);
     if (!s.ok()) {
       size_t bytes = 0;
-      for (size_t size : needed) bytes += size;
+      for (const auto& sizes : needed) {
+        for (size_t size : sizes) bytes += size;
+      }
       return with_context(s, "pausing " + describe(batch) + ": no host memory for " + format_bytes(bytes) +
                                  " of backups; everything stays resident with its content, call pause "
                                  "again once host memory is free");
     }
     for (size_t i = 0, k = 0; i < batch.size(); ++i) {
-      if (batch[i]->backup && !(*backups)[i]) {
+      if (batch[i]->backup && !(*backups)[i] && uncached(*batch[i]) == (group == 1)) {
         (*backups)[i] = HostBuffer{arena, arena->buffer_offset(k++), batch[i]->size};
       }
     }
@@ -747,7 +760,10 @@ std::vector<std::shared_ptr<HostArena>> Saver::prepare_backups_now(const TagSele
       auto it = table_.find(w.va);
       if (it == table_.end()) continue;
       Allocation& a = it->second;
-      if (a.size == w.size && a.tag == w.tag && wants(a)) a.host_copy = HostBuffer{arena, arena->buffer_offset(k), a.size};
+      if (a.size == w.size && a.tag == w.tag && wants(a)) {
+        a.host_copy = HostBuffer{arena, arena->buffer_offset(k), a.size};
+        a.retained = false;  // set aside for the next pause: nothing to hand out yet
+      }
     }
     arenas.push_back(std::move(arena));
   }
@@ -762,7 +778,10 @@ void Saver::release_host_cache() {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& entry : table_) {
       Allocation& a = entry.second;
-      if (a.state == State::kActive && a.host_copy) let_go.push_back(std::move(a.host_copy));
+      if (a.state == State::kActive && a.host_copy) {
+        let_go.push_back(std::move(a.host_copy));
+        a.retained = false;
+      }
     }
   }
   background_.release(std::move(let_go));

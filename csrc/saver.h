@@ -97,6 +97,8 @@ class Saver {
     BackupChoice choice;
   };
   std::vector<Range> allocations_of(const std::string& tag) const;
+  // Whether an allocation of the tags `selection` covers was made with `choice`.
+  bool has_choice(const TagSelection& selection, BackupChoice choice);
 
   // Admits the allocation as enter_tag does, then reserves and maps it.
   Status allocate(size_t size, int device, const std::string& tag, BackupChoice backup, uintptr_t* va);

@@ -4,6 +4,7 @@ cpu_backup_backend, and the opt-in `import torch_memory_saver` alias."""
 
 from __future__ import annotations
 
+import ctypes
 import inspect
 import os
 import subprocess
@@ -15,7 +16,7 @@ import pytest
 
 import torch_mem_saver_lite
 from host_memory import rss_anon_bytes
-from torch_mem_saver_lite import TorchMemorySaver, alias, saver, torch_memory_saver
+from torch_mem_saver_lite import TorchMemorySaver, _lib, alias, saver, torch_memory_saver
 from torch_mem_saver_lite.compat import TorchMemorySaver as CompatClass
 
 MiB = 1 << 20
@@ -306,3 +307,68 @@ def test_the_preload_library_is_found_where_frameworks_look_beside_the_alias_pac
         print(os.path.realpath(path) == os.path.realpath(_lib.library_path()))
     """)
     assert result.stdout.strip() == "True", result.stdout + result.stderr
+
+
+def test_mmap_memory_goes_back_at_resume_also_when_paused_with_cached_memory(host_saver, mem):
+    with host_saver.region("a", enable_cpu_backup=True, cpu_backup_backend="mmap"):
+        mapped = mem.malloc(64 * MiB)
+    with host_saver.region("b", enable_cpu_backup=True, cpu_backup_backend="pinned"):
+        cached = mem.malloc(8 * MiB)
+    mem.write(mapped, b"m")
+    mem.write(cached, b"p")
+    host_saver.wait_for_released_backups()
+    before = rss_anon_bytes()
+    host_saver.pause(None)  # one pause, both kinds of backup
+    host_saver.resume(None)
+    assert rss_anon_bytes() - before < 24 * MiB, "the mmap backup shared an arena that stayed cached"
+    assert (mem.read(mapped, 1), mem.read(cached, 1)) == (b"m", b"p")
+
+
+def test_a_retained_copy_given_back_is_never_handed_out_again(host_saver, mem):
+    host_saver.retain_cpu_backup = True
+    with host_saver.region("w", enable_cpu_backup=True):
+        ptr = mem.malloc(2 * MiB)
+    mem.write(ptr, b"\x07" * 16)
+    host_saver.pause("w")
+    host_saver.resume("w")
+    tensor_view = host_saver_tensor(ptr)
+    assert host_saver.get_cpu_backup(tensor_view)[:16].tolist() == [7] * 16  # retained: handed out
+    host_saver.release_host_cache()
+    with host_saver.region("w", enable_cpu_backup=True):  # sets fresh host memory aside for "w"
+        mem.malloc(2 * MiB)
+    host_saver.wait_for_released_backups()
+    assert host_saver.get_cpu_backup(tensor_view) is None  # not a stale or empty "retained" copy
+    host_saver.retain_cpu_backup = False
+
+
+def host_saver_tensor(ptr: int):
+    import torch
+
+    return torch.frombuffer((ctypes.c_uint8 * (2 * MiB)).from_address(ptr), dtype=torch.uint8)
+
+
+def test_mem_pools_answer_under_torch_memory_savers_keys(host_saver):
+    compat = TorchMemorySaver(host_saver)
+    table = host_saver._torch_pools().table
+    default, mmap = object(), object()
+    table[("kv", 0, _lib.CHOICE_AUTO)] = default  # a region that gave no setting
+    table[("w", 1, _lib.CHOICE_ON_UNCACHED)] = mmap
+    pools = compat._impl._mem_pools
+    assert set(pools) == {("kv", False, False, "", 0), ("w", True, False, "mmap", 1)}
+    assert dict(pools) == {("kv", False, False, "", 0): default, ("w", True, False, "mmap", 1): mmap}
+    assert ("kv", True, False, "pinned", 0) not in pools and "kv" not in pools
+    with pytest.raises(KeyError):
+        pools["nonsense"]
+    assert pools.pop(("w", True, False, "mmap", 1)) is mmap and len(pools) == 1
+    pools.clear()
+    assert table == {}
+
+
+def test_region_config_checks_its_arguments_as_region_does(host_saver):
+    compat = TorchMemorySaver(host_saver)
+    with pytest.raises(ValueError, match="cpu_backup_backend must be one of"):
+        with compat._impl._with_region_config(tag="t", enable_cpu_backup=True, cpu_backup_backend="disk"):
+            pass
+    with pytest.raises(ValueError, match="exclude each other"):
+        with compat._impl._with_region_config(tag="t", enable_cpu_backup=True, enable_disk_backup=True):
+            pass

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import threading
 from collections.abc import Iterator, MutableMapping, Sequence
@@ -66,6 +67,7 @@ class _NativeLibrary:
             return getattr(runtime, name)
 
 
+@functools.cache
 def _loaded_cuda_runtime() -> ctypes.CDLL | None:
     """The CUDA runtime library this process has loaded (torch's), if any."""
     with open("/proc/self/maps") as maps:
@@ -92,21 +94,39 @@ class _PoolTable(MutableMapping[tuple, torch.cuda.MemPool]):
         self._saver = saver
 
     @staticmethod
-    def _ours(key: tuple) -> tuple[str, int, int]:
+    def _candidates(key: object) -> list[tuple[str, int, int]]:
+        """Our keys for one of torch_memory_saver's (several: its "no backup" is our region
+        default as well as an explicit False); none for a key of another shape."""
+        if not (isinstance(key, tuple) and len(key) == 5):
+            return []
         tag, backup, disk, backend, device = key
-        return tag, device, _lib.backup_choice(backup, backend != "mmap", disk)
+        if disk:
+            return [(tag, device, _lib.CHOICE_DISK)]
+        if backup:
+            return [(tag, device, _lib.backup_choice(True, backend != "mmap"))]
+        return [(tag, device, _lib.CHOICE_OFF), (tag, device, _lib.CHOICE_AUTO)]
+
+    def _find(self, key: object) -> tuple[str, int, int]:
+        pools = self._pools()
+        for ours in self._candidates(key):
+            if ours in pools:
+                return ours
+        raise KeyError(key)
 
     def _pools(self) -> dict[tuple[str, int, int], torch.cuda.MemPool]:
         return self._saver._torch_pools().table
 
     def __getitem__(self, key: tuple) -> torch.cuda.MemPool:
-        return self._pools()[self._ours(key)]
+        return self._pools()[self._find(key)]
 
     def __setitem__(self, key: tuple, pool: torch.cuda.MemPool) -> None:
-        self._pools()[self._ours(key)] = pool
+        candidates = self._candidates(key)
+        if not candidates:
+            raise KeyError(key)
+        self._pools()[candidates[0]] = pool
 
     def __delitem__(self, key: tuple) -> None:
-        del self._pools()[self._ours(key)]
+        del self._pools()[self._find(key)]
 
     def __iter__(self) -> Iterator[tuple]:
         for tag, device, choice in list(self._pools()):
@@ -132,7 +152,7 @@ class _Impl:
                             enable_disk_backup: bool = False) -> Iterator[None]:
         """The thread's allocations go to ``tag`` with these settings, without a torch pool
         of their own (torch_memory_saver's native configuration alone)."""
-        choice = _lib.backup_choice(enable_cpu_backup, cpu_backup_backend != "mmap", enable_disk_backup)
+        choice = self._saver._region_choice(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
         with self._saver._native_region(check_tag(tag), choice):
             yield
 

@@ -173,20 +173,31 @@ def _stack() -> list[_Region]:
     return _thread.__dict__.setdefault("stack", [])
 
 
-# The threads torch routes to one of our pools now, and disable()'s pools waiting to be freed.
-# torch refuses to free any pool's cache while some thread is routed on the device (it counts
-# routes as captures underway, and ends the process), so a disable() block's pool is freed
-# once no thread is routed.
+# The threads torch routes to one of our pools now, and disable()'s pools waiting to be freed
+# (with their device). torch refuses to free any pool's cache while some thread is routed on
+# the device (it counts routes as captures underway, and ends the process), so a disable()
+# block's pool is freed once no thread is routed, and reused by the next block meanwhile.
+# Routes the saver does not make (a user's torch.cuda.use_mem_pool, a graph capture) are not
+# seen here.
 _routed_threads: dict[int, tuple] = {}
-_parked_pools: list[torch.cuda.MemPool] = []
+_parked_pools: list[tuple[int, torch.cuda.MemPool]] = []
 
 
-def _retire_pool(pool: torch.cuda.MemPool | None) -> None:
-    """Free ``pool`` (a disable() block's, now unused) and those parked earlier, or park it
-    until no thread is routed. No lock: an interrupt could leave one held; each list step is
-    atomic under the GIL."""
-    if pool is not None:
-        _parked_pools.append(pool)
+def _disable_pool(device: int) -> torch.cuda.MemPool:
+    """A pool for a disable() block on ``device``: a parked one, else a new one."""
+    for k, (parked_device, pool) in enumerate(_parked_pools):
+        if parked_device == device:
+            del _parked_pools[k]
+            return pool
+    return torch.cuda.MemPool()
+
+
+def _retire_pool(route: tuple[int, torch.cuda.MemPool] | None) -> None:
+    """Free a disable() block's pool, now unused, and those parked earlier, or park it until
+    no thread is routed. No lock: an interrupt could leave one held; each list step is atomic
+    under the GIL (a route begun between the check and the clear is the one race left)."""
+    if route is not None:
+        _parked_pools.append(route)
     if not _routed_threads:
         _parked_pools.clear()  # torch frees each pool's cached blocks as it goes
 
@@ -200,6 +211,11 @@ def _route_to(target: tuple | None) -> None:
     if state.get("unreleased") is not None:
         release_route(*state["unreleased"]); state["unreleased"] = None  # noqa: E702
     current = state.get("route")
+    # The record of routed threads follows the route itself, also after an interrupt.
+    if current is None:
+        _routed_threads.pop(threading.get_ident(), None)
+    else:
+        _routed_threads[threading.get_ident()] = current
     if current == target:
         return
     if current is not None:
@@ -524,19 +540,12 @@ class MemorySaver:
         CUDA device are routed. Routing is per thread: a thread started inside a region is
         not routed.
         """
-        backup = _check_backup(enable_cpu_backup)
-        disk = _check_bool(enable_disk_backup, "enable_disk_backup")
-        caches = _check_backend(cpu_backup_backend, backup)
-        if disk and backup:
-            raise ValueError("enable_cpu_backup=True and enable_disk_backup=True exclude each other")
+        choice = self._region_choice(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
+        disk = choice == _lib.CHOICE_DISK
         native = self._enter()
         check_tag(tag)
         if disk:
             self._disk_directory_or_raise()
-            backup = False  # the content goes to disk, not to host memory
-        if caches is None and backup is True:
-            caches = self._default_caches()
-        choice = _lib.backup_choice(backup, caches is not False, disk)
         route = self._torch_pools().route(tag, choice) if self._routes_torch else None
         _lib.take_allocation_failure()  # only failures inside this block are explained below
         with _pushed(_Region(native, tag, choice, route)):
@@ -553,7 +562,7 @@ class MemorySaver:
                     logger.warning("an allocation in tag %r was refused: %s", tag, cause)
                     raise error from cause
                 raise
-        if backup:
+        if choice in (_lib.CHOICE_ON, _lib.CHOICE_ON_UNCACHED):
             _prepare_quietly(native, tag)
 
     def _enter(self) -> _lib.NativeSaver:
@@ -606,10 +615,11 @@ class MemorySaver:
             caches = self._default_caches()
         native = self._enter()
         backup = _check_backup(enable_cpu_backup)
-        entry = _Region(native, check_tag(tag), _lib.backup_choice(backup, caches is not False))  # no torch route
+        choice = _lib.backup_choice(backup, caches is not False)
+        entry = _Region(native, check_tag(tag), choice)  # no torch route
         _turn_off_nccl_graph_registration()
         pools = self._torch_pools()
-        tag_pool = pools.pool(tag, torch.cuda.current_device()).id
+        tag_pool = pools.pool(tag, torch.cuda.current_device(), choice).id
         if self._hook_mode == "torch":
             if pool is not None and tuple(pool) != tuple(tag_pool):
                 warnings.warn("saver.cuda_graph: in torch hook mode the graph uses the tag's pauseable "
@@ -618,7 +628,7 @@ class MemorySaver:
         elif pool is None:
             pool = tag_pool
         with _pushed(entry):
-            if caches is not None:
+            if caches is not None and backup is None:  # an explicit choice says it per allocation
                 native.set_caches_backups(tag, caches)
             _lib.note_graph_capture()  # the tag is graph memory even if the capture allocates nothing
             with torch.cuda.graph(cuda_graph, pool=pool, stream=stream,
@@ -637,21 +647,37 @@ class MemorySaver:
         otherwise hand out cached blocks of the enclosing region's pool, or, in preload mode
         with a process-wide region (``TMS_INIT_ENABLE=1``), of the default pool, which a
         pause may have released. Tensors made inside stay valid after the block."""
-        pool = torch.cuda.MemPool() if self._routes_torch and torch.cuda.is_available() else None
-        route = None if pool is None else (torch.cuda.current_device(), pool)
+        route = None
+        if self._routes_torch and torch.cuda.is_available():
+            device = torch.cuda.current_device()
+            route = (device, _disable_pool(device))
         try:
             with _pushed(_Region(None, route=route)):
                 yield
         finally:
-            del route
-            _retire_pool(pool)
+            _retire_pool(route)
+
+    def _region_choice(self, enable_cpu_backup: object, enable_disk_backup: object,
+                       cpu_backup_backend: object) -> int:
+        """A region's backup settings, checked, as the C ABI's choice (_lib.backup_choice)."""
+        backup = _check_backup(enable_cpu_backup)
+        disk = _check_bool(enable_disk_backup, "enable_disk_backup")
+        caches = _check_backend(cpu_backup_backend, backup)
+        if disk and backup:
+            raise ValueError("enable_cpu_backup=True and enable_disk_backup=True exclude each other")
+        if caches is None and backup is True:
+            caches = self._default_caches()
+        return _lib.backup_choice(backup, caches is not False, disk)
 
     def _native_region(self, tag: str, choice: int) -> contextlib.AbstractContextManager[None]:
         """The thread's allocations go to ``tag`` with backup ``choice`` natively, with no torch
         pool of their own and without the tag checks, as torch_memory_saver's configuration
         (the compat object's ``_impl._with_region_config``); an allocation in a paused tag is
         still refused."""
-        return _pushed(_Region(self._enter(), tag, choice, checked=False))
+        native = self._enter()
+        if choice == _lib.CHOICE_DISK:
+            self._back_up_to_disk(tag)  # its hooks write the content out at a pause
+        return _pushed(_Region(native, tag, choice, checked=False))
 
     def _torch_pools(self) -> TorchPools:
         with self._lock:
@@ -971,7 +997,8 @@ class MemorySaver:
     def get_cpu_backup(self, x: torch.Tensor, zero_copy: bool = False) -> torch.Tensor | None:
         """The host copy of a paused tensor from a region with ``enable_cpu_backup=True``.
 
-        Returns None while the tensor is resident (no host copy exists then). With
+        Returns None while the tensor is resident, unless ``retain_cpu_backup`` kept the copy
+        of its last pause (then that copy, as torch_memory_saver does). With
         ``zero_copy=True`` the result shares the backup's page-locked memory (a copy to
         the GPU from it runs at full link speed); that memory stays valid as long as the
         tensor lives, but after the next resume it no longer follows the device tensor
