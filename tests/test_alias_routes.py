@@ -59,6 +59,11 @@ def _pip_install(python: Path, wheel: Path) -> None:
 
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory) -> Venv:
+    if sys.prefix != sys.base_prefix:
+        # A venv made from inside a venv sees the base interpreter's packages, not this one's:
+        # it would test another copy of torch_mem_saver_lite (make test runs these, with the
+        # machine's interpreter; the wheel test runs inside a venv).
+        pytest.skip("running inside a venv: a nested --system-site-packages venv would not see its packages")
     wheel = _wheel(tmp_path_factory.mktemp("wheel"))
     root = tmp_path_factory.mktemp("venv") / "env"
     # Sees this environment's torch and torch_mem_saver_lite; pip comes from there too.
