@@ -162,7 +162,7 @@ class Saver {
   // Without it every pause would fault in and page-lock new host memory, at a fraction of
   // the link's speed. Retention (above) keeps backups whatever their size.
   // A lowered budget applies at once to what the cache holds already: whole arenas of
-  // resident allocations' copies are let go, in address order, until the rest fits.
+  // resident allocations' copies are let go (in no set order; retained ones stay) until the rest fits.
   void set_host_cache_bytes(size_t bytes);
   size_t host_cache_bytes() const { return host_cache_bytes_.load(); }
   // Frees the host memory kept for resident allocations (the cache, retained backups).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import subprocess
@@ -16,6 +17,12 @@ from torch_mem_saver_lite.disk_backup import filesystem_type
 from torch_mem_saver_lite.testing import HostSaver
 
 MiB = 1 << 20
+
+# Tests measure host memory (RssAnon) before and after. glibc raises its mmap threshold each
+# time a large block is freed, after which the tests' own multi-MiB buffers come from the heap
+# and stay in RSS once freed, depending on what ran earlier in the process. A fixed threshold
+# keeps every large buffer mapped on its own and returned when freed (M_MMAP_THRESHOLD = -3).
+ctypes.CDLL(None).mallopt(-3, 1 * MiB)
 
 
 def pytest_collection_modifyitems(config, items):
