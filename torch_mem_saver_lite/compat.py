@@ -205,8 +205,9 @@ class TorchMemorySaver:
             names = list(tag)
         else:
             raise TypeError(f"tag must be a str, a list of str or None, got {tag!r}")
+        names = [check_tag(name) for name in names]
         known = set(self._saver.stats())
-        return [check_tag(name) for name in names if check_tag(name) in known]
+        return [name for name in names if name in known]
 
     def pause(self, tag: str | Sequence[str] | None = None) -> None:
         """Like ``saver.pause``; a tag no region has used is skipped, as torch_memory_saver does."""
