@@ -71,17 +71,3 @@ def resident_pages(ptr: int, size: int) -> int | None:
 def rss_anon_bytes() -> int:
     """Anonymous private pages of this process (where host backups live)."""
     return _status_bytes("RssAnon")
-
-
-def open_disk_backup_files() -> list[tuple[int, str, int]]:
-    """(fd, target, size) of this process's open disk backup files (already unlinked, so
-    their targets end in '(deleted)')."""
-    found = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-            if "/tmsl-" in target:
-                found.append((int(fd), target, os.fstat(int(fd)).st_size))
-        except OSError:  # the descriptor listdir itself used, closed meanwhile
-            continue
-    return found

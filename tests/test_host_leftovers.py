@@ -7,6 +7,8 @@ by a recorder with suspend()/resume(), as torch's ProcessGroupNCCL has them."""
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -136,6 +138,11 @@ def test_a_failed_restore_still_resumes_the_tags_and_raises(host_saver, mem, sus
     suspendable.fail_resume = False
     host_saver.restore_leftovers()
     assert nccl_suspend.suspended_names() == set()
+    # The failed block's cleanup ran once: collecting its frames later resumes nothing suspended since.
+    host_saver.release_leftovers()
+    gc.collect()
+    assert nccl_suspend.suspended_names() == {dist.group.WORLD.group_name}
+    host_saver.restore_leftovers()
 
 
 def collectives_go_through_process_group_methods() -> bool:

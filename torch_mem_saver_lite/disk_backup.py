@@ -54,6 +54,7 @@ DEFAULT_WORKERS = 4
 _ALIGNMENT = 4096  # O_DIRECT: buffers, offsets and lengths are multiples of the block size
 _MEMORY_FILE_SYSTEMS = {"tmpfs", "ramfs", "hugetlbfs", "devtmpfs"}
 _WITHOUT_O_DIRECT: set[str] = set()  # directories whose file system refused O_DIRECT (said once)
+_WITHOUT_O_DIRECT_LOCK = threading.Lock()  # the transfer workers open files concurrently
 
 
 # ----- the directory ------------------------------------------------------------------------
@@ -458,10 +459,12 @@ class TagBackup:
             except OSError as error:
                 if error.errno != errno.EINVAL:
                     raise
-                if self._directory not in _WITHOUT_O_DIRECT:
+                with _WITHOUT_O_DIRECT_LOCK:
+                    first_refusal = self._directory not in _WITHOUT_O_DIRECT
+                    _WITHOUT_O_DIRECT.add(self._directory)
+                if first_refusal:
                     logger.warning("%s does not take O_DIRECT; disk backups there go through the page cache",
                                    self._directory)
-                    _WITHOUT_O_DIRECT.add(self._directory)
                 self._direct = False
                 flags &= ~os.O_EXCL  # the refused open may have created the file
         return os.open(path, flags, 0o600)

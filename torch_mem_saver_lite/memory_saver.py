@@ -261,9 +261,14 @@ class _Undo:
         self._action: Callable[[], BaseException | None] | None = action
 
     def __call__(self) -> None:
-        interrupt = None
-        # One line: cleared only once the action has returned; one cut short is run again.
-        if self._action is not None: interrupt = self._action(); self._action = None  # noqa: E701, E702
+        if self._action is None:
+            return
+        try:
+            interrupt = self._action()
+        except Exception:
+            self._action = None  # it ran and failed: the caller sees why; a finalizer must not run it later
+            raise
+        self._action = None  # after the return: an action cut short is run again by __del__
         if interrupt is not None:
             raise interrupt
 
