@@ -1,15 +1,25 @@
 """Injecting a KeyboardInterrupt at a chosen line the library executes (sys.settrace): the
 tests and the host soak use it to interrupt region(), disable(), paused() and disk-backed
-pauses and resumes anywhere. Only the calling thread is traced: Python raises Ctrl-C on the
-main thread only, never in the disk backup's worker threads."""
+pauses and resumes anywhere. The interrupt is a real SIGINT, so it is held where the library
+holds real ones. Only the calling thread is traced, and it must be the main thread: Python
+raises Ctrl-C there only, never in the disk backup's worker threads."""
 
 from __future__ import annotations
 
+import signal
 import sys
 
-from torch_mem_saver_lite import disk_backup, memory_saver
+from torch_mem_saver_lite import disk_backup, memory_saver, transitions
 
-LIBRARY_FILES = (memory_saver.__file__, disk_backup.__file__)
+LIBRARY_FILES = (memory_saver.__file__, disk_backup.__file__, transitions.__file__)
+
+
+def _inside_finalizer(frame) -> bool:
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
 
 
 def interrupted_at(k: int, body, files=LIBRARY_FILES) -> bool:
@@ -22,16 +32,18 @@ def interrupted_at(k: int, body, files=LIBRARY_FILES) -> bool:
         if event == "line":
             count += 1
             if count == k:
-                raise KeyboardInterrupt(f"injected at line {frame.f_lineno} of {frame.f_code.co_name}")
+                # A real SIGINT, delivered as Python delivers it: KeyboardInterrupt here, or
+                # recorded and raised later inside the library's interrupts.deferred() blocks.
+                signal.raise_signal(signal.SIGINT)
         return local
 
     def tracer(frame, event, arg):
-        # Not in finalizers: the garbage collector runs them whenever it likes (an _Undo of an
-        # earlier round, say), and Python swallows what they raise, so a count that reached k
-        # there would interrupt nothing and end the test's walk early.
-        if frame.f_code.co_name == "__del__":
+        # Not in finalizers nor what they call: the garbage collector runs them whenever it
+        # likes (an _Undo of an earlier round, say), and Python swallows what they raise, so
+        # a count that reached k there would interrupt nothing and end the test's walk early.
+        if frame.f_code.co_filename not in files or _inside_finalizer(frame):
             return None
-        return local if frame.f_code.co_filename in files else None
+        return local
 
     sys.settrace(tracer)
     try:

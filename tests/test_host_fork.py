@@ -109,3 +109,57 @@ def test_a_fork_before_any_saver_exists_is_an_ordinary_process():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "child 0", result.stdout + result.stderr
+
+
+def test_a_child_forked_while_another_thread_holds_the_savers_locks_is_refused_not_hung():
+    # A thread is inside a before_pause hook (the hooks' lock held) when the fork happens:
+    # the child inherits that lock held forever, so every call must refuse before taking it.
+    code = textwrap.dedent("""
+        import os, sys, threading, time, warnings
+        warnings.simplefilter("ignore", DeprecationWarning)
+        sys.path.insert(0, {here!r})
+        from host_memory import HostMemory
+        from torch_mem_saver_lite import MemorySaverError
+        from torch_mem_saver_lite.testing import HostSaver
+        mem, s = HostMemory(), HostSaver()
+        with s.region("a", enable_cpu_backup=True):
+            mem.malloc(1 << 20)
+        with s.region("b", enable_cpu_backup=True):
+            mem.malloc(1 << 20)
+        s.pause("b")
+        inside, release = threading.Event(), threading.Event()
+        s.register_hooks("a", before_pause=lambda: (inside.set(), release.wait()))
+        pauser = threading.Thread(target=s.pause, args=("a",))
+        pauser.start()
+        inside.wait()
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            calls = (lambda: s.pause("a"), lambda: s.resume("b"), lambda: s.paused("a").__enter__(),
+                     lambda: s.register_hooks("b", after_resume=print), s.stats)
+            for n, call in enumerate(calls):
+                try:
+                    call()
+                    code = 20 + n
+                except MemorySaverError as error:
+                    if "forked" not in str(error):
+                        code = 30 + n
+            sys.exit(code)
+        deadline, status = time.monotonic() + 60, None
+        while status is None and time.monotonic() < deadline:
+            done, raw = os.waitpid(pid, os.WNOHANG)
+            status = os.waitstatus_to_exitcode(raw) if done else None
+            time.sleep(0.01)
+        if status is None:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            status = "hung"
+        release.set()
+        pauser.join()
+        s.resume()
+        print("child", status, "parent", not s.stats()["a"].paused)
+        """).format(here=str(HERE))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHONWARNINGS": "ignore::DeprecationWarning"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "child 0 parent True", result.stdout + result.stderr

@@ -146,6 +146,7 @@ def test_a_ctrl_c_anywhere_in_paused_leaves_every_tags_hooks_balanced(host_saver
         if not hit:
             assert len(calls) == 4
             break
+    assert k > 10  # the walk went through paused(), not just its first lines
 
 
 def test_a_failed_pause_undoes_hooks_only_for_tags_that_are_active_again(host_saver, mem, two_tags):
@@ -162,3 +163,73 @@ def test_a_failed_pause_undoes_hooks_only_for_tags_that_are_active_again(host_sa
     else:
         assert r.calls == ["a-pause", "a-resume"]
     assert mem.read(two_tags[0], 12) == b"content of a"
+
+
+def test_a_before_pause_that_pauses_another_tag_of_the_call_runs_no_hook_twice(host_saver, mem, two_tags):
+    calls = []
+
+    def note(what, tag):
+        return lambda: calls.append((what, host_saver.stats()[tag].paused))
+
+    for order in (["a", "b"], ["b", "a"]):
+        calls.clear()
+        removers = [
+            host_saver.register_hooks("a", before_pause=note("pause a", "a"), after_resume=note("resume a", "a")),
+            host_saver.register_hooks("b", before_pause=lambda: (calls.append(("pause b", False)),
+                                                                 host_saver.pause("a"))),
+        ]
+        host_saver.pause(order)
+        host_saver.resume(order)
+        for remove in removers:
+            remove()
+        # a's hooks once each way, always on mapped memory (paused=False inside the hook)
+        assert sorted(calls) == [("pause a", False), ("pause b", False), ("resume a", False)], (order, calls)
+        assert mem.read(two_tags[0], 12) == b"content of a"
+
+
+def test_an_after_resume_that_pauses_another_tag_of_the_call_runs_no_hook_on_released_memory(host_saver, mem,
+                                                                                              two_tags):
+    calls = []
+    host_saver.register_hooks("a", before_pause=lambda: calls.append(("pause", "a", host_saver.stats()["a"].paused)),
+                              after_resume=lambda: calls.append(("resume", "a", host_saver.stats()["a"].paused)))
+    host_saver.register_hooks("b", after_resume=lambda: host_saver.pause("a"))
+    host_saver.pause(["a", "b"])
+    host_saver.resume(["a", "b"])  # b's after_resume (run first: newest tag first) pauses a again
+    assert host_saver.stats()["a"].paused
+    assert calls == [("pause", "a", False)]  # a's after_resume waits for a's next resume
+    host_saver.resume("a")
+    assert calls == [("pause", "a", False), ("resume", "a", False)]
+    assert mem.read(two_tags[0], 12) == b"content of a"
+
+
+def test_hooks_follow_the_real_transitions_while_threads_pause_and_resume_concurrently(host_saver, mem, two_tags):
+    import threading
+    import time
+
+    seen = {"a": [], "b": []}  # per tag: (hook, memory mapped when it ran)
+    for t in ("a", "b"):
+        host_saver.register_hooks(
+            t, before_pause=lambda t=t: seen[t].append(("pause", not host_saver.stats()[t].paused)),
+            after_resume=lambda t=t: seen[t].append(("resume", not host_saver.stats()[t].paused)))
+    stop, errors = time.monotonic() + 1.5, []
+
+    def worker(k):
+        try:
+            while time.monotonic() < stop:
+                host_saver.pause(["a", "b"][k % 2] if k < 2 else None)
+                host_saver.resume(["a", "b"][k % 2] if k < 2 else None)
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    host_saver.resume()
+    assert errors == []
+    for t, calls in seen.items():
+        assert len(calls) > 10, t
+        assert all(mapped for _, mapped in calls), (t, [c for c in calls if not c[1]][:5])
+        assert [kind for kind, _ in calls] == ["pause", "resume"] * (len(calls) // 2), t  # strictly alternating
+    assert mem.read(two_tags[0], 12) == b"content of a" and mem.read(two_tags[1], 12) == b"content of b"

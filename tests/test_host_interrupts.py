@@ -6,6 +6,7 @@ sys.settrace, and as a real SIGINT during large pauses."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -240,3 +241,26 @@ def test_interrupting_a_disk_backed_resume_anywhere_keeps_the_content(mem, disk_
     # Only an interrupt on the first line of the disk hook leaves the reading to the next call.
     assert len(pending) <= 1, f"interrupts at lines {pending} left the content to the next call"
     setup.saver.close()
+
+
+def test_a_real_sigint_inside_a_deferred_block_is_raised_when_the_block_ends():
+    from torch_mem_saver_lite import interrupts
+
+    handler = signal.getsignal(signal.SIGINT)
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts.deferred():
+            with interrupts.deferred():  # nested: the outermost delivers
+                signal.raise_signal(signal.SIGINT)
+                done.append("inner")
+            done.append("outer")
+    assert done == ["inner", "outer"] and signal.getsignal(signal.SIGINT) is handler
+    with pytest.raises(ZeroDivisionError):  # an error inside: the handler is still put back
+        with interrupts.deferred():
+            1 / 0  # noqa: B018
+    assert signal.getsignal(signal.SIGINT) is handler and not interrupts.active()
+    seen = []
+    worker = threading.Thread(target=lambda: seen.append(interrupts.deferred().__enter__()))
+    worker.start()
+    worker.join()
+    assert seen == [None] and signal.getsignal(signal.SIGINT) is handler  # elsewhere: nothing swapped

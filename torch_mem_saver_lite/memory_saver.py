@@ -11,13 +11,12 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 
-from . import _lib, breakdown, environment, leftovers, nccl_suspend
+from . import _lib, breakdown, environment, interrupts, leftovers, nccl_suspend
 from .breakdown import MemoryBreakdown
 from .disk_backup import DiskBackups
 from .environment import CPU_BACKUP_BACKENDS
@@ -26,6 +25,7 @@ from .hooks import Route, TorchPools, begin_route, end_route, release_route
 from .leftovers import LeftoverReport
 from .preload import check_preload_ready, cudamalloc_bypassed
 from .stats import TagStats
+from .transitions import Hook, TagHooks, Transitions
 
 _HOOK_MODES = ("torch", "preload")
 _MAX_TAG_LENGTH = 256
@@ -62,28 +62,6 @@ def _logged(what: str, native: _lib.NativeSaver, operation: Callable[[list[str] 
         start = time.perf_counter()
         operation(names)
         _log_transition(what, before, native.stats(), time.perf_counter() - start)
-
-Hook = Callable[[], object]
-
-
-@dataclass(frozen=True, eq=False)  # one registration, compared by identity
-class _TagHooks:
-    before_pause: Hook | None
-    after_resume: Hook | None
-
-
-def _run_quietly(hooks: Iterable[Hook | None]) -> None:
-    """Undo hooks while an exception is already on its way: one that fails too is reported
-    as a warning rather than hiding the original error."""
-    for hook in hooks:
-        if hook is None:
-            continue
-        try:
-            hook()
-        except Exception as error:  # noqa: BLE001 - the original error is what propagates
-            warnings.warn(f"torch_mem_saver_lite: a hook failed while undoing a failed pause/resume: "
-                          f"{error!r}", RuntimeWarning, stacklevel=3)
-
 
 def check_tag(tag: object) -> str:
     """``tag`` if it is a valid tag name, else TypeError/ValueError saying what is wrong."""
@@ -209,7 +187,9 @@ def _route_to(target: tuple | None) -> None:
     record true and calling this again finishes the job."""
     state = _thread.__dict__
     if state.get("unreleased") is not None:
-        release_route(*state["unreleased"]); state["unreleased"] = None  # noqa: E702
+        with interrupts.deferred():
+            release_route(*state["unreleased"])
+            state["unreleased"] = None
     current = state.get("route")
     # The record of routed threads follows the route itself, also after an interrupt.
     if current is None:
@@ -219,12 +199,18 @@ def _route_to(target: tuple | None) -> None:
     if current == target:
         return
     if current is not None:
-        end_route(*current); state["unreleased"], state["route"] = current, None  # noqa: E702
+        with interrupts.deferred():
+            end_route(*current)
+            state["unreleased"], state["route"] = current, None
         _routed_threads.pop(threading.get_ident(), None)
-        release_route(*current); state["unreleased"] = None  # noqa: E702
+        with interrupts.deferred():
+            release_route(*current)
+            state["unreleased"] = None
     if target is not None:
         _routed_threads[threading.get_ident()] = target
-        begin_route(*target); state["route"] = target  # noqa: E702
+        with interrupts.deferred():
+            begin_route(*target)
+            state["route"] = target
 
 
 def _settle(stack: list[_Region], depth: int) -> BaseException | None:
@@ -261,14 +247,9 @@ class _Undo:
         self._action: Callable[[], BaseException | None] | None = action
 
     def __call__(self) -> None:
-        if self._action is None:
-            return
-        try:
-            interrupt = self._action()
-        except Exception:
-            self._action = None  # it ran and failed: the caller sees why; a finalizer must not run it later
-            raise
-        self._action = None  # after the return: an action cut short is run again by __del__
+        with interrupts.deferred():  # taken and run as one step: never twice, never skipped
+            action, self._action = self._action, None
+            interrupt = action() if action is not None else None
         if interrupt is not None:
             raise interrupt
 
@@ -361,12 +342,11 @@ class MemorySaver:
         self._retain_cpu_backup: bool | None = None  # None: the environment's default
         self._poison_on_resume: bool | None = None  # None: the process default (environment)
         self._host_cache_bytes: int | None = None  # None: the core's default
-        self._hooks: dict[str, list[_TagHooks]] = {}
-        # Disk backup (disk_backup.DiskBackups: the directory and the backups of paused tags),
-        # and its hooks for the tags backed up to disk.
-        self._disk = DiskBackups(self._on_device, _TagHooks)
-        self._disk_hooks = self._disk.hooks  # tag -> its disk hooks now (run by _hooks_of's callers)
+        # Disk backup (disk_backup.DiskBackups: the directory and the backups of paused tags);
+        # its hooks of the disk-backed tags run innermost in the transitions.
+        self._disk = DiskBackups(self._on_device, TagHooks)
         self._disk_backups = self._disk.backups  # what HostSaver.close() closes
+        self._transitions = Transitions(self._disk.hooks)
 
     # ----- configuration -------------------------------------------------------------
     @property
@@ -730,30 +710,13 @@ class MemorySaver:
         failure every allocation is either still resident or paused with a full backup.
         """
         names = self._selection(tag)
-        self._close_restored_disk_backups()  # read back by an earlier resume: stale now
+        _lib.check_process()  # a forked child is refused before any lock is taken
         native = self._native_for(names)
         if native is None:
             return
         self._refuse_during_capture("pause")
-        hooks = self._hooks_of(native, names, _lib.TAG_ACTIVE)
-        ran: list[tuple[str, _TagHooks]] = []
-        started = None
-        try:
-            for entry in hooks:
-                # One line: `started` marks the hook called, so a Ctrl-C in it undoes it too.
-                started = entry; entry[1].before_pause and entry[1].before_pause(); ran.append(entry)  # noqa: E702
-            _logged("pause", native, native.pause, names)
-        except BaseException as error:
-            if isinstance(error, KeyboardInterrupt) and started is not None and started not in ran:
-                ran.append(started)
-            # Nothing is lost: memory a failed pause released comes back, then the hooks
-            # that ran are undone by their after_resume, newest first: for the tags that are
-            # active again (one whose memory cannot come back now stays paused, hooks undone).
-            if hooks:
-                with contextlib.suppress(Exception):
-                    native.resume(list(dict.fromkeys(t for t, _ in hooks)))
-            _run_quietly(hook.after_resume for t, hook in reversed(ran) if native.tag_state(t) == _lib.TAG_ACTIVE)
-            raise
+        self._close_restored_disk_backups()  # read back by an earlier resume: stale now
+        self._transitions.pause(native, names, functools.partial(_logged, "pause", native, native.pause, names))
 
     def resume(self, tag: str | Sequence[str] | None = None) -> None:
         """Give the tag(s) (None: every tag) device memory again, at the same addresses.
@@ -764,47 +727,18 @@ class MemorySaver:
         later ``resume`` can succeed. A hook that raises leaves the call's tags paused again.
         """
         names = self._selection(tag)
+        _lib.check_process()  # a forked child is refused before any lock is taken
         native = self._native_for(names)
         if native is None:
             return
         self._refuse_during_capture("resume")
-        hooks = [hook for _, hook in reversed(self._hooks_of(native, names, _lib.TAG_PAUSED))]
-        paused_before = self._paused_tags(native, names) if hooks else []
         try:
-            self._resume_with_hooks(native, functools.partial(_logged, "resume", native, native.resume, names),
-                                    hooks, paused_before)
+            self._transitions.resume(native, names,
+                                     functools.partial(_logged, "resume", native, native.resume, names))
         finally:
             # Also after a Ctrl-C: a read-back it cut short is finished here, before the caller
             # can touch the memory.
             self._close_restored_disk_backups()
-
-    @staticmethod
-    def _resume_with_hooks(native: _lib.NativeSaver, do_resume: Callable[[], None], hooks: list[_TagHooks],
-                           paused_before: list[str]) -> None:
-        """do_resume(), then the after_resume hooks. A Ctrl-C anywhere in between
-        skips nothing: the resume (idempotent) is done again, a hook it landed in counts as
-        run, and the interrupt is raised once all ran. A failed resume runs no hook; a hook
-        that raises pauses the tags again (hooks that ran get their before_pause)."""
-        resume = _TagHooks(None, None)  # the first step: the resume itself (a marker, compared by identity)
-        pending, ran, interrupt, started = [resume, *hooks], [], None, None
-        while pending:
-            try:
-                while pending:
-                    # One line: `started` marks the step begun, so an interrupt in a hook
-                    # does not run it twice, and one before it does not skip it.
-                    started = pending[0]; do_resume() if started is resume else (started.after_resume and started.after_resume()); ran.append(pending.pop(0))  # noqa: E501, E702
-            except KeyboardInterrupt as error:
-                interrupt = interrupt or error
-                if pending and pending[0] is started and started is not resume:
-                    ran.append(pending.pop(0))
-            except BaseException:
-                if started is resume:
-                    raise  # nothing was resumed: nothing to undo
-                _run_quietly(hook.before_pause for hook in reversed(ran) if hook is not resume)
-                native.pause(paused_before)
-                raise
-        if interrupt is not None:
-            raise interrupt
 
     # ----- hooks ---------------------------------------------------------------------------
     # ----- disk backup -------------------------------------------------------------------
@@ -827,7 +761,7 @@ class MemorySaver:
         """From now on a pause of ``tag`` writes its disk-backed allocations to files and a
         resume reads them back (after the user's before_pause hooks, before their after_resume)."""
         self._disk_directory_or_raise()
-        with self._lock:  # _hooks_of reads the hooks under it
+        with self._lock:
             self._disk.back_up(tag, self._core)
 
     def _close_restored_disk_backups(self) -> None:
@@ -841,44 +775,23 @@ class MemorySaver:
         long as a mapping: CUDA IPC handles, NCCL buffer registrations, RDMA registrations.
 
         Hooks run only when the tag really changes state, on the thread that calls
-        pause/resume: before_pause in registration order, after_resume in reverse. A
-        before_pause that raises aborts the pause (the hooks that already ran get their
-        after_resume) and nothing is released; an after_resume that raises pauses the call's
-        tags again (hooks that ran get their before_pause) and the exception propagates.
-        Returns a function that removes the hooks.
+        pause/resume: before_pause in registration order, after_resume in reverse, and
+        alternating: a tag gets its after_resume hooks once after each time its before_pause
+        hooks ran (hooks registered while it is paused run from its next pause on). A hook
+        may pause or resume tags itself; each tag's state is read when its turn comes, so no
+        hook runs twice or on memory in the wrong state. Pauses and resumes that run hooks
+        are serialized by a lock (concurrent calls run one after the other), so a hook must
+        not wait for another thread's pause or resume. A before_pause that raises aborts the
+        pause (the hooks that already ran get their after_resume) and nothing is released;
+        an after_resume that raises pauses the call's tags again (hooks that ran get their
+        before_pause) and the exception propagates. Returns a function that removes the hooks.
         """
         check_tag(tag)
+        _lib.check_process()  # a forked child is refused before the hooks' lock is taken
         for name, hook in (("before_pause", before_pause), ("after_resume", after_resume)):
             if hook is not None and not callable(hook):
                 raise TypeError(f"{name} must be callable or None, got {type(hook).__name__}")
-        entry = _TagHooks(before_pause, after_resume)
-        with self._lock:
-            self._hooks.setdefault(tag, []).append(entry)
-
-        def remove() -> None:
-            with self._lock:
-                if entry in self._hooks.get(tag, []):
-                    self._hooks[tag].remove(entry)
-        return remove
-
-    def _hooks_of(self, native: _lib.NativeSaver, names: list[str] | None,
-                  state: int) -> list[tuple[str, _TagHooks]]:
-        """(tag, hooks) of the selected tags that are in ``state`` (so the call changes them)."""
-        with self._lock:
-            hooked = {tag: list(hooks) for tag, hooks in self._hooks.items() if hooks}
-            # The disk backup runs after the user's before_pause hooks and before their
-            # after_resume hooks, which then see the content.
-            for tag, disk in self._disk_hooks.items():
-                hooked[tag] = [*hooked.get(tag, []), disk]
-        if not hooked:
-            return []
-        selected = [t for t in (names if names is not None else sorted(hooked)) if t in hooked]
-        return [(t, hook) for t in dict.fromkeys(selected) if native.tag_state(t) == state for hook in hooked[t]]
-
-    @staticmethod
-    def _paused_tags(native: _lib.NativeSaver, names: list[str] | None) -> list[str]:
-        tags = names if names is not None else list(native.stats())
-        return [t for t in tags if native.tag_state(t) == _lib.TAG_PAUSED]
+        return self._transitions.register(tag, before_pause, after_resume)
 
     def _refuse_during_capture(self, what: str) -> None:
         # Synchronizing or remapping while a graph captures would break the capture.
@@ -900,6 +813,7 @@ class MemorySaver:
         enter and leave such a block together, and no collective may run on them inside it.
         """
         names = self._selection(tag)
+        _lib.check_process()  # a forked child is refused before any lock is taken
         release = _check_bool(release_leftovers, "release_leftovers")
         if process_groups is not None and not release:
             raise ValueError("process_groups is only used with release_leftovers=True")

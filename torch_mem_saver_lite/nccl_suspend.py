@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from . import interrupts
 from .errors import MemorySaverError
 
 # NCCL's ncclCommSuspend flag: release the communicator's dynamic device memory.
@@ -307,8 +308,10 @@ def suspend_group(group: Any) -> GroupOutcome:
             entry = _Suspended(group, name, device, mechanism, 0, resume)
             free_before = _free_bytes(device)
             try:
-                # One line: once suspended, the group is on record (restore_leftovers finds it).
-                suspend(); _suspended[name] = entry; _install_guard()  # noqa: E702
+                with interrupts.deferred():  # once suspended, the group is on record (restore_leftovers finds it)
+                    suspend()
+                    _suspended[name] = entry
+                    _install_guard()
             except Exception as error:  # noqa: BLE001 - the next mechanism, or the reason reported
                 reasons.append(f"{mechanism} suspend failed: {error}")
                 continue
@@ -332,7 +335,9 @@ def resume_groups(names: Iterable[str] | None = None) -> list[GroupOutcome]:
         for name in chosen:
             entry = _suspended[name]
             try:
-                entry.resume(); del _suspended[name]  # noqa: E702 - one line: resumed means off the record
+                with interrupts.deferred():  # resumed means off the record
+                    entry.resume()
+                    del _suspended[name]
             except Exception as error:  # noqa: BLE001 - raised below, after the others were tried
                 failure = failure or MemorySaverError(f"resuming NCCL process group {name!r} failed: {error}")
                 outcomes.append(GroupOutcome(name, entry.device, True, entry.mechanism, 0, f"resume failed: {error}"))
