@@ -9,9 +9,9 @@ from __future__ import annotations
 import signal
 import sys
 
-from torch_mem_saver_lite import disk_backup, memory_saver, transitions
+from torch_mem_saver_lite import disk_backup, memory_saver, regions, transitions
 
-LIBRARY_FILES = (memory_saver.__file__, disk_backup.__file__, transitions.__file__)
+LIBRARY_FILES = (memory_saver.__file__, regions.__file__, transitions.__file__, disk_backup.__file__)
 
 
 def _inside_finalizer(frame) -> bool:
@@ -39,7 +39,7 @@ def interrupted_at(k: int, body, files=LIBRARY_FILES) -> bool:
 
     def tracer(frame, event, arg):
         # Not in finalizers nor what they call: the garbage collector runs them whenever it
-        # likes (an _Undo of an earlier round, say), and Python swallows what they raise, so
+        # likes (an Undo of an earlier round, say), and Python swallows what they raise, so
         # a count that reached k there would interrupt nothing and end the test's walk early.
         if frame.f_code.co_filename not in files or _inside_finalizer(frame):
             return None

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from interrupts import interrupted_at
-from torch_mem_saver_lite import memory_saver
+from torch_mem_saver_lite import regions
 from torch_mem_saver_lite.testing import HostSaver
 
 MiB = 1 << 20
@@ -61,7 +61,7 @@ def test_interrupting_region_and_disable_anywhere_restores_the_enclosing_region(
             lines = every_line(body, check)
         assert lines > 3
         assert outside_any_region_is_refused(mem)
-        assert memory_saver._stack() == []
+        assert regions._stack() == []
     host_saver.close()
 
 

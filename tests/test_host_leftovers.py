@@ -14,7 +14,16 @@ import torch
 import torch.distributed as dist
 
 from interrupts import interrupted_at
-from torch_mem_saver_lite import GroupOutcome, LeftoverReport, MemorySaverError, leftovers, memory_saver, nccl_suspend
+from torch_mem_saver_lite import (
+    GroupOutcome,
+    LeftoverReport,
+    MemorySaverError,
+    leftovers,
+    memory_saver,
+    nccl_suspend,
+    regions,
+    transitions,
+)
 from torch_mem_saver_lite.nccl_suspend import NcclLibrary
 
 MiB = 1 << 20
@@ -282,7 +291,7 @@ def test_interrupting_paused_with_release_leftovers_anywhere_leaves_everything_r
     with host_saver.region("kv", enable_cpu_backup=True):
         ptr = mem.malloc(4 * MiB)
     mem.write(ptr, b"kept")
-    files = (memory_saver.__file__, leftovers.__file__, nccl_suspend.__file__)
+    files = (memory_saver.__file__, regions.__file__, transitions.__file__, leftovers.__file__, nccl_suspend.__file__)
 
     def body():
         with host_saver.paused("kv", release_leftovers=True):

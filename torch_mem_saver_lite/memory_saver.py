@@ -16,22 +16,20 @@ from typing import Any
 
 import torch
 
-from . import _lib, breakdown, environment, interrupts, leftovers, nccl_suspend
+from . import _lib, breakdown, environment, leftovers, nccl_suspend
 from .breakdown import MemoryBreakdown
 from .disk_backup import DiskBackups
 from .environment import CPU_BACKUP_BACKENDS
 from .errors import DriverNotFoundError, InvalidArgumentError, MemorySaverError
-from .hooks import Route, TorchPools, begin_route, end_route, release_route
+from .hooks import TorchPools
 from .leftovers import LeftoverReport
 from .preload import check_preload_ready, cudamalloc_bypassed
+from .regions import Region, Undo, disable_pool, pushed, retire_pool
 from .stats import TagStats
 from .transitions import Hook, TagHooks, Transitions
 
 _HOOK_MODES = ("torch", "preload")
 _MAX_TAG_LENGTH = 256
-
-# Regions nest per thread, across savers: one stack of _Region entries a thread.
-_thread = threading.local()
 
 logger = logging.getLogger("torch_mem_saver_lite")
 _GiB = 1 << 30
@@ -109,174 +107,11 @@ def _check_backup(value: object, name: str = "enable_cpu_backup") -> bool | None
     return value
 
 
-class _Region:
-    """One entry of a thread's region stack: a native region (None: saver.disable()) and
-    the torch pool route that go with it. What the C ABI and torch take is computed here,
-    so that making an entry current is a single C call each (see _pushed)."""
-
-    __slots__ = ("native", "route", "checked", "_handle", "_tag", "_choice")
-
-    def __init__(self, native: _lib.NativeSaver | None, tag: str = "", choice: int = _lib.CHOICE_AUTO,
-                 route: Route | None = None, checked: bool = True):
-        self.native, self.checked = native, checked  # checked=False: entered without the tag checks
-        self.route = None if route is None else (route[0], route[1].id)  # (device, pool id)
-        self._handle = native.handle if native is not None else None
-        self._tag, self._choice = tag.encode(), choice
-
-    def enter(self) -> int:
-        """Check the region against its saver's tag catalogue and make it current natively."""
-        if not self.checked:
-            self.restore()
-            return 0
-        if self.native is None:
-            return _lib.lib().tmsl_disable_thread_region()
-        return _lib.lib().tmsl_enter_region(self._handle, self._tag, self._choice)
-
-    def restore(self) -> None:
-        """Make this (enclosing) entry current natively again, without the checks."""
-        if self.native is None:
-            _lib.lib().tmsl_disable_thread_region()
-        else:
-            _lib.lib().tmsl_set_thread_region(self._handle, self._tag, self._choice)
-
-
 def _prepare_quietly(native: _lib.NativeSaver, tag: str) -> None:
     """Have host memory for the tag's backups set aside in the background, for its first
     pause. Best effort: a saver closed inside the block, say, just skips it."""
     with contextlib.suppress(MemorySaverError):
         native.prepare_backups([tag])
-
-
-def _stack() -> list[_Region]:
-    return _thread.__dict__.setdefault("stack", [])
-
-
-# The threads torch routes to one of our pools now, and disable()'s pools waiting to be freed
-# (with their device). torch refuses to free any pool's cache while some thread is routed on
-# the device (it counts routes as captures underway, and ends the process), so a disable()
-# block's pool is freed once no thread is routed, and reused by the next block meanwhile.
-# Routes the saver does not make (a user's torch.cuda.use_mem_pool, a graph capture) are not
-# seen here.
-_routed_threads: dict[int, tuple] = {}
-_parked_pools: list[tuple[int, torch.cuda.MemPool]] = []
-
-
-def _disable_pool(device: int) -> torch.cuda.MemPool:
-    """A pool for a disable() block on ``device``: a parked one, else a new one."""
-    for k, (parked_device, pool) in enumerate(_parked_pools):
-        if parked_device == device:
-            del _parked_pools[k]
-            return pool
-    return torch.cuda.MemPool()
-
-
-def _retire_pool(route: tuple[int, torch.cuda.MemPool] | None) -> None:
-    """Free a disable() block's pool, now unused, and those parked earlier, or park it until
-    no thread is routed. No lock: an interrupt could leave one held; each list step is atomic
-    under the GIL (a route begun between the check and the clear is the one race left)."""
-    if route is not None:
-        _parked_pools.append(route)
-    if not _routed_threads:
-        _parked_pools.clear()  # torch frees each pool's cached blocks as it goes
-
-
-def _route_to(target: tuple | None) -> None:
-    """Make ``target`` ((device, pool id), or None) the torch pool this thread's allocations
-    go to. torch counts a reference per begin, which an end plus a release give back. Each
-    step is one call and its record on one line, so an interrupt between steps leaves the
-    record true and calling this again finishes the job."""
-    state = _thread.__dict__
-    if state.get("unreleased") is not None:
-        with interrupts.deferred():
-            release_route(*state["unreleased"])
-            state["unreleased"] = None
-    current = state.get("route")
-    # The record of routed threads follows the route itself, also after an interrupt.
-    if current is None:
-        _routed_threads.pop(threading.get_ident(), None)
-    else:
-        _routed_threads[threading.get_ident()] = current
-    if current == target:
-        return
-    if current is not None:
-        with interrupts.deferred():
-            end_route(*current)
-            state["unreleased"], state["route"] = current, None
-        _routed_threads.pop(threading.get_ident(), None)
-        with interrupts.deferred():
-            release_route(*current)
-            state["unreleased"] = None
-    if target is not None:
-        _routed_threads[threading.get_ident()] = target
-        with interrupts.deferred():
-            begin_route(*target)
-            state["route"] = target
-
-
-def _settle(stack: list[_Region], depth: int) -> BaseException | None:
-    """Make the thread's native region and torch route those of ``stack[:depth]``. An
-    interrupt (Ctrl-C) in the middle makes it start over; it is returned once all is
-    settled, for the caller to raise."""
-    interrupt = None
-    for _ in range(16):
-        try:
-            del stack[depth:]
-            top = stack[-1] if stack else None
-            _route_to(top.route if top is not None else None)
-            if top is not None:
-                top.restore()
-            else:
-                _lib.lib().tmsl_set_thread_region(None, None, 0)  # back to the process defaults
-            break
-        except BaseException as error:  # noqa: BLE001 - handed back, once settled
-            interrupt = interrupt or error
-    return interrupt
-
-
-class _Undo:
-    """Runs an undo action exactly once: from the finally clause that owns it, or, should
-    an interrupt land on that clause's first line (before the call), when the frame holding
-    it is torn down by that very interrupt (on the thread it belongs to). The action is
-    idempotent and returns an interrupt it deferred, raised here once the action is done."""
-
-    __slots__ = ("_action", "_thread")
-
-    def __init__(self, action: Callable[[], BaseException | None]) -> None:
-        # The thread first: once the action is set, __del__ finds everything it reads.
-        self._thread = threading.get_ident()
-        self._action: Callable[[], BaseException | None] | None = action
-
-    def __call__(self) -> None:
-        with interrupts.deferred():  # taken and run as one step: never twice, never skipped
-            action, self._action = self._action, None
-            interrupt = action() if action is not None else None
-        if interrupt is not None:
-            raise interrupt
-
-    def __del__(self) -> None:
-        # getattr: an interrupt may have cut __init__ short before the action was set.
-        if getattr(self, "_action", None) is not None and threading.get_ident() == self._thread:
-            with contextlib.suppress(BaseException):  # the interrupt itself is already on its way
-                self()
-
-
-@contextlib.contextmanager
-def _pushed(entry: _Region) -> Iterator[None]:
-    """Make ``entry`` this thread's region for the block. A region is checked against its
-    saver's tag catalogue first (a paused tag raises). Whatever interrupts the block or its
-    entry, on the way out the thread's state is again that of the enclosing entries."""
-    stack = _stack()
-    undo = _Undo(functools.partial(_settle, stack, len(stack)))
-    try:
-        if entry.enter() != 0:
-            raise _lib.last_error()
-        stack.append(entry)
-        _route_to(entry.route)
-        yield
-    finally:
-        undo()
-        if _parked_pools and not _routed_threads:
-            _retire_pool(None)
 
 
 @functools.cache
@@ -533,7 +368,7 @@ class MemorySaver:
             self._disk_directory_or_raise()
         route = self._torch_pools().route(tag, choice) if self._routes_torch else None
         _lib.take_allocation_failure()  # only failures inside this block are explained below
-        with _pushed(_Region(native, tag, choice, route)):
+        with pushed(Region(native, tag, choice, route)):
             if disk:  # only once the tag has taken the region
                 self._back_up_to_disk(tag)
             if self._routes_torch and torch.cuda.is_current_stream_capturing():
@@ -601,7 +436,7 @@ class MemorySaver:
         native = self._enter()
         backup = _check_backup(enable_cpu_backup)
         choice = _lib.backup_choice(backup, caches is not False)
-        entry = _Region(native, check_tag(tag), choice)  # no torch route
+        entry = Region(native, check_tag(tag), choice)  # no torch route
         _turn_off_nccl_graph_registration()
         pools = self._torch_pools()
         tag_pool = pools.pool(tag, torch.cuda.current_device(), choice).id
@@ -612,7 +447,7 @@ class MemorySaver:
             pool = tag_pool
         elif pool is None:
             pool = tag_pool
-        with _pushed(entry):
+        with pushed(entry):
             if caches is not None and backup is None:  # an explicit choice says it per allocation
                 native.set_caches_backups(tag, caches)
             _lib.note_graph_capture()  # the tag is graph memory even if the capture allocates nothing
@@ -635,12 +470,12 @@ class MemorySaver:
         route = None
         if self._routes_torch and torch.cuda.is_available():
             device = torch.cuda.current_device()
-            route = (device, _disable_pool(device))
+            route = (device, disable_pool(device))
         try:
-            with _pushed(_Region(None, route=route)):
+            with pushed(Region(None, route=route)):
                 yield
         finally:
-            _retire_pool(route)
+            retire_pool(route)
 
     def _region_choice(self, enable_cpu_backup: object, enable_disk_backup: object,
                        cpu_backup_backend: object) -> int:
@@ -662,7 +497,7 @@ class MemorySaver:
         native = self._enter()
         if choice == _lib.CHOICE_DISK:
             self._back_up_to_disk(tag)  # its hooks write the content out at a pause
-        return _pushed(_Region(native, tag, choice, checked=False))
+        return pushed(Region(native, tag, choice, checked=False))
 
     def _torch_pools(self) -> TorchPools:
         with self._lock:
@@ -827,7 +662,7 @@ class MemorySaver:
         active = [t for t, state in states.items() if state == _lib.TAG_ACTIVE]
         # What was suspended before the block stays suspended after it, like tags paused before.
         suspended_before = nccl_suspend.suspended_names()
-        undo = _Undo(functools.partial(self._resume_despite_interrupts, active,
+        undo = Undo(functools.partial(self._resume_despite_interrupts, active,
                                        suspended_before if release else None))
         try:
             self.pause(active)
