@@ -86,6 +86,22 @@ TMSL_API int tmsl_check_process(void) {
   return guarded([] { return in_forked_child() ? forked_child_error() : Status::Ok(); });
 }
 
+TMSL_API int tmsl_existing_default_saver(void** out) {
+  return guarded([&] {
+    Status s = require(out != nullptr, "out must not be NULL");
+    if (s.ok()) *out = reinterpret_cast<void*>(existing_default_saver());
+    return s;
+  });
+}
+
+TMSL_API int tmsl_default_host_cache_bytes(size_t* out) {
+  return guarded([&] {
+    Status s = require(out != nullptr, "out must not be NULL");
+    if (s.ok()) *out = Saver::default_host_cache_bytes();
+    return s;
+  });
+}
+
 TMSL_API int tmsl_default_saver(void** out) {
   return guarded([&] {
     Status s = require(out != nullptr, "out must not be NULL");

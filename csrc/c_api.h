@@ -29,6 +29,11 @@ TMSL_API int tmsl_check_process(void);
 
 // The process-wide (CUDA) saver, created on first call.
 TMSL_API int tmsl_default_saver(void** out);
+// The process-wide saver if a region or the allocation hooks created it already, else NULL:
+// for reads, which must not start the CUDA driver.
+TMSL_API int tmsl_existing_default_saver(void** out);
+// The host cache budget a new saver starts with (bytes), read without any saver.
+TMSL_API int tmsl_default_host_cache_bytes(size_t* out);
 
 // enable_cpu_backup, the region's backup choice: -1 = not given (the tag's first explicit
 // setting; without one, graph memory only), 0 = off, 1 = on, 2 = on with the host memory

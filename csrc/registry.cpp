@@ -94,6 +94,8 @@ Status default_saver(SaverHandle* out) {
   return Status::Ok();
 }
 
+SaverHandle existing_default_saver() { return registry().process_wide.load(std::memory_order_acquire); }
+
 Status add_saver(std::unique_ptr<Saver> saver, SaverHandle* out) {
   saver->set_poison_on_resume(process_defaults().poison_on_resume);
   Registry& r = registry();

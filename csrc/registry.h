@@ -49,6 +49,8 @@ class SaverRef {
 
 // Creates the CUDA-backed saver on first call; fails (and retries next time) without a driver.
 Status default_saver(SaverHandle* out);
+// The process-wide saver's handle, or 0 if it was never created (creates nothing).
+SaverHandle existing_default_saver();
 Status add_saver(std::unique_ptr<Saver> saver, SaverHandle* out);
 // Destroys a saver made by add_saver (the process-wide one cannot be removed): from now on
 // its handle finds nothing; it is deleted once the calls still using it have returned.

@@ -55,3 +55,27 @@ def test_torch_memory_saver_c_entry_points_over_the_process_wide_region(fake_dri
         pytest.skip("needs a CPU build of torch (a CUDA build's runtime fails without a GPU)")
     run_scenario(fake_driver, "tms_entry_points", TMS_INIT_ENABLE="1", TMS_INIT_ENABLE_CPU_BACKUP="1",
                  TMS_INIT_CPU_BACKUP_BACKEND="mmap")
+
+
+def test_reads_on_a_fresh_process_never_start_the_cuda_driver(fake_driver):
+    # stats(), host_cache_bytes, release_host_cache() and wait_for_released_backups() with no
+    # saver made yet answer without loading the driver; making the core does (the control).
+    code = """if True:
+        import sys
+        import torch_mem_saver_lite as tmsl
+        def driver_loaded():
+            return sys.argv[1] in open("/proc/self/maps").read()
+        stats, cache = tmsl.saver.stats(), tmsl.saver.host_cache_bytes
+        tmsl.saver.release_host_cache()
+        tmsl.saver.wait_for_released_backups()
+        print("reads", stats, cache > 0, driver_loaded())
+        tmsl.saver.host_cache_bytes = 1 << 20
+        print("setting", tmsl.saver.host_cache_bytes, driver_loaded())
+        tmsl._lib.NativeSaver.process_wide()  # the core: loads the driver
+        print("core", driver_loaded(), tmsl.saver.host_cache_bytes)
+    """
+    result = subprocess.run([sys.executable, "-c", code, fake_driver], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "TMSL_CUDA_DRIVER_LIBRARY": fake_driver})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == ["reads {} True False", "setting 1048576 False", "core True 1048576"], \
+        result.stdout

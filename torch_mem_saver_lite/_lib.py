@@ -44,6 +44,8 @@ _SIGNATURES = {
     "tmsl_take_allocation_failure": ([], _int),
     "tmsl_check_process": ([], _int),
     "tmsl_default_saver": ([ctypes.POINTER(_vp)], _int),
+    "tmsl_existing_default_saver": ([ctypes.POINTER(_vp)], _int),
+    "tmsl_default_host_cache_bytes": ([ctypes.POINTER(_sz)], _int),
     "tmsl_create_host_saver": ([_sz, _sz, ctypes.POINTER(_vp)], _int),
     "tmsl_destroy_saver": ([_vp], _int),
     "tmsl_enter_region": ([_vp, ctypes.c_char_p, _int], _int),
@@ -174,6 +176,13 @@ def last_error() -> MemorySaverError:
     return _EXCEPTIONS.get(name, MemorySaverError)(message)
 
 
+def default_host_cache_bytes() -> int:
+    """The host cache budget a new saver starts with, from the host memory this process may use."""
+    out = _sz()
+    check(lib().tmsl_default_host_cache_bytes(ctypes.byref(out)))
+    return out.value
+
+
 def check_process() -> None:
     """MemorySaverError in a child forked from a process that uses the library (savers, their
     threads and device memory stay with the parent): before anything touches CUDA there."""
@@ -226,6 +235,14 @@ class NativeSaver:
         handle = _vp()
         check(lib().tmsl_default_saver(ctypes.byref(handle)))
         return cls(handle.value, "cuda")
+
+    @classmethod
+    def existing_process_wide(cls) -> NativeSaver | None:
+        """The process-wide saver if something created it already; creates nothing (so
+        the CUDA driver is not started)."""
+        handle = _vp()
+        check(lib().tmsl_existing_default_saver(ctypes.byref(handle)))
+        return cls(handle.value, "cuda") if handle.value else None
 
     @classmethod
     def host(cls, capacity_bytes: int, granularity_bytes: int) -> NativeSaver:

@@ -262,11 +262,10 @@ class MemorySaver:
         process may use (the least of the machine's memory, what is available at start and its
         container's cgroup limit), at most 32 GiB; 0 turns the cache off. Lowering it gives
         back at once what no longer fits. ``release_host_cache()`` frees what it holds."""
-        native = self._native if self._native is not None or self._host_cache_bytes is not None \
-            else self._existing_core()
+        native = self._created_core()
         if native is not None:
             return native.host_cache_bytes()
-        return self._host_cache_bytes or 0
+        return self._host_cache_bytes if self._host_cache_bytes is not None else _lib.default_host_cache_bytes()
 
     @host_cache_bytes.setter
     def host_cache_bytes(self, nbytes: int) -> None:
@@ -277,7 +276,7 @@ class MemorySaver:
     def release_host_cache(self) -> None:
         """Free the host memory the cache (and retention) keeps for resident memory; the
         next pause prepares new host memory again."""
-        native = self._existing_core()
+        native = self._created_core()
         if native is not None:
             native.release_host_cache()
             native.wait_for_released_backups()
@@ -528,6 +527,17 @@ class MemorySaver:
                 return None
         return self._native
 
+    def _created_core(self) -> _lib.NativeSaver | None:
+        """The core if it exists already (made by a region, or by the allocation hooks in a
+        preloaded process), else None: reads use this, so they never start the CUDA driver."""
+        if self._native is None and self._find_native() is None:
+            return None
+        return self._existing_core()
+
+    def _find_native(self) -> _lib.NativeSaver | None:
+        """The native saver if one exists already; creates nothing."""
+        return _lib.NativeSaver.existing_process_wide()
+
     def _native_for(self, names: list[str] | None) -> _lib.NativeSaver | None:
         """The native saver for a pause/resume of ``names``; None when there is none (then
         naming a tag is an error, as the core would say)."""
@@ -744,7 +754,7 @@ class MemorySaver:
     def stats(self) -> dict[str, TagStats]:
         """Per tag: allocations, reserved, resident, paused and host backup bytes, and
         whether the tag is paused, holds graph memory and is backed up at a pause."""
-        native = self._existing_core()
+        native = self._created_core()
         values = native.stats() if native is not None else {}
         return {tag: TagStats.from_native(tag_values) for tag, tag_values in sorted(values.items())}
 
@@ -797,6 +807,6 @@ class MemorySaver:
         A resume returns as soon as the content is back on the device and frees its host
         memory on a background thread; call this before measuring host memory.
         """
-        native = self._existing_core()
+        native = self._created_core()
         if native is not None:
             native.wait_for_released_backups()

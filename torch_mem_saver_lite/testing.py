@@ -53,6 +53,9 @@ class HostSaver(MemorySaver):
         self._finalizer = weakref.finalize(self, _destroy, native)
         return native
 
+    def _find_native(self) -> _lib.NativeSaver | None:
+        return self._native  # a host saver exists only once this object made it
+
     def inject_fault(self, operation: str, after_calls: int = 1, times: int = 1) -> None:
         """Make the ``after_calls``-th next call of the backend's ``operation`` (``"map"``,
         ``"unmap"``, ``"copy_to_host_async"``, ...), and the ``times - 1`` calls after it,
