@@ -71,17 +71,6 @@ class Backend {
   virtual Status synchronize_stream(int device, void* stream) = 0;
 
   virtual Status memory_info(int device, size_t* free_bytes, size_t* total_bytes) = 0;
-
-  // Test hook: make the `after_calls`-th next call of `operation` (a method name above,
-  // e.g. "map") and the `times` - 1 calls after it fail as a driver error would. Only the
-  // host backend supports it.
-  virtual Status inject_fault(const std::string& operation, long after_calls, long times) {
-    (void)operation;
-    (void)after_calls;
-    (void)times;
-    return Status::Error(Code::kInvalidArgument, std::string("the ") + name() +
-                                                     " backend has no fault injection");
-  }
 };
 
 // Opens the CUDA driver (libcuda.so.1, or $TMSL_CUDA_DRIVER_LIBRARY) at run time.
@@ -90,5 +79,9 @@ Status make_cuda_backend(std::unique_ptr<Backend>* out);
 
 // capacity_bytes == 0 means no limit beyond the machine's own.
 std::unique_ptr<Backend> make_host_backend(size_t capacity_bytes, size_t granularity_bytes);
+// Tests only: make the `after_calls`-th next call of `operation` (a method name above, e.g.
+// "map") on a host backend, and the `times` - 1 calls after it, fail as a driver error would.
+// Any other backend refuses (kInvalidArgument).
+Status inject_host_fault(Backend& backend, const std::string& operation, long after_calls, long times);
 
 }  // namespace tmsl

@@ -257,7 +257,7 @@ class HostBackend final : public Backend {
   }
   Status synchronize_stream(int, void*) override { return Status::Ok(); }
 
-  Status inject_fault(const std::string& operation, long after_calls, long times) override {
+  Status inject_fault(const std::string& operation, long after_calls, long times) {
     return faults_.arm(operation, after_calls, times);
   }
 
@@ -293,6 +293,15 @@ class HostBackend final : public Backend {
 
 std::unique_ptr<Backend> make_host_backend(size_t capacity_bytes, size_t granularity_bytes) {
   return std::make_unique<HostBackend>(capacity_bytes, granularity_bytes);
+}
+
+Status inject_host_fault(Backend& backend, const std::string& operation, long after_calls, long times) {
+  auto* host = dynamic_cast<HostBackend*>(&backend);
+  if (host == nullptr) {
+    return Status::Error(Code::kInvalidArgument, std::string("the ") + backend.name() +
+                                                     " backend has no fault injection (host savers only)");
+  }
+  return host->inject_fault(operation, after_calls, times);
 }
 
 }  // namespace tmsl

@@ -51,7 +51,7 @@ TMSL_API int tmsl_free(void* handle, void* ptr, void* stream) {
 TMSL_API int tmsl_inject_fault(void* handle, const char* operation, long after_calls, long times) {
   return on_saver(handle, [&](Saver& saver) {
     Status s = require(operation != nullptr, "operation must not be NULL");
-    return s.ok() ? saver.backend().inject_fault(operation, after_calls, times) : s;
+    return s.ok() ? inject_host_fault(saver.backend(), operation, after_calls, times) : s;
   });
 }
 

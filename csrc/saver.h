@@ -152,7 +152,6 @@ class Saver {
   // before each physical allocation, so the saver never takes the last bytes another
   // engine on the GPU counts on.
   void set_memory_margin(size_t bytes) { margin_bytes_.store(bytes); }
-  size_t memory_margin() const { return margin_bytes_.load(); }
   // Keep host backups after a successful resume and reuse them at the next pause, so a
   // pause/resume cycle stops paying for host allocation.
   void set_retain_backups(bool retain) { retain_backups_.store(retain); }

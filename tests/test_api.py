@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -192,3 +193,30 @@ def test_a_hook_mode_assigned_after_regions_used_another_is_ignored_with_a_warni
     assert host_saver.hook_mode == mode
     with host_saver.region("kv"):  # regions go on as before
         mem.malloc(MiB)
+
+
+def test_memory_saver_is_one_per_process_and_host_savers_are_one_per_call():
+    import torch_mem_saver_lite as tmsl
+    from torch_mem_saver_lite.testing import HostSaver
+
+    margin = tmsl.saver.memory_margin_bytes
+    tmsl.saver.memory_margin_bytes = margin + 4096
+    try:
+        again = tmsl.MemorySaver()
+        assert again is tmsl.saver and tmsl.torch_memory_saver._saver is tmsl.saver
+        assert again.memory_margin_bytes == margin + 4096  # not set up a second time
+    finally:
+        tmsl.saver.memory_margin_bytes = margin
+    first, second = HostSaver(), HostSaver()
+    assert first is not second
+    first.close()
+    second.close()
+
+
+def test_library_path_names_the_loaded_native_library():
+    import torch_mem_saver_lite as tmsl
+
+    path = tmsl.library_path()
+    assert os.path.isabs(path) and os.path.basename(path) == "libtorch_mem_saver_lite.so"
+    tmsl.saver.stats()  # loads the library
+    assert path in Path("/proc/self/maps").read_text()

@@ -10,6 +10,7 @@ keeping their virtual addresses, and take it back later.
 
 import importlib.metadata as _metadata
 
+from ._lib import library_path
 from .breakdown import MemoryBreakdown
 from .compat import TorchMemorySaver
 from .errors import (
@@ -51,6 +52,7 @@ __all__ = [
     "TagStats",
     "TorchMemorySaver",
     "configure_subprocess",
+    "library_path",
     "saver",
     "torch_memory_saver",
 ]

@@ -126,7 +126,9 @@ def _candidate_paths() -> list[Path]:
 
 @functools.cache
 def library_path() -> str:
-    """Absolute path of the native library; MemorySaverError if it was never built."""
+    """Absolute path of the native library (``libtorch_mem_saver_lite.so``): what
+    ``LD_PRELOAD`` takes in preload mode and what torch's ``CUDAPluggableAllocator`` loads.
+    ``TMSL_LIBRARY`` overrides it. MemorySaverError if it was never built."""
     for path in _candidate_paths():
         if path.is_file():
             return str(path.resolve())
@@ -226,15 +228,14 @@ def _tag_array(tags: Sequence[str] | None) -> tuple[ctypes.Array[ctypes.c_char_p
 class NativeSaver:
     """One saver of the native library (the process-wide CUDA one, or a host one)."""
 
-    def __init__(self, handle: int | None, backend: str):
+    def __init__(self, handle: int | None):
         self.handle = handle  # a c_void_p's value, as ctypes gives it (None would be NULL)
-        self.backend = backend
 
     @classmethod
     def process_wide(cls) -> NativeSaver:
         handle = _vp()
         check(lib().tmsl_default_saver(ctypes.byref(handle)))
-        return cls(handle.value, "cuda")
+        return cls(handle.value)
 
     @classmethod
     def existing_process_wide(cls) -> NativeSaver | None:
@@ -242,13 +243,13 @@ class NativeSaver:
         the CUDA driver is not started)."""
         handle = _vp()
         check(lib().tmsl_existing_default_saver(ctypes.byref(handle)))
-        return cls(handle.value, "cuda") if handle.value else None
+        return cls(handle.value) if handle.value else None
 
     @classmethod
     def host(cls, capacity_bytes: int, granularity_bytes: int) -> NativeSaver:
         handle = _vp()
         check(lib().tmsl_create_host_saver(capacity_bytes, granularity_bytes, ctypes.byref(handle)))
-        return cls(handle.value, "host")
+        return cls(handle.value)
 
     def destroy(self) -> None:
         check(lib().tmsl_destroy_saver(self.handle))

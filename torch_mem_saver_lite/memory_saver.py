@@ -151,9 +151,11 @@ def _turn_off_nccl_graph_registration() -> None:
 class MemorySaver:
     """Releases the device memory of tagged allocations and gives it back at the same addresses.
 
-    Use the process-wide instance, ``torch_mem_saver_lite.saver``: every MemorySaver works
-    on the one CUDA saver of the native library. (``torch_mem_saver_lite.testing.HostSaver``
-    runs the same core over host memory, for tests.)
+    There is one per process, ``torch_mem_saver_lite.saver``, and ``MemorySaver()`` returns
+    it: the native library has one CUDA saver a process (the allocation hooks and torch's
+    pluggable allocator find it without being told), and the tag hooks, torch pools and
+    settings that go with its tags must have one owner too. (``torch_mem_saver_lite.testing.
+    HostSaver`` runs the same core over host memory, a new one each time, for tests.)
 
     Reading a paused tensor is a user error: the GPU reports it as an illegal memory
     access, which ends the CUDA context. Resume before touching paused memory.
@@ -165,7 +167,20 @@ class MemorySaver:
     # Whether the memory is device memory (False: host memory, the testing saver).
     _on_device = True
 
+    _process_wide: MemorySaver | None = None
+    _process_wide_lock = threading.Lock()
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> MemorySaver:
+        if cls is not MemorySaver:  # HostSaver: one per call (its own arguments go to its __init__)
+            return super().__new__(cls)
+        with MemorySaver._process_wide_lock:
+            if MemorySaver._process_wide is None:
+                MemorySaver._process_wide = super().__new__(cls)
+            return MemorySaver._process_wide
+
     def __init__(self) -> None:
+        if "_transitions" in self.__dict__:
+            return  # MemorySaver() again: the process-wide saver, set up already
         self._native: _lib.NativeSaver | None = None
         self._hook_mode = "torch"
         self._lock = threading.RLock()
