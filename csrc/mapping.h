@@ -1,12 +1,15 @@
 // The only code that puts physical memory behind a reserved address range or takes it
 // away. Everything that maps (allocate, resume) and unmaps (free, pause, rollback,
-// teardown) goes through these two functions, so the order and the error handling are
-// written once: a handle is released only once it is unmapped, and never dropped silently.
+// teardown) goes through here, so the order and the error handling are written once: a
+// handle is released only once it is unmapped, and never dropped silently. What cannot be
+// taken down now is an orphan, kept by the saver's Mappings and retried until released.
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -69,23 +72,64 @@ struct Pieces {
   size_t length(size_t k, size_t size) const { return std::min(piece_bytes, size - offset(k)); }
 };
 
-// What a failed map_physical could not clean up after itself (cleanup failing too): the
-// caller keeps it to release later. physical == 0: nothing.
-struct Leftover {
-  PhysicalHandle physical = 0;
-  bool mapped = false;  // still mapped at the va
+// Physical memory (physical != 0, still mapped at [va, va + size) if `mapped`) and an
+// address range (`range`) not yet given back. A range is given back only once no orphan has
+// memory mapped inside it.
+struct Orphan {
+  int device = 0;
+  uintptr_t va = 0;
+  size_t size = 0;
+  PhysicalHandle physical = 0;  // still to release (0: none)
+  bool mapped = false;          // still to unmap first
+  bool range = false;           // the address range still to give back, last
 };
 
 // Creates `size` bytes of physical memory on `device` (refused with kOutOfMemory when the
 // device would be left with less than `margin` free bytes; 0 = no margin), maps it at
 // [va, va + size) and makes it readable and writable. On error it undoes what it did; what
-// it could not undo is in *leftover.
+// it could not undo is in *orphan (physical != 0), for the caller to adopt.
 Status map_physical(Backend& backend, int device, uintptr_t va, size_t size, size_t margin,
-                    PhysicalHandle* out, Leftover* leftover);
+                    PhysicalHandle* out, Orphan* orphan);
 
 // Unmaps [va, va + size), then releases `physical`. When the unmap fails the memory is
 // still mapped, so nothing is released and *unmapped (if given) stays false.
 Status unmap_physical(Backend& backend, int device, uintptr_t va, size_t size,
                       PhysicalHandle physical, bool* unmapped = nullptr);
+
+// One saver's taking down of memory, and its orphans: what a failed unmap, release or
+// range release left behind, retried (retry) until it is all given back.
+class Mappings {
+ public:
+  explicit Mappings(Backend& backend) : backend_(backend) {}
+
+  // Keeps `orphan` to retry; never throws (without room to remember it, it is leaked, which
+  // is better than a caller that goes on believing it still holds what was taken down).
+  void adopt(const Orphan& orphan);
+  // Whether an orphan still has memory mapped inside [va, va + size) on `device`.
+  bool mapped_in(int device, uintptr_t va, size_t size);
+  // Unmaps and releases the pieces of [va, va + size) mapped in `physical`, and empties it.
+  // Whatever of it fails is kept as an orphan rather than leaked; except that with
+  // `unmapped` given, when the first piece's unmap fails nothing was taken down and
+  // everything stays the caller's (*unmapped false, `physical` untouched).
+  Status take_down(int device, uintptr_t va, size_t size, Pieces& physical, bool* unmapped = nullptr);
+  // Gives an allocation up entirely: unmaps and releases its physical memory (none when
+  // paused) and gives its address range back. What fails is left to orphans, so nothing is
+  // leaked and no range is given back while memory is still mapped inside it.
+  Status discard(int device, uintptr_t va, size_t size, Pieces physical);
+  // Tries again to release what failed to be released before (the saver calls it at each
+  // pause, resume and free, and when it goes), so a passing driver error leaks nothing for good.
+  void retry();
+
+ private:
+  bool mapped_in_locked(int device, uintptr_t va, size_t size) const;  // needs mu_
+
+  Backend& backend_;
+  // Held through a whole retry (backend calls included), so a range is never judged free
+  // while another thread holds memory mapped inside it. Never taken under the saver's table
+  // lock or the reverse.
+  std::mutex mu_;
+  std::vector<Orphan> orphans_;  // under mu_
+  std::atomic<bool> has_orphans_{false};
+};
 
 }  // namespace tmsl

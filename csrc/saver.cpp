@@ -1,10 +1,8 @@
 #include "saver.h"
 
 #include "copy_marks.h"
-#include "host_limits.h"
 #include "mapping.h"
 
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -31,98 +29,16 @@ std::string json_seconds(double seconds) {
 
 }  // namespace
 
-Saver::Saver(std::unique_ptr<Backend> backend) : backend_(std::move(backend)) {}
+Saver::Saver(std::unique_ptr<Backend> backend) : backend_(std::move(backend)), mappings_(*backend_) {}
 
 Saver::~Saver() {
   closing_.store(true);
   background_.wait_idle();  // no preparation may be walking the table below
   for (auto& entry : table_) {
     Allocation& a = entry.second;
-    discard(a.device, a.va, a.size, a.state == State::kActive ? std::move(a.physical) : Pieces());
+    mappings_.discard(a.device, a.va, a.size, a.state == State::kActive ? std::move(a.physical) : Pieces());
   }
-  retry_orphans();
-}
-
-void Saver::adopt(const Orphan& orphan) {
-  std::lock_guard<std::mutex> lock(orphans_mu_);
-  try {
-    orphans_.push_back(orphan);
-    has_orphans_.store(true);
-  } catch (const std::bad_alloc&) {
-    // No room to remember it: leaked, which is better than a caller that goes on believing
-    // it still holds (and later releases again) what was already taken down.
-  }
-}
-
-bool Saver::orphan_mapped_in(int device, uintptr_t va, size_t size) {
-  if (!has_orphans_.load()) return false;
-  std::lock_guard<std::mutex> lock(orphans_mu_);
-  return orphan_mapped_in_locked(device, va, size);
-}
-
-bool Saver::orphan_mapped_in_locked(int device, uintptr_t va, size_t size) const {
-  for (const Orphan& o : orphans_) {
-    if (o.mapped && o.device == device && o.va < va + size && va < o.va + o.size) return true;
-  }
-  return false;
-}
-
-Status Saver::take_down(int device, uintptr_t va, size_t size, Pieces& physical, bool* unmapped) {
-  Status first;
-  for (size_t k = 0; k < physical.handles.size(); ++k) {
-    const uintptr_t at = va + physical.offset(k);
-    const size_t bytes = physical.length(k, size);
-    bool done_unmapping = false;
-    Status s = unmap_physical(*backend_, device, at, bytes, physical.handles[k], &done_unmapping);
-    if (k == 0 && unmapped != nullptr && !done_unmapping) {
-      *unmapped = false;  // nothing taken down: all of it is still the caller's
-      return s;
-    }
-    if (unmapped != nullptr) *unmapped = true;  // set at once: no longer resident, whatever follows
-    if (!s.ok()) {
-      adopt({device, at, bytes, physical.handles[k], !done_unmapping, false});
-      if (first.ok()) first = std::move(s);
-    }
-  }
-  physical.handles.clear();
-  return first;
-}
-
-Status Saver::discard(int device, uintptr_t va, size_t size, Pieces physical) {
-  Status first = take_down(device, va, size, physical);
-  if (has_orphans_.load()) {
-    // Memory may still be mapped in the range (a piece that failed to go, here or in a
-    // rollback before): the orphans give the range back once none is.
-    adopt({device, va, size, 0, false, true});
-    retry_orphans();
-    return first;
-  }
-  Status s = backend_->free_reservation(device, va, size);
-  if (!s.ok()) adopt({device, va, size, 0, false, true});
-  return first.ok() ? s : first;
-}
-
-void Saver::retry_orphans() {
-  if (!has_orphans_.load()) return;
-  std::lock_guard<std::mutex> lock(orphans_mu_);
-  for (Orphan& o : orphans_) {
-    Status s;
-    if (o.mapped) {
-      s = backend_->unmap(o.device, o.va, o.size);
-      o.mapped = !s.ok();
-    }
-    if (s.ok() && o.physical != 0 && backend_->release_physical(o.device, o.physical, o.size).ok()) o.physical = 0;
-  }
-  for (Orphan& o : orphans_) {
-    if (o.range && !orphan_mapped_in_locked(o.device, o.va, o.size) &&
-        backend_->free_reservation(o.device, o.va, o.size).ok()) {
-      o.range = false;
-    }
-  }
-  orphans_.erase(std::remove_if(orphans_.begin(), orphans_.end(),
-                                [](const Orphan& o) { return !o.mapped && o.physical == 0 && !o.range; }),
-                 orphans_.end());
-  has_orphans_.store(!orphans_.empty());
+  mappings_.retry();
 }
 
 namespace {
@@ -256,11 +172,12 @@ Status Saver::allocate(size_t size, int device, const std::string& tag, BackupCh
   s = backend_->reserve(device, rounded, granularity, &address);
   if (!s.ok()) return explain(s);
   PhysicalHandle physical = 0;
-  Leftover leftover;
-  s = map_physical(*backend_, device, address, rounded, margin_bytes_.load(), &physical, &leftover);
+  Orphan orphan;
+  s = map_physical(*backend_, device, address, rounded, margin_bytes_.load(), &physical, &orphan);
   if (!s.ok()) {
-    if (leftover.physical != 0) adopt({device, address, rounded, leftover.physical, leftover.mapped, true});
-    else discard(device, address, rounded, Pieces());
+    orphan.range = true;  // the range goes back too, once nothing is mapped in it
+    if (orphan.physical != 0) mappings_.adopt(orphan);
+    else mappings_.discard(device, address, rounded, Pieces());
     return explain(s);
   }
 
@@ -289,7 +206,7 @@ Status Saver::allocate(size_t size, int device, const std::string& tag, BackupCh
     if (!recorded.ok() || refused) index_.erase(address);
   }
   if (refused || !recorded.ok()) {
-    discard(device, address, rounded, std::move(fresh.physical));
+    mappings_.discard(device, address, rounded, std::move(fresh.physical));
     return refused ? tag_paused_error(tag) : with_context(recorded, where());
   }
   *va = address;
@@ -327,33 +244,16 @@ Status Saver::free(uintptr_t va, void* stream) {
     // business (torch waits for their events before it frees a block).
     keep_first(backend_->synchronize_stream(a.device, stream));
   }
-  keep_first(discard(a.device, a.va, a.size, a.state == State::kActive ? std::move(a.physical) : Pieces()));
+  keep_first(mappings_.discard(a.device, a.va, a.size, a.state == State::kActive ? std::move(a.physical) : Pieces()));
   if (a.host_copy) {
     // Its host memory may be the last of an arena: unpinned and unmapped in the background.
     std::vector<HostBuffer> let_go;
     let_go.push_back(std::move(a.host_copy));
     background_.release(std::move(let_go));
   }
-  retry_orphans();
+  mappings_.retry();
   if (first.ok()) return first;
   return with_context(first, "freeing " + format_address(va) + " (tag '" + a.tag + "')");
-}
-
-// One walk in address order, as torch_memory_saver's pause does. A per-tag index cost every
-// allocation a heap node and a tree insertion and removal (bench_core_overhead.py) to spare a
-// pause a compare per allocation of other tags.
-template <typename Visit>
-void Saver::for_each_selected(const TagSelection& selection, Visit&& visit) {
-  const TagInfo* last = nullptr;  // a tag's allocations often lie together: its answer is kept
-  bool selected = selection.all;
-  for (auto& entry : table_) {
-    Allocation& a = entry.second;
-    if (!selection.all && a.tag_info != last) {
-      last = a.tag_info;
-      selected = selection.matches(a.tag);
-    }
-    if (selected) visit(a);
-  }
 }
 
 std::vector<Saver::Allocation*> Saver::claim(const TagSelection& selection, State from,
@@ -480,7 +380,7 @@ void Saver::note_duration(const std::set<std::string>& tags, std::chrono::steady
 }
 
 Status Saver::pause_locked(const TagSelection& selection, std::set<std::string>* moved) {
-  retry_orphans();
+  mappings_.retry();
   std::vector<Allocation*> batch;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -599,7 +499,7 @@ Status Saver::queue_backups(const std::vector<Allocation*>& batch, std::vector<H
 }
 
 Status Saver::release_physical(Allocation& a, bool* unmapped) {
-  Status s = take_down(a.device, a.va, a.size, a.physical, unmapped);
+  Status s = mappings_.take_down(a.device, a.va, a.size, a.physical, unmapped);
   if (s.ok()) return s;
   const std::string where = "pausing tag '" + a.tag + "' (" + format_bytes(a.size) + " at " +
                             format_address(a.va) + " on device " + std::to_string(a.device) + ")";
@@ -607,7 +507,7 @@ Status Saver::release_physical(Allocation& a, bool* unmapped) {
 }
 
 Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>* moved) {
-  retry_orphans();
+  mappings_.retry();
   std::vector<Allocation*> batch;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -628,7 +528,7 @@ Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>
     Status r;
     while (r.ok() && done < batch.size()) {
       Allocation& a = *batch[done];
-      if (a.physical.empty() && orphan_mapped_in(a.device, a.va, a.size)) {
+      if (a.physical.empty() && mappings_.mapped_in(a.device, a.va, a.size)) {
         // Mapping over it would be refused by the driver, or (host backend) later undone
         // by the orphan's own unmap.
         r = Status::Error(Code::kDriverError, "memory at " + format_address(a.va) + " (tag '" + a.tag +
@@ -647,7 +547,7 @@ Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>
     s = status_of([&] {
       wait_copies(batch);  // the memory must not be unmapped under a running copy
       for (size_t i = 0; i < batch.size() && i <= done; ++i) {  // batch[done]: the pieces mapped so far
-        take_down(batch[i]->device, batch[i]->va, batch[i]->size, batch[i]->physical);
+        mappings_.take_down(batch[i]->device, batch[i]->va, batch[i]->size, batch[i]->physical);
       }
       if (s.code == Code::kOutOfMemory && done < batch.size()) return out_of_memory_on_resume(batch, *batch[done], s);
       return with_context(s, "resuming " + describe(batch) + " failed; everything it covered stays paused with "
@@ -667,164 +567,6 @@ Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>
   }
   settle(batch, batch.size(), State::kActive, State::kPaused, nullptr, !keep);
   return Status::Ok();
-}
-
-bool Saver::cached_after_resume(const Allocation& a, State state) const {
-  if (state != State::kActive || retain_backups_.load()) return true;
-  return a.choice != BackupChoice::kOnUncached && a.tag_info->caches_backups;
-}
-
-bool Saver::keeps_backups(const std::vector<Allocation*>& batch) const {
-  if (retain_backups_.load()) return true;
-  std::vector<const HostBuffer*> kept;  // what this batch would add to the cache ("mmap" tags add nothing)
-  for (const Allocation* a : batch) {
-    if (a->host_copy && cached_after_resume(*a, State::kActive)) kept.push_back(&a->host_copy);
-  }
-  return !kept.empty() && cached_bytes(kept) <= host_cache_bytes_.load();  // the batch is still resuming
-}
-
-size_t Saver::cached_bytes(const std::vector<const HostBuffer*>& more) const {
-  std::set<const HostArena*> arenas;
-  size_t bytes = 0;
-  auto count = [&](const HostBuffer& buffer) {
-    if (buffer && arenas.insert(buffer.arena.get()).second) bytes += buffer.arena->size();
-  };
-  for (const auto& entry : table_) {
-    if (entry.second.state == State::kActive) count(entry.second.host_copy);
-  }
-  for (const HostBuffer* buffer : more) count(*buffer);
-  return bytes;
-}
-
-Status Saver::prepare_backups(const TagSelection& selection) {
-  {
-    std::lock_guard<std::mutex> lock(prepare_mu_);
-    prepare_pending_.all = prepare_pending_.all || selection.all;
-    prepare_pending_.tags.insert(selection.tags.begin(), selection.tags.end());
-    if (prepare_queued_) return Status::Ok();  // the queued task takes these tags too
-    prepare_queued_ = true;
-  }
-  background_.run([this] { prepare_pending(); });
-  return Status::Ok();
-}
-
-void Saver::prepare_pending() {
-  TagSelection selection;
-  {
-    std::lock_guard<std::mutex> lock(prepare_mu_);
-    selection = std::move(prepare_pending_);
-    prepare_pending_ = TagSelection{false, {}};
-    prepare_queued_ = false;
-  }
-  // One preparation at a time: the regions that close meanwhile are taken together next,
-  // into one arena, instead of each starting its own workers.
-  for (const std::shared_ptr<HostArena>& arena : prepare_backups_now(selection)) arena->wait_prepared();
-}
-
-std::vector<std::shared_ptr<HostArena>> Saver::prepare_backups_now(const TagSelection& selection) {
-  std::vector<std::shared_ptr<HostArena>> arenas;
-  if (closing_.load()) return arenas;
-  std::lock_guard<std::mutex> op(op_mu_);  // no pause, resume or cache release meanwhile
-  struct Wanted {
-    uintptr_t va;
-    size_t size;
-    std::string tag;
-  };
-  std::map<int, std::vector<Wanted>> wanted;  // by device
-  // Whether `a` is resident, backed up, may keep its backup cached and has none yet. Needs mu_.
-  auto wants = [this](const Allocation& a) {
-    return a.state == State::kActive && !a.host_copy && a.backs_up() && cached_after_resume(a, State::kActive);
-  };
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    size_t bytes = 0;
-    auto want = [&](const Allocation& a) {
-      if (!wants(a)) return;
-      wanted[a.device].push_back(Wanted{a.va, a.size, a.tag});
-      bytes += a.size;
-    };
-    for_each_selected(selection, want);
-    const size_t budget = host_cache_bytes_.load(), cached = cached_bytes({});
-    if (bytes == 0 || bytes > budget || cached > budget - bytes) return arenas;  // the first pause takes it itself
-  }
-  for (const auto& entry : wanted) {
-    std::vector<size_t> sizes;
-    for (const Wanted& w : entry.second) sizes.push_back(w.size);
-    std::shared_ptr<HostArena> arena;
-    if (!HostArena::create(backend_, entry.first, sizes, &arena).ok()) continue;
-    std::lock_guard<std::mutex> lock(mu_);
-    for (size_t k = 0; k < entry.second.size(); ++k) {
-      const Wanted& w = entry.second[k];
-      // Freed meanwhile (its buffer goes with the arena), or its address reused by another
-      // allocation, which gets a buffer only if it is still one that wants it.
-      auto it = table_.find(w.va);
-      if (it == table_.end()) continue;
-      Allocation& a = it->second;
-      if (a.size == w.size && a.tag == w.tag && wants(a)) {
-        a.host_copy = HostBuffer{arena, arena->buffer_offset(k), a.size};
-        a.retained = false;  // set aside for the next pause: nothing to hand out yet
-      }
-    }
-    arenas.push_back(std::move(arena));
-  }
-  return arenas;
-}
-
-void Saver::release_host_cache() {
-  background_.wait_idle();  // a preparation asked for before this call does not refill it after
-  std::lock_guard<std::mutex> op(op_mu_);  // no pause is reusing these meanwhile
-  std::vector<HostBuffer> let_go;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& entry : table_) {
-      Allocation& a = entry.second;
-      if (a.state == State::kActive && a.host_copy) {
-        let_go.push_back(std::move(a.host_copy));
-        a.retained = false;
-      }
-    }
-  }
-  background_.release(std::move(let_go));
-}
-
-void Saver::set_host_cache_bytes(size_t bytes) {
-  host_cache_bytes_.store(bytes);
-  std::lock_guard<std::mutex> op(op_mu_);  // no pause is reusing these meanwhile
-  std::vector<HostBuffer> let_go;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    size_t cached = cached_bytes({});
-    if (cached <= bytes) return;
-    // Arenas whose every kept copy may go (none retained: retention keeps whatever the size).
-    std::map<const HostArena*, std::vector<Allocation*>> holders;
-    std::set<const HostArena*> pinned_by_retention;
-    for (auto& entry : table_) {
-      Allocation& a = entry.second;
-      if (a.state != State::kActive || !a.host_copy) continue;
-      if (a.retained) {
-        pinned_by_retention.insert(a.host_copy.arena.get());
-      } else {
-        holders[a.host_copy.arena.get()].push_back(&a);
-      }
-    }
-    for (auto& [arena, allocations] : holders) {
-      if (cached <= bytes) break;
-      if (pinned_by_retention.count(arena) != 0) continue;
-      cached -= arena->size();
-      for (Allocation* a : allocations) let_go.push_back(std::move(a->host_copy));
-    }
-  }
-  background_.release(std::move(let_go));
-}
-
-size_t Saver::default_host_cache_bytes() {
-  size_t memory = host_memory_limit();
-  if (memory == 0) {
-    const long pages = sysconf(_SC_PHYS_PAGES);
-    const long page_size = sysconf(_SC_PAGESIZE);
-    memory = pages > 0 && page_size > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page_size) : 0;
-  }
-  return std::min<size_t>(memory / 8, size_t{32} << 30);
 }
 
 Status Saver::plan_pieces(Allocation& a) {
@@ -847,9 +589,9 @@ Status Saver::map_next_piece(Allocation& a) {
   const uintptr_t at = a.va + pieces.offset(k);
   const size_t bytes = pieces.length(k, a.size);
   PhysicalHandle physical = 0;
-  Leftover leftover;
-  Status s = map_physical(*backend_, a.device, at, bytes, margin_bytes_.load(), &physical, &leftover);
-  if (leftover.physical != 0) adopt({a.device, at, bytes, leftover.physical, leftover.mapped, false});
+  Orphan orphan;
+  Status s = map_physical(*backend_, a.device, at, bytes, margin_bytes_.load(), &physical, &orphan);
+  if (orphan.physical != 0) mappings_.adopt(orphan);
   if (s.code == Code::kOutOfMemory) return s;  // the caller explains what the resume needed
   if (!s.ok()) return with_context(s, "resuming tag '" + a.tag + "' at " + format_address(at));
   pieces.handles.push_back(physical);

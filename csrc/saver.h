@@ -206,18 +206,6 @@ class Saver {
     }
   };
 
-  // Unmaps and releases the pieces of [va, va + size) mapped in `physical` (mapping.h), and
-  // empties it. Whatever of it fails is kept as an orphan rather than leaked; except that
-  // with `unmapped` given, when the first piece's unmap fails nothing was taken down and
-  // everything stays the caller's (*unmapped false, `physical` untouched).
-  Status take_down(int device, uintptr_t va, size_t size, Pieces& physical, bool* unmapped = nullptr);
-  // Gives an allocation up entirely: unmaps and releases its physical memory (none when
-  // paused) and gives its address range back. What fails is left to orphans, so nothing is
-  // leaked and no range is given back while memory is still mapped inside it.
-  Status discard(int device, uintptr_t va, size_t size, Pieces physical);
-  // Tries again to release what failed to be released before (at each pause, resume and
-  // free, and when the saver goes), so a passing driver error leaks nothing for good.
-  void retry_orphans();
   // Checks that every tag `selection` names is in the catalogue; needs mu_.
   Status check_known(const TagSelection& selection) const;
   // The catalogue check behind enter_tag and allocate, giving the tag's entry; needs mu_.
@@ -289,26 +277,7 @@ class Saver {
   Table table_;
   // The tag catalogue, under mu_. Entries are never erased: allocations point at theirs.
   std::map<std::string, TagInfo> tags_;
-  // Physical memory (physical != 0, still mapped at [va, va + size) if `mapped`) and
-  // address ranges not yet released. A range is given back only once no orphan has memory
-  // mapped inside it.
-  struct Orphan {
-    int device;
-    uintptr_t va;
-    size_t size;
-    PhysicalHandle physical;  // still to release (0: none)
-    bool mapped;              // still to unmap first
-    bool range;               // the address range still to give back, last
-  };
-  void adopt(const Orphan& orphan);  // takes orphans_mu_; never throws
-  // Whether an orphan still has memory mapped inside [va, va + size) on `device`.
-  bool orphan_mapped_in(int device, uintptr_t va, size_t size);
-  bool orphan_mapped_in_locked(int device, uintptr_t va, size_t size) const;  // needs orphans_mu_
-  // Held through a whole retry (backend calls included), so a range is never judged free
-  // while another thread holds memory mapped inside it. Never taken under mu_ or the reverse.
-  std::mutex orphans_mu_;
-  std::vector<Orphan> orphans_;  // under orphans_mu_
-  std::atomic<bool> has_orphans_{false};
+  Mappings mappings_;  // every take-down and its orphans; after backend_, which it uses
   AddressIndex index_;
   std::atomic<size_t> margin_bytes_{0};
   std::atomic<bool> retain_backups_{false};
@@ -321,5 +290,22 @@ class Saver {
   bool prepare_queued_ = false;
   BackgroundWork background_;  // declared after backend_: freeing backups uses it
 };
+
+// One walk in address order, as torch_memory_saver's pause does. A per-tag index cost every
+// allocation a heap node and a tree insertion and removal (bench_core_overhead.py) to spare a
+// pause a compare per allocation of other tags.
+template <typename Visit>
+void Saver::for_each_selected(const TagSelection& selection, Visit&& visit) {
+  const TagInfo* last = nullptr;  // a tag's allocations often lie together: its answer is kept
+  bool selected = selection.all;
+  for (auto& entry : table_) {
+    Allocation& a = entry.second;
+    if (!selection.all && a.tag_info != last) {
+      last = a.tag_info;
+      selected = selection.matches(a.tag);
+    }
+    if (selected) visit(a);
+  }
+}
 
 }  // namespace tmsl

@@ -28,7 +28,8 @@ from typing import Any
 import torch
 
 from . import _lib
-from .memory_saver import MemorySaver, check_tag
+from .memory_saver import MemorySaver
+from .settings import check_tag
 
 
 class _Passthrough:

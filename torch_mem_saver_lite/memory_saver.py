@@ -16,20 +16,28 @@ from typing import Any
 
 import torch
 
-from . import _lib, breakdown, environment, leftovers, nccl_suspend
+from . import _lib, breakdown, leftovers, nccl_suspend
 from .breakdown import MemoryBreakdown
 from .disk_backup import DiskBackups
-from .environment import CPU_BACKUP_BACKENDS
 from .errors import DriverNotFoundError, InvalidArgumentError, MemorySaverError
 from .hooks import TorchPools
 from .leftovers import LeftoverReport
 from .preload import check_preload_ready, cudamalloc_bypassed
 from .regions import Region, Undo, disable_pool, pushed, retire_pool
+from .settings import (
+    EnvironmentDefaults,
+    Settings,
+    backup_choice,
+    check_backend,
+    check_backup,
+    check_bool,
+    check_bytes,
+    check_tag,
+)
 from .stats import TagStats
 from .transitions import Hook, TagHooks, Transitions
 
 _HOOK_MODES = ("torch", "preload")
-_MAX_TAG_LENGTH = 256
 
 logger = logging.getLogger("torch_mem_saver_lite")
 _GiB = 1 << 30
@@ -60,52 +68,6 @@ def _logged(what: str, native: _lib.NativeSaver, operation: Callable[[list[str] 
         start = time.perf_counter()
         operation(names)
         _log_transition(what, before, native.stats(), time.perf_counter() - start)
-
-def check_tag(tag: object) -> str:
-    """``tag`` if it is a valid tag name, else TypeError/ValueError saying what is wrong."""
-    if not isinstance(tag, str):
-        raise TypeError(f"tag must be a str, got {type(tag).__name__}")
-    if not tag or len(tag) > _MAX_TAG_LENGTH or "\0" in tag:
-        raise ValueError(f"tag must be 1 to {_MAX_TAG_LENGTH} characters without NUL, got {tag!r}")
-    try:
-        tag.encode()
-    except UnicodeEncodeError:
-        raise ValueError(f"tag must be encodable as UTF-8, got {tag!r}") from None
-    return tag
-
-
-def _check_bool(value: object, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, got {value!r}")
-    return value
-
-
-_MAX_SIZE = (1 << 64) - 1  # what a size_t holds: larger values would wrap in the C ABI
-
-
-def _check_bytes(value: object, name: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= _MAX_SIZE:
-        raise ValueError(f"{name} must be an int from 0 to 2**64 - 1, got {value!r}")
-    return value
-
-
-def _check_backend(backend: object, backup: bool | None) -> bool | None:
-    """cpu_backup_backend as "may the tag's backups stay in the host cache" (None: not given)."""
-    if backend is None:
-        return None
-    if backend not in CPU_BACKUP_BACKENDS:
-        raise ValueError(f"cpu_backup_backend must be one of {', '.join(map(repr, CPU_BACKUP_BACKENDS))} "
-                         f"or None, got {backend!r}")
-    if backup is not True:
-        raise ValueError("cpu_backup_backend requires enable_cpu_backup=True")
-    return backend == "pinned"
-
-
-def _check_backup(value: object, name: str = "enable_cpu_backup") -> bool | None:
-    if value is not None and not isinstance(value, bool):
-        raise TypeError(f"{name} must be True, False or None, got {value!r}")
-    return value
-
 
 def _prepare_quietly(native: _lib.NativeSaver, tag: str) -> None:
     """Have host memory for the tag's backups set aside in the background, for its first
@@ -185,13 +147,7 @@ class MemorySaver:
         self._hook_mode = "torch"
         self._lock = threading.RLock()
         self._pools: TorchPools | None = None
-        # Read at first use (a bad value must not break the import, and a program may set
-        # the variables after importing us).
-        self._environment: environment.EnvironmentDefaults | None = None
-        self._memory_margin_bytes = 0
-        self._retain_cpu_backup: bool | None = None  # None: the environment's default
-        self._poison_on_resume: bool | None = None  # None: the process default (environment)
-        self._host_cache_bytes: int | None = None  # None: the core's default
+        self._settings = Settings()
         # Disk backup (disk_backup.DiskBackups: the directory and the backups of paused tags);
         # its hooks of the disk-backed tags run innermost in the transitions.
         self._disk = DiskBackups(self._on_device, TagHooks)
@@ -237,11 +193,11 @@ class MemorySaver:
     @property
     def memory_margin_bytes(self) -> int:
         """Device memory (bytes) allocations and resumes must leave free; 0 = none."""
-        return self._memory_margin_bytes
+        return self._settings.memory_margin_bytes
 
     @memory_margin_bytes.setter
     def memory_margin_bytes(self, nbytes: int) -> None:
-        self._memory_margin_bytes = _check_bytes(nbytes, "memory_margin_bytes")
+        self._settings.memory_margin_bytes = check_bytes(nbytes, "memory_margin_bytes")
         if self._native is not None:
             self._native.set_memory_margin(nbytes)
 
@@ -250,20 +206,13 @@ class MemorySaver:
         """Keep host backups after resume and reuse them at the next pause (faster cycles,
         host memory held throughout). Default False (or ``TMS_RETAIN_CPU_BACKUP`` /
         ``TMSL_RETAIN_CPU_BACKUP``): backups are freed after resume."""
-        return self._retain_cpu_backup if self._retain_cpu_backup is not None else self._env().retain_cpu_backup
+        return self._settings.retain()
 
     @retain_cpu_backup.setter
     def retain_cpu_backup(self, retain: bool) -> None:
-        self._retain_cpu_backup = _check_bool(retain, "retain_cpu_backup")
+        self._settings.retain_cpu_backup = check_bool(retain, "retain_cpu_backup")
         if self._native is not None:
             self._native.set_retain_backups(retain)
-
-    def _env(self) -> environment.EnvironmentDefaults:
-        """The TMSL_*/TMS_* defaults, read once; MemorySaverError names a bad variable."""
-        with self._lock:
-            if self._environment is None:
-                self._environment = environment.read()
-            return self._environment
 
     @property
     def host_cache_bytes(self) -> int:
@@ -280,11 +229,12 @@ class MemorySaver:
         native = self._created_core()
         if native is not None:
             return native.host_cache_bytes()
-        return self._host_cache_bytes if self._host_cache_bytes is not None else _lib.default_host_cache_bytes()
+        chosen = self._settings.host_cache_bytes
+        return chosen if chosen is not None else _lib.default_host_cache_bytes()
 
     @host_cache_bytes.setter
     def host_cache_bytes(self, nbytes: int) -> None:
-        self._host_cache_bytes = _check_bytes(nbytes, "host_cache_bytes")
+        self._settings.host_cache_bytes = check_bytes(nbytes, "host_cache_bytes")
         if self._native is not None:
             self._native.set_host_cache_bytes(nbytes)
 
@@ -303,13 +253,13 @@ class MemorySaver:
         visibly instead of reading leftovers. Default: off, or ``TMSL_POISON_ON_RESUME=1``."""
         if self._native is not None:
             return self._native.poison_on_resume()
-        if self._poison_on_resume is not None:
-            return self._poison_on_resume
+        if self._settings.poison_on_resume is not None:
+            return self._settings.poison_on_resume
         return bool(_lib.lib().tmsl_process_default_poison())
 
     @poison_on_resume.setter
     def poison_on_resume(self, poison: bool) -> None:
-        self._poison_on_resume = _check_bool(poison, "poison_on_resume")
+        self._settings.poison_on_resume = check_bool(poison, "poison_on_resume")
         if self._native is not None:
             self._native.set_poison_on_resume(poison)
 
@@ -324,20 +274,15 @@ class MemorySaver:
     def _core(self) -> _lib.NativeSaver:
         with self._lock:
             if self._native is None:
-                env = self._env()
+                env = self._settings.environment()
                 native = self._create_native()
-                native.set_memory_margin(self._memory_margin_bytes)
-                native.set_retain_backups(self.retain_cpu_backup)
-                if self._poison_on_resume is not None:
-                    native.set_poison_on_resume(self._poison_on_resume)
-                if self._host_cache_bytes is not None:
-                    native.set_host_cache_bytes(self._host_cache_bytes)
+                self._settings.apply(native)
                 # Before the core is published: a setting that fails fails every first use.
                 self._apply_default_region_settings(native, env)
                 self._native = native
             return self._native
 
-    def _apply_default_region_settings(self, native: _lib.NativeSaver, env: environment.EnvironmentDefaults) -> None:
+    def _apply_default_region_settings(self, native: _lib.NativeSaver, env: EnvironmentDefaults) -> None:
         """The preload-mode process region's backup backend and disk backup (environment)."""
         if not self._routes_torch:
             return
@@ -444,11 +389,11 @@ class MemorySaver:
         Turns NCCL's graph buffer registration off for the process (``NCCL_GRAPH_REGISTER=0``),
         or raises if NCCL is already initialized without it.
         """
-        caches = _check_backend(cpu_backup_backend, _check_backup(enable_cpu_backup))
+        caches = check_backend(cpu_backup_backend, check_backup(enable_cpu_backup))
         if caches is None and enable_cpu_backup is not False:
-            caches = self._default_caches()
+            caches = self._settings.default_caches()
         native = self._enter()
-        backup = _check_backup(enable_cpu_backup)
+        backup = check_backup(enable_cpu_backup)
         choice = _lib.backup_choice(backup, caches is not False)
         entry = Region(native, check_tag(tag), choice)  # no torch route
         _turn_off_nccl_graph_registration()
@@ -493,15 +438,9 @@ class MemorySaver:
 
     def _region_choice(self, enable_cpu_backup: object, enable_disk_backup: object,
                        cpu_backup_backend: object) -> int:
-        """A region's backup settings, checked, as the C ABI's choice (_lib.backup_choice)."""
-        backup = _check_backup(enable_cpu_backup)
-        disk = _check_bool(enable_disk_backup, "enable_disk_backup")
-        caches = _check_backend(cpu_backup_backend, backup)
-        if disk and backup:
-            raise ValueError("enable_cpu_backup=True and enable_disk_backup=True exclude each other")
-        if caches is None and backup is True:
-            caches = self._default_caches()
-        return _lib.backup_choice(backup, caches is not False, disk)
+        """A region's backup settings, checked, as the C ABI's choice."""
+        return backup_choice(enable_cpu_backup, enable_disk_backup, cpu_backup_backend,
+                             self._settings.default_caches)
 
     def _native_region(self, tag: str, choice: int) -> contextlib.AbstractContextManager[None]:
         """The thread's allocations go to ``tag`` with backup ``choice`` natively, with no torch
@@ -608,14 +547,8 @@ class MemorySaver:
         Backup files left there by processes that no longer exist are removed."""
         self._disk.set_directory(path)
 
-    def _default_caches(self) -> bool | None:
-        """TMS_INIT_CPU_BACKUP_BACKEND / TMSL_DEFAULT_CPU_BACKUP_BACKEND for backed-up regions
-        that name no backend (None: not set)."""
-        backend = self._env().default_cpu_backup_backend
-        return None if backend is None else backend == "pinned"
-
     def _disk_directory_or_raise(self) -> str:
-        return self._disk.directory(lambda: self._env().disk_backup_dir)
+        return self._disk.directory(lambda: self._settings.environment().disk_backup_dir)
 
     def _back_up_to_disk(self, tag: str) -> None:
         """From now on a pause of ``tag`` writes its disk-backed allocations to files and a
@@ -674,7 +607,7 @@ class MemorySaver:
         """
         names = self._selection(tag)
         _lib.check_process()  # a forked child is refused before any lock is taken
-        release = _check_bool(release_leftovers, "release_leftovers")
+        release = check_bool(release_leftovers, "release_leftovers")
         if process_groups is not None and not release:
             raise ValueError("process_groups is only used with release_leftovers=True")
         groups = nccl_suspend.check_groups(process_groups)  # bad input refused before anything is paused
@@ -741,7 +674,7 @@ class MemorySaver:
         graphs of that pool live; graphs captured by ``cuda_graph`` after warm-up on another
         stream, as the RL example does, are fine.
         """
-        workspaces = _check_bool(cublas_workspaces, "cublas_workspaces")
+        workspaces = check_bool(cublas_workspaces, "cublas_workspaces")
         return self._release_leftovers(nccl_suspend.check_groups(process_groups), workspaces)
 
     def _release_leftovers(self, groups: list[Any] | None, cublas_workspaces: bool = False) -> LeftoverReport:
@@ -790,7 +723,7 @@ class MemorySaver:
         nbytes = x.numel() * x.element_size()
         if nbytes == 0:
             return torch.empty(x.shape, dtype=x.dtype)
-        zero_copy = _check_bool(zero_copy, "zero_copy")
+        zero_copy = check_bool(zero_copy, "zero_copy")
         leased = self._core().lease_backup(x.data_ptr(), nbytes)
         if leased is None:
             return None

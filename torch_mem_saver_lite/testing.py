@@ -19,7 +19,8 @@ import weakref
 
 from . import _lib
 from .errors import MemorySaverError
-from .memory_saver import MemorySaver, _check_bytes
+from .memory_saver import MemorySaver
+from .settings import check_bytes
 
 
 def _destroy(native: _lib.NativeSaver) -> None:
@@ -41,8 +42,8 @@ class HostSaver(MemorySaver):
             granularity_bytes: allocation rounding, a multiple of the page size.
         """
         super().__init__()
-        self._options = (_check_bytes(capacity_bytes, "capacity_bytes"),
-                         _check_bytes(granularity_bytes, "granularity_bytes"))
+        self._options = (check_bytes(capacity_bytes, "capacity_bytes"),
+                         check_bytes(granularity_bytes, "granularity_bytes"))
         self._closed = False
 
     def _create_native(self) -> _lib.NativeSaver:

@@ -1,0 +1,173 @@
+// The saver's host-cache policy: which backups stay page-locked after a resume (the budget,
+// host_cache_bytes), host memory set aside ahead of a first pause (prepare_backups, run in
+// the background), and giving cached memory back when the budget shrinks or is released.
+// Its queue of tags to prepare has a lock of its own (prepare_mu_); the table is read under
+// mu_ as everywhere else.
+#include "host_limits.h"
+#include "saver.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+
+namespace tmsl {
+
+bool Saver::cached_after_resume(const Allocation& a, State state) const {
+  if (state != State::kActive || retain_backups_.load()) return true;
+  return a.choice != BackupChoice::kOnUncached && a.tag_info->caches_backups;
+}
+
+bool Saver::keeps_backups(const std::vector<Allocation*>& batch) const {
+  if (retain_backups_.load()) return true;
+  std::vector<const HostBuffer*> kept;  // what this batch would add to the cache ("mmap" tags add nothing)
+  for (const Allocation* a : batch) {
+    if (a->host_copy && cached_after_resume(*a, State::kActive)) kept.push_back(&a->host_copy);
+  }
+  return !kept.empty() && cached_bytes(kept) <= host_cache_bytes_.load();  // the batch is still resuming
+}
+
+size_t Saver::cached_bytes(const std::vector<const HostBuffer*>& more) const {
+  std::set<const HostArena*> arenas;
+  size_t bytes = 0;
+  auto count = [&](const HostBuffer& buffer) {
+    if (buffer && arenas.insert(buffer.arena.get()).second) bytes += buffer.arena->size();
+  };
+  for (const auto& entry : table_) {
+    if (entry.second.state == State::kActive) count(entry.second.host_copy);
+  }
+  for (const HostBuffer* buffer : more) count(*buffer);
+  return bytes;
+}
+
+Status Saver::prepare_backups(const TagSelection& selection) {
+  {
+    std::lock_guard<std::mutex> lock(prepare_mu_);
+    prepare_pending_.all = prepare_pending_.all || selection.all;
+    prepare_pending_.tags.insert(selection.tags.begin(), selection.tags.end());
+    if (prepare_queued_) return Status::Ok();  // the queued task takes these tags too
+    prepare_queued_ = true;
+  }
+  background_.run([this] { prepare_pending(); });
+  return Status::Ok();
+}
+
+void Saver::prepare_pending() {
+  TagSelection selection;
+  {
+    std::lock_guard<std::mutex> lock(prepare_mu_);
+    selection = std::move(prepare_pending_);
+    prepare_pending_ = TagSelection{false, {}};
+    prepare_queued_ = false;
+  }
+  // One preparation at a time: the regions that close meanwhile are taken together next,
+  // into one arena, instead of each starting its own workers.
+  for (const std::shared_ptr<HostArena>& arena : prepare_backups_now(selection)) arena->wait_prepared();
+}
+
+std::vector<std::shared_ptr<HostArena>> Saver::prepare_backups_now(const TagSelection& selection) {
+  std::vector<std::shared_ptr<HostArena>> arenas;
+  if (closing_.load()) return arenas;
+  std::lock_guard<std::mutex> op(op_mu_);  // no pause, resume or cache release meanwhile
+  struct Wanted {
+    uintptr_t va;
+    size_t size;
+    std::string tag;
+  };
+  std::map<int, std::vector<Wanted>> wanted;  // by device
+  // Whether `a` is resident, backed up, may keep its backup cached and has none yet. Needs mu_.
+  auto wants = [this](const Allocation& a) {
+    return a.state == State::kActive && !a.host_copy && a.backs_up() && cached_after_resume(a, State::kActive);
+  };
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    size_t bytes = 0;
+    auto want = [&](const Allocation& a) {
+      if (!wants(a)) return;
+      wanted[a.device].push_back(Wanted{a.va, a.size, a.tag});
+      bytes += a.size;
+    };
+    for_each_selected(selection, want);
+    const size_t budget = host_cache_bytes_.load(), cached = cached_bytes({});
+    if (bytes == 0 || bytes > budget || cached > budget - bytes) return arenas;  // the first pause takes it itself
+  }
+  for (const auto& entry : wanted) {
+    std::vector<size_t> sizes;
+    for (const Wanted& w : entry.second) sizes.push_back(w.size);
+    std::shared_ptr<HostArena> arena;
+    if (!HostArena::create(backend_, entry.first, sizes, &arena).ok()) continue;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t k = 0; k < entry.second.size(); ++k) {
+      const Wanted& w = entry.second[k];
+      // Freed meanwhile (its buffer goes with the arena), or its address reused by another
+      // allocation, which gets a buffer only if it is still one that wants it.
+      auto it = table_.find(w.va);
+      if (it == table_.end()) continue;
+      Allocation& a = it->second;
+      if (a.size == w.size && a.tag == w.tag && wants(a)) {
+        a.host_copy = HostBuffer{arena, arena->buffer_offset(k), a.size};
+        a.retained = false;  // set aside for the next pause: nothing to hand out yet
+      }
+    }
+    arenas.push_back(std::move(arena));
+  }
+  return arenas;
+}
+
+void Saver::release_host_cache() {
+  background_.wait_idle();  // a preparation asked for before this call does not refill it after
+  std::lock_guard<std::mutex> op(op_mu_);  // no pause is reusing these meanwhile
+  std::vector<HostBuffer> let_go;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& entry : table_) {
+      Allocation& a = entry.second;
+      if (a.state == State::kActive && a.host_copy) {
+        let_go.push_back(std::move(a.host_copy));
+        a.retained = false;
+      }
+    }
+  }
+  background_.release(std::move(let_go));
+}
+
+void Saver::set_host_cache_bytes(size_t bytes) {
+  host_cache_bytes_.store(bytes);
+  std::lock_guard<std::mutex> op(op_mu_);  // no pause is reusing these meanwhile
+  std::vector<HostBuffer> let_go;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    size_t cached = cached_bytes({});
+    if (cached <= bytes) return;
+    // Arenas whose every kept copy may go (none retained: retention keeps whatever the size).
+    std::map<const HostArena*, std::vector<Allocation*>> holders;
+    std::set<const HostArena*> pinned_by_retention;
+    for (auto& entry : table_) {
+      Allocation& a = entry.second;
+      if (a.state != State::kActive || !a.host_copy) continue;
+      if (a.retained) {
+        pinned_by_retention.insert(a.host_copy.arena.get());
+      } else {
+        holders[a.host_copy.arena.get()].push_back(&a);
+      }
+    }
+    for (auto& [arena, allocations] : holders) {
+      if (cached <= bytes) break;
+      if (pinned_by_retention.count(arena) != 0) continue;
+      cached -= arena->size();
+      for (Allocation* a : allocations) let_go.push_back(std::move(a->host_copy));
+    }
+  }
+  background_.release(std::move(let_go));
+}
+
+size_t Saver::default_host_cache_bytes() {
+  size_t memory = host_memory_limit();
+  if (memory == 0) {
+    const long pages = sysconf(_SC_PHYS_PAGES);
+    const long page_size = sysconf(_SC_PAGESIZE);
+    memory = pages > 0 && page_size > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page_size) : 0;
+  }
+  return std::min<size_t>(memory / 8, size_t{32} << 30);
+}
+
+}  // namespace tmsl

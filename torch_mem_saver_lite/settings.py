@@ -1,0 +1,181 @@
+"""A saver's settings and the checks of what users pass in.
+
+- Argument checks: each raises TypeError/ValueError naming the argument and what it takes.
+- The process defaults the Python side reads from the environment. Each has our ``TMSL_*``
+  name and torch_memory_saver's ``TMS_*`` name, with the same meaning; both set to different
+  values is an error. (The native library reads the defaults its allocation hooks need
+  itself: ``TMSL_REGION_ALL_THREADS`` / ``TMS_INIT_ENABLE``, ``TMSL_DEFAULT_CPU_BACKUP`` /
+  ``TMS_INIT_ENABLE_CPU_BACKUP``, ``TMSL_DEFAULT_TAG``, ``TMSL_POISON_ON_RESUME``.)
+- ``Settings``: the values a program sets before the core exists, applied to the core once
+  when it is made and forwarded to it afterwards, so setting or reading them never starts
+  the CUDA driver.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from . import _lib
+from .errors import MemorySaverError
+
+CPU_BACKUP_BACKENDS = ("pinned", "mmap")
+_MAX_TAG_LENGTH = 256
+_MAX_SIZE = (1 << 64) - 1  # what a size_t holds: larger values would wrap in the C ABI
+
+
+# ----- argument checks ---------------------------------------------------------------------
+def check_tag(tag: object) -> str:
+    """``tag`` if it is a valid tag name, else TypeError/ValueError saying what is wrong."""
+    if not isinstance(tag, str):
+        raise TypeError(f"tag must be a str, got {type(tag).__name__}")
+    if not tag or len(tag) > _MAX_TAG_LENGTH or "\0" in tag:
+        raise ValueError(f"tag must be 1 to {_MAX_TAG_LENGTH} characters without NUL, got {tag!r}")
+    try:
+        tag.encode()
+    except UnicodeEncodeError:
+        raise ValueError(f"tag must be encodable as UTF-8, got {tag!r}") from None
+    return tag
+
+
+def check_bool(value: object, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def check_bytes(value: object, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= _MAX_SIZE:
+        raise ValueError(f"{name} must be an int from 0 to 2**64 - 1, got {value!r}")
+    return value
+
+
+def check_backend(backend: object, backup: bool | None) -> bool | None:
+    """cpu_backup_backend as "may the tag's backups stay in the host cache" (None: not given)."""
+    if backend is None:
+        return None
+    if backend not in CPU_BACKUP_BACKENDS:
+        raise ValueError(f"cpu_backup_backend must be one of {', '.join(map(repr, CPU_BACKUP_BACKENDS))} "
+                         f"or None, got {backend!r}")
+    if backup is not True:
+        raise ValueError("cpu_backup_backend requires enable_cpu_backup=True")
+    return backend == "pinned"
+
+
+def check_backup(value: object, name: str = "enable_cpu_backup") -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise TypeError(f"{name} must be True, False or None, got {value!r}")
+    return value
+
+
+def backup_choice(enable_cpu_backup: object, enable_disk_backup: object, cpu_backup_backend: object,
+                  default_caches: Callable[[], bool | None]) -> int:
+    """A region's backup settings, checked, as the C ABI's choice (_lib.backup_choice).
+    ``default_caches()``: the environment's backend for backed-up regions that name none
+    (asked only then)."""
+    backup = check_backup(enable_cpu_backup)
+    disk = check_bool(enable_disk_backup, "enable_disk_backup")
+    caches = check_backend(cpu_backup_backend, backup)
+    if disk and backup:
+        raise ValueError("enable_cpu_backup=True and enable_disk_backup=True exclude each other")
+    if caches is None and backup is True:
+        caches = default_caches()
+    return _lib.backup_choice(backup, caches is not False, disk)
+
+
+# ----- the environment ---------------------------------------------------------------------
+def _setting(ours: str, theirs: str) -> tuple[str, str] | None:
+    """(name, value) of the variable that is set, or None; both set must agree."""
+    values = [(name, os.environ[name]) for name in (ours, theirs) if os.environ.get(name)]
+    if len(values) == 2 and values[0][1] != values[1][1]:
+        raise MemorySaverError(f"{ours}={values[0][1]!r} and {theirs}={values[1][1]!r} disagree; "
+                               "set one of them")
+    return values[0] if values else None
+
+
+def _parse_flag(name: str, value: str) -> bool:
+    # The spellings the native library accepts for its own flags (thread_region.cpp).
+    if value in ("1", "true"):
+        return True
+    if value in ("0", "false"):
+        return False
+    raise MemorySaverError(f"{name} must be 0 or 1, got {value!r}")
+
+
+def _flag(ours: str, theirs: str) -> bool:
+    values = {name: _parse_flag(name, os.environ[name]) for name in (ours, theirs) if os.environ.get(name)}
+    if len(set(values.values())) > 1:
+        raise MemorySaverError(f"{ours}={os.environ[ours]!r} and {theirs}={os.environ[theirs]!r} disagree; "
+                               "set one of them")
+    return any(values.values())
+
+
+@dataclass(frozen=True)
+class EnvironmentDefaults:
+    retain_cpu_backup: bool
+    disk_backup_dir: tuple[str, str] | None  # (variable, path): checked when first used
+    default_tag: str  # the tag of the preload-mode process region
+    default_cpu_backup_backend: str | None
+    default_disk_backup: bool
+
+
+def read_environment() -> EnvironmentDefaults:
+    """The defaults, or MemorySaverError naming the variable that is wrong."""
+    backend = _setting("TMSL_DEFAULT_CPU_BACKUP_BACKEND", "TMS_INIT_CPU_BACKUP_BACKEND")
+    if backend is not None and backend[1] not in CPU_BACKUP_BACKENDS:
+        raise MemorySaverError(f"{backend[0]} must be one of {', '.join(CPU_BACKUP_BACKENDS)}, got {backend[1]!r}")
+    disk = _flag("TMSL_DEFAULT_DISK_BACKUP", "TMS_INIT_ENABLE_DISK_BACKUP")
+    cpu = _flag("TMSL_DEFAULT_CPU_BACKUP", "TMS_INIT_ENABLE_CPU_BACKUP")
+    if disk and cpu:
+        raise MemorySaverError("disk backup and CPU backup of the default region exclude each other: "
+                               "set only one of TMS_INIT_ENABLE_DISK_BACKUP and TMS_INIT_ENABLE_CPU_BACKUP")
+    return EnvironmentDefaults(
+        retain_cpu_backup=_flag("TMSL_RETAIN_CPU_BACKUP", "TMS_RETAIN_CPU_BACKUP"),
+        disk_backup_dir=_setting("TMSL_DISK_BACKUP_DIR", "TMS_DISK_BACKUP_DIR"),
+        default_tag=os.environ.get("TMSL_DEFAULT_TAG") or "default",
+        default_cpu_backup_backend=backend[1] if backend is not None else None,
+        default_disk_backup=disk,
+    )
+
+
+# ----- settings ----------------------------------------------------------------------------
+class Settings:
+    """What a program set on a saver, kept until its core exists (then applied once, in
+    ``apply``) and forwarded to the core afterwards."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # Read at first use: a bad value must not break the import, and a program may set
+        # the variables after importing us.
+        self._environment: EnvironmentDefaults | None = None
+        self.memory_margin_bytes = 0
+        self.retain_cpu_backup: bool | None = None  # None: the environment's default
+        self.poison_on_resume: bool | None = None  # None: the process default (environment)
+        self.host_cache_bytes: int | None = None  # None: the core's default
+
+    def environment(self) -> EnvironmentDefaults:
+        """The TMSL_*/TMS_* defaults, read once; MemorySaverError names a bad variable."""
+        with self._lock:
+            if self._environment is None:
+                self._environment = read_environment()
+            return self._environment
+
+    def retain(self) -> bool:
+        return self.retain_cpu_backup if self.retain_cpu_backup is not None else self.environment().retain_cpu_backup
+
+    def default_caches(self) -> bool | None:
+        """TMS_INIT_CPU_BACKUP_BACKEND / TMSL_DEFAULT_CPU_BACKUP_BACKEND for backed-up regions
+        that name no backend (None: not set)."""
+        backend = self.environment().default_cpu_backup_backend
+        return None if backend is None else backend == "pinned"
+
+    def apply(self, native: _lib.NativeSaver) -> None:
+        """Give a new core what was set before it existed."""
+        native.set_memory_margin(self.memory_margin_bytes)
+        native.set_retain_backups(self.retain())
+        if self.poison_on_resume is not None:
+            native.set_poison_on_resume(self.poison_on_resume)
+        if self.host_cache_bytes is not None:
+            native.set_host_cache_bytes(self.host_cache_bytes)
