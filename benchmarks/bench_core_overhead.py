@@ -47,7 +47,7 @@ def build(out: Path) -> None:
                     FAKE / "fake_libcuda.c"], check=True)
     subprocess.run([cc, *flags, "-Wl,-soname,libcudart.so.12", "-o", out / "libcudart.so.12",
                     FAKE / "fake_libcudart.c", f"-L{out}", "-l:libcuda.so.1"], check=True)
-    subprocess.run([cc, "-std=c11", "-O2", "-o", out / "core_overhead", HERE / "core_overhead.c", "-ldl"],
+    subprocess.run([cc, "-std=c11", "-O2", "-o", out / "core_overhead", HERE / "support" / "core_overhead.c", "-ldl"],
                    check=True)
 
 

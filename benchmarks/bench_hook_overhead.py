@@ -42,7 +42,7 @@ def main() -> int:
     runtime = libcudart_path()
     with tempfile.TemporaryDirectory() as tmp:
         program = Path(tmp) / "hook_overhead"
-        subprocess.run(["cc", "-O2", "-o", str(program), str(Path(__file__).with_name("hook_overhead.c")),
+        subprocess.run(["cc", "-O2", "-o", str(program), str(Path(__file__).parent / "support" / "hook_overhead.c"),
                         "-ldl"], check=True)
         env = {**os.environ, "LD_PRELOAD": _lib.library_path()}
         result = subprocess.run([str(program), runtime, str(args.iterations)], capture_output=True,

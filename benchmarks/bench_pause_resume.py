@@ -43,9 +43,7 @@ import time
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent))
-from workloads import WORKLOADS, tensor_sizes  # noqa: E402
+from support.workloads import WORKLOADS, tensor_sizes
 
 MiB, GiB = 1 << 20, 1 << 30
 FAULT_THREADS = max(1, min(15, len(os.sched_getaffinity(0)) - 1))  # as the saver's arena
@@ -64,7 +62,7 @@ def copy_limits(nbytes: int) -> dict[str, float]:
     wall clock as the rows are (best of five); and H2D into device memory mapped just before,
     as a resume must copy (best of three)."""
     from cuda.bindings import driver as cu
-    from driver_calls import map_fresh, ok
+    from support.driver_calls import map_fresh, ok
 
     host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     device = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
@@ -101,7 +99,7 @@ def copy_limits(nbytes: int) -> dict[str, float]:
 def create_map_limits() -> dict[str, float]:
     """ms per GiB to create+map+set access and to unmap+release, straight through cuda-python."""
     from cuda.bindings import driver as cu
-    from driver_calls import device_props, ok
+    from support.driver_calls import device_props, ok
 
     prop, access = device_props()
     out = {}
@@ -266,7 +264,7 @@ def run_workload(tool, workload: str, total: int, variant: str, backup: bool, re
 
 def measure(tool_name: str, hook_mode: str, workloads: list[str], total: int, cycles: int,
             cycles_without_backup: int, idle: float, rollout: float, variants: list[str] | None) -> list[dict]:
-    from host_stages import fault_in_speed
+    from support.host_stages import fault_in_speed
 
     tool = (Ours if tool_name == "ours" else TorchMemorySaver)(hook_mode)
     # How fast this machine faults in fresh host memory as the child starts: what its first
@@ -514,7 +512,7 @@ def main() -> int:
         Path(args.child_output).write_text(json.dumps(rows))
         return 0
 
-    from host_stages import stage_speeds
+    from support.host_stages import stage_speeds
 
     from torch_mem_saver_lite import _lib, saver
 

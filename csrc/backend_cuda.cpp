@@ -169,9 +169,8 @@ class CudaBackend final : public Backend {
   Status reserve(int device, size_t size, size_t alignment, uintptr_t* va) override {
     return in_context(device, [&] {
       // The driver's own alignment first (0), as cudaMalloc and torch_memory_saver get it (it
-      // aligns larger ranges more coarsely; benchmarks/probe_driver_costs.py no_copy measured
-      // no difference in map/unmap time either way on an H100). Asked for explicitly where
-      // the driver's falls short of the granularity.
+      // aligns larger ranges more coarsely, at no cost: benchmarks/probes/README.md#driver-alignment).
+      // Asked for explicitly where the driver's falls short of the granularity.
       CUdeviceptr ptr = 0;
       auto what = [&] { return "cuMemAddressReserve(" + format_bytes(size) + ")"; };
       Status s = check(api_.cuMemAddressReserve(&ptr, size, 0, 0, 0), what);
@@ -398,8 +397,7 @@ class CudaBackend final : public Backend {
     Status s = device_state(device);
     if (!s.ok()) return s;
     // Usually it is current already (torch's thread, its current device): then a push and a
-    // pop would only add two driver calls to each operation (measured: weights, 238
-    // allocations, paused 1.2-1.8x slower than torch_memory_saver with them).
+    // pop would only add two driver calls to each operation.
     CUcontext current = nullptr;
     if (api_.cuCtxGetCurrent(&current) == CUDA_SUCCESS && current == devices_[device].context) return body();
     s = check(api_.cuCtxPushCurrent(devices_[device].context), "cuCtxPushCurrent");

@@ -59,8 +59,7 @@ class PieceHandles {
 // The physical memory behind an allocation's range, in address order: one handle for each
 // piece of piece_bytes (the last piece may be shorter). An allocation is made in one piece;
 // a resume maps a large backed-up one in several, so that the copy into each piece runs
-// while the next one is created (benchmarks/probe_copy_pipeline.py "chunked", H100: one
-// 8 GiB piece took its copy at 48 GB/s, 256 MiB pieces at 54 GB/s).
+// while the next one is created (benchmarks/probes/README.md#chunked-resume).
 struct Pieces {
   size_t piece_bytes = 0;
   PieceHandles handles;  // the pieces mapped so far

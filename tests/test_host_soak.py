@@ -1,5 +1,5 @@
 """1,000 pause/resume cycles on the host backend: host memory, open file descriptors and
-the allocation table do not grow (the fast CI variant of benchmarks/soak.py)."""
+the allocation table do not grow (the fast CI variant of tests/soaks/soak_gpu.py)."""
 
 from __future__ import annotations
 

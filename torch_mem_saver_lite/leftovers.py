@@ -93,7 +93,7 @@ def _release_caches(pools: TorchPools | None, native: Any, devices: list[int], n
     if cublas_workspaces:
         # cuBLAS workspaces (32 MiB each on Hopper, one per thread and stream) are live blocks:
         # one cut out of a freed multi-GiB activation segment keeps the whole segment reserved
-        # (measured: 9.2 GiB left by the RL example's trainer). torch makes them again on next
+        # (the RL example's trainer left gigabytes that way). torch makes them again on next
         # use. Opt-in: a graph that recorded a workspace from outside its pool would replay
         # into freed memory (see release_leftovers).
         clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)

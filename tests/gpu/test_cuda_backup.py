@@ -7,17 +7,14 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
+from support.workloads import WORKLOADS, tensor_sizes
 
 from cuda_evidence import pattern, unique_tag
 from host_memory import rss_anon_bytes
 from torch_mem_saver_lite import saver
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from workloads import WORKLOADS, tensor_sizes  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 MiB, GiB = 1 << 20, 1 << 30

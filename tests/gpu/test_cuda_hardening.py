@@ -62,7 +62,7 @@ def test_graph_replays_correctly_after_a_failed_then_retried_resume():
 
 
 def test_soak_script_reports_no_growth():
-    script = Path(__file__).resolve().parents[2] / "benchmarks" / "soak.py"
+    script = Path(__file__).resolve().parents[1] / "soaks" / "soak_gpu.py"
     result = subprocess.run([sys.executable, str(script), "--cycles", "200", "--mib", "256"],
                             capture_output=True, text=True, timeout=600, env=dict(os.environ))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

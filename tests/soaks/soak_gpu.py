@@ -2,7 +2,7 @@
 host memory, device memory in use, open file descriptors and the saver's allocation table
 compared with their values after a warm-up.
 
-    python benchmarks/soak.py [--cycles 1000] [--mib 1024]
+    python tests/soaks/soak_gpu.py [--cycles 1000] [--mib 1024]
 
 Exits 1 if anything grew beyond its tolerance (host RSS 64 MiB, device memory 64 MiB).
 """

@@ -14,7 +14,7 @@
    the copies: 64 MiB ranges (the saver's) against larger ones?
 6. Does a resume straight after releasing gigabytes copy slower than one a moment later?
 
-    python benchmarks/probe_copy_pipeline.py [--only one_big,fresh_write,chunked,pipeline,ranges,release_gap]
+    python benchmarks/probes/probe_copy_pipeline.py [--only one_big,fresh_write,chunked,pipeline,ranges,release_gap]
 """
 
 from __future__ import annotations
@@ -28,12 +28,11 @@ import time
 import torch
 from cuda.bindings import driver as cu
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from driver_calls import device_props, ok  # noqa: E402
-from host_stages import PIECE as RANGE  # noqa: E402
-from host_stages import FreshMemory, fault_in, in_parallel  # noqa: E402
-
-from workloads import tensor_sizes  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: support
+from support.driver_calls import device_props, ok  # noqa: E402
+from support.host_stages import PIECE as RANGE  # noqa: E402
+from support.host_stages import FreshMemory, fault_in, in_parallel  # noqa: E402
+from support.workloads import tensor_sizes  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
 

@@ -1,6 +1,6 @@
 """What this machine's torch and NCCL offer for suspending communicator memory, tried for real.
 
-    python3 tools/probe_nccl_suspend.py
+    python3 benchmarks/probes/probe_nccl_suspend.py
 
 Prints torch's version and whether its process-group backend has suspend()/resume()/
 memory_stats(), the NCCL library the process loaded (path, version, whether it exports

@@ -8,7 +8,7 @@
 4. The stages of a first pause's host memory, each alone and faulting-in under a running copy.
 5. Pause/resume without backup against the bare driver calls it makes (same sizes).
 
-    python benchmarks/probe_driver_costs.py [--only allocations,footprint,pinning,stages,no_copy]
+    python benchmarks/probes/probe_driver_costs.py [--only allocations,footprint,pinning,stages,no_copy]
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from cuda.bindings import driver as cu
 
 from torch_mem_saver_lite import saver
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: support
 
 MiB, GiB = 1 << 20, 1 << 30
 
@@ -160,7 +160,7 @@ def footprint() -> None:
 
 def stages() -> None:
     """Each stage of preparing 8 GiB of host memory for a first pause, alone, at its own speed."""
-    from host_stages import FreshMemory, fault_in, in_parallel, page_locker
+    from support.host_stages import FreshMemory, fault_in, in_parallel, page_locker
 
     size = 8 * GiB
     lock, unlock_all = page_locker()
@@ -206,9 +206,8 @@ def stages() -> None:
 
 def no_copy() -> None:
     """Pause/resume without backup: the saver against the bare driver calls on the same sizes."""
-    from driver_calls import device_props, ok
-
-    from workloads import tensor_sizes
+    from support.driver_calls import device_props, ok
+    from support.workloads import tensor_sizes
 
     prop, access = device_props()
     repeats = 10

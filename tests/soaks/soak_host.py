@@ -1,7 +1,7 @@
 """Host-backend soak with random faults and interrupts: no growth of RSS, file descriptors,
 memory mappings or threads.
 
-    python benchmarks/soak_host.py [--cycles 10000] [--seed 0]
+    python tests/soaks/soak_host.py [--cycles 10000] [--seed 0]
 
 Each cycle picks one of: allocate in a region, free, pause, resume, a pause or resume with an
 injected driver fault, a paused() block interrupted (KeyboardInterrupt) at a random line of
@@ -18,7 +18,7 @@ import random
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: its helpers
 from host_memory import HostMemory, rss_anon_bytes  # noqa: E402
 from interrupts import interrupted_at  # noqa: E402
 from torch_mem_saver_lite import MemorySaverError  # noqa: E402

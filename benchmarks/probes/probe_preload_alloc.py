@@ -1,7 +1,7 @@
 """Why allocating inside a region costs more in one process than another: the bare driver
 calls of an allocation, timed before and after the tool's own allocations in the same process.
 
-    python benchmarks/probe_preload_alloc.py {ours,tms} {torch,preload}   (preload: start it
+    python benchmarks/probes/probe_preload_alloc.py {ours,tms} {torch,preload}   (preload: start it
     with the tool's library in LD_PRELOAD)
 
 Prints, median of 3: 410 x 20 MiB reserve+create+map+access and unmap+release+free through
@@ -20,8 +20,8 @@ import time
 import torch
 from cuda.bindings import driver as cu
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from driver_calls import device_props, ok  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: support
+from support.driver_calls import device_props, ok  # noqa: E402
 
 MiB = 1 << 20
 COUNT, SIZE = 410, 20 * MiB

@@ -1,0 +1,64 @@
+"""Every test file, classified once, by one criterion: what kind of promise it checks.
+
+- contract: the interfaces as written down (C ABI, Python API and its errors, the
+  torch_memory_saver drop-in, the package, the documentation).
+- features: one feature's behaviour, on the host backend, the stand-in driver or a GPU.
+- robustness: what must hold when things go wrong or run at once (faults, fork, Ctrl-C,
+  out of memory, races, threads, random sequences, soaks).
+- examples: the RL example, the main job.
+
+tests/test_manifest.py checks that this list and the files on disk agree.
+"""
+
+LEVELS: dict[str, dict[str, str]] = {
+    "contract": {
+        "test_manifest.py": "this classification agrees with the files on disk",
+        "test_abi.py": "the headers, the ctypes table, the exported symbols and the status codes agree",
+        "test_api.py": "argument checks, errors, the process-wide saver, the C ABI's answers to bad input",
+        "test_host_bad_input.py": "integers, encodings and paths range-checked before they reach C",
+        "test_drop_in_host.py": "torch_memory_saver's signatures and behaviour, without a GPU",
+        "test_alias_routes.py": "the routes that make `import torch_memory_saver` load us",
+        "test_package.py": "what an installed package shows: version, typing, license, logging",
+        "test_docs.py": "the documentation agrees with the code and with itself",
+        "gpu/test_drop_in.py": "torch_memory_saver programs, unmodified, on a GPU",
+    },
+    "features": {
+        "test_host_pause_resume.py": "pause/resume semantics",
+        "test_host_backup_memory.py": "host memory of backups and the host cache",
+        "test_host_prepared_backups.py": "host memory set aside ahead of the first pause",
+        "test_host_memory_limit.py": "the host cache's default budget from the memory this process may use",
+        "test_host_pieces.py": "large backed-up allocations resumed in pieces",
+        "test_host_disk_backup.py": "disk backup",
+        "test_host_graph_memory.py": "graph memory backed up by default; poison on resume",
+        "test_host_hooks.py": "tag hooks tied to the real transitions",
+        "test_host_leftovers.py": "release_leftovers / restore_leftovers and the NCCL guard",
+        "test_host_options.py": "disable(), memory_margin_bytes, retain_cpu_backup",
+        "test_host_seam.py": "the core's tag rules hold for allocations Python routes",
+        "test_preload_host.py": "preload mode's cudaMalloc/cudaFree under LD_PRELOAD",
+        "test_cuda_backend_fake_driver.py": "the CUDA backend over the stand-in driver",
+        "test_doctor.py": "the doctor's facts and verdict",
+        "gpu/test_cuda_pause_resume.py": "pause/resume of real GPU memory",
+        "gpu/test_cuda_backup.py": "CPU backup on the GPU, every workload",
+        "gpu/test_cuda_graphs.py": "pauseable graph pools, nested regions, disable(), expandable segments",
+        "gpu/test_cuda_graph_memory.py": "graph memory across pause/resume with the default settings",
+        "gpu/test_cuda_leftovers.py": "release_leftovers and memory_breakdown on a GPU",
+        "gpu/test_multi_gpu.py": "several GPUs and NCCL processes",
+        "gpu/test_preload_mode.py": "every GPU test again under LD_PRELOAD",
+    },
+    "robustness": {
+        "test_host_faults.py": "failure atomicity under injected driver errors",
+        "test_host_out_of_memory.py": "out of memory loses nothing paused",
+        "test_host_fork.py": "a forked child refuses saver calls, never hangs",
+        "test_host_interrupts.py": "Ctrl-C at any line",
+        "test_host_races.py": "calls racing each other",
+        "test_host_threads.py": "threads allocating while another tag cycles",
+        "test_host_properties.py": "random sequences checked against a model",
+        "test_host_soak.py": "1,000 cycles without growth",
+        "gpu/test_cuda_hardening.py": "capture, failed resumes and the GPU soak",
+        "gpu/test_cuda_robustness.py": "fork and Ctrl-C with real GPU memory",
+    },
+    "examples": {
+        "test_rl_example_cpu.py": "the RL example's pieces on the CPU",
+        "gpu/test_rl_example.py": "the RL example's promises on a GPU",
+    },
+}
