@@ -16,13 +16,13 @@ from typing import Any
 
 import torch
 
-from . import _lib, breakdown, leftovers, nccl_suspend
+from . import _lib, breakdown, hook_modes, leftovers, nccl_suspend
 from .breakdown import MemoryBreakdown
 from .disk_backup import DiskBackups
 from .errors import DriverNotFoundError, InvalidArgumentError, MemorySaverError
 from .hooks import TorchPools
 from .leftovers import LeftoverReport
-from .preload import check_preload_ready, cudamalloc_bypassed
+from .preload import check_preload_ready
 from .regions import Region, Undo, disable_pool, pushed, retire_pool
 from .settings import (
     EnvironmentDefaults,
@@ -36,8 +36,6 @@ from .settings import (
 )
 from .stats import TagStats
 from .transitions import Hook, TagHooks, Transitions
-
-_HOOK_MODES = ("torch", "preload")
 
 logger = logging.getLogger("torch_mem_saver_lite")
 _GiB = 1 << 30
@@ -123,11 +121,7 @@ class MemorySaver:
     access, which ends the CUDA context. Resume before touching paused memory.
     """
 
-    # Whether regions route torch's CUDA allocations (False for the testing host saver,
-    # whose allocations are made through the native hook directly).
-    _routes_torch = True
-    # Whether the memory is device memory (False: host memory, the testing saver).
-    _on_device = True
+    _platform = hook_modes.CUDA  # what the memory is (the testing host saver: HOST)
 
     _process_wide: MemorySaver | None = None
     _process_wide_lock = threading.Lock()
@@ -144,13 +138,13 @@ class MemorySaver:
         if "_transitions" in self.__dict__:
             return  # MemorySaver() again: the process-wide saver, set up already
         self._native: _lib.NativeSaver | None = None
-        self._hook_mode = "torch"
+        self._mode = hook_modes.TORCH
         self._lock = threading.RLock()
         self._pools: TorchPools | None = None
         self._settings = Settings()
         # Disk backup (disk_backup.DiskBackups: the directory and the backups of paused tags);
         # its hooks of the disk-backed tags run innermost in the transitions.
-        self._disk = DiskBackups(self._on_device, TagHooks)
+        self._disk = DiskBackups(self._platform.on_device, TagHooks)
         self._disk_backups = self._disk.backups  # what HostSaver.close() closes
         self._transitions = Transitions(self._disk.hooks)
 
@@ -165,19 +159,19 @@ class MemorySaver:
         of another mode are ignored with a RuntimeWarning, and so is ``"torch"`` in a process
         that runs with the library preloaded once the mode is ``"preload"``.
         """
-        return self._hook_mode
+        return self._mode.name
 
     @hook_mode.setter
     def hook_mode(self, mode: str) -> None:
-        if mode not in _HOOK_MODES:
-            raise ValueError(f"hook_mode must be one of {_HOOK_MODES}, got {mode!r}")
-        if mode == self._hook_mode:
+        if mode not in hook_modes.MODES:
+            raise ValueError(f"hook_mode must be one of {tuple(hook_modes.MODES)}, got {mode!r}")
+        if mode == self._mode.name:
             return
         # Libraries assign it at import (Megatron-Core "torch") or at start-up (AReaL, slime's
         # preloaded workers "preload"); whichever comes second must not break the other's
         # import, nor split one process between two hooks: the mode in use is kept, loudly.
         if self._pools is not None or (self._native is not None and self._native.stats()):
-            warnings.warn(f"torch_mem_saver_lite: hook_mode stays {self._hook_mode!r}, which regions have "
+            warnings.warn(f"torch_mem_saver_lite: hook_mode stays {self._mode.name!r}, which regions have "
                           f"used already; the assignment of {mode!r} is ignored (set it before the first "
                           "region)", RuntimeWarning, stacklevel=2)
             return
@@ -188,7 +182,7 @@ class MemorySaver:
             return
         if mode == "preload":
             check_preload_ready()
-        self._hook_mode = mode
+        self._mode = hook_modes.MODES[mode]
 
     @property
     def memory_margin_bytes(self) -> int:
@@ -284,7 +278,7 @@ class MemorySaver:
 
     def _apply_default_region_settings(self, native: _lib.NativeSaver, env: EnvironmentDefaults) -> None:
         """The preload-mode process region's backup backend and disk backup (environment)."""
-        if not self._routes_torch:
+        if not self._platform.routes_torch:
             return
         if env.default_cpu_backup_backend == "mmap":
             native.set_caches_backups(env.default_tag, False)
@@ -325,12 +319,12 @@ class MemorySaver:
         check_tag(tag)
         if disk:
             self._disk_directory_or_raise()
-        route = self._torch_pools().route(tag, choice) if self._routes_torch else None
+        route = self._torch_pools().route(tag, choice) if self._platform.routes_torch else None
         _lib.take_allocation_failure()  # only failures inside this block are explained below
         with pushed(Region(native, tag, choice, route)):
             if disk:  # only once the tag has taken the region
                 self._back_up_to_disk(tag)
-            if self._routes_torch and torch.cuda.is_current_stream_capturing():
+            if self._platform.routes_torch and torch.cuda.is_current_stream_capturing():
                 _lib.note_graph_capture()  # entered inside a capture: graph memory too
             try:
                 yield
@@ -347,17 +341,16 @@ class MemorySaver:
     def _enter(self) -> _lib.NativeSaver:
         """Checks shared by region() and cuda_graph(); returns the native saver."""
         _lib.check_process()
-        if self._routes_torch and not torch.cuda.is_available():
+        if self._platform.routes_torch and not torch.cuda.is_available():
             raise MemorySaverError(
                 f"torch {torch.__version__} sees no CUDA GPU, so there is nothing to route into "
                 "a region; run `python -m torch_mem_saver_lite` to see what is missing"
             )
-        if self._hook_mode == "preload" and cudamalloc_bypassed():
-            check_preload_ready()  # raises, naming the setting
-        if self._routes_torch:
+        self._mode.check_ready()
+        if self._platform.routes_torch:
             _note_graph_captures()
         native = self._core()
-        if self._routes_torch and not torch.cuda.is_current_stream_capturing():
+        if self._platform.routes_torch and not torch.cuda.is_current_stream_capturing():
             # The CUDA context's size, measured once per device (memory_breakdown).
             breakdown.record_baseline(torch.cuda.current_device(), native)
         return native
@@ -399,13 +392,7 @@ class MemorySaver:
         _turn_off_nccl_graph_registration()
         pools = self._torch_pools()
         tag_pool = pools.pool(tag, torch.cuda.current_device(), choice).id
-        if self._hook_mode == "torch":
-            if pool is not None and tuple(pool) != tuple(tag_pool):
-                warnings.warn("saver.cuda_graph: in torch hook mode the graph uses the tag's pauseable "
-                              "pool; the pool argument is ignored", stacklevel=3)
-            pool = tag_pool
-        elif pool is None:
-            pool = tag_pool
+        pool = self._mode.capture_pool(pool, tag_pool)
         with pushed(entry):
             if caches is not None and backup is None:  # an explicit choice says it per allocation
                 native.set_caches_backups(tag, caches)
@@ -427,7 +414,7 @@ class MemorySaver:
         with a process-wide region (``TMS_INIT_ENABLE=1``), of the default pool, which a
         pause may have released. Tensors made inside stay valid after the block."""
         route = None
-        if self._routes_torch and torch.cuda.is_available():
+        if self._platform.routes_torch and torch.cuda.is_available():
             device = torch.cuda.current_device()
             route = (device, disable_pool(device))
         try:
@@ -455,8 +442,7 @@ class MemorySaver:
     def _torch_pools(self) -> TorchPools:
         with self._lock:
             if self._pools is None:
-                torch_mode = self._hook_mode == "torch"
-                self._pools = TorchPools(_lib.library_path() if torch_mode else None)
+                self._pools = TorchPools(self._mode.allocator_library())
             return self._pools
 
     # ----- pause / resume --------------------------------------------------------------
@@ -589,7 +575,7 @@ class MemorySaver:
     def _refuse_during_capture(self, what: str) -> None:
         # Synchronizing or remapping while a graph captures would break the capture.
         _lib.check_process()  # a forked child is refused before CUDA is asked anything
-        if self._routes_torch and torch.cuda.is_current_stream_capturing():
+        if self._platform.routes_torch and torch.cuda.is_current_stream_capturing():
             raise MemorySaverError(f"cannot {what} while a CUDA graph is being captured on this "
                                    f"thread's stream; {what} before or after the capture")
 
@@ -679,9 +665,10 @@ class MemorySaver:
 
     def _release_leftovers(self, groups: list[Any] | None, cublas_workspaces: bool = False) -> LeftoverReport:
         _lib.check_process()
-        if self._routes_torch and torch.cuda.is_available():
+        if self._platform.routes_torch and torch.cuda.is_available():
             self._refuse_during_capture("release leftovers")
-        return leftovers.release(self._pools, self._existing_core(), self._routes_torch, groups, cublas_workspaces)
+        return leftovers.release(self._pools, self._existing_core(), self._platform.routes_torch, groups,
+                                 cublas_workspaces)
 
     def restore_leftovers(self) -> None:
         """Resume the NCCL communicators ``release_leftovers`` suspended (every rank of their
@@ -693,7 +680,7 @@ class MemorySaver:
         """What holds the memory of ``device`` (None: the current one): CUDA context, torch's
         caching allocator outside regions, NCCL communicators, the saver's tags, unknown.
         The first call (or the first region) on a device measures its CUDA context."""
-        if not self._routes_torch:
+        if not self._platform.routes_torch:
             raise MemorySaverError("memory_breakdown describes GPU memory; this saver manages host memory")
         index = breakdown.check_device(device)
         return breakdown.breakdown(index, self._existing_core())

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 
-from . import _lib
+from . import _lib, hook_modes
 from .errors import MemorySaverError
 from .memory_saver import MemorySaver
 from .settings import check_bytes
@@ -32,8 +32,7 @@ def _destroy(native: _lib.NativeSaver) -> None:
 class HostSaver(MemorySaver):
     """A MemorySaver over host memory; ``close()`` it when done."""
 
-    _routes_torch = False
-    _on_device = False
+    _platform = hook_modes.HOST
 
     def __init__(self, capacity_bytes: int = 0, granularity_bytes: int = 2 << 20):
         """
