@@ -1,8 +1,10 @@
 #include "c_api.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "abi_guard.h"
+#include "tag_rules.h"
 #include "thread_region.h"
 
 using namespace tmsl;
@@ -24,7 +26,7 @@ Status backup_choice(int value, BackupChoice* out) {
 // The thread region for (saver, tag, backup), argument checks included.
 Status region_for(void* handle, const char* tag, int enable_cpu_backup, ThreadRegion* out, SaverRef* saver) {
   Status s = live_saver(handle, saver);
-  if (s.ok()) s = require(tag != nullptr && *tag != '\0', "tag must be a non-empty string");
+  if (s.ok()) s = check_tag(tag);
   if (s.ok()) s = backup_choice(enable_cpu_backup, &out->backup);
   if (!s.ok()) return s;
   out->saver = reinterpret_cast<SaverHandle>(handle);
@@ -36,7 +38,8 @@ Status tag_selection(const char* const* tags, int ntags, TagSelection* out) {
   out->all = ntags < 0;
   if (ntags > 0 && tags == nullptr) return Status::Error(Code::kInvalidArgument, "tags must not be NULL");
   for (int i = 0; i < ntags; ++i) {
-    if (tags[i] == nullptr) return Status::Error(Code::kInvalidArgument, "tag must not be NULL");
+    Status s = check_tag(tags[i]);
+    if (!s.ok()) return s;
     out->tags.insert(tags[i]);
   }
   return Status::Ok();
@@ -130,7 +133,7 @@ TMSL_API int tmsl_set_thread_region(void* handle, const char* tag, int enable_cp
     if (handle != nullptr) {
       // No liveness check: restoring the region of a saver closed meanwhile must not fail;
       // allocations in it are refused with a clear error instead.
-      s = require(tag != nullptr && *tag != '\0', "tag must be a non-empty string");
+      s = check_tag(tag);
       if (s.ok()) s = backup_choice(enable_cpu_backup, &region.backup);
       if (!s.ok()) return s;
       region.saver = reinterpret_cast<SaverHandle>(handle);
@@ -182,7 +185,7 @@ TMSL_API int tmsl_tag_state(void* handle, const char* tag, int* state) {
 
 TMSL_API int tmsl_set_tag_caches_backups(void* handle, const char* tag, int caches) {
   return on_saver(handle, [&](Saver& saver) {
-    Status s = require(tag != nullptr, "tag must not be NULL");
+    Status s = check_tag(tag);
     if (s.ok()) s = require(caches == 0 || caches == 1, "caches must be 0 or 1");
     return s.ok() ? saver.set_caches_backups(tag, caches == 1) : s;
   });
@@ -267,15 +270,37 @@ TMSL_API int tmsl_wait_for_released_backups(void* handle) {
   });
 }
 
-TMSL_API int tmsl_stats_json(void* handle, char* buf, size_t capacity, size_t* length) {
+TMSL_API int tmsl_tag_figures(void* handle, TmslTagFigures* out, size_t capacity, size_t* count) {
   return on_saver(handle, [&](Saver& saver) {
-    Status s = require(length != nullptr, "length must not be NULL");
+    Status s = require(count != nullptr && (out != nullptr || capacity == 0), "count (and out, with a capacity) "
+                                                                              "must not be NULL");
     if (!s.ok()) return s;
-    std::string json = saver.stats_json();
-    *length = json.size();
-    if (buf != nullptr && capacity > json.size()) memcpy(buf, json.c_str(), json.size() + 1);
+    const std::vector<TagFigures> figures = saver.figures();
+    *count = figures.size();
+    for (size_t i = 0; i < figures.size() && i < capacity; ++i) {
+      const TagFigures& f = figures[i];
+      TmslTagFigures& o = out[i];
+      const size_t n = std::min(f.tag.size(), static_cast<size_t>(TMSL_MAX_TAG_BYTES));  // the rule keeps it within
+      memcpy(o.tag, f.tag.data(), n);
+      o.tag[n] = '\0';
+      o.device = f.device;
+      o.paused = f.info.paused;
+      o.graph_memory = f.info.graph_memory;
+      o.backs_up = f.backs_up;
+      o.allocations = f.allocations;
+      o.reserved_bytes = f.reserved;
+      o.resident_bytes = f.resident;
+      o.paused_bytes = f.paused_bytes;
+      o.host_backup_bytes = f.host_backup;
+      o.last_pause_seconds = f.info.last_pause_seconds;
+      o.last_resume_seconds = f.info.last_resume_seconds;
+    }
     return Status::Ok();
   });
+}
+
+TMSL_API int tmsl_check_tag(const char* tag, size_t length) {
+  return guarded([&] { return check_tag(tag, length); });
 }
 
 TMSL_API int tmsl_lease_backup(void* handle, const void* ptr, size_t nbytes, const void** host, void** lease) {

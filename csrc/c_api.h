@@ -83,9 +83,23 @@ TMSL_API int tmsl_get_poison_on_resume(void* saver, int* out);
 // host memory asked for by tmsl_prepare_backups set aside (its pages may still be arriving).
 TMSL_API int tmsl_wait_for_released_backups(void* saver);
 
-// Writes up to `capacity` bytes of JSON (NUL-terminated when it fits); *length is the
-// full length without the NUL, so a caller can retry with a larger buffer.
-TMSL_API int tmsl_stats_json(void* saver, char* buf, size_t capacity, size_t* length);
+// What each tag holds, per device: one entry per (tag, device) with allocations, and one
+// with device -1 for a tag that has none; in tag order. *count is the number of entries;
+// the first `capacity` are written, so a caller can retry with a larger array.
+#define TMSL_MAX_TAG_BYTES 1024
+typedef struct TmslTagFigures {
+  char tag[TMSL_MAX_TAG_BYTES + 1];  // NUL-terminated
+  int device;
+  int paused;        // the tag is paused (and not resumed since)
+  int graph_memory;  // a CUDA graph was captured into it
+  int backs_up;      // a pause copies some of it to host memory
+  uint64_t allocations, reserved_bytes, resident_bytes, paused_bytes, host_backup_bytes;
+  double last_pause_seconds, last_resume_seconds;  // negative: never
+} TmslTagFigures;
+TMSL_API int tmsl_tag_figures(void* saver, TmslTagFigures* out, size_t capacity, size_t* count);
+// 0 when `tag` ([tag, tag + length)) is a valid tag name: 1 to 256 characters of UTF-8
+// without NUL, the rule every entry point that takes a tag applies; else the error says why.
+TMSL_API int tmsl_check_tag(const char* tag, size_t length);
 // For [ptr, ptr + nbytes) of a backed-up allocation: *host points at its host copy while
 // paused (NULL while resident), and *lease keeps that memory alive, also past the next
 // resume or free, until tmsl_release_lease(*lease).
@@ -101,7 +115,7 @@ TMSL_API int tmsl_preload_active(void);
 
 // What the CUDA driver reports, asked as the CUDA backend asks (libcuda.so.1 or
 // $TMSL_CUDA_DRIVER_LIBRARY, through cuGetProcAddress) and without creating a context, as
-// JSON written like tmsl_stats_json's: {"requested", "loaded", "path" (the file loaded),
+// JSON: {"requested", "loaded", "path" (the file loaded),
 // "error" ("" when every query succeeded), "version" (cuDriverGetVersion), "devices": [{"index",
 // "name", "total_bytes", "vmm" (virtual memory management supported), "granularity" (bytes),
 // "error"}]}; null where not known. A missing driver is reported there, not as a failure.

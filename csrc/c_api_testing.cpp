@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "abi_guard.h"
+#include "tag_rules.h"
 
 using namespace tmsl;
 
@@ -32,7 +33,7 @@ TMSL_API int tmsl_destroy_saver(void* handle) {
 TMSL_API int tmsl_malloc(void* handle, size_t size, int device, const char* tag,
                          int enable_cpu_backup, void** out) {
   return on_saver(handle, [&](Saver& saver) {
-    Status s = require(tag != nullptr && *tag != '\0', "tag must be a non-empty string");
+    Status s = check_tag(tag);
     if (s.ok()) s = require(out != nullptr, "out must not be NULL");
     if (s.ok()) s = require(enable_cpu_backup >= -1 && enable_cpu_backup <= kMaxBackupChoice,
                                   "enable_cpu_backup must be a backup choice from -1 to 3 (c_api.h)");

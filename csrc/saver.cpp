@@ -19,14 +19,6 @@ Status with_context(Status s, const std::string& context) {
 // For the calls on every allocation's path: no string is built unless there is an error.
 Status with_context(Status s, const char* context) { return s.ok() ? s : with_context(std::move(s), std::string(context)); }
 
-// Seconds as a JSON number; null for "never" (negative).
-std::string json_seconds(double seconds) {
-  if (seconds < 0) return "null";
-  char buf[32];
-  snprintf(buf, sizeof(buf), "%.9g", seconds);
-  return buf;
-}
-
 }  // namespace
 
 Saver::Saver(std::unique_ptr<Backend> backend) : backend_(std::move(backend)), mappings_(*backend_) {}
@@ -629,44 +621,36 @@ Status Saver::out_of_memory_on_resume(const std::vector<Allocation*>& batch,
   return s;
 }
 
-std::string Saver::stats_json() const {
-  struct Totals {
-    size_t allocations = 0, reserved = 0, resident = 0, paused = 0, host_backup = 0;
-    bool backs_up = false;  // some allocation of it is backed up at a pause
-    TagInfo info;
-  };
-  std::map<std::string, Totals> per_tag;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& entry : tags_) per_tag[entry.first].info = entry.second;
-    for (const auto& entry : table_) {
-      const Allocation& a = entry.second;
-      Totals& t = per_tag[a.tag];
-      t.allocations += 1;
-      t.reserved += a.size;
-      t.backs_up = t.backs_up || a.backs_up();
-      // An allocation mid-pause still holds its memory; one mid-resume does not yet.
-      bool resident = a.state == State::kActive || a.state == State::kPausing;
-      (resident ? t.resident : t.paused) += a.size;
-      if (a.state != State::kPausing && a.host_copy) t.host_backup += a.host_copy.size;  // retained copies count too
+std::vector<TagFigures> Saver::figures() const {
+  std::map<std::pair<std::string, int>, TagFigures> per;  // (tag, device)
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& entry : table_) {
+    const Allocation& a = entry.second;
+    TagFigures& f = per[{a.tag, a.device}];
+    f.allocations += 1;
+    f.reserved += a.size;
+    f.backs_up = f.backs_up || a.backs_up();
+    // An allocation mid-pause still holds its memory; one mid-resume does not yet.
+    bool resident = a.state == State::kActive || a.state == State::kPausing;
+    (resident ? f.resident : f.paused_bytes) += a.size;
+    if (a.state != State::kPausing && a.host_copy) f.host_backup += a.host_copy.size;  // retained copies count too
+  }
+  std::vector<TagFigures> out;
+  out.reserve(per.size() + tags_.size());
+  auto next = per.begin();
+  for (const auto& entry : tags_) {  // both in tag order
+    const bool has_allocations = next != per.end() && next->first.first == entry.first;
+    if (!has_allocations) out.push_back(TagFigures{entry.first, -1, 0, 0, 0, 0, 0, false, entry.second});
+    for (; next != per.end() && next->first.first == entry.first; ++next) {
+      TagFigures f = next->second;
+      f.tag = entry.first;
+      f.device = next->first.second;
+      f.info = entry.second;
+      out.push_back(std::move(f));
     }
   }
-  std::string out = "{";
-  for (const auto& entry : per_tag) {
-    const Totals& t = entry.second;
-    if (out.size() > 1) out += ",";
-    out += json_string(entry.first) + ":{\"allocations\":" + std::to_string(t.allocations) +
-           ",\"reserved_bytes\":" + std::to_string(t.reserved) +
-           ",\"resident_bytes\":" + std::to_string(t.resident) +
-           ",\"paused_bytes\":" + std::to_string(t.paused) +
-           ",\"host_backup_bytes\":" + std::to_string(t.host_backup) +
-           ",\"paused\":" + (t.info.paused ? "true" : "false") +
-           ",\"graph_memory\":" + (t.info.graph_memory ? "true" : "false") +
-           ",\"backs_up\":" + (t.backs_up || t.info.backs_up() ? "true" : "false") +
-           ",\"last_pause_seconds\":" + json_seconds(t.info.last_pause_seconds) +
-           ",\"last_resume_seconds\":" + json_seconds(t.info.last_resume_seconds) + "}";
-  }
-  return out + "}";
+  for (TagFigures& f : out) f.backs_up = f.backs_up || f.info.backs_up();
+  return out;
 }
 
 const Saver::Allocation* Saver::containing(uintptr_t address) const {

@@ -62,6 +62,16 @@ struct TagInfo {
   }
 };
 
+// What one tag holds on one device (device -1: a tag with no allocation), with the tag's
+// own facts repeated on each of its devices.
+struct TagFigures {
+  std::string tag;
+  int device = -1;
+  size_t allocations = 0, reserved = 0, resident = 0, paused_bytes = 0, host_backup = 0;
+  bool backs_up = false;  // a pause copies some of it to host memory
+  TagInfo info;
+};
+
 // Which tags a pause or resume covers: all of them, or the ones named.
 struct TagSelection {
   bool all = true;
@@ -136,7 +146,8 @@ class Saver {
   // {"<tag>": {"allocations": n, "reserved_bytes": n, "resident_bytes": n,
   //            "paused_bytes": n, "host_backup_bytes": n, "paused": b, "graph_memory": b,
   //            "backs_up": b}, ...} for every tag in the catalogue
-  std::string stats_json() const;
+  // Per tag and device, in tag order then device order.
+  std::vector<TagFigures> figures() const;
 
   // For [address, address + nbytes) inside one backed-up allocation: *host points at its
   // copy while paused (page-locked as one range, so one CUDA copy may cover it), nullptr

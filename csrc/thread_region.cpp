@@ -1,5 +1,7 @@
 #include "thread_region.h"
 
+#include "tag_rules.h"
+
 #include <cstdlib>
 #include <cstring>
 
@@ -83,9 +85,9 @@ ProcessDefaults read_process_defaults() {
   ok = parse_flag("TMSL_POISON_ON_RESUME", &d.poison_on_resume, &d.error) && ok;
   const char* tag = getenv("TMSL_DEFAULT_TAG");
   if (tag != nullptr) {
-    size_t length = strlen(tag);
-    if (length == 0 || length > 256) {
-      d.error += std::string(d.error.empty() ? "" : "; ") + "TMSL_DEFAULT_TAG must be 1 to 256 characters";
+    Status valid = check_tag(tag);
+    if (!valid.ok()) {
+      d.error += std::string(d.error.empty() ? "" : "; ") + "TMSL_DEFAULT_TAG: " + valid.message();
       ok = false;
     } else {
       d.tag = tag;

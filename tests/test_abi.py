@@ -22,6 +22,7 @@ C_TYPES = {
     "uint64_t*": ctypes.POINTER(ctypes.c_uint64),
     "const char**": ctypes.POINTER(ctypes.c_char_p), "const char* const*": ctypes.POINTER(ctypes.c_char_p),
     "void": None, "bool": ctypes.c_bool, "uint64_t": ctypes.c_uint64,
+    "TmslTagFigures*": ctypes.POINTER(_lib.TagFigures),
 }
 
 

@@ -220,3 +220,48 @@ def test_library_path_names_the_loaded_native_library():
     assert os.path.isabs(path) and os.path.basename(path) == "libtorch_mem_saver_lite.so"
     tmsl.saver.stats()  # loads the library
     assert path in Path("/proc/self/maps").read_text()
+
+
+def test_one_tag_rule_for_python_and_the_c_abi(host_saver):
+    from torch_mem_saver_lite import _lib
+
+    native = host_saver._core()
+    with pytest.raises(ValueError, match="got one with a NUL character"):  # (C strings cannot carry one)
+        host_saver.register_hooks("a\0b")
+    for tag, valid in (("k" * 256, True), ("é" * 256, True), ("€" * 256, True), ("k" * 257, False),
+                       ("é" * 257, False), ("", False)):
+        python_error = c_error = None
+        try:
+            with host_saver.region(tag):
+                pass
+        except ValueError as error:
+            python_error = str(error)
+        encoded = tag.encode()
+        status = _lib.lib().tmsl_enter_region(native.handle, encoded, -1)
+        if status == 0:
+            _lib.lib().tmsl_set_thread_region(None, None, 0)
+        else:
+            c_error = str(_lib.last_error())
+        assert (python_error is None) == (c_error is None) == valid, (tag[:8], python_error, c_error)
+        if not valid:
+            assert c_error in python_error and "1 to 256 characters of UTF-8 without NUL" in c_error
+    with pytest.raises(ValueError, match="encodable as UTF-8"):
+        host_saver.register_hooks("\ud800")
+
+
+def test_stats_sum_each_tags_figures_over_its_devices(host_saver, mem):
+    with host_saver.region("kv", enable_cpu_backup=True):
+        mem.malloc(2 << 20, device=0)
+        mem.malloc(4 << 20, device=1)
+    with host_saver.region("empty"):
+        pass
+    host_saver.pause("kv")
+    figures = [(f.tag, f.device, f.allocations, f.paused_bytes, f.host_backup_bytes, f.paused)
+               for f in host_saver._core().figures()]
+    assert figures == [(b"empty", -1, 0, 0, 0, 0),
+                       (b"kv", 0, 1, 2 << 20, 2 << 20, 1), (b"kv", 1, 1, 4 << 20, 4 << 20, 1)]
+    kv = host_saver.stats()["kv"]
+    assert (kv.allocations, kv.paused_bytes, kv.host_backup_bytes, kv.paused, kv.backs_up) == (2, 6 << 20, 6 << 20,
+                                                                                               True, True)
+    assert kv.last_pause_seconds is not None and kv.last_resume_seconds is None
+    host_saver.resume("kv")

@@ -10,10 +10,10 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib.metadata
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from .errors import (
     CudaDriverError,
@@ -38,6 +38,29 @@ _EXCEPTIONS = {
 TAG_UNKNOWN, TAG_ACTIVE, TAG_PAUSED = 0, 1, 2
 
 _vp, _sz, _int = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
+MAX_TAG_BYTES = 1024  # TMSL_MAX_TAG_BYTES (c_api.h)
+
+
+_SUMMED = ("allocations", "reserved_bytes", "resident_bytes", "paused_bytes", "host_backup_bytes")
+
+
+class TagFigures(ctypes.Structure):
+    """TmslTagFigures (c_api.h): what one tag holds on one device (-1: no allocation)."""
+
+    _fields_ = [
+        ("tag", ctypes.c_char * (MAX_TAG_BYTES + 1)),
+        ("device", ctypes.c_int),
+        ("paused", ctypes.c_int),
+        ("graph_memory", ctypes.c_int),
+        ("backs_up", ctypes.c_int),
+        ("allocations", ctypes.c_uint64),
+        ("reserved_bytes", ctypes.c_uint64),
+        ("resident_bytes", ctypes.c_uint64),
+        ("paused_bytes", ctypes.c_uint64),
+        ("host_backup_bytes", ctypes.c_uint64),
+        ("last_pause_seconds", ctypes.c_double),
+        ("last_resume_seconds", ctypes.c_double),
+    ]
 # Every function of csrc/c_api.h and csrc/c_api_testing.h (test_abi.py checks the two agree).
 _SIGNATURES = {
     "tmsl_status_names": ([], ctypes.c_char_p),
@@ -65,7 +88,8 @@ _SIGNATURES = {
     "tmsl_pause": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
     "tmsl_resume": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
     "tmsl_prepare_backups": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
-    "tmsl_stats_json": ([_vp, ctypes.c_char_p, _sz, ctypes.POINTER(_sz)], _int),
+    "tmsl_tag_figures": ([_vp, ctypes.POINTER(TagFigures), _sz, ctypes.POINTER(_sz)], _int),
+    "tmsl_check_tag": ([ctypes.c_char_p, _sz], _int),
     "tmsl_lease_backup": ([_vp, _vp, _sz, ctypes.POINTER(_vp), ctypes.POINTER(_vp)], _int),
     "tmsl_release_lease": ([_vp], _int),
     "tmsl_inject_fault": ([_vp, ctypes.c_char_p, ctypes.c_long, ctypes.c_long], _int),
@@ -183,6 +207,11 @@ def default_host_cache_bytes() -> int:
     out = _sz()
     check(lib().tmsl_default_host_cache_bytes(ctypes.byref(out)))
     return out.value
+
+
+def check_tag(encoded: bytes) -> None:
+    """The core's tag rule (InvalidArgumentError saying which part is broken)."""
+    check(lib().tmsl_check_tag(encoded, len(encoded)))
 
 
 def check_process() -> None:
@@ -339,15 +368,29 @@ class NativeSaver:
         array, count = _tag_array(tags)
         check(lib().tmsl_prepare_backups(self.handle, array, count))
 
-    def stats(self) -> dict[str, dict[str, int]]:
-        length = _sz()
-        capacity = 4096
+    def figures(self) -> list[TagFigures]:
+        """Per (tag, device), in tag order: one call however many tags."""
+        count, capacity = _sz(), 16
         while True:
-            buffer = ctypes.create_string_buffer(capacity)
-            check(lib().tmsl_stats_json(self.handle, buffer, capacity, ctypes.byref(length)))
-            if length.value < capacity:
-                return json.loads(buffer.value.decode(errors="replace"))
-            capacity = length.value + 4096
+            out = (TagFigures * capacity)()
+            check(lib().tmsl_tag_figures(self.handle, out, capacity, ctypes.byref(count)))
+            if count.value <= capacity:
+                return list(out[:count.value])
+            capacity = count.value + 16  # tags entered meanwhile
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        """Per tag: the byte figures summed over its devices, and the tag's own facts."""
+        tags: dict[str, dict[str, Any]] = {}
+        for f in self.figures():
+            entry = tags.setdefault(f.tag.decode(), {
+                **dict.fromkeys(_SUMMED, 0), "paused": bool(f.paused), "graph_memory": bool(f.graph_memory),
+                "backs_up": False,
+                "last_pause_seconds": f.last_pause_seconds if f.last_pause_seconds >= 0 else None,
+                "last_resume_seconds": f.last_resume_seconds if f.last_resume_seconds >= 0 else None})
+            for name in _SUMMED:
+                entry[name] += getattr(f, name)
+            entry["backs_up"] = entry["backs_up"] or bool(f.backs_up)
+        return tags
 
     def lease_backup(self, ptr: int, nbytes: int) -> tuple[int, int | None] | None:
         """(address of the host copy of [ptr, ptr + nbytes), a lease that keeps it alive)

@@ -140,16 +140,8 @@ def _saver_bytes(native: Any, device: int) -> tuple[int, int]:
     """(resident, paused) bytes of the saver's tags on ``device``."""
     if native is None:
         return 0, 0
-    from . import _lib
-
-    resident = paused = 0
-    for tag in native.stats():
-        size = sum(s for _, s, d in native.allocations(tag) if d == device)
-        if native.tag_state(tag) == _lib.TAG_PAUSED:
-            paused += size
-        else:
-            resident += size
-    return resident, paused
+    figures = [f for f in native.figures() if f.device == device]
+    return sum(f.resident_bytes for f in figures), sum(f.paused_bytes for f in figures)
 
 
 def record_baseline(device: int, native: Any) -> None:

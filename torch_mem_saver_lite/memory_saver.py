@@ -573,8 +573,8 @@ class MemorySaver:
         return self._transitions.register(tag, before_pause, after_resume)
 
     def _refuse_during_capture(self, what: str) -> None:
-        # Synchronizing or remapping while a graph captures would break the capture.
-        _lib.check_process()  # a forked child is refused before CUDA is asked anything
+        # Synchronizing or remapping while a graph captures would break the capture. (Callers
+        # refused a forked child first, before CUDA is asked anything.)
         if self._platform.routes_torch and torch.cuda.is_current_stream_capturing():
             raise MemorySaverError(f"cannot {what} while a CUDA graph is being captured on this "
                                    f"thread's stream; {what} before or after the capture")

@@ -19,24 +19,26 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import _lib
-from .errors import MemorySaverError
+from .errors import InvalidArgumentError, MemorySaverError
 
 CPU_BACKUP_BACKENDS = ("pinned", "mmap")
-_MAX_TAG_LENGTH = 256
 _MAX_SIZE = (1 << 64) - 1  # what a size_t holds: larger values would wrap in the C ABI
 
 
 # ----- argument checks ---------------------------------------------------------------------
 def check_tag(tag: object) -> str:
-    """``tag`` if it is a valid tag name, else TypeError/ValueError saying what is wrong."""
+    """``tag`` if it is a valid tag name, else TypeError/ValueError saying what is wrong. The
+    rule itself (1 to 256 characters without NUL) is the core's, the same for every entry point."""
     if not isinstance(tag, str):
         raise TypeError(f"tag must be a str, got {type(tag).__name__}")
-    if not tag or len(tag) > _MAX_TAG_LENGTH or "\0" in tag:
-        raise ValueError(f"tag must be 1 to {_MAX_TAG_LENGTH} characters without NUL, got {tag!r}")
     try:
-        tag.encode()
+        encoded = tag.encode()
     except UnicodeEncodeError:
         raise ValueError(f"tag must be encodable as UTF-8, got {tag!r}") from None
+    try:
+        _lib.check_tag(encoded)
+    except InvalidArgumentError as error:
+        raise InvalidArgumentError(f"{error} ({tag[:40]!r}{'...' if len(tag) > 40 else ''})") from None
     return tag
 
 

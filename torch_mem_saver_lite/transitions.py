@@ -146,8 +146,8 @@ class Transitions:
             do_resume()
             return
         with self._lock:
-            tags = names if names is not None else list(native.stats())
-            paused_before = [t for t in tags if native.tag_state(t) == _lib.TAG_PAUSED]
+            paused_now = {t for t, figures in native.stats().items() if figures["paused"]}
+            paused_before = [t for t in (names if names is not None else sorted(paused_now)) if t in paused_now]
             order = list(reversed(self._hooked(names)))
             resumed, position = [False], 0
             left: list[TagHooks] | None = None  # the current tag's hooks not run yet

@@ -4,6 +4,7 @@
 // (`make sanitize`). Prints "N passed, M failed"; exits non-zero on any failure.
 #include <sys/types.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstdio>
@@ -39,11 +40,12 @@ struct Saver {
   }
   int pause(const char* tag) { return tag ? tmsl_pause(handle, &tag, 1) : tmsl_pause(handle, nullptr, -1); }
   int resume(const char* tag) { return tag ? tmsl_resume(handle, &tag, 1) : tmsl_resume(handle, nullptr, -1); }
-  std::string stats() {
-    char buf[4096];
-    size_t length = 0;
-    tmsl_stats_json(handle, buf, sizeof(buf), &length);
-    return length < sizeof(buf) ? std::string(buf, length) : std::string();
+  std::vector<TmslTagFigures> figures() {
+    std::vector<TmslTagFigures> out(16);
+    size_t count = 0;
+    if (tmsl_tag_figures(handle, out.data(), out.size(), &count) != 0) return {};
+    out.resize(std::min(count, out.size()));
+    return out;
   }
 };
 
@@ -112,12 +114,13 @@ void free_while_paused_and_bad_frees() {
   CHECK(strstr(tmsl_last_error_message(), "freed twice") != nullptr);
   int local = 0;
   CHECK(tmsl_free(s.handle, &local, nullptr) != 0);  // never allocated
-  const std::string stats = s.stats();  // the tag stays paused; its pause was timed
-  const std::string state = "{\"kv\":{\"allocations\":0,\"reserved_bytes\":0,\"resident_bytes\":0,"
-                            "\"paused_bytes\":0,\"host_backup_bytes\":0,\"paused\":true,"
-                            "\"graph_memory\":false,\"backs_up\":true,\"last_pause_seconds\":";
-  CHECK(stats.compare(0, state.size(), state) == 0);
-  CHECK(stats.find(",\"last_resume_seconds\":null}}") == stats.size() - 29);
+  const std::vector<TmslTagFigures> figures = s.figures();  // the tag stays paused; its pause was timed
+  CHECK(figures.size() == 1);
+  const TmslTagFigures& kv = figures[0];
+  CHECK(strcmp(kv.tag, "kv") == 0 && kv.device == -1 && kv.allocations == 0 && kv.reserved_bytes == 0);
+  CHECK(kv.resident_bytes == 0 && kv.paused_bytes == 0 && kv.host_backup_bytes == 0);
+  CHECK(kv.paused == 1 && kv.graph_memory == 0 && kv.backs_up == 1);
+  CHECK(kv.last_pause_seconds >= 0 && kv.last_resume_seconds < 0);
 }
 
 void out_of_memory_resume_rolls_back_and_retries() {
@@ -231,7 +234,9 @@ void null_out_pointers_are_refused() {
   CHECK(tmsl_default_saver(nullptr) != 0);
   CHECK(tmsl_create_host_saver(0, 2 * MiB, nullptr) != 0);
   CHECK(tmsl_malloc(s.handle, MiB, 0, "kv", 0, nullptr) != 0);
-  CHECK(tmsl_stats_json(s.handle, nullptr, 0, nullptr) != 0);
+  CHECK(tmsl_tag_figures(s.handle, nullptr, 0, nullptr) != 0);
+  CHECK(tmsl_check_tag("kv", 2) == 0 && tmsl_check_tag("", 0) != 0 && tmsl_check_tag("a\0b", 3) != 0);
+  CHECK(tmsl_check_tag("\xff", 1) != 0 && tmsl_check_tag(nullptr, 0) != 0);
   CHECK(tmsl_tag_state(s.handle, "kv", nullptr) != 0);
   CHECK(tmsl_tag_state(s.handle, nullptr, nullptr) != 0);
   CHECK(tmsl_get_poison_on_resume(s.handle, nullptr) != 0);
@@ -283,7 +288,7 @@ void threads_allocate_and_free_while_another_tag_cycles() {
   });
   std::thread reader([&] {
     while (!stop) {
-      if (s.stats().empty()) ++errors;
+      if (s.figures().empty()) ++errors;
     }
   });
   for (auto& t : threads) t.join();
