@@ -325,4 +325,28 @@ TMSL_API const char* tmsl_process_defaults_error(void) {
   return process_defaults().error.c_str();
 }
 
+TMSL_API int tmsl_process_defaults(TmslProcessDefaults* out) {
+  return guarded([&] {
+    Status s = require(out != nullptr, "out must not be NULL");
+    if (!s.ok()) return s;
+    const ProcessDefaults& d = process_defaults();
+    if (d.disk_backup_dir.size() >= sizeof(out->disk_backup_dir)) {
+      return Status::Error(Code::kInvalidArgument, d.disk_backup_dir_variable + " is longer than " +
+                                                       std::to_string(sizeof(out->disk_backup_dir) - 1) + " bytes");
+    }
+    *out = TmslProcessDefaults{};
+    out->region_all_threads = d.all_threads;
+    out->backup_choice = static_cast<int>(d.backup);
+    out->caches_backups = d.caches_backups;
+    out->poison_on_resume = d.poison_on_resume;
+    out->retain_backups = d.retain_backups;
+    // The tag rule and the two variable names keep these within their arrays.
+    memcpy(out->tag, d.tag.c_str(), std::min(d.tag.size(), sizeof(out->tag) - 1));
+    memcpy(out->disk_backup_dir_variable, d.disk_backup_dir_variable.c_str(),
+           std::min(d.disk_backup_dir_variable.size(), sizeof(out->disk_backup_dir_variable) - 1));
+    memcpy(out->disk_backup_dir, d.disk_backup_dir.c_str(), d.disk_backup_dir.size());
+    return Status::Ok();
+  });
+}
+
 TMSL_API int tmsl_process_default_poison(void) { return process_defaults().poison_on_resume ? 1 : 0; }

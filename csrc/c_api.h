@@ -108,6 +108,20 @@ TMSL_API int tmsl_release_lease(void* lease);
 
 // "" when the TMSL_* environment variables are valid, else what is wrong with them.
 TMSL_API const char* tmsl_process_defaults_error(void);
+// The process defaults the library read from the environment (thread_region.h lists the
+// variables), the one reader for both languages; what is wrong with them is in
+// tmsl_process_defaults_error().
+typedef struct TmslProcessDefaults {
+  int region_all_threads;  // TMSL_REGION_ALL_THREADS / TMS_INIT_ENABLE
+  int backup_choice;       // the default region's enable_cpu_backup choice (-1 to 3, as above)
+  int caches_backups;      // 0: TMSL_DEFAULT_CPU_BACKUP_BACKEND / TMS_INIT_CPU_BACKUP_BACKEND=mmap
+  int poison_on_resume;    // TMSL_POISON_ON_RESUME
+  int retain_backups;      // TMSL_RETAIN_CPU_BACKUP / TMS_RETAIN_CPU_BACKUP
+  char tag[TMSL_MAX_TAG_BYTES + 1];      // TMSL_DEFAULT_TAG ("default")
+  char disk_backup_dir_variable[32];     // which variable named the directory ("": none)
+  char disk_backup_dir[4096];            // TMSL_DISK_BACKUP_DIR / TMS_DISK_BACKUP_DIR
+} TmslProcessDefaults;
+TMSL_API int tmsl_process_defaults(TmslProcessDefaults* out);
 // 1 when TMSL_POISON_ON_RESUME=1: savers start with poison on resume turned on.
 TMSL_API int tmsl_process_default_poison(void);
 // 1 when this library's cudaMalloc is the one the process calls (LD_PRELOAD in effect).

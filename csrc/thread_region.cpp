@@ -75,7 +75,7 @@ ProcessDefaults read_process_defaults() {
       d.caches_backups = false;
       if (d.backup == BackupChoice::kOn) d.backup = BackupChoice::kOnUncached;
     } else if (strcmp(backend, "pinned") != 0) {
-      d.error += std::string(d.error.empty() ? "" : "; ") + backend_name + " must be pinned or mmap, got '" +
+      d.error += std::string(d.error.empty() ? "" : "; ") + backend_name + " must be one of pinned, mmap, got '" +
                  backend + "'";
       ok = false;
     }
@@ -83,6 +83,16 @@ ProcessDefaults read_process_defaults() {
     ok = false;
   }
   ok = parse_flag("TMSL_POISON_ON_RESUME", &d.poison_on_resume, &d.error) && ok;
+  ok = parse_flag_pair("TMSL_RETAIN_CPU_BACKUP", "TMS_RETAIN_CPU_BACKUP", &d.retain_backups, &given, &d.error) && ok;
+  const char* dir_name = nullptr;
+  if (pick("TMSL_DISK_BACKUP_DIR", "TMS_DISK_BACKUP_DIR", &dir_name, &d.error)) {
+    if (dir_name != nullptr) {
+      d.disk_backup_dir_variable = dir_name;
+      d.disk_backup_dir = getenv(dir_name);
+    }
+  } else {
+    ok = false;
+  }
   const char* tag = getenv("TMSL_DEFAULT_TAG");
   if (tag != nullptr) {
     Status valid = check_tag(tag);

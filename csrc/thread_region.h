@@ -42,13 +42,22 @@ Status region_saver(const ThreadRegion& region, SaverRef* out);
 //                               none (torch_memory_saver's name: TMS_INIT_CPU_BACKUP_BACKEND);
 //                               with mmap the default region's choice is kOnUncached
 //   TMSL_POISON_ON_RESUME=1     savers start with poison on resume turned on
-// A bad value leaves regions off and is kept in `error`, naming the variable.
+//   TMSL_RETAIN_CPU_BACKUP=1    keep host backups after a resume (torch_memory_saver's name:
+//                               TMS_RETAIN_CPU_BACKUP)
+//   TMSL_DISK_BACKUP_DIR=path   where disk backups go (torch_memory_saver's name:
+//                               TMS_DISK_BACKUP_DIR); checked where it is used
+// The one reader of these variables for both languages (Python reads the result through
+// tmsl_process_defaults). A bad value leaves regions off and is kept in `error`, naming
+// the variable.
 struct ProcessDefaults {
   bool all_threads = false;
   std::string tag = "default";
   BackupChoice backup = BackupChoice::kAuto;
   bool caches_backups = true;  // the default backend is "pinned"
   bool poison_on_resume = false;
+  bool retain_backups = false;
+  std::string disk_backup_dir_variable;  // the variable that named it ("": none did)
+  std::string disk_backup_dir;
   std::string error;
 };
 const ProcessDefaults& process_defaults();

@@ -23,6 +23,7 @@ C_TYPES = {
     "const char**": ctypes.POINTER(ctypes.c_char_p), "const char* const*": ctypes.POINTER(ctypes.c_char_p),
     "void": None, "bool": ctypes.c_bool, "uint64_t": ctypes.c_uint64,
     "TmslTagFigures*": ctypes.POINTER(_lib.TagFigures),
+    "TmslProcessDefaults*": ctypes.POINTER(_lib.ProcessDefaults),
 }
 
 

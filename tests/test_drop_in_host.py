@@ -146,6 +146,24 @@ def test_bad_environment_values_are_reported_by_name_at_first_use(env, message):
     assert result.stdout.startswith("MemorySaverError") and message in result.stdout
 
 
+def test_python_reads_the_environment_through_the_native_library(tmp_path):
+    # One reader for both languages: what the core read is what the Python side uses.
+    result = run(
+        """
+        from torch_mem_saver_lite import _lib
+        from torch_mem_saver_lite.settings import read_environment
+        d, env = _lib.process_defaults(), read_environment()
+        print(d.retain_backups, d.caches_backups, d.tag.decode(), d.disk_backup_dir_variable.decode())
+        print(env.retain_cpu_backup, env.default_caches_backups, env.default_tag, env.disk_backup_dir[0],
+              env.disk_backup_dir[1] == d.disk_backup_dir.decode(), env.default_disk_backup)
+        """,
+        TMS_RETAIN_CPU_BACKUP="1", TMS_INIT_CPU_BACKUP_BACKEND="mmap", TMSL_DEFAULT_TAG="wé",
+        TMS_DISK_BACKUP_DIR=str(tmp_path / "disk"),
+    )
+    expected = ["1 0 wé TMS_DISK_BACKUP_DIR", "True False wé TMS_DISK_BACKUP_DIR True False"]
+    assert result.stdout.splitlines() == expected, result.stdout + result.stderr
+
+
 def test_native_defaults_take_torch_memory_savers_names():
     result = run(
         """

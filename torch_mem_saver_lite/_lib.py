@@ -41,6 +41,21 @@ _vp, _sz, _int = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
 MAX_TAG_BYTES = 1024  # TMSL_MAX_TAG_BYTES (c_api.h)
 
 
+class ProcessDefaults(ctypes.Structure):
+    """TmslProcessDefaults (c_api.h): the process defaults as the library read them."""
+
+    _fields_ = [
+        ("region_all_threads", ctypes.c_int),
+        ("backup_choice", ctypes.c_int),
+        ("caches_backups", ctypes.c_int),
+        ("poison_on_resume", ctypes.c_int),
+        ("retain_backups", ctypes.c_int),
+        ("tag", ctypes.c_char * (MAX_TAG_BYTES + 1)),
+        ("disk_backup_dir_variable", ctypes.c_char * 32),
+        ("disk_backup_dir", ctypes.c_char * 4096),
+    ]
+
+
 _SUMMED = ("allocations", "reserved_bytes", "resident_bytes", "paused_bytes", "host_backup_bytes")
 
 
@@ -108,6 +123,7 @@ _SIGNATURES = {
     "tmsl_release_host_cache": ([_vp], _int),
     "tmsl_wait_for_released_backups": ([_vp], _int),
     "tmsl_process_defaults_error": ([], ctypes.c_char_p),
+    "tmsl_process_defaults": ([ctypes.POINTER(ProcessDefaults)], _int),
     "tmsl_process_default_poison": ([], _int),
     "tmsl_preload_active": ([], _int),
     "tmsl_torch_malloc": ([ctypes.c_ssize_t, _int, _vp], _vp),
@@ -207,6 +223,13 @@ def default_host_cache_bytes() -> int:
     out = _sz()
     check(lib().tmsl_default_host_cache_bytes(ctypes.byref(out)))
     return out.value
+
+
+def process_defaults() -> ProcessDefaults:
+    """What the library read from the environment (check tmsl_process_defaults_error first)."""
+    out = ProcessDefaults()
+    check(lib().tmsl_process_defaults(ctypes.byref(out)))
+    return out
 
 
 def check_tag(encoded: bytes) -> None:

@@ -280,7 +280,7 @@ class MemorySaver:
         """The preload-mode process region's backup backend and disk backup (environment)."""
         if not self._platform.routes_torch:
             return
-        if env.default_cpu_backup_backend == "mmap":
+        if not env.default_caches_backups:
             native.set_caches_backups(env.default_tag, False)
         if env.default_disk_backup:
             self._back_up_to_disk(env.default_tag)
