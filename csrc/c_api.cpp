@@ -270,6 +270,8 @@ TMSL_API int tmsl_wait_for_released_backups(void* handle) {
   });
 }
 
+static_assert(kMaxTagBytes == TMSL_MAX_TAG_BYTES, "c_api.h and tag_rules.h name one limit");
+
 TMSL_API int tmsl_tag_figures(void* handle, TmslTagFigures* out, size_t capacity, size_t* count) {
   return on_saver(handle, [&](Saver& saver) {
     Status s = require(count != nullptr && (out != nullptr || capacity == 0), "count (and out, with a capacity) "

@@ -2,6 +2,7 @@
 
 #include "copy_marks.h"
 #include "mapping.h"
+#include "tag_rules.h"
 
 
 #include <algorithm>
@@ -52,9 +53,27 @@ BackupChoice host_backup_of(BackupChoice choice) {
 }
 }  // namespace
 
+Status Saver::admit_name(const std::string& tag, TagInfo** entry, bool* is_new) {
+  auto [it, added] = tags_.try_emplace(tag);
+  if (added) {
+    // Every way in (torch_memory_saver's tms_set_current_tag included) meets the one rule.
+    Status valid = check_tag(tag.data(), tag.size());
+    if (!valid.ok()) {
+      tags_.erase(it);
+      return valid;
+    }
+  }
+  *entry = &it->second;
+  if (is_new != nullptr) *is_new = added;
+  return Status::Ok();
+}
+
 Status Saver::admit(const std::string& tag, BackupChoice backup, TagInfo** entry) {
-  auto [it, is_new] = tags_.try_emplace(tag);
-  TagInfo& info = it->second;
+  TagInfo* found = nullptr;
+  bool is_new = false;
+  Status s = admit_name(tag, &found, &is_new);
+  if (!s.ok()) return s;
+  TagInfo& info = *found;
   if (entry != nullptr) *entry = &info;
   if (!is_new && info.paused) return tag_paused_error(tag);
   // Each allocation keeps its own region's choice; the tag keeps the first explicit one, for
@@ -70,8 +89,10 @@ Status Saver::enter_tag(const std::string& tag, BackupChoice backup) {
 
 Status Saver::mark_graph_memory(const std::string& tag) {
   std::lock_guard<std::mutex> lock(mu_);
-  tags_[tag].graph_memory = true;
-  return Status::Ok();
+  TagInfo* info = nullptr;
+  Status s = admit_name(tag, &info);
+  if (s.ok()) info->graph_memory = true;
+  return s;
 }
 
 bool Saver::tag_info(const std::string& tag, TagInfo* out) const {
@@ -84,8 +105,10 @@ bool Saver::tag_info(const std::string& tag, TagInfo* out) const {
 
 Status Saver::set_caches_backups(const std::string& tag, bool caches) {
   std::lock_guard<std::mutex> lock(mu_);
-  tags_[tag].caches_backups = caches;  // enters the tag, as a region would
-  return Status::Ok();
+  TagInfo* info = nullptr;
+  Status s = admit_name(tag, &info);  // enters the tag, as a region would
+  if (s.ok()) info->caches_backups = caches;
+  return s;
 }
 
 std::vector<Saver::Range> Saver::allocations_of(const std::string& tag) const {

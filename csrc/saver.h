@@ -221,6 +221,8 @@ class Saver {
   Status check_known(const TagSelection& selection) const;
   // The catalogue check behind enter_tag and allocate, giving the tag's entry; needs mu_.
   Status admit(const std::string& tag, BackupChoice backup, TagInfo** entry = nullptr);
+  // The tag's catalogue entry, entered if new once its name meets the tag rule; needs mu_.
+  Status admit_name(const std::string& tag, TagInfo** entry, bool* is_new = nullptr);
   // Marks the allocations in `from` state that match `selection` as `to`, each with its
   // tag's backup decision, under the lock.
   std::vector<Allocation*> claim(const TagSelection& selection, State from, State to);

@@ -233,3 +233,49 @@ def test_hooks_follow_the_real_transitions_while_threads_pause_and_resume_concur
         assert all(mapped for _, mapped in calls), (t, [c for c in calls if not c[1]][:5])
         assert [kind for kind, _ in calls] == ["pause", "resume"] * (len(calls) // 2), t  # strictly alternating
     assert mem.read(two_tags[0], 12) == b"content of a" and mem.read(two_tags[1], 12) == b"content of b"
+
+
+def test_a_hook_pausing_or_resuming_its_own_tag_is_refused_and_nothing_is_lost(host_saver, mem, two_tags):
+    from torch_mem_saver_lite import MemorySaverError
+
+    calls = []
+    for nested in (lambda: host_saver.pause("a"), lambda: host_saver.resume(), lambda: host_saver.pause()):
+        calls.clear()
+        remove = host_saver.register_hooks("a", before_pause=nested, after_resume=lambda: calls.append("resume"))
+        with pytest.raises(MemorySaverError, match="'a' is running its own hooks"):
+            host_saver.pause("a")
+        remove()
+        assert not host_saver.stats()["a"].paused and calls == []  # aborted before anything was released
+        assert mem.read(two_tags[0], 12) == b"content of a"
+
+
+def test_a_hook_registered_while_its_tag_is_paused_runs_from_the_next_pause_on(host_saver, mem, two_tags):
+    r = Recorder()
+    host_saver.register_hooks("a", before_pause=r.hook("h1-pause"), after_resume=r.hook("h1-resume"))
+    host_saver.pause("a")
+    host_saver.register_hooks("a", before_pause=r.hook("h2-pause"), after_resume=r.hook("h2-resume"))
+    host_saver.resume("a")
+    assert r.calls == ["h1-pause", "h1-resume"]
+    host_saver.pause("a")
+    host_saver.resume("a")
+    assert r.calls[2:] == ["h1-pause", "h2-pause", "h2-resume", "h1-resume"]
+
+
+def test_a_pause_of_unhooked_tags_does_not_wait_for_another_tags_hook(host_saver, mem, two_tags):
+    import threading
+
+    inside, release = threading.Event(), threading.Event()
+    host_saver.register_hooks("a", before_pause=lambda: (inside.set(), release.wait(30)))
+    pauser = threading.Thread(target=host_saver.pause, args=("a",))
+    pauser.start()
+    try:
+        assert inside.wait(30)
+        other = threading.Thread(target=lambda: (host_saver.pause("b"), host_saver.resume("b")))
+        other.start()
+        other.join(20)
+        assert not other.is_alive(), "pause('b') waited for a's hook"
+    finally:
+        release.set()
+        pauser.join()
+    host_saver.resume()
+    assert mem.read(two_tags[1], 12) == b"content of b"

@@ -259,6 +259,13 @@ def test_a_real_sigint_inside_a_deferred_block_is_raised_when_the_block_ends():
         with interrupts.deferred():
             1 / 0  # noqa: B018
     assert signal.getsignal(signal.SIGINT) is handler and not interrupts.active()
+    with pytest.raises(KeyboardInterrupt):  # a second Ctrl-C is delivered at once
+        with interrupts.deferred():
+            signal.raise_signal(signal.SIGINT)
+            done.append("first held")
+            signal.raise_signal(signal.SIGINT)
+            done.append("never")
+    assert done[-1] == "first held" and signal.getsignal(signal.SIGINT) is handler and not interrupts.active()
     seen = []
     worker = threading.Thread(target=lambda: seen.append(interrupts.deferred().__enter__()))
     worker.start()

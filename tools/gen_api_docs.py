@@ -286,7 +286,7 @@ def classify(package: Any) -> dict[str, list[str]]:
                 groups["data"].append(name)
             else:
                 groups["classes"].append(name)
-        elif inspect.isfunction(value):
+        elif inspect.isfunction(inspect.unwrap(value)):  # functools.cache keeps it a function
             groups["functions"].append(name)
         else:
             groups["objects"].append(name)

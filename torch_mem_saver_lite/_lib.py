@@ -405,7 +405,7 @@ class NativeSaver:
         """Per tag: the byte figures summed over its devices, and the tag's own facts."""
         tags: dict[str, dict[str, Any]] = {}
         for f in self.figures():
-            entry = tags.setdefault(f.tag.decode(), {
+            entry = tags.setdefault(f.tag.decode(errors="replace"), {
                 **dict.fromkeys(_SUMMED, 0), "paused": bool(f.paused), "graph_memory": bool(f.graph_memory),
                 "backs_up": False,
                 "last_pause_seconds": f.last_pause_seconds if f.last_pause_seconds >= 0 else None,

@@ -4,7 +4,9 @@ Python raises KeyboardInterrupt between any two bytecodes of the main thread, so
 hook, then note that it ran" can be cut between the two halves; the undo logic would then
 undo a step that never ran or skip one that did. ``deferred()`` makes such a group of
 statements all-or-nothing with respect to a real SIGINT: the signal's handler is swapped for
-one that only records it, and the original handler is called when the block ends.
+one that only records it, and the original handler is called when the block ends. A
+second SIGINT inside the block is delivered at once: pressing Ctrl-C twice still stops a
+step that hangs.
 
 Only the main thread receives SIGINT, so elsewhere the block runs as is. Blocks nest (the
 outermost one delivers). A block holds Ctrl-C only as long as it runs: keep it to one step.
@@ -43,6 +45,12 @@ class deferred:  # noqa: N801 - used like a function: `with interrupts.deferred(
     def _record(self, signum: int, frame: FrameType | None) -> None:
         if self._pending is None:
             self._pending = (signum, frame)
+            return
+        # A second Ctrl-C: the user insists (a hook or a collective that hangs), so it is
+        # delivered now, in the middle of the block, with the original handler back.
+        previous, self._previous, self._pending = self._previous, None, None
+        signal.signal(signal.SIGINT, previous)
+        previous(signum, frame)
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: TracebackType | None) -> None:

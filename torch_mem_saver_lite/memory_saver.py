@@ -555,10 +555,11 @@ class MemorySaver:
 
         Hooks run only when the tag really changes state, on the thread that calls
         pause/resume: before_pause in registration order, after_resume in reverse, and
-        alternating: a tag gets its after_resume hooks once after each time its before_pause
-        hooks ran (hooks registered while it is paused run from its next pause on). A hook
-        may pause or resume tags itself; each tag's state is read when its turn comes, so no
-        hook runs twice or on memory in the wrong state. Pauses and resumes that run hooks
+        alternating: each hook whose before_pause ran gets its after_resume once (hooks
+        registered while the tag is paused run from its next pause on). A hook may pause or
+        resume other tags; each tag's state is read when its turn comes, so no hook runs
+        twice or on memory in the wrong state. Pausing or resuming the hook's own tag (or
+        every tag) from inside it raises MemorySaverError. Pauses and resumes of hooked tags
         are serialized by a lock (concurrent calls run one after the other), so a hook must
         not wait for another thread's pause or resume. A before_pause that raises aborts the
         pause (the hooks that already ran get their after_resume) and nothing is released;
