@@ -58,7 +58,8 @@ class deferred:  # noqa: N801 - used like a function: `with interrupts.deferred(
         previous, self._previous = self._previous, None
         if previous is None:
             return
-        signal.signal(signal.SIGINT, previous)
+        if signal.getsignal(signal.SIGINT) == self._record:  # one installed inside the block stays
+            signal.signal(signal.SIGINT, previous)
         if self._pending is not None:
             pending, self._pending = self._pending, None
             previous(*pending)  # the default handler raises KeyboardInterrupt here

@@ -544,8 +544,12 @@ class MemorySaver:
             self._disk.back_up(tag, self._core)
 
     def _close_restored_disk_backups(self) -> None:
-        """Remove the files of disk backups read back by a finished resume."""
-        self._disk.close_restored(self._native)
+        """Remove the files of disk backups read back by a finished resume (with transitions
+        held off: a concurrent resume may be reading one back)."""
+        if not self._disk_backups:
+            return  # nothing to close: no lock to wait for
+        with self._transitions.held():
+            self._disk.close_restored(self._native)
 
     def register_hooks(self, tag: str, before_pause: Hook | None = None,
                        after_resume: Hook | None = None) -> Callable[[], None]:

@@ -132,6 +132,11 @@ class Transitions:
         ran.append((tag, hooks))
         self._owing[tag].append(hooks)
 
+    def held(self) -> threading.RLock:
+        """The lock hooked transitions hold, for work that must not overlap one (a ``with``
+        block)."""
+        return self._lock
+
     # ----- transitions ---------------------------------------------------------------------
     def pause(self, native: _lib.NativeSaver, names: list[str] | None, do_pause: Callable[[], None]) -> None:
         """Run the before_pause hooks of the selected tags that are active, then
