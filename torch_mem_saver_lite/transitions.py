@@ -117,7 +117,8 @@ class Transitions:
     def _hooked(self, names: list[str] | None) -> list[str]:
         """The tags of the selection (None: all) that have hooks or owe them, in the
         selection's order."""
-        hooked = {t for t, hooks in self._hooks.items() if hooks} | set(self._innermost) | set(self._owing)
+        # Copies taken in one C call each: the lock-free path reads while others register.
+        hooked = {t for t, hooks in list(self._hooks.items()) if hooks} | set(self._innermost) | set(self._owing)
         return [t for t in dict.fromkeys(names if names is not None else sorted(hooked)) if t in hooked]
 
     def _refuse_busy(self, names: list[str] | None) -> None:
