@@ -110,8 +110,8 @@ def test_configure_subprocess_preloads_children_and_restores_the_environment():
 
 
 def test_pauseable_graphs_turn_nccl_graph_registration_off(monkeypatch):
-    from torch_mem_saver_lite.memory_saver import _turn_off_nccl_graph_registration
+    from torch_mem_saver_lite.graph_capture import turn_off_nccl_graph_registration
 
     monkeypatch.delenv("NCCL_GRAPH_REGISTER", raising=False)
-    _turn_off_nccl_graph_registration()  # NCCL not initialized here: it can still be set
+    turn_off_nccl_graph_registration()  # NCCL not initialized here: it can still be set
     assert os.environ["NCCL_GRAPH_REGISTER"] == "0"

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from . import _lib, breakdown, hook_modes, leftovers, nccl_suspend
+from . import _lib, breakdown, graph_capture, hook_modes, leftovers, nccl_suspend
 from .breakdown import MemoryBreakdown
 from .disk_backup import DiskBackups
 from .errors import DriverNotFoundError, InvalidArgumentError, MemorySaverError
@@ -72,40 +72,6 @@ def _prepare_quietly(native: _lib.NativeSaver, tag: str) -> None:
     pause. Best effort: a saver closed inside the block, say, just skips it."""
     with contextlib.suppress(MemorySaverError):
         native.prepare_backups([tag])
-
-
-@functools.cache
-def _note_graph_captures() -> None:
-    """Make every CUDA graph capture tell the saver that the capturing thread's region now
-    holds graph memory (torch.cuda.graph, make_graphed_callables and torch.compile's graph
-    trees all begin a capture through CUDAGraph.capture_begin). Installed once, on the first
-    region; outside regions it only forwards."""
-    graph_class = torch.cuda.CUDAGraph
-    original = graph_class.capture_begin
-
-    @functools.wraps(original)
-    def capture_begin(self: torch.cuda.CUDAGraph, *args: Any, **kwargs: Any) -> Any:
-        _lib.note_graph_capture()
-        return original(self, *args, **kwargs)
-
-    graph_class.capture_begin = capture_begin
-
-
-def _turn_off_nccl_graph_registration() -> None:
-    """NCCL registers buffers captured in graphs; a pause replaces their physical memory and
-    a replay would use stale registrations. Registration must be off before NCCL reads it."""
-    if os.environ.get("NCCL_GRAPH_REGISTER") == "0":
-        return
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and "nccl" in str(dist.get_backend()).lower():
-        raise MemorySaverError(
-            "pauseable CUDA graphs need NCCL_GRAPH_REGISTER=0 (NCCL's graph buffer registrations go "
-            "stale when a pause replaces physical memory, and a replay can hang), but NCCL is "
-            "already initialized: set NCCL_GRAPH_REGISTER=0 in the environment before "
-            "torch.distributed.init_process_group"
-        )
-    os.environ["NCCL_GRAPH_REGISTER"] = "0"
 
 
 class MemorySaver:
@@ -348,7 +314,7 @@ class MemorySaver:
             )
         self._mode.check_ready()
         if self._platform.routes_torch:
-            _note_graph_captures()
+            graph_capture.note_graph_captures()
         native = self._core()
         if self._platform.routes_torch and not torch.cuda.is_current_stream_capturing():
             # The CUDA context's size, measured once per device (memory_breakdown).
@@ -389,7 +355,7 @@ class MemorySaver:
         backup = check_backup(enable_cpu_backup)
         choice = _lib.backup_choice(backup, caches is not False)
         entry = Region(native, check_tag(tag), choice)  # no torch route
-        _turn_off_nccl_graph_registration()
+        graph_capture.turn_off_nccl_graph_registration()
         pools = self._torch_pools()
         tag_pool = pools.pool(tag, torch.cuda.current_device(), choice).id
         pool = self._mode.capture_pool(pool, tag_pool)
