@@ -1,11 +1,10 @@
 """A saver's settings and the checks of what users pass in.
 
 - Argument checks: each raises TypeError/ValueError naming the argument and what it takes.
-- The process defaults the Python side reads from the environment. Each has our ``TMSL_*``
-  name and torch_memory_saver's ``TMS_*`` name, with the same meaning; both set to different
-  values is an error. (The native library reads the defaults its allocation hooks need
-  itself: ``TMSL_REGION_ALL_THREADS`` / ``TMS_INIT_ENABLE``, ``TMSL_DEFAULT_CPU_BACKUP`` /
-  ``TMS_INIT_ENABLE_CPU_BACKUP``, ``TMSL_DEFAULT_TAG``, ``TMSL_POISON_ON_RESUME``.)
+- The process defaults from the environment, as the native library read them (it is the one
+  reader for both languages; csrc/thread_region.h lists the variables). Each has our
+  ``TMSL_*`` name and torch_memory_saver's ``TMS_*`` name, with the same meaning; both set to
+  different values is an error.
 - ``Settings``: the values a program sets before the core exists, applied to the core once
   when it is made and forwarded to it afterwards, so setting or reading them never starts
   the CUDA driver.
