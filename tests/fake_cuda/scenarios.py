@@ -174,8 +174,9 @@ def rss_anon() -> int:
 def tms_entry_points() -> None:
     """torch_memory_saver's C entry points, bound by name as its users bind them, over the
     process-wide region its TMS_INIT_* variables ask for (set by the test): the thread's
-    configuration reads and changes; tms_pause/tms_resume release and restore, skipping a tag
-    no region used; an "mmap" backup's host memory comes at the pause and goes at the resume."""
+    configuration reads and changes; a tag that breaks the tag rule is refused at allocation;
+    tms_pause/tms_resume release and restore, skipping a tag no region used; an "mmap"
+    backup's host memory comes at the pause and goes at the resume."""
     lib = ctypes.CDLL(_lib.library_path())
     lib.tms_get_current_tag.restype = lib.tms_get_cpu_backup_backend.restype = ctypes.c_char_p
     for name in ("tms_get_interesting_region", "tms_get_enable_cpu_backup", "tms_get_enable_disk_backup"):
@@ -199,6 +200,10 @@ def tms_entry_points() -> None:
     assert (lib.tms_get_current_tag(), lib.tms_get_enable_cpu_backup()) == (b"grad", False)
     grad = malloc(6912)  # not a multiple of the granularity
     fill(grad, 6912, 8)
+    lib.tms_set_current_tag(b"\xff-not-utf-8")  # tms_set_current_tag takes any string; the core's rule holds
+    out = ctypes.c_void_p()
+    assert lib.cudaMalloc(ctypes.byref(out), MiB) != 0 and "not UTF-8" in str(_lib.last_error())
+    lib.tms_set_current_tag(b"grad")
     assert used() == 64 * MiB + 2 * MiB
     assert lib.tms_pause(b"never_used") == 0 and used() == 66 * MiB  # skipped, as torch_memory_saver does
     before = rss_anon()
