@@ -33,6 +33,7 @@ from .settings import (
     check_bool,
     check_bytes,
     check_tag,
+    check_tag_text,
 )
 from .stats import TagStats
 from .transitions import Hook, TagHooks, Transitions
@@ -421,7 +422,9 @@ class MemorySaver:
             names = list(tag)
         else:
             raise TypeError(f"tag must be a str, a list of str or None, got {type(tag).__name__}")
-        return [check_tag(name) for name in names]
+        for name in names:
+            check_tag_text(name)  # the core applies the tag rule to what it is handed
+        return names
 
     def _existing_core(self) -> _lib.NativeSaver | None:
         """The core, also when only the allocation hooks have used it so far (preload

@@ -16,6 +16,7 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from . import _lib
 from .errors import InvalidArgumentError, MemorySaverError
@@ -25,15 +26,22 @@ _MAX_SIZE = (1 << 64) - 1  # what a size_t holds: larger values would wrap in th
 
 
 # ----- argument checks ---------------------------------------------------------------------
-def check_tag(tag: object) -> str:
-    """``tag`` if it is a valid tag name, else TypeError/ValueError saying what is wrong. The
-    rule itself (1 to 256 characters without NUL) is the core's, the same for every entry point."""
+def check_tag_text(tag: object) -> bytes:
+    """``tag`` as the UTF-8 the C ABI takes, else TypeError/ValueError. The rest of the tag
+    rule is the core's: calls that hand tags to the core (pause, resume) leave it to the core."""
     if not isinstance(tag, str):
         raise TypeError(f"tag must be a str, got {type(tag).__name__}")
     try:
-        encoded = tag.encode()
+        return tag.encode()
     except UnicodeEncodeError:
         raise ValueError(f"tag must be encodable as UTF-8, got {tag!r}") from None
+
+
+def check_tag(tag: object) -> str:
+    """``tag`` if it is a valid tag name, else TypeError/ValueError saying what is wrong. The
+    rule itself (1 to 256 characters without NUL) is the core's, the same for every entry point."""
+    encoded = check_tag_text(tag)
+    tag = cast(str, tag)
     try:
         _lib.check_tag(encoded)
     except InvalidArgumentError as error:
