@@ -332,17 +332,14 @@ TMSL_API int tmsl_process_defaults(TmslProcessDefaults* out) {
     Status s = require(out != nullptr, "out must not be NULL");
     if (!s.ok()) return s;
     const ProcessDefaults& d = process_defaults();
-    if (d.disk_backup_dir.size() >= sizeof(out->disk_backup_dir)) {
-      return Status::Error(Code::kInvalidArgument, d.disk_backup_dir_variable + " is longer than " +
-                                                       std::to_string(sizeof(out->disk_backup_dir) - 1) + " bytes");
-    }
+    static_assert(sizeof(out->disk_backup_dir) == kMaxDiskBackupDirBytes, "thread_region.h keeps the path within");
     *out = TmslProcessDefaults{};
     out->region_all_threads = d.all_threads;
     out->backup_choice = static_cast<int>(d.backup);
     out->caches_backups = d.caches_backups;
     out->poison_on_resume = d.poison_on_resume;
     out->retain_backups = d.retain_backups;
-    // The tag rule and the two variable names keep these within their arrays.
+    // The tag rule, the two variable names and the path limit keep these within their arrays.
     memcpy(out->tag, d.tag.c_str(), std::min(d.tag.size(), sizeof(out->tag) - 1));
     memcpy(out->disk_backup_dir_variable, d.disk_backup_dir_variable.c_str(),
            std::min(d.disk_backup_dir_variable.size(), sizeof(out->disk_backup_dir_variable) - 1));
@@ -351,4 +348,3 @@ TMSL_API int tmsl_process_defaults(TmslProcessDefaults* out) {
   });
 }
 
-TMSL_API int tmsl_process_default_poison(void) { return process_defaults().poison_on_resume ? 1 : 0; }

@@ -122,8 +122,6 @@ typedef struct TmslProcessDefaults {
   char disk_backup_dir[4096];            // TMSL_DISK_BACKUP_DIR / TMS_DISK_BACKUP_DIR
 } TmslProcessDefaults;
 TMSL_API int tmsl_process_defaults(TmslProcessDefaults* out);
-// 1 when TMSL_POISON_ON_RESUME=1: savers start with poison on resume turned on.
-TMSL_API int tmsl_process_default_poison(void);
 // 1 when this library's cudaMalloc is the one the process calls (LD_PRELOAD in effect).
 TMSL_API int tmsl_preload_active(void);
 

@@ -86,7 +86,11 @@ ProcessDefaults read_process_defaults() {
   ok = parse_flag_pair("TMSL_RETAIN_CPU_BACKUP", "TMS_RETAIN_CPU_BACKUP", &d.retain_backups, &given, &d.error) && ok;
   const char* dir_name = nullptr;
   if (pick("TMSL_DISK_BACKUP_DIR", "TMS_DISK_BACKUP_DIR", &dir_name, &d.error)) {
-    if (dir_name != nullptr) {
+    if (dir_name != nullptr && strlen(getenv(dir_name)) >= kMaxDiskBackupDirBytes) {
+      d.error += std::string(d.error.empty() ? "" : "; ") + dir_name + " is longer than " +
+                 std::to_string(kMaxDiskBackupDirBytes - 1) + " bytes";
+      ok = false;
+    } else if (dir_name != nullptr) {
       d.disk_backup_dir_variable = dir_name;
       d.disk_backup_dir = getenv(dir_name);
     }

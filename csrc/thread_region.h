@@ -49,6 +49,8 @@ Status region_saver(const ThreadRegion& region, SaverRef* out);
 // The one reader of these variables for both languages (Python reads the result through
 // tmsl_process_defaults). A bad value leaves regions off and is kept in `error`, naming
 // the variable.
+constexpr size_t kMaxDiskBackupDirBytes = 4096;  // with its NUL: what TmslProcessDefaults holds
+
 struct ProcessDefaults {
   bool all_threads = false;
   std::string tag = "default";

@@ -129,6 +129,7 @@ def test_environment_variables_take_torch_memory_savers_names():
     ({"TMS_INIT_CPU_BACKUP_BACKEND": "disk"}, "TMS_INIT_CPU_BACKUP_BACKEND must be one of pinned, mmap, got 'disk'"),
     ({"TMS_RETAIN_CPU_BACKUP": "1", "TMSL_RETAIN_CPU_BACKUP": "0"}, "disagree"),
     ({"TMS_INIT_ENABLE_DISK_BACKUP": "1", "TMS_INIT_ENABLE_CPU_BACKUP": "1"}, "exclude each other"),
+    ({"TMS_DISK_BACKUP_DIR": "/" + "d" * 5000}, "TMS_DISK_BACKUP_DIR is longer than 4095 bytes"),
 ])
 def test_bad_environment_values_are_reported_by_name_at_first_use(env, message):
     result = run(
@@ -162,6 +163,16 @@ def test_python_reads_the_environment_through_the_native_library(tmp_path):
     )
     expected = ["1 0 wé TMS_DISK_BACKUP_DIR", "True False wé TMS_DISK_BACKUP_DIR True False"]
     assert result.stdout.splitlines() == expected, result.stdout + result.stderr
+
+
+def test_a_bad_retention_or_directory_variable_leaves_the_process_wide_region_off():
+    code = """
+        from torch_mem_saver_lite import _lib
+        print(_lib.process_defaults().region_all_threads)
+        """
+    assert run(code, TMS_INIT_ENABLE="1").stdout.split() == ["1"]  # the control
+    assert run(code, TMS_INIT_ENABLE="1", TMS_RETAIN_CPU_BACKUP="yes").stdout.split() == ["0"]
+    assert run(code, TMS_INIT_ENABLE="1", TMS_DISK_BACKUP_DIR="/a", TMSL_DISK_BACKUP_DIR="/b").stdout.split() == ["0"]
 
 
 def test_native_defaults_take_torch_memory_savers_names():

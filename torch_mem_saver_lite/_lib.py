@@ -124,7 +124,6 @@ _SIGNATURES = {
     "tmsl_wait_for_released_backups": ([_vp], _int),
     "tmsl_process_defaults_error": ([], ctypes.c_char_p),
     "tmsl_process_defaults": ([ctypes.POINTER(ProcessDefaults)], _int),
-    "tmsl_process_default_poison": ([], _int),
     "tmsl_preload_active": ([], _int),
     "tmsl_torch_malloc": ([ctypes.c_ssize_t, _int, _vp], _vp),
     "tmsl_torch_free": ([_vp, _sz, _int, _vp], None),

@@ -216,7 +216,7 @@ class MemorySaver:
             return self._native.poison_on_resume()
         if self._settings.poison_on_resume is not None:
             return self._settings.poison_on_resume
-        return bool(_lib.lib().tmsl_process_default_poison())
+        return bool(_lib.process_defaults().poison_on_resume)
 
     @poison_on_resume.setter
     def poison_on_resume(self, poison: bool) -> None:
