@@ -9,10 +9,12 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import backends
 import pytest
 import torch
 
 from host_memory import HostMemory
+from torch_mem_saver_lite import saver
 from torch_mem_saver_lite.disk_backup import filesystem_type
 from torch_mem_saver_lite.testing import HostSaver
 
@@ -25,6 +27,12 @@ MiB = 1 << 20
 ctypes.CDLL(None).mallopt(-3, 1 * MiB)
 
 
+if torch.cuda.is_available():
+    # GPU tests run in torch hook mode, or in preload mode when test_preload.py starts them
+    # again (TMSL_TEST_HOOK_MODE=preload, with the library in LD_PRELOAD).
+    saver.hook_mode = os.environ.get("TMSL_TEST_HOOK_MODE", "torch")
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
@@ -32,6 +40,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(params=[pytest.param(name, marks=[pytest.mark.gpu] if name == "cuda" else [])
+                        for name in backends.NAMES])
+def backend(request) -> Iterator[backends.Backend]:
+    """Each place the core runs (tests/backends.py): a feature's promise, checked on each."""
+    made = backends.make(request.param)
+    yield made
+    made.close()
 
 
 @pytest.fixture

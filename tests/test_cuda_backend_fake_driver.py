@@ -57,6 +57,20 @@ def test_torch_memory_saver_c_entry_points_over_the_process_wide_region(fake_dri
                  TMS_INIT_CPU_BACKUP_BACKEND="mmap")
 
 
+def test_the_promises_every_backend_keeps_hold_over_the_stand_in_driver(fake_driver):
+    # The `backend` fixture offers the stand-in driver only in a process that loads it.
+    tests = Path(__file__).parent
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "stand_in",
+         str(tests / "test_pause_resume.py"), str(tests / "test_backup_memory.py")],
+        capture_output=True, text=True, timeout=300, cwd=tests.parent,
+        env={**os.environ, "TMSL_CUDA_DRIVER_LIBRARY": fake_driver},
+    )
+    summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
+    assert result.returncode == 0 and " passed" in summary and "skipped" not in summary, \
+        result.stdout[-4000:] + result.stderr[-2000:]
+
+
 def test_reads_on_a_fresh_process_never_start_the_cuda_driver(fake_driver):
     # stats(), host_cache_bytes, release_host_cache() and wait_for_released_backups() with no
     # saver made yet answer without loading the driver; making the core does (the control).

@@ -15,6 +15,12 @@ from . import _lib
 from .errors import MemorySaverError
 
 
+def capturing() -> bool:
+    """Whether this thread's current stream is capturing a CUDA graph (never, where torch has
+    no CUDA: its capture query would raise there)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 @functools.cache
 def note_graph_captures() -> None:
     """Make every CUDA graph capture tell the saver that the capturing thread's region now

@@ -291,7 +291,7 @@ class MemorySaver:
         with pushed(Region(native, tag, choice, route)):
             if disk:  # only once the tag has taken the region
                 self._back_up_to_disk(tag)
-            if self._platform.routes_torch and torch.cuda.is_current_stream_capturing():
+            if self._platform.routes_torch and graph_capture.capturing():
                 _lib.note_graph_capture()  # entered inside a capture: graph memory too
             try:
                 yield
@@ -317,7 +317,7 @@ class MemorySaver:
         if self._platform.routes_torch:
             graph_capture.note_graph_captures()
         native = self._core()
-        if self._platform.routes_torch and not torch.cuda.is_current_stream_capturing():
+        if self._platform.routes_torch and torch.cuda.is_available() and not graph_capture.capturing():
             # The CUDA context's size, measured once per device (memory_breakdown).
             breakdown.record_baseline(torch.cuda.current_device(), native)
         return native
@@ -549,7 +549,7 @@ class MemorySaver:
     def _refuse_during_capture(self, what: str) -> None:
         # Synchronizing or remapping while a graph captures would break the capture. (Callers
         # refused a forked child first, before CUDA is asked anything.)
-        if self._platform.routes_torch and torch.cuda.is_current_stream_capturing():
+        if self._platform.routes_torch and graph_capture.capturing():
             raise MemorySaverError(f"cannot {what} while a CUDA graph is being captured on this "
                                    f"thread's stream; {what} before or after the capture")
 

@@ -16,6 +16,13 @@ def device_free_bytes() -> int:
     return free
 
 
+def device_total_bytes() -> int:
+    """The device's memory per cuMemGetInfo."""
+    error, _free, total = driver.cuMemGetInfo()
+    assert error == driver.CUresult.CUDA_SUCCESS, error
+    return total
+
+
 def mapped_range(ptr: int) -> tuple[int, int] | None:
     """(base, size) of the device mapping holding ptr per cuMemGetAddressRange, None if unmapped."""
     error, base, size = driver.cuMemGetAddressRange(ptr)

@@ -1,4 +1,5 @@
-"""Pause/resume of real GPU memory in torch hook mode (marker gpu)."""
+"""Pause/resume semantics: the promises every backend keeps (the `backend` fixture: host,
+stand-in driver, GPU), then what only the host backend or only a real GPU can show."""
 
 from __future__ import annotations
 
@@ -11,14 +12,246 @@ import pytest
 import torch
 
 from cuda_evidence import device_free_bytes, mapped_range, pattern, unique_tag
+from host_memory import open_memfds, resident_pages
 from torch_mem_saver_lite import OutOfMemoryError, saver
 
-pytestmark = pytest.mark.gpu
 MiB, GiB = 1 << 20, 1 << 30
+
+
+def test_pause_releases_the_memory_and_resume_maps_fresh_memory_at_the_same_address(backend):
+    size, tag = 32 * MiB, backend.tag("kv")
+    ptr = backend.allocate(tag, size)
+    backend.write(ptr, b"\xab" * size)
+    held = backend.held_bytes()
+
+    backend.saver.pause(tag)
+
+    held_paused = backend.held_bytes()
+    assert held - held_paused >= size
+    assert not backend.is_mapped(ptr)  # the address stays reserved, nothing behind it
+    stats = backend.saver.stats()[tag]
+    assert (stats.resident_bytes, stats.paused_bytes, stats.host_backup_bytes) == (0, stats.reserved_bytes, 0)
+
+    backend.saver.resume(tag)
+
+    assert backend.is_mapped(ptr)
+    backend.write(ptr, b"\x01" * size)  # fresh memory, writable at its old address
+    assert backend.read(ptr, size) == b"\x01" * size
+    assert backend.held_bytes() - held_paused >= size  # (host pages count once written)
+    assert backend.saver.stats()[tag].resident_bytes == stats.reserved_bytes
+
+
+def test_backup_keeps_content_bit_for_bit(backend):
+    sizes, tag = [8 * MiB, 3 * MiB + 123, 1], backend.tag("weights")
+    ptrs = [backend.allocate(tag, size, backup=True) for size in sizes]
+    contents = [os.urandom(size) for size in sizes]
+    for ptr, data in zip(ptrs, contents, strict=True):
+        backend.write(ptr, data)
+    held = backend.held_bytes()
+
+    backend.saver.pause(tag)
+
+    reserved = backend.saver.stats()[tag].reserved_bytes
+    assert held - backend.held_bytes() >= sum(sizes)
+    assert backend.saver.stats()[tag].host_backup_bytes == reserved
+    assert not any(backend.is_mapped(ptr) for ptr in ptrs)
+
+    backend.saver.resume(tag)
+
+    for ptr, data in zip(ptrs, contents, strict=True):
+        assert backend.read(ptr, len(data)) == data
+    # Kept for the next pause when the host cache has room for it, else released.
+    assert backend.saver.stats()[tag].host_backup_bytes in (0, reserved)
+
+
+def test_pause_selects_tags(backend):
+    a, b = backend.tag("a"), backend.tag("b")
+    backend.allocate(a, 4 * MiB)
+    kept = backend.allocate(b, 4 * MiB)
+    backend.write(kept, b"keep")
+
+    backend.saver.pause(a)
+    stats = backend.saver.stats()
+    assert stats[a].paused_bytes == stats[a].reserved_bytes > 0 and stats[b].paused_bytes == 0
+    assert backend.is_mapped(kept) and backend.read(kept, 4) == b"keep"
+
+    backend.saver.pause([a, b])
+    assert backend.saver.stats()[b].resident_bytes == 0 and not backend.is_mapped(kept)
+    backend.saver.resume([b])
+    stats = backend.saver.stats()
+    assert stats[a].resident_bytes == 0 and stats[b].resident_bytes == stats[b].reserved_bytes
+    backend.saver.resume([a, b])
+    assert backend.saver.stats()[a].paused_bytes == 0
+
+
+def test_on_the_host_backend_a_pause_closes_the_memfd_and_resumed_memory_is_zero(host_saver, mem):
+    size = 32 * MiB
+    with host_saver.region("kv"):
+        ptr = mem.malloc(size)
+    mem.write(ptr, b"\xab" * size)
+    memfds_before = open_memfds()
+    assert resident_pages(ptr, size) == size // 4096
+
+    host_saver.pause("kv")
+    assert open_memfds() == memfds_before - 1  # the physical memory itself is gone
+    assert resident_pages(ptr, size) == 0
+
+    host_saver.resume("kv")
+    assert mem.read(ptr, size) == bytes(size)
+
+
+def test_double_pause_and_double_resume_are_noops(host_saver, mem):
+    with host_saver.region("kv", enable_cpu_backup=True):
+        ptr = mem.malloc(2 * MiB)
+    mem.write(ptr, b"data")
+    host_saver.pause("kv")
+    first = host_saver.stats()
+    host_saver.pause("kv")
+    assert host_saver.stats() == first  # backups not taken again from unmapped memory
+    host_saver.resume("kv")
+    host_saver.resume("kv")
+    assert mem.read(ptr, 4) == b"data"
+
+
+def test_stats_carry_the_last_pause_and_resume_time_of_each_tag(host_saver, mem):
+    with host_saver.region("kv"):
+        mem.malloc(16 * MiB)
+    with host_saver.region("weights", enable_cpu_backup=True):
+        mem.malloc(8 * MiB)
+    with host_saver.region("empty"):
+        pass
+    before = host_saver.stats()
+    assert all(s.last_pause_seconds is None and s.last_resume_seconds is None for s in before.values())
+
+    host_saver.pause(["kv", "empty"])
+    kv = host_saver.stats()["kv"]
+    assert kv.last_pause_seconds is not None and kv.last_pause_seconds > 0
+    assert kv.last_resume_seconds is None
+    assert host_saver.stats()["weights"].last_pause_seconds is None  # not covered
+    assert host_saver.stats()["empty"].last_pause_seconds is None  # covered, nothing released
+
+    host_saver.pause()  # releases only "weights" now: "kv"'s figure is the call that released it
+    after = host_saver.stats()
+    assert after["kv"].last_pause_seconds == kv.last_pause_seconds
+    assert after["weights"].last_pause_seconds is not None and after["weights"].last_pause_seconds > 0
+
+    host_saver.resume()
+    host_saver.release_host_cache()  # backups kept for the next pause would differ too
+    resumed = host_saver.stats()
+    assert resumed["kv"].last_resume_seconds == resumed["weights"].last_resume_seconds > 0  # one call
+    assert resumed == before  # timings are history, not state: equality ignores them
+
+
+def test_free_of_paused_allocation_releases_everything(host_saver, mem):
+    with host_saver.region("kv", enable_cpu_backup=True):
+        ptr = mem.malloc(8 * MiB)
+    host_saver.pause("kv")
+    assert host_saver.stats()["kv"].host_backup_bytes > 0
+
+    mem.free(ptr)
+
+    stats = host_saver.stats()["kv"]
+    assert (stats.allocations, stats.reserved_bytes, stats.resident_bytes, stats.paused_bytes,
+            stats.host_backup_bytes) == (0, 0, 0, 0, 0)
+    assert stats.paused  # the tag itself stays paused until resumed
+    assert resident_pages(ptr, 8 * MiB) is None  # the address range itself is returned
+
+
+def test_allocations_are_rounded_to_the_granularity(host_saver, mem):
+    with host_saver.region("kv"):
+        mem.malloc(1)
+        mem.malloc(2 * MiB + 1)
+    assert host_saver.stats()["kv"].reserved_bytes == 2 * MiB + 4 * MiB
+
+
+def test_paused_context_manager_resumes_when_the_body_raises(host_saver, mem):
+    with host_saver.region("kv"):
+        mem.malloc(2 * MiB)
+    with pytest.raises(KeyError):
+        with host_saver.paused("kv"):
+            assert host_saver.stats()["kv"].paused_bytes == 2 * MiB
+            raise KeyError("train step failed")
+    assert host_saver.stats()["kv"].resident_bytes == 2 * MiB
+
+
+def test_regions_nest_and_restore_the_outer_tag(host_saver, mem):
+    with host_saver.region("outer"):
+        mem.malloc(2 * MiB)
+        with host_saver.region("inner"):
+            mem.malloc(4 * MiB)
+        mem.malloc(2 * MiB)
+    stats = host_saver.stats()
+    assert stats["outer"].reserved_bytes == 4 * MiB and stats["inner"].reserved_bytes == 4 * MiB
+    with pytest.raises(Exception, match="outside saver.region"):
+        mem.malloc(2 * MiB)  # out of every region: the hook refuses, nothing is allocated
+
+
+def test_get_cpu_backup_returns_the_host_copy_while_paused(host_saver, mem):
+    import ctypes
+
+    with host_saver.region("weights", enable_cpu_backup=True):
+        ptr = mem.malloc(4 * MiB)
+    tensor = torch.frombuffer((ctypes.c_uint8 * (4 * MiB)).from_address(ptr), dtype=torch.float32)
+    tensor.copy_(torch.randn(tensor.numel()))
+    expected = tensor.clone()
+    assert host_saver.get_cpu_backup(tensor) is None  # resident: no host copy exists
+
+    host_saver.pause("weights")
+    backup = host_saver.get_cpu_backup(tensor)
+    view = host_saver.get_cpu_backup(tensor[1024:2048], zero_copy=True)
+
+    assert torch.equal(backup, expected)
+    assert torch.equal(view, expected[1024:2048])
+    host_saver.resume("weights")
+    assert torch.equal(tensor, expected)
+
+
+def test_a_backup_larger_than_a_page_locked_range_round_trips_in_parts_and_leases_whole(host_saver, mem):
+    import ctypes
+
+    # 150 MiB is page-locked in three ranges while the pause copies (the host backend, like
+    # CUDA, refuses a copy that crosses from one registration into the next); a lease makes
+    # it one registration, and later cycles copy through that.
+    sizes = [3 * MiB, 150 * MiB, 5 * MiB]
+    with host_saver.region("weights", enable_cpu_backup=True):
+        ptrs = [mem.malloc(n) for n in sizes]
+    tensors = [torch.frombuffer((ctypes.c_uint8 * n).from_address(p), dtype=torch.uint8)
+               for p, n in zip(ptrs, sizes, strict=True)]
+    for cycle in range(3):
+        expected = [torch.randint(0, 256, (n,), dtype=torch.uint8) for n in sizes]
+        for t, e in zip(tensors, expected, strict=True):
+            t.copy_(e)
+        host_saver.pause("weights")
+        if cycle > 0:  # the first cycle copies back in parts, never leased
+            leased = host_saver.get_cpu_backup(tensors[1], zero_copy=True)
+            assert torch.equal(leased, expected[1])
+            del leased
+        host_saver.resume("weights")
+        assert all(torch.equal(t, e) for t, e in zip(tensors, expected, strict=True)), f"cycle {cycle}"
+
+
+def test_get_cpu_backup_rejects_what_it_cannot_serve(host_saver, mem):
+    import ctypes
+
+    with host_saver.region("kv"):
+        ptr = mem.malloc(2 * MiB)
+    in_region = torch.frombuffer((ctypes.c_uint8 * (2 * MiB)).from_address(ptr), dtype=torch.uint8)
+    with pytest.raises(ValueError, match="enable_cpu_backup=True"):
+        host_saver.get_cpu_backup(in_region)
+    with pytest.raises(ValueError, match="not allocated inside a region"):
+        host_saver.get_cpu_backup(torch.zeros(16))
+    with pytest.raises(ValueError, match="contiguous"):
+        host_saver.get_cpu_backup(in_region.view(1024, -1).t())
+    with pytest.raises(TypeError):
+        host_saver.get_cpu_backup(b"bytes")
+
+
+# On a GPU
 
 LAYOUTS = {"one_1GiB": [GiB], "4096x2MiB": [2 * MiB] * 4096}
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("backup", [False, True], ids=["no_backup", "backup"])
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_pause_returns_device_memory_and_resume_takes_it_back(layout, backup):
@@ -58,6 +291,7 @@ def test_pause_returns_device_memory_and_resume_takes_it_back(layout, backup):
     saver.pause(tag)  # the pool keeps its freed segments cached: give their memory back
 
 
+@pytest.mark.gpu
 def test_4096_saver_allocations_of_2MiB_pause_and_resume():
     """The core below torch's caching allocator: 4096 separate VMM allocations."""
     tag = unique_tag("raw2MiB")
@@ -76,6 +310,7 @@ def test_4096_saver_allocations_of_2MiB_pause_and_resume():
     assert device_free_bytes() - free_before >= 0.99 * 4096 * 2 * MiB
 
 
+@pytest.mark.gpu
 def test_a_large_backup_resumed_in_pieces_keeps_its_address_and_bytes_and_graphs_replay():
     """A resume maps an allocation larger than a resume piece (256 MiB) in pieces: kernels and
     a graph captured before the first pause read and write across the piece edges."""
@@ -111,6 +346,7 @@ def test_a_large_backup_resumed_in_pieces_keeps_its_address_and_bytes_and_graphs
     saver.pause(tag)
 
 
+@pytest.mark.gpu
 def test_cuda_graph_captured_before_pause_replays_after_resume():
     weights_tag, kv_tag = unique_tag("graph-weights"), unique_tag("graph-kv")
     with saver.region(weights_tag, enable_cpu_backup=True):
@@ -149,6 +385,7 @@ def test_cuda_graph_captured_before_pause_replays_after_resume():
     assert torch.equal(kv, expected.flatten())
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("backup", [False, True], ids=["no_backup", "backup"])
 def test_resume_out_of_memory_keeps_everything_paused_and_a_retry_succeeds(backup):
     tag = unique_tag("oom")
@@ -182,6 +419,7 @@ def test_resume_out_of_memory_keeps_everything_paused_and_a_retry_succeeds(backu
     saver.pause(tag)
 
 
+@pytest.mark.gpu
 def test_get_cpu_backup_of_a_paused_cuda_tensor():
     tag = unique_tag("cpu-backup")
     with saver.region(tag, enable_cpu_backup=True):
@@ -197,6 +435,7 @@ def test_get_cpu_backup_of_a_paused_cuda_tensor():
     saver.pause(tag)
 
 
+@pytest.mark.gpu
 def test_an_allocation_refused_by_the_margin_raises_torchs_error_with_the_reason():
     tag = unique_tag("margin")
     free, _total = torch.cuda.mem_get_info()
@@ -212,6 +451,7 @@ def test_an_allocation_refused_by_the_margin_raises_torchs_error_with_the_reason
     assert cause.tag == tag and "memory margin" in str(cause), str(cause)
 
 
+@pytest.mark.gpu
 def test_process_exits_cleanly_while_memory_is_paused():
     code = textwrap.dedent(
         """
@@ -239,6 +479,7 @@ def test_process_exits_cleanly_while_memory_is_paused():
     assert "error" not in result.stderr.lower() and "abort" not in result.stderr.lower(), result.stderr
 
 
+@pytest.mark.gpu
 def test_cli_reports_the_gpu_ready():
     result = subprocess.run([sys.executable, "-m", "torch_mem_saver_lite"], capture_output=True,
                             text=True, timeout=120)
@@ -248,6 +489,7 @@ def test_cli_reports_the_gpu_ready():
     assert "GPU 0 breakdown: context" in result.stdout
 
 
+@pytest.mark.gpu
 def test_the_doctor_check_pauses_and_resumes_a_region_on_every_gpu():
     import json
 

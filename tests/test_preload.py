@@ -1,4 +1,5 @@
-"""Preload mode's cudaMalloc/cudaFree, exercised under LD_PRELOAD with the host backend."""
+"""Preload mode: cudaMalloc/cudaFree under LD_PRELOAD with the host backend, and every GPU
+test again in a process started with the library in LD_PRELOAD."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
+import torch
 
-from torch_mem_saver_lite import MemorySaverError, _lib, configure_subprocess
+from torch_mem_saver_lite import MemorySaverError, _lib, configure_subprocess, saver
 from torch_mem_saver_lite.testing import HostSaver
 
 MiB = 1 << 20
@@ -115,3 +118,23 @@ def test_pauseable_graphs_turn_nccl_graph_registration_off(monkeypatch):
     monkeypatch.delenv("NCCL_GRAPH_REGISTER", raising=False)
     turn_off_nccl_graph_registration()  # NCCL not initialized here: it can still be set
     assert os.environ["NCCL_GRAPH_REGISTER"] == "0"
+
+
+# On a GPU
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(os.environ.get("TMSL_TEST_HOOK_MODE") == "preload", reason="this is the preload run")
+def test_gpu_suite_passes_in_preload_mode():
+    # The child needs the GPU this process's earlier tests left cached.
+    saver.pause()
+    torch.cuda.empty_cache()
+    # Tests that run both hook modes themselves skip in the child.
+    env = {**os.environ, "LD_PRELOAD": _lib.library_path(), "TMSL_TEST_HOOK_MODE": "preload"}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "tests"],
+                            capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
+    print(result.stdout[-6000:], result.stderr[-3000:])
+    assert result.returncode == 0
+    assert " passed" in result.stdout.splitlines()[-1] and "failed" not in result.stdout.splitlines()[-1]
