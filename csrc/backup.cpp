@@ -10,6 +10,8 @@
 #include <new>
 #include <system_error>
 
+#include "node_ledger.h"
+
 namespace tmsl {
 namespace {
 
@@ -71,6 +73,10 @@ size_t fault_in_workers(size_t pieces) {
 Status HostArena::create(std::shared_ptr<Backend> backend, int device, const std::vector<size_t>& buffer_sizes,
                          std::shared_ptr<HostArena>* out) {
   std::shared_ptr<HostArena> arena(new HostArena(std::move(backend), device, buffer_sizes));
+  Status budget = NodeLedger::instance().reserve(arena->used_);
+  if (!budget.ok()) return budget;
+  arena->reserved_ = true;
+  arena->note_use();
   void* p = mmap(nullptr, arena->size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {
     return errno_status("cannot allocate " + format_bytes(arena->size_) + " of host memory for backups", errno);
@@ -124,12 +130,18 @@ HostArena::HostArena(std::shared_ptr<Backend> backend, int device, const std::ve
     }
   }
   ranges_left_ = ranges_.size();
+  for (const Range& range : ranges_) used_ += range.size;
 }
 
 void HostArena::start_range(size_t at) {
   ranges_.emplace_back();
   ranges_.back().start = at;
   size_ = at;
+}
+
+void HostArena::note_use() {
+  static std::atomic<uint64_t> uses{0};
+  last_use_.store(++uses);
 }
 
 bool HostArena::stopping() const { return stopping_.load() || g_exiting.load(); }
@@ -251,6 +263,7 @@ HostArena::~HostArena() {
     if (range.registered) backend_->unregister_host(device_, data_ + range.start);
   }
   if (data_ != nullptr) munmap(data_, size_);
+  if (reserved_) NodeLedger::instance().give_back(used_);
 }
 
 BackgroundWork::BackgroundWork() {

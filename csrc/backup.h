@@ -50,9 +50,16 @@ class HostArena {
 
   char* data() const { return data_; }
   size_t size() const { return size_; }
+  // The bytes its buffers occupy: the mapping less the gaps that align a large buffer's
+  // ranges, which are never touched. What the node's budget and the host cache count.
+  size_t used_bytes() const { return used_; }
   // Returns once every range is faulted in and page-locked (or has failed to be).
   void wait_prepared();
   size_t buffer_offset(size_t i) const { return buffer_offsets_[i]; }
+  // When a pause last took buffers of it (a count, not a time): the host cache gives the
+  // least recently used arenas back first.
+  uint64_t last_use() const { return last_use_.load(); }
+  void note_use();
   // Calls part(offset, size) for each piece of [offset, offset + size) that lies in one
   // registration, in order, each once it is page-locked; stops at the first error.
   Status for_each_part(size_t offset, size_t size, const std::function<Status(size_t, size_t)>& part);
@@ -86,11 +93,14 @@ class HostArena {
   const int device_;
   char* data_ = nullptr;
   size_t size_ = 0;
+  size_t used_ = 0;
   std::vector<size_t> buffer_offsets_;
   std::vector<Range> ranges_;
   std::vector<Piece> pieces_;
   std::atomic<size_t> next_piece_{0};
   std::atomic<bool> stopping_{false};  // the arena is going: workers stop early
+  std::atomic<uint64_t> last_use_{0};
+  bool reserved_ = false;  // its bytes are taken from the node's budget (node_ledger.h)
   size_t ranges_left_ = 0;  // not yet done
   std::mutex mu_;
   std::condition_variable changed_;

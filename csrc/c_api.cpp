@@ -1,9 +1,11 @@
 #include "c_api.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "abi_guard.h"
+#include "node_ledger.h"
 #include "tag_rules.h"
 #include "thread_region.h"
 
@@ -103,6 +105,32 @@ TMSL_API int tmsl_default_host_cache_bytes(size_t* out) {
     if (s.ok()) *out = Saver::default_host_cache_bytes();
     return s;
   });
+}
+
+TMSL_API int tmsl_host_memory(TmslHostMemory* out) {
+  return guarded([&] {
+    Status s = require(out != nullptr, "out must not be NULL");
+    if (!s.ok()) return s;
+    const NodeLedger::Figures f = NodeLedger::instance().figures();
+    *out = TmslHostMemory{};
+    out->active = f.active ? 1 : 0;
+    out->budget_bytes = f.budget;
+    out->held_by_this_process = f.held_here;
+    out->held_by_others = f.held_by_others;
+    out->holder_count = f.holders.size();
+    for (size_t i = 0; i < f.holders.size() && i < TMSL_MAX_HOLDERS; ++i) {
+      out->holder_pid[i] = f.holders[i].pid;
+      out->holder_bytes[i] = f.holders[i].bytes;
+      out->holder_cached_bytes[i] = f.holders[i].cached;
+    }
+    snprintf(out->path, sizeof(out->path), "%s", f.path.c_str());
+    snprintf(out->error, sizeof(out->error), "%s", f.error.c_str());
+    return s;
+  });
+}
+
+TMSL_API int tmsl_set_host_memory_budget(size_t bytes) {
+  return guarded([&] { return NodeLedger::instance().set_budget(bytes); });
 }
 
 TMSL_API int tmsl_default_saver(void** out) {

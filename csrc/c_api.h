@@ -35,6 +35,24 @@ TMSL_API int tmsl_existing_default_saver(void** out);
 // The host cache budget a new saver starts with (bytes), read without any saver.
 TMSL_API int tmsl_default_host_cache_bytes(size_t* out);
 
+// The node's host-memory budget (node_ledger.h): every process of the node that uses the
+// library takes the host memory of its backups and host cache from it. `active` 0: no
+// ledger could be opened, no budget applies, and `error` says why. `holders` lists up to
+// TMSL_MAX_HOLDERS processes holding some (`holder_count` may be larger).
+#define TMSL_MAX_HOLDERS 64
+typedef struct TmslHostMemory {
+  int active;
+  uint64_t budget_bytes, held_by_this_process, held_by_others;
+  uint64_t holder_count;
+  int64_t holder_pid[TMSL_MAX_HOLDERS];
+  uint64_t holder_bytes[TMSL_MAX_HOLDERS], holder_cached_bytes[TMSL_MAX_HOLDERS];
+  char path[4096];
+  char error[1024];
+} TmslHostMemory;
+TMSL_API int tmsl_host_memory(TmslHostMemory* out);
+// Sets the node's budget, for every process of the node (bytes > 0).
+TMSL_API int tmsl_set_host_memory_budget(size_t bytes);
+
 // enable_cpu_backup, the region's backup choice: -1 = not given (the tag's first explicit
 // setting; without one, graph memory only), 0 = off, 1 = on, 2 = on with the host memory
 // given back at every resume (cpu_backup_backend "mmap"), 3 = disk (no host copy; the

@@ -4,6 +4,7 @@
 // Its queue of tags to prepare has a lock of its own (prepare_mu_); the table is read under
 // mu_ as everywhere else.
 #include "host_limits.h"
+#include "node_ledger.h"
 #include "saver.h"
 
 #include <unistd.h>
@@ -30,7 +31,7 @@ size_t Saver::cached_bytes(const std::vector<const HostBuffer*>& more) const {
   std::set<const HostArena*> arenas;
   size_t bytes = 0;
   auto count = [&](const HostBuffer& buffer) {
-    if (buffer && arenas.insert(buffer.arena.get()).second) bytes += buffer.arena->size();
+    if (buffer && arenas.insert(buffer.arena.get()).second) bytes += buffer.arena->used_bytes();
   };
   for (const auto& entry : table_) {
     if (entry.second.state == State::kActive) count(entry.second.host_copy);
@@ -62,6 +63,7 @@ void Saver::prepare_pending() {
   // One preparation at a time: the regions that close meanwhile are taken together next,
   // into one arena, instead of each starting its own workers.
   for (const std::shared_ptr<HostArena>& arena : prepare_backups_now(selection)) arena->wait_prepared();
+  publish_cache();
 }
 
 std::vector<std::shared_ptr<HostArena>> Saver::prepare_backups_now(const TagSelection& selection) {
@@ -83,8 +85,8 @@ std::vector<std::shared_ptr<HostArena>> Saver::prepare_backups_now(const TagSele
     size_t bytes = 0;
     auto want = [&](const Allocation& a) {
       if (!wants(a)) return;
-      wanted[a.device].push_back(Wanted{a.va, a.size, a.tag});
-      bytes += a.size;
+      wanted[a.device].push_back(Wanted{a.va, a.backup_bytes(), a.tag});
+      bytes += a.backup_bytes();
     };
     for_each_selected(selection, want);
     const size_t budget = host_cache_bytes_.load(), cached = cached_bytes({});
@@ -103,8 +105,8 @@ std::vector<std::shared_ptr<HostArena>> Saver::prepare_backups_now(const TagSele
       auto it = table_.find(w.va);
       if (it == table_.end()) continue;
       Allocation& a = it->second;
-      if (a.size == w.size && a.tag == w.tag && wants(a)) {
-        a.host_copy = HostBuffer{arena, arena->buffer_offset(k), a.size};
+      if (a.backup_bytes() == w.size && a.tag == w.tag && wants(a)) {
+        a.host_copy = HostBuffer{arena, arena->buffer_offset(k), w.size};
         a.retained = false;  // set aside for the next pause: nothing to hand out yet
       }
     }
@@ -128,6 +130,7 @@ void Saver::release_host_cache() {
     }
   }
   background_.release(std::move(let_go));
+  publish_cache();
 }
 
 void Saver::set_host_cache_bytes(size_t bytes) {
@@ -136,28 +139,62 @@ void Saver::set_host_cache_bytes(size_t bytes) {
   std::vector<HostBuffer> let_go;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    size_t cached = cached_bytes({});
-    if (cached <= bytes) return;
-    // Arenas whose every kept copy may go (none retained: retention keeps whatever the size).
-    std::map<const HostArena*, std::vector<Allocation*>> holders;
-    std::set<const HostArena*> pinned_by_retention;
-    for (auto& entry : table_) {
-      Allocation& a = entry.second;
-      if (a.state != State::kActive || !a.host_copy) continue;
-      if (a.retained) {
-        pinned_by_retention.insert(a.host_copy.arena.get());
-      } else {
-        holders[a.host_copy.arena.get()].push_back(&a);
-      }
-    }
-    for (auto& [arena, allocations] : holders) {
-      if (cached <= bytes) break;
-      if (pinned_by_retention.count(arena) != 0) continue;
-      cached -= arena->size();
-      for (Allocation* a : allocations) let_go.push_back(std::move(a->host_copy));
-    }
+    const size_t cached = cached_bytes({});
+    if (cached > bytes) let_go = take_cache(cached - bytes);
   }
   background_.release(std::move(let_go));
+  publish_cache();
+}
+
+void Saver::publish_cache() {
+  size_t cached = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cached = cached_bytes({});
+  }
+  if (published_cache_.exchange(cached) != cached) NodeLedger::instance().note_cached(this, cached);
+}
+
+void Saver::give_cache_back_on_request() {
+  std::unique_lock<std::mutex> op(op_mu_, std::try_to_lock);
+  if (!op.owns_lock()) return;
+  std::vector<HostBuffer> let_go;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    let_go = take_cache(SIZE_MAX);
+  }
+  op.unlock();
+  let_go.clear();  // here, at once: the process that asked is waiting for the bytes
+  publish_cache();
+}
+
+std::vector<HostBuffer> Saver::take_cache(size_t bytes) {
+  // Arenas whose every copy is a resident allocation's cached one (retained copies stay,
+  // whatever the size; a paused allocation's backup is not cache).
+  std::map<HostArena*, std::vector<Allocation*>> holders;
+  std::set<const HostArena*> kept;
+  for (auto& entry : table_) {
+    Allocation& a = entry.second;
+    if (!a.host_copy) continue;
+    if (a.state == State::kActive && !a.retained) {
+      holders[a.host_copy.arena.get()].push_back(&a);
+    } else {
+      kept.insert(a.host_copy.arena.get());
+    }
+  }
+  std::vector<std::pair<uint64_t, HostArena*>> oldest_first;
+  for (const auto& entry : holders) {
+    if (kept.count(entry.first) == 0) oldest_first.emplace_back(entry.first->last_use(), entry.first);
+  }
+  std::sort(oldest_first.begin(), oldest_first.end());
+  std::vector<HostBuffer> let_go;
+  size_t taken = 0;
+  for (const auto& entry : oldest_first) {
+    if (taken >= bytes) break;
+    taken += entry.second->used_bytes();
+    for (Allocation* a : holders[entry.second]) let_go.push_back(std::move(a->host_copy));
+  }
+  return let_go;
 }
 
 size_t Saver::default_host_cache_bytes() {

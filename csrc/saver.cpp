@@ -2,6 +2,7 @@
 
 #include "copy_marks.h"
 #include "mapping.h"
+#include "node_ledger.h"
 #include "tag_rules.h"
 
 
@@ -22,11 +23,14 @@ Status with_context(Status s, const char* context) { return s.ok() ? s : with_co
 
 }  // namespace
 
-Saver::Saver(std::unique_ptr<Backend> backend) : backend_(std::move(backend)), mappings_(*backend_) {}
+Saver::Saver(std::unique_ptr<Backend> backend) : backend_(std::move(backend)), mappings_(*backend_) {
+  NodeLedger::instance().on_pressure(this, [this] { give_cache_back_on_request(); });
+}
 
 Saver::~Saver() {
   closing_.store(true);
   background_.wait_idle();  // no preparation may be walking the table below
+  NodeLedger::instance().forget(this);  // nor a request of another process
   for (auto& entry : table_) {
     Allocation& a = entry.second;
     mappings_.discard(a.device, a.va, a.size, a.state == State::kActive ? std::move(a.physical) : Pieces());
@@ -198,6 +202,7 @@ Status Saver::allocate(size_t size, int device, const std::string& tag, BackupCh
 
   fresh.va = address;
   fresh.size = rounded;
+  fresh.requested = size;
   fresh.device = device;
   fresh.physical.piece_bytes = rounded;
   fresh.physical.handles.push_back(physical);
@@ -372,6 +377,7 @@ Status Saver::pause(const TagSelection& selection) {
   std::set<std::string> moved;
   Status s = pause_locked(selection, &moved);
   if (s.ok()) note_duration(moved, started, &TagInfo::last_pause_seconds);
+  publish_cache();
   return s;
 }
 
@@ -381,6 +387,7 @@ Status Saver::resume(const TagSelection& selection) {
   std::set<std::string> moved;
   Status s = resume_locked(selection, &moved);
   if (s.ok()) note_duration(moved, started, &TagInfo::last_resume_seconds);
+  publish_cache();
   return s;
 }
 
@@ -471,10 +478,11 @@ Status Saver::queue_backups(const std::vector<Allocation*>& batch, std::vector<H
   for (size_t i = 0; i < batch.size(); ++i) {
     const Allocation& a = *batch[i];
     if (!a.backup) continue;
-    if (a.host_copy && a.host_copy.size == a.size) {
+    if (a.host_copy && a.host_copy.size == a.backup_bytes()) {
       (*backups)[i] = a.host_copy;  // retained from the last cycle: reused
+      a.host_copy.arena->note_use();
     } else {
-      needed[uncached(a)].push_back(a.size);
+      needed[uncached(a)].push_back(a.backup_bytes());
       arena_device = a.device;
     }
   }
@@ -482,6 +490,26 @@ Status Saver::queue_backups(const std::vector<Allocation*>& batch, std::vector<H
     if (needed[group].empty()) continue;
     std::shared_ptr<HostArena> arena;
     Status s = HostArena::create(backend_, arena_device, needed[group], &arena);
+    while (s.code == Code::kOutOfMemory) {
+      // Over the node's budget (or out of host memory): the host cache gives way first, one
+      // arena at a time, least recently used first, until this one fits.
+      std::vector<HostBuffer> let_go;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        let_go = take_cache(1);
+      }
+      if (let_go.empty()) break;
+      let_go.clear();  // freed here, at once: the retry needs their bytes back
+      s = HostArena::create(backend_, arena_device, needed[group], &arena);
+    }
+    if (s.code == Code::kOutOfMemory) {
+      // Then the other processes' caches, when they give them back in time.
+      size_t bytes = 0;
+      for (size_t size : needed[group]) bytes += size;
+      if (NodeLedger::instance().ask_others_for(bytes, kPatienceForOthers)) {
+        s = HostArena::create(backend_, arena_device, needed[group], &arena);
+      }
+    }
     if (!s.ok()) {
       size_t bytes = 0;
       for (const auto& sizes : needed) {
@@ -493,7 +521,7 @@ Status Saver::queue_backups(const std::vector<Allocation*>& batch, std::vector<H
     }
     for (size_t i = 0, k = 0; i < batch.size(); ++i) {
       if (batch[i]->backup && !(*backups)[i] && uncached(*batch[i]) == (group == 1)) {
-        (*backups)[i] = HostBuffer{arena, arena->buffer_offset(k++), batch[i]->size};
+        (*backups)[i] = HostBuffer{arena, arena->buffer_offset(k++), batch[i]->backup_bytes()};
       }
     }
   }
@@ -614,16 +642,18 @@ Status Saver::map_next_piece(Allocation& a) {
 }
 
 Status Saver::restore(const Allocation& a, size_t k) {
-  const size_t from = a.physical.offset(k), bytes = a.physical.length(k, a.size);
-  if (!a.host_copy) {
-    return poison_on_resume_.load()
-               ? with_context(backend_->fill_async(a.device, a.va + from, bytes, kPoisonByte), "poisoning resumed memory")
-               : Status::Ok();
+  const size_t from = a.physical.offset(k), end = from + a.physical.length(k, a.size);
+  // The backup covers [0, host_copy.size); the rest of the piece has no content to restore.
+  const size_t copied_end = a.host_copy ? std::min(end, std::max(from, a.host_copy.size)) : from;
+  if (copied_end > from) {
+    Status s = a.host_copy.for_each_part(from, copied_end - from, [&](char* host, size_t at, size_t n) {
+      return backend_->copy_from_host_async(a.device, a.va + at, host, n);
+    });
+    if (!s.ok()) return with_context(s, "restoring backups");
   }
-  Status s = a.host_copy.for_each_part(from, bytes, [&](char* host, size_t at, size_t n) {
-    return backend_->copy_from_host_async(a.device, a.va + at, host, n);
-  });
-  return with_context(s, "restoring backups");
+  if (copied_end == end || !poison_on_resume_.load()) return Status::Ok();
+  return with_context(backend_->fill_async(a.device, a.va + copied_end, end - copied_end, kPoisonByte),
+                      "poisoning resumed memory");
 }
 
 Status Saver::out_of_memory_on_resume(const std::vector<Allocation*>& batch,
@@ -710,6 +740,12 @@ Status Saver::lease_backup(uintptr_t address, size_t nbytes, const void** host, 
   *host = nullptr;
   *lease = HostBuffer();
   if (!backup) return Status::Ok();
+  if (address - start > backup.size || nbytes > backup.size - (address - start)) {
+    return Status::Error(Code::kInvalidArgument,
+                         format_bytes(nbytes) + " at " + format_address(address) + " run past the " +
+                             format_bytes(backup.size) + " backed up of the allocation at " + format_address(start) +
+                             " (a backup holds the bytes that were asked for, not the rest of the last granule)");
+  }
   // Users copy from it with torch in one piece, which must not cross registrations. Off mu_:
   // re-registering gigabytes must not stall allocations and frees; op_mu_ keeps the backup
   // paused, and the copy of the buffer keeps its memory alive even if it is freed meanwhile.

@@ -172,7 +172,8 @@ class Saver {
   // Without it every pause would fault in and page-lock new host memory, at a fraction of
   // the link's speed. Retention (above) keeps backups whatever their size.
   // A lowered budget applies at once to what the cache holds already: whole arenas of
-  // resident allocations' copies are let go (in no set order; retained ones stay) until the rest fits.
+  // resident allocations' copies are let go (least recently used first; retained ones stay)
+  // until the rest fits.
   void set_host_cache_bytes(size_t bytes);
   size_t host_cache_bytes() const { return host_cache_bytes_.load(); }
   // Frees the host memory kept for resident allocations (the cache, retained backups).
@@ -191,6 +192,7 @@ class Saver {
   struct Allocation {
     uintptr_t va = 0;
     size_t size = 0;  // reserved = mapped bytes, a multiple of the granularity
+    size_t requested = 0;  // the bytes asked for: what a backup holds (rounded to whole pages)
     int device = 0;
     std::string tag;
     TagInfo* tag_info = nullptr;  // its tag's entry in tags_ (never erased), read under mu_
@@ -204,6 +206,10 @@ class Saver {
     // kResuming) or under mu_.
     Pieces physical;      // while active; mid-resume, the pieces mapped so far
     HostBuffer host_copy;  // while paused with backup (or retained)
+    // The bytes a backup holds: what was asked for, to whole host pages; the rest of the
+    // last granule was never the caller's.
+    size_t backup_bytes() const { return std::min(size, (requested + kPageBytes - 1) / kPageBytes * kPageBytes); }
+    static constexpr size_t kPageBytes = 4096;
     // Whether a pause copies it to host memory: its own choice, else its tag's.
     bool backs_up() const {
       switch (choice) {
@@ -262,6 +268,17 @@ class Saver {
   // Host memory the cache holds: every arena a resident allocation keeps a copy in, counted
   // whole (an arena stays while any buffer of it is kept), and those of `more`. Needs mu_.
   size_t cached_bytes(const std::vector<const HostBuffer*>& more) const;
+  // Takes the copies out of whole cached arenas, least recently used first, until at least
+  // `bytes` are let go or none is left (retained copies stay); the caller frees them. Needs
+  // mu_, and op_mu_ so that no pause is reusing them.
+  std::vector<HostBuffer> take_cache(size_t bytes);
+  // Tells the node's ledger how much host cache this saver could give back.
+  void publish_cache();
+  // Another process of the node needs the room: gives the whole host cache back, unless a
+  // pause or resume of this saver is under way (the ledger asks again shortly).
+  void give_cache_back_on_request();
+  // How long a pause refused for want of room waits for the other processes' caches.
+  static constexpr std::chrono::milliseconds kPatienceForOthers{2000};
   // prepare_backups' work, on the background thread: takes the tags asked for so far,
   // prepares them, and waits until their host memory is ready.
   void prepare_pending();
@@ -296,6 +313,7 @@ class Saver {
   std::atomic<bool> retain_backups_{false};
   std::atomic<size_t> host_cache_bytes_{default_host_cache_bytes()};
   std::atomic<bool> poison_on_resume_{false};
+  std::atomic<size_t> published_cache_{0};  // what the node's ledger was last told
   std::atomic<bool> closing_{false};  // the saver is going: background preparation stops
   // Tags whose host memory is to be prepared, and whether a task to do it is queued.
   std::mutex prepare_mu_;

@@ -28,6 +28,9 @@ NAMES = ["host", *(["stand_in"] if STAND_IN_DRIVER else []), "cuda"]
 class Backend:
     name: str
     saver: Any  # the MemorySaver facade under test
+    # Whether the core sees the sizes allocate() is given (on a GPU torch's caching allocator
+    # asks for whole segments instead).
+    exact_sizes = True
 
     def tag(self, name: str) -> str:
         """A tag no earlier test of this process used (the process-wide saver keeps its tags)."""
@@ -116,6 +119,7 @@ class StandInBackend(Backend):
 
 class CudaBackend(Backend):
     name = "cuda"
+    exact_sizes = False
 
     def __init__(self) -> None:
         from torch_mem_saver_lite import saver

@@ -6,6 +6,7 @@ import ctypes
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +32,10 @@ if torch.cuda.is_available():
     # GPU tests run in torch hook mode, or in preload mode when test_preload.py starts them
     # again (TMSL_TEST_HOOK_MODE=preload, with the library in LD_PRELOAD).
     saver.hook_mode = os.environ.get("TMSL_TEST_HOOK_MODE", "torch")
+
+
+# The tests' processes share a host-memory ledger of their own, not the user's (node_ledger.h).
+os.environ.setdefault("TMSL_HOST_LEDGER", os.path.join(tempfile.mkdtemp(prefix="ledger-"), "host-memory.ledger"))
 
 
 def pytest_collection_modifyitems(config, items):

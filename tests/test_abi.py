@@ -24,6 +24,7 @@ C_TYPES = {
     "void": None, "bool": ctypes.c_bool, "uint64_t": ctypes.c_uint64,
     "TmslTagFigures*": ctypes.POINTER(_lib.TagFigures),
     "TmslProcessDefaults*": ctypes.POINTER(_lib.ProcessDefaults),
+    "TmslHostMemory*": ctypes.POINTER(_lib.HostMemoryFigures),
 }
 
 

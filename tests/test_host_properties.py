@@ -97,7 +97,8 @@ class SaverModel(RuleBasedStateMachine):
             assert s.allocations == len(mine)
             assert s.reserved_bytes == sum(rounded(a["size"]) for a in mine)
             assert s.paused_bytes == paused
-            assert s.host_backup_bytes == (paused if backup else 0)
+            backed_up = sum(-(-a["size"] // 4096) * 4096 for a in mine if a["paused"])  # exact, to pages
+            assert s.host_backup_bytes == (backed_up if backup else 0)
             assert s.paused == (tag in self.paused_tags)
             assert s.backs_up == backup
 

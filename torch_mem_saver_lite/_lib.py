@@ -56,6 +56,26 @@ class ProcessDefaults(ctypes.Structure):
     ]
 
 
+MAX_HOLDERS = 64  # TMSL_MAX_HOLDERS (c_api.h)
+
+
+class HostMemoryFigures(ctypes.Structure):
+    """TmslHostMemory (c_api.h): the node's host-memory budget and who holds it."""
+
+    _fields_ = [
+        ("active", ctypes.c_int),
+        ("budget_bytes", ctypes.c_uint64),
+        ("held_by_this_process", ctypes.c_uint64),
+        ("held_by_others", ctypes.c_uint64),
+        ("holder_count", ctypes.c_uint64),
+        ("holder_pid", ctypes.c_int64 * MAX_HOLDERS),
+        ("holder_bytes", ctypes.c_uint64 * MAX_HOLDERS),
+        ("holder_cached_bytes", ctypes.c_uint64 * MAX_HOLDERS),
+        ("path", ctypes.c_char * 4096),
+        ("error", ctypes.c_char * 1024),
+    ]
+
+
 _SUMMED = ("allocations", "reserved_bytes", "resident_bytes", "paused_bytes", "host_backup_bytes")
 
 
@@ -84,6 +104,8 @@ _SIGNATURES = {
     "tmsl_default_saver": ([ctypes.POINTER(_vp)], _int),
     "tmsl_existing_default_saver": ([ctypes.POINTER(_vp)], _int),
     "tmsl_default_host_cache_bytes": ([ctypes.POINTER(_sz)], _int),
+    "tmsl_host_memory": ([ctypes.POINTER(HostMemoryFigures)], _int),
+    "tmsl_set_host_memory_budget": ([_sz], _int),
     "tmsl_create_host_saver": ([_sz, _sz, ctypes.POINTER(_vp)], _int),
     "tmsl_destroy_saver": ([_vp], _int),
     "tmsl_enter_region": ([_vp, ctypes.c_char_p, _int], _int),
@@ -222,6 +244,18 @@ def default_host_cache_bytes() -> int:
     out = _sz()
     check(lib().tmsl_default_host_cache_bytes(ctypes.byref(out)))
     return out.value
+
+
+def host_memory() -> HostMemoryFigures:
+    """The node's host-memory ledger as this process sees it (no saver or driver needed)."""
+    out = HostMemoryFigures()
+    check(lib().tmsl_host_memory(ctypes.byref(out)))
+    return out
+
+
+def set_host_memory_budget(nbytes: int) -> None:
+    """Sets the node's host-memory budget, for every process of the node."""
+    check(lib().tmsl_set_host_memory_budget(nbytes))
 
 
 def process_defaults() -> ProcessDefaults:

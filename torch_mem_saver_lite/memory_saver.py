@@ -35,7 +35,7 @@ from .settings import (
     check_tag,
     check_tag_text,
 )
-from .stats import TagStats
+from .stats import HostMemoryReport, TagStats
 from .transitions import Hook, TagHooks, Transitions
 
 logger = logging.getLogger("torch_mem_saver_lite")
@@ -198,6 +198,40 @@ class MemorySaver:
         self._settings.host_cache_bytes = check_bytes(nbytes, "host_cache_bytes")
         if self._native is not None:
             self._native.set_host_cache_bytes(nbytes)
+
+    @property
+    def host_memory_budget(self) -> int:
+        """The node's host-memory budget (bytes): every process of the node (or container)
+        that uses the library takes the host memory of its backups and host cache from it,
+        and a pause that would go beyond it gives this process's host cache back first, then
+        is refused before anything is released. Setting it sets it for every process of the
+        node; ``TMSL_HOST_MEMORY_BUDGET`` sets it when a process starts. Default: half of the
+        host memory the node's first process could use (the least of the machine's memory,
+        what was available and its container's cgroup limit). ``host_memory()`` shows who
+        holds what."""
+        return self.host_memory().budget_bytes
+
+    @host_memory_budget.setter
+    def host_memory_budget(self, nbytes: int) -> None:
+        _lib.set_host_memory_budget(check_bytes(nbytes, "host_memory_budget"))
+
+    def host_memory(self) -> HostMemoryReport:
+        """The node's host-memory budget, what this process and the others hold of it, and
+        this process's disk backups beside it. Starts nothing (no CUDA, no saver)."""
+        figures = _lib.host_memory()
+        count = min(figures.holder_count, _lib.MAX_HOLDERS)
+        pids = [int(figures.holder_pid[i]) for i in range(count)]
+        on_disk = sum(backup.bytes for backup in self._disk.backups.values() if backup.written)
+        return HostMemoryReport(
+            budget_bytes=int(figures.budget_bytes) if figures.active else 0,
+            held_by_this_process=int(figures.held_by_this_process),
+            held_by_others=int(figures.held_by_others),
+            holders={pid: int(figures.holder_bytes[i]) for i, pid in enumerate(pids)},
+            cached_by_holder={pid: int(figures.holder_cached_bytes[i]) for i, pid in enumerate(pids)},
+            on_disk_bytes=on_disk,
+            ledger=figures.path.decode(errors="replace"),
+            error=figures.error.decode(errors="replace"),
+        )
 
     def release_host_cache(self) -> None:
         """Free the host memory the cache (and retention) keeps for resident memory; the

@@ -1,4 +1,4 @@
-"""Per-tag memory figures returned by ``saver.stats()``."""
+"""Memory figures: per tag (``saver.stats()``) and the node's host memory (``saver.host_memory()``)."""
 
 from __future__ import annotations
 
@@ -46,3 +46,36 @@ class TagStats:
             return value if value is None or default is None else type(default)(value)
 
         return cls(**{f.name: convert(f.default, values.get(f.name, f.default)) for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class HostMemoryReport:
+    """The node's host-memory budget for backups and host caches, and who holds it.
+
+    Every process of the node (or container) that uses the library takes the host memory of
+    its backups and host cache from one budget, kept in a small shared ledger; a pause that
+    needs more than the budget leaves gives back this process's host cache first (least
+    recently used first) and is otherwise refused before anything is released.
+
+    Attributes:
+        budget_bytes: the node's budget (``TMSL_HOST_MEMORY_BUDGET``, or half of the host
+            memory the first process could use: the least of the machine's memory, what was
+            available and its container's limit).
+        held_by_this_process: host memory this process's backups and host cache hold.
+        held_by_others: what the node's other processes hold.
+        holders: bytes held, by process id (this process included), for each holding some.
+        cached_by_holder: of those, the host cache each could give back, by process id.
+        on_disk_bytes: content of this process's tags written to disk backups (outside the
+            budget).
+        ledger: the ledger's path.
+        error: why no budget applies ("" while one does).
+    """
+
+    budget_bytes: int
+    held_by_this_process: int
+    held_by_others: int
+    holders: dict[int, int]
+    cached_by_holder: dict[int, int]
+    on_disk_bytes: int
+    ledger: str
+    error: str = ""

@@ -1,0 +1,340 @@
+#include "node_ledger.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <system_error>
+#include <thread>
+
+#include "host_limits.h"
+
+namespace tmsl {
+
+namespace {
+
+constexpr uint64_t kMagic = 0x746d736c6c656432ULL;  // "tmslled2": the layout below
+constexpr size_t kSlots = 1024;                      // processes of one node at once
+
+// When a process started (clock ticks since boot, /proc/<pid>/stat field 22): with the pid it
+// names the process, so a pid reused by a new process is not taken for the old one. 0: gone.
+uint64_t start_time_of(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const size_t name_end = text.rfind(')');  // the command name may hold spaces and parentheses
+  if (name_end == std::string::npos) return 0;
+  std::istringstream fields(text.substr(name_end + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && fields >> field; ++i) {
+    if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
+  }
+  return 0;
+}
+
+std::string default_path() {
+  return "/dev/shm/torch_mem_saver_lite-" + std::to_string(getuid()) + ".ledger";
+}
+
+}  // namespace
+
+struct NodeLedger::Slot {
+  int32_t pid;
+  uint32_t unused;
+  uint64_t start_time;
+  uint64_t held;    // bytes of host memory this process's backups and cache hold
+  uint64_t cached;  // of which its host cache, which it could give back
+};
+
+struct NodeLedger::Shared {
+  uint64_t magic;
+  uint64_t budget;    // 0: none
+  uint32_t pressure;  // bumped (a futex word) when a process asks the others for room
+  uint32_t unused;
+  Slot slots[kSlots];
+};
+
+bool NodeLedger::parse_bytes(const char* text, size_t* out) {
+  if (text == nullptr || *text < '0' || *text > '9') return false;
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long value = std::strtoull(text, &end, 10);
+  if (errno != 0) return false;
+  int shift = 0;
+  switch (*end) {
+    case '\0': break;
+    case 'K': case 'k': shift = 10; break;
+    case 'M': case 'm': shift = 20; break;
+    case 'G': case 'g': shift = 30; break;
+    case 'T': case 't': shift = 40; break;
+    default: return false;
+  }
+  if (*end != '\0' && end[1] != '\0') return false;
+  if (shift != 0 && value > (~0ULL >> shift)) return false;
+  *out = static_cast<size_t>(value << shift);
+  return true;
+}
+
+NodeLedger& NodeLedger::instance() {
+  static NodeLedger* ledger = new NodeLedger();  // never destroyed: arenas may go at exit
+  return *ledger;
+}
+
+NodeLedger::NodeLedger() : owner_(getpid()), start_time_(start_time_of(getpid())) {
+  const char* named = getenv("TMSL_HOST_LEDGER");
+  path_ = named != nullptr && *named != '\0' ? named : default_path();
+  size_t budget_from_env = 0;
+  const char* budget_text = getenv("TMSL_HOST_MEMORY_BUDGET");
+  if (budget_text != nullptr && *budget_text != '\0' &&
+      (!parse_bytes(budget_text, &budget_from_env) || budget_from_env == 0)) {
+    error_ = std::string("TMSL_HOST_MEMORY_BUDGET='") + budget_text +
+             "' is not a size in bytes (a number above 0, optionally with K, M, G or T); no budget applies";
+    return;
+  }
+  fd_ = open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd_ < 0) {
+    error_ = "cannot open the host-memory ledger " + path_ + ": " + strerror(errno) + "; no budget applies";
+    return;
+  }
+  while (flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
+  }
+  struct stat st {};
+  bool fresh = fstat(fd_, &st) == 0 && st.st_size == 0;
+  if (fresh && ftruncate(fd_, sizeof(Shared)) != 0) {
+    error_ = "cannot size the host-memory ledger " + path_ + ": " + strerror(errno) + "; no budget applies";
+  } else if (!fresh && static_cast<size_t>(st.st_size) != sizeof(Shared)) {
+    error_ = path_ + " is not a host-memory ledger of this version; remove it once no process uses it";
+  } else {
+    void* p = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    if (p == MAP_FAILED) {
+      error_ = "cannot map the host-memory ledger " + path_ + ": " + strerror(errno) + "; no budget applies";
+    } else {
+      shared_ = static_cast<Shared*>(p);
+      if (fresh) {
+        shared_->budget = host_memory_limit() / 2;
+        shared_->magic = kMagic;
+      } else if (shared_->magic != kMagic) {
+        error_ = path_ + " is not a host-memory ledger; remove it once no process uses it";
+        munmap(p, sizeof(Shared));
+        shared_ = nullptr;
+      }
+      if (shared_ != nullptr && budget_from_env != 0) shared_->budget = budget_from_env;
+    }
+  }
+  flock(fd_, LOCK_UN);
+  if (shared_ == nullptr) {
+    close(fd_);
+    fd_ = -1;
+  }
+}
+
+template <typename Body>
+Status NodeLedger::locked(Body&& body) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shared_ == nullptr || getpid() != owner_) return Status::Ok();  // no ledger, or a forked child's copy
+  while (flock(fd_, LOCK_EX) != 0) {
+    if (errno != EINTR) return errno_status("locking the host-memory ledger " + path_, errno);
+  }
+  Status s = status_of([&] { return body(); });
+  flock(fd_, LOCK_UN);
+  return s;
+}
+
+NodeLedger::Slot* NodeLedger::my_slot() {
+  Slot* free_slot = nullptr;
+  for (Slot& slot : shared_->slots) {
+    if (slot.pid == owner_ && slot.start_time == start_time_) return &slot;
+    if (slot.pid == 0 && free_slot == nullptr) free_slot = &slot;
+  }
+  if (free_slot == nullptr) {
+    forget_dead_processes();
+    for (Slot& slot : shared_->slots) {
+      if (slot.pid == 0) free_slot = &slot;
+    }
+  }
+  if (free_slot != nullptr) *free_slot = Slot{owner_, 0, start_time_, 0, 0};
+  return free_slot;
+}
+
+void NodeLedger::forget_dead_processes() {
+  for (Slot& slot : shared_->slots) {
+    if (slot.pid == 0 || (slot.pid == owner_ && slot.start_time == start_time_)) continue;
+    if (start_time_of(slot.pid) != slot.start_time) slot = Slot{};  // gone, its memory with it
+  }
+}
+
+size_t NodeLedger::total_held() const {
+  size_t total = 0;
+  for (const Slot& slot : shared_->slots) total += slot.held;
+  return total;
+}
+
+std::string NodeLedger::holders_text() const {
+  std::string text;
+  for (const Slot& slot : shared_->slots) {
+    if (slot.pid == 0 || slot.held == 0) continue;
+    text += std::string(text.empty() ? "" : ", ") + "pid " + std::to_string(slot.pid) +
+            (slot.pid == owner_ ? " (this process)" : "") + " " + format_bytes(slot.held) +
+            (slot.cached != 0 ? " (" + format_bytes(slot.cached) + " of it cache)" : "");
+  }
+  return text.empty() ? "nobody" : text;
+}
+
+Status NodeLedger::reserve(size_t bytes) {
+  return locked([&] {
+    Slot* mine = my_slot();
+    if (mine == nullptr) {
+      return Status::Error(Code::kHostError, "the host-memory ledger " + path_ + " has no room for another process");
+    }
+    const size_t budget = shared_->budget;
+    if (budget != 0 && total_held() + bytes > budget) {
+      forget_dead_processes();
+      if (total_held() + bytes > budget) {
+        return Status::Error(
+            Code::kOutOfMemory,
+            "the node's host-memory budget of " + format_bytes(budget) + " has " +
+                format_bytes(budget - std::min(budget, total_held())) + " left, " + format_bytes(bytes) +
+                " needed; held by " + holders_text() +
+                " (raise it with TMSL_HOST_MEMORY_BUDGET or saver.host_memory_budget, or give host memory "
+                "back: release_host_cache(), fewer backed-up tags, a disk backup)");
+      }
+    }
+    mine->held += bytes;
+    return Status::Ok();
+  });
+}
+
+void NodeLedger::give_back(size_t bytes) {
+  locked([&] {
+    Slot* mine = my_slot();
+    if (mine != nullptr) {
+      mine->held -= std::min<uint64_t>(mine->held, bytes);
+      mine->cached = std::min(mine->cached, mine->held);
+    }
+    return Status::Ok();
+  });
+}
+
+void NodeLedger::note_cached(const void* owner, size_t bytes) {
+  locked([&] {
+    if (bytes == 0) {
+      cached_.erase(owner);
+    } else {
+      cached_[owner] = bytes;
+    }
+    size_t total = 0;
+    for (const auto& entry : cached_) total += entry.second;
+    Slot* mine = my_slot();
+    if (mine != nullptr) mine->cached = std::min<uint64_t>(total, mine->held);
+    return Status::Ok();
+  });
+}
+
+void NodeLedger::on_pressure(const void* owner, std::function<void()> give_back) {
+  std::lock_guard<std::mutex> lock(givers_mu_);
+  givers_[owner] = std::move(give_back);
+  if (watching_ || shared_ == nullptr) return;
+  try {
+    std::thread([this] { watch(); }).detach();  // lives as long as the process
+    watching_ = true;
+  } catch (const std::system_error&) {
+    // No thread to be had: this process's caches are given back only by its own pauses.
+  }
+}
+
+void NodeLedger::forget(const void* owner) {
+  std::lock_guard<std::mutex> lock(givers_mu_);
+  givers_.erase(owner);
+  {
+    std::lock_guard<std::mutex> cached(mu_);
+    cached_.erase(owner);
+  }
+}
+
+void NodeLedger::watch() {
+  uint32_t seen = __atomic_load_n(&shared_->pressure, __ATOMIC_ACQUIRE);
+  while (true) {
+    syscall(SYS_futex, &shared_->pressure, FUTEX_WAIT, seen, nullptr, nullptr, 0);
+    const uint32_t now = __atomic_load_n(&shared_->pressure, __ATOMIC_ACQUIRE);
+    if (now == seen || getpid() != owner_) continue;
+    seen = now;
+    std::lock_guard<std::mutex> lock(givers_mu_);
+    for (auto& entry : givers_) entry.second();
+  }
+}
+
+bool NodeLedger::fits(size_t bytes, size_t* others_cached) {
+  bool room = true;
+  *others_cached = 0;
+  locked([&] {
+    forget_dead_processes();
+    room = shared_->budget == 0 || total_held() + bytes <= shared_->budget;
+    for (const Slot& slot : shared_->slots) {
+      if (slot.pid != 0 && !(slot.pid == owner_ && slot.start_time == start_time_)) *others_cached += slot.cached;
+    }
+    return Status::Ok();
+  });
+  return room;
+}
+
+bool NodeLedger::ask_others_for(size_t bytes, std::chrono::milliseconds patience) {
+  if (shared_ == nullptr || getpid() != owner_) return false;
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  auto next_ask = std::chrono::steady_clock::now();
+  while (true) {
+    size_t others_cached = 0;
+    if (fits(bytes, &others_cached)) return true;
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline || others_cached == 0) return false;  // nobody has a cache left to give
+    if (now >= next_ask) {
+      // Asked again now and then: a process busy with its own pause skips one request.
+      __atomic_add_fetch(&shared_->pressure, 1, __ATOMIC_RELEASE);
+      syscall(SYS_futex, &shared_->pressure, FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+      next_ask = now + std::chrono::milliseconds(100);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+NodeLedger::Figures NodeLedger::figures() {
+  Figures f;
+  f.path = path_;
+  f.error = error_;
+  locked([&] {
+    f.active = true;
+    forget_dead_processes();
+    f.budget = shared_->budget;
+    for (const Slot& slot : shared_->slots) {
+      if (slot.pid == 0) continue;
+      const bool mine = slot.pid == owner_ && slot.start_time == start_time_;
+      (mine ? f.held_here : f.held_by_others) += slot.held;
+      if (slot.held != 0) f.holders.push_back(Holder{slot.pid, slot.held, slot.cached});
+    }
+    return Status::Ok();
+  });
+  return f;
+}
+
+Status NodeLedger::set_budget(size_t bytes) {
+  if (bytes == 0) {
+    return Status::Error(Code::kInvalidArgument, "a host-memory budget must be above 0 bytes");
+  }
+  if (shared_ == nullptr) {
+    return Status::Error(Code::kHostError, "no host-memory ledger: " + error_);
+  }
+  return locked([&] {
+    shared_->budget = bytes;
+    return Status::Ok();
+  });
+}
+
+}  // namespace tmsl

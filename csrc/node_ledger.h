@@ -1,0 +1,106 @@
+// One host-memory budget for every process of the node (or container) that uses the library.
+//
+// The ledger is a small file in shared memory (/dev/shm, which a container has to itself;
+// TMSL_HOST_LEDGER names another) holding the budget and, per process, the host memory its
+// backups and host cache hold. Every host arena takes its bytes from the ledger before it
+// maps anything and gives them back when it goes, so the processes' backups together never
+// exceed the budget. Updates hold an flock on the file, which the kernel drops when its
+// holder dies; the share of a process that died (kill -9 included) is taken back by the next
+// process that needs room, once /proc shows that process gone (its memory went with it).
+//
+// A process refused for want of room asks the others to give their host caches back: it bumps
+// a counter in the ledger and wakes them (a futex on the shared word); each process that
+// keeps a cache has a thread waiting there, which lets its caches go.
+//
+// The budget is the node's: set once it applies to every process. At the ledger's creation
+// it comes from TMSL_HOST_MEMORY_BUDGET (bytes, or with a K/M/G/T suffix) or else is half of
+// the host memory the creating process may use (host_memory_limit: the machine's memory,
+// what is available and the container's limit, whichever is least). A process started with
+// TMSL_HOST_MEMORY_BUDGET set writes it into an existing ledger too.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "status.h"
+
+namespace tmsl {
+
+class NodeLedger {
+ public:
+  // Opened on first use. A ledger that cannot be opened leaves budgets off (every
+  // reservation succeeds); the reason is kept for host_memory().
+  static NodeLedger& instance();
+
+  // Takes `bytes` for this process, or refuses with Code::kOutOfMemory (naming the budget,
+  // what was asked for and who holds what) when the node's processes would exceed the budget.
+  Status reserve(size_t bytes);
+  void give_back(size_t bytes);
+  // How much of what `owner` (a saver) holds it could give back at once (its host cache);
+  // the process's total is shown to the others.
+  void note_cached(const void* owner, size_t bytes);
+
+  // `give_back` gives `owner`'s host cache back; it is called, on a thread of the ledger's,
+  // when another process of the node needs the room. forget() returns once no call of it runs.
+  void on_pressure(const void* owner, std::function<void()> give_back);
+  void forget(const void* owner);
+  // Asks the node's other processes to give their host caches back, and waits up to
+  // `patience` until `bytes` could be reserved; true when they could.
+  bool ask_others_for(size_t bytes, std::chrono::milliseconds patience);
+
+  struct Holder {
+    pid_t pid;
+    size_t bytes, cached;
+  };
+  struct Figures {
+    bool active = false;     // false: no ledger (error says why); no budget applies
+    std::string path, error;
+    size_t budget = 0;       // bytes, for the whole node
+    size_t held_here = 0;    // by this process
+    size_t held_by_others = 0;
+    std::vector<Holder> holders;  // every process holding some, this one included
+  };
+  Figures figures();
+  // Sets the node's budget (0 is refused: use release_host_cache to hold nothing).
+  Status set_budget(size_t bytes);
+
+  // A budget text ("64G", "1024", "512M") in bytes; false when it is not one.
+  static bool parse_bytes(const char* text, size_t* out);
+
+ private:
+  NodeLedger();
+  struct Shared;
+  struct Slot;
+  // Runs `body` with the file locked (flock) and this process's slot found or made.
+  template <typename Body>
+  Status locked(Body&& body);
+  Slot* my_slot();                    // under the lock
+  void forget_dead_processes();       // under the lock
+  size_t total_held() const;          // under the lock
+  std::string holders_text() const;   // under the lock
+
+  void watch();  // the pressure thread: gives the caches back when another process asks
+  // Whether `bytes` could be reserved now; *others_cached: what the other processes could give back.
+  bool fits(size_t bytes, size_t* others_cached);
+
+  std::mutex mu_;  // the threads of this process, around the file lock
+  std::map<const void*, size_t> cached_;  // per saver, under mu_
+  std::mutex givers_mu_;  // held while a give_back runs
+  std::map<const void*, std::function<void()>> givers_;
+  bool watching_ = false;  // under givers_mu_
+  int fd_ = -1;
+  Shared* shared_ = nullptr;
+  pid_t owner_ = 0;  // the process that opened it: a forked child neither takes nor gives
+  uint64_t start_time_ = 0;
+  std::string path_, error_;
+};
+
+}  // namespace tmsl

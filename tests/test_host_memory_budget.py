@@ -1,0 +1,256 @@
+"""One host-memory budget for every process of the node: set by the environment or the API and
+seen by every process; a pause beyond it gives the host cache back first, else is refused
+before anything is released, losing nothing; processes racing pauses and resumes together
+never hold more than the budget, and the share of one killed with SIGKILL mid-pause comes back.
+Each test uses a ledger of its own (TMSL_HOST_LEDGER), so the processes it starts share it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+MiB = 1 << 20
+TESTS = Path(__file__).resolve().parent
+
+# A child: a HostSaver with backed-up tags, then whatever the test's body does.
+PRELUDE = """
+import os, sys, time
+sys.path.insert(0, {tests!r})
+from host_memory import HostMemory
+from torch_mem_saver_lite import OutOfMemoryError, saver
+from torch_mem_saver_lite.testing import HostSaver
+MiB = 1 << 20
+mem = HostMemory()
+host = HostSaver()
+def tagged(tag, n, size, byte):
+    with host.region(tag, enable_cpu_backup=True):
+        ptrs = [mem.malloc(size) for _ in range(n)]
+    for p in ptrs:
+        mem.write(p, bytes([byte]) * size)
+    return ptrs
+def intact(ptrs, size, byte):
+    return all(mem.read(p, size) == bytes([byte]) * size for p in ptrs)
+"""
+
+
+@pytest.fixture
+def ledger(tmp_path, monkeypatch) -> Path:
+    path = tmp_path / "host-memory.ledger"
+    monkeypatch.setenv("TMSL_HOST_LEDGER", str(path))
+    return path
+
+
+def ledger_total(path: Path) -> int:
+    """Host memory the ledger's processes hold, read from the file itself (node_ledger.cpp's
+    layout: magic, budget, the pressure word, then per process pid, start time, held and
+    cached bytes)."""
+    data = path.read_bytes() if path.exists() else b""
+    slots = data[24:]
+    return sum(struct.unpack_from("<iIQQQ", slots, at)[3] for at in range(0, len(slots) - 31, 32))
+
+
+def run(body: str, budget: str | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    if budget is not None:
+        env["TMSL_HOST_MEMORY_BUDGET"] = budget
+    code = PRELUDE.format(tests=str(TESTS)) + textwrap.dedent(body)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def start(body: str, budget: str | None = None) -> subprocess.Popen:
+    env = dict(os.environ)
+    if budget is not None:
+        env["TMSL_HOST_MEMORY_BUDGET"] = budget
+    code = PRELUDE.format(tests=str(TESTS)) + textwrap.dedent(body)
+    return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def test_the_budget_from_the_environment_is_the_nodes_and_the_api_sets_it_for_every_process(ledger):
+    first = run("""
+        report = saver.host_memory()
+        print(report.budget_bytes, report.held_by_this_process, report.ledger, repr(report.error))
+    """, budget="96M")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.split() == [str(96 * MiB), "0", str(ledger), "''"]
+    # A process started without the variable sees the node's budget; one it sets is seen by the next.
+    second = run("""
+        print(saver.host_memory_budget)
+        saver.host_memory_budget = 80 * MiB
+    """)
+    assert second.returncode == 0 and second.stdout.split() == [str(96 * MiB)], second.stderr
+    third = run("print(saver.host_memory().budget_bytes)")
+    assert third.stdout.split() == [str(80 * MiB)], third.stderr
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "lots", "12Q", "99999999999999999999T"])
+def test_a_bad_budget_is_refused_with_its_name_and_no_budget_applies(ledger, value):
+    result = run("r = saver.host_memory(); print(r.budget_bytes, r.error)", budget=value)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("0 TMSL_HOST_MEMORY_BUDGET="), result.stdout
+    assert "not a size in bytes" in result.stdout
+
+
+def test_bad_budgets_from_the_api_are_refused():
+    from torch_mem_saver_lite import InvalidArgumentError, saver
+
+    for bad in (0, -1, 1.5, "64G", True):
+        with pytest.raises((InvalidArgumentError, ValueError), match="budget"):
+            saver.host_memory_budget = bad
+
+
+def test_a_pause_beyond_the_budget_is_refused_before_anything_is_released_and_loses_nothing(ledger):
+    result = run("""
+        ptrs = tagged("weights", 3, 32 * MiB, 7)
+        try:
+            host.pause("weights")
+            print("paused")
+        except OutOfMemoryError as error:
+            print("refused", "budget of 64.00 MiB" in str(error), "96.00 MiB needed" in str(error),
+                  f"pid {os.getpid()}" not in str(error) or "this process" in str(error))
+        s = host.stats()["weights"]
+        print("resident", s.resident_bytes == s.reserved_bytes, s.paused_bytes, intact(ptrs, 32 * MiB, 7))
+        print("held", saver.host_memory().held_by_this_process)
+        saver.host_memory_budget = 128 * MiB
+        host.pause("weights")
+        print("now", saver.host_memory().held_by_this_process <= 128 * MiB)
+        host.resume("weights")
+        print("content", intact(ptrs, 32 * MiB, 7))
+    """, budget="64M")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["refused True True True", "resident True 0 True", "held 0", "now True",
+                                          "content True"], result.stdout + result.stderr
+
+
+def test_the_host_cache_gives_way_least_recently_used_first_to_a_pause_that_needs_the_room(ledger):
+    result = run("""
+        host.host_cache_bytes = 256 * MiB
+        old = tagged("old", 1, 32 * MiB, 1)
+        new = tagged("new", 1, 32 * MiB, 2)
+        big = tagged("big", 1, 48 * MiB, 3)
+        for tag in ("old", "new"):  # each leaves its backup cached: 64 MiB of the 96
+            host.pause(tag); host.resume(tag)
+        host.wait_for_released_backups()
+        cached = {t: s.host_backup_bytes for t, s in host.stats().items()}
+        print("cached", cached["old"] == cached["new"] == 32 * MiB, cached["big"] == 0)
+        host.pause("big")  # needs 48 MiB: "old", least recently used, gives way
+        s = host.stats()
+        print("after", s["old"].host_backup_bytes, s["new"].host_backup_bytes == 32 * MiB,
+              s["big"].host_backup_bytes == 48 * MiB)
+        print("within", saver.host_memory().held_by_this_process <= 96 * MiB)
+        host.resume("big")
+        print("content", intact(old, 32 * MiB, 1), intact(new, 32 * MiB, 2), intact(big, 48 * MiB, 3))
+    """, budget="96M")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["cached True True", "after 0 True True", "within True",
+                                          "content True True True"], result.stdout + result.stderr
+
+
+def test_another_processs_idle_host_cache_gives_way_to_a_pause_that_needs_the_room(ledger):
+    holder = start("""
+        host.host_cache_bytes = 256 * MiB
+        ptrs = tagged("engine", 2, 32 * MiB, 4)
+        host.pause("engine"); host.resume("engine")  # its 64 MiB of backups stay cached
+        host.wait_for_released_backups()
+        print("cached", saver.host_memory().cached_by_holder[os.getpid()], flush=True)
+        sys.stdin.readline()  # idle (its rollout) until told
+        print("after", host.stats()["engine"].host_backup_bytes, intact(ptrs, 32 * MiB, 4), flush=True)
+        host.pause("engine"); host.resume("engine")
+        print("content", intact(ptrs, 32 * MiB, 4), flush=True)
+    """, budget="96M")
+    holder_stdin = holder.stdin
+    assert holder.stdout.readline().split() == ["cached", str(64 * MiB)], holder.stderr.read()
+    pauser = run("""
+        ptrs = tagged("trainer", 1, 48 * MiB, 6)
+        host.pause("trainer")
+        print("paused", saver.host_memory().held_by_this_process)
+        host.resume("trainer")
+        print("content", intact(ptrs, 48 * MiB, 6))
+    """)
+    assert pauser.returncode == 0 and pauser.stdout.split() == ["paused", str(48 * MiB), "content", "True"], \
+        pauser.stdout + pauser.stderr
+    holder_stdin.write("go\n")
+    holder_stdin.flush()
+    out, err = holder.communicate(timeout=60)
+    assert holder.returncode == 0, err
+    assert out.splitlines() == ["after 0 True", "content True"], out + err
+
+
+def test_backups_take_the_bytes_asked_for_to_whole_pages_and_the_ledger_counts_exactly_that(ledger):
+    # Odd sizes across the packed and the large-buffer layouts; a granule is 2 MiB.
+    sizes = [1, 4095, 4097, 3 * MiB + 123, 2 * MiB, 70 * MiB + 5, 9 * MiB + 1]
+    result = run(f"""
+        sizes = {sizes!r}
+        ptrs = []
+        with host.region("odd", enable_cpu_backup=True):
+            ptrs = [mem.malloc(n) for n in sizes]
+        content = [os.urandom(n) for n in sizes]
+        for p, data in zip(ptrs, content):
+            mem.write(p, data)
+        host.pause("odd")
+        s = host.stats()["odd"]
+        print(s.reserved_bytes, s.host_backup_bytes, saver.host_memory().held_by_this_process)
+        host.resume("odd")
+        print(all(mem.read(p, len(data)) == data for p, data in zip(ptrs, content)))
+    """)
+    assert result.returncode == 0, result.stderr
+    reserved, backed_up, held = map(int, result.stdout.split()[:3])
+    exact = sum(-(-n // 4096) * 4096 for n in sizes)
+    assert backed_up == exact and held == exact, (reserved, backed_up, held, exact)
+    assert reserved - exact > 8 * MiB  # what rounding to granules would have taken on top
+    assert result.stdout.split()[3] == "True"
+
+
+CYCLER = """
+ptrs = tagged("weights", 2, 16 * MiB, {byte})
+refused = cycles = 0
+deadline = time.monotonic() + {seconds}
+while time.monotonic() < deadline:
+    try:
+        host.pause("weights")
+    except OutOfMemoryError:
+        refused += 1
+        assert intact(ptrs, 16 * MiB, {byte}), "a refused pause lost content"
+        continue
+    host.resume("weights")
+    assert intact(ptrs, 16 * MiB, {byte}), "a resume lost content"
+    cycles += 1
+print("done", cycles, refused, flush=True)
+"""
+
+
+def test_processes_racing_pauses_never_hold_more_than_the_budget_and_a_killed_ones_share_comes_back(ledger):
+    budget = 80 * MiB  # each process's backups take 32 MiB: two fit at once, not three
+    children = [start(CYCLER.format(byte=10 + i, seconds=6), budget=str(budget)) for i in range(4)]
+    victim = start(CYCLER.format(byte=99, seconds=60), budget=str(budget))
+    samples, killed_at = [], time.monotonic() + 1.5
+    while any(c.poll() is None for c in children):
+        samples.append(ledger_total(ledger))
+        if victim.poll() is None and time.monotonic() > killed_at:
+            victim.send_signal(signal.SIGKILL)  # wherever it is: mid-pause, mid-resume
+        time.sleep(0.005)
+    outputs = [c.communicate()[0] for c in children]
+    victim.wait()
+    assert all(c.returncode == 0 for c in children), outputs
+    assert max(samples) <= budget, f"the node held {max(samples) / MiB:.0f} MiB against {budget / MiB:.0f}"
+    # Pauses went through, and some were refused for want of budget (then retried).
+    assert max(samples) > 0 and sum(int(out.split()[1]) for out in outputs) > 0, outputs
+    assert sum(int(out.split()[2]) for out in outputs) > 0, outputs
+    # Everyone is gone, the killed process included: the whole budget is there for the taking.
+    final = run("r = saver.host_memory(); print(r.held_by_this_process + r.held_by_others)")
+    assert final.stdout.split() == ["0"], final.stdout + final.stderr
+    taken = run("""
+        ptrs = tagged("all", 1, 80 * MiB, 5)
+        host.pause("all"); print("paused", saver.host_memory().held_by_this_process); host.resume("all")
+        print("content", intact(ptrs, 80 * MiB, 5))
+    """)
+    assert taken.returncode == 0 and taken.stdout.split() == ["paused", str(80 * MiB), "content", "True"], \
+        taken.stdout + taken.stderr
