@@ -41,8 +41,10 @@ uint64_t start_time_of(pid_t pid) {
   return 0;
 }
 
+// The layout's version is in the name: processes of different library versions each keep a
+// ledger of their own rather than misread one another's.
 std::string default_path() {
-  return "/dev/shm/torch_mem_saver_lite-" + std::to_string(getuid()) + ".ledger";
+  return "/dev/shm/torch_mem_saver_lite-" + std::to_string(getuid()) + ".v2.ledger";
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // One host-memory budget for every process of the node (or container) that uses the library.
 //
-// The ledger is a small file in shared memory (/dev/shm, which a container has to itself;
-// TMSL_HOST_LEDGER names another) holding the budget and, per process, the host memory its
+// The ledger is a small file in shared memory (/dev/shm/torch_mem_saver_lite-<uid>.v2.ledger,
+// and a container has its own /dev/shm; TMSL_HOST_LEDGER names another file) holding the
+// budget and, per process, the host memory its
 // backups and host cache hold. Every host arena takes its bytes from the ledger before it
 // maps anything and gives them back when it goes, so the processes' backups together never
 // exceed the budget. Updates hold an flock on the file, which the kernel drops when its

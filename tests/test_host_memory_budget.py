@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import struct
 import subprocess
 import sys
 import textwrap
@@ -16,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.ledger import held_bytes
 
 MiB = 1 << 20
 TESTS = Path(__file__).resolve().parent
@@ -46,15 +46,6 @@ def ledger(tmp_path, monkeypatch) -> Path:
     path = tmp_path / "host-memory.ledger"
     monkeypatch.setenv("TMSL_HOST_LEDGER", str(path))
     return path
-
-
-def ledger_total(path: Path) -> int:
-    """Host memory the ledger's processes hold, read from the file itself (node_ledger.cpp's
-    layout: magic, budget, the pressure word, then per process pid, start time, held and
-    cached bytes)."""
-    data = path.read_bytes() if path.exists() else b""
-    slots = data[24:]
-    return sum(struct.unpack_from("<iIQQQ", slots, at)[3] for at in range(0, len(slots) - 31, 32))
 
 
 def run(body: str, budget: str | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
@@ -233,7 +224,7 @@ def test_processes_racing_pauses_never_hold_more_than_the_budget_and_a_killed_on
     victim = start(CYCLER.format(byte=99, seconds=60), budget=str(budget))
     samples, killed_at = [], time.monotonic() + 1.5
     while any(c.poll() is None for c in children):
-        samples.append(ledger_total(ledger))
+        samples.append(held_bytes(ledger))
         if victim.poll() is None and time.monotonic() > killed_at:
             victim.send_signal(signal.SIGKILL)  # wherever it is: mid-pause, mid-resume
         time.sleep(0.005)

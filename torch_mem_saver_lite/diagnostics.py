@@ -10,7 +10,7 @@ pauses and resumes a small region on each GPU.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 
 @dataclass
@@ -35,6 +35,7 @@ class Environment:
     hook_mode: str = ""
     version: str = ""
     memory: list[dict] = field(default_factory=list)  # per GPU: what holds device memory
+    host_memory: dict = field(default_factory=dict)  # the node's host-memory budget (saver.host_memory())
     breakdown: list[dict] = field(default_factory=list)  # per GPU: saver.memory_breakdown(), as a dict
     problems: list[str] = field(default_factory=list)
 
@@ -121,6 +122,10 @@ def collect() -> Environment:
         if _driver_facts(env):
             _start_backend(env)
     _torch_facts(env)
+    try:
+        env.host_memory = asdict(saver.host_memory())
+    except Exception as error:
+        env.problems.append(f"the node's host-memory ledger cannot be read: {error}")
     if env.torch_sees_gpu:
         env.memory = memory_use()
         env.breakdown = memory_breakdowns(env.problems)
@@ -219,6 +224,12 @@ def render(env: Environment) -> str:
         f"hook mode:        {env.hook_mode}",
         f"native library:   {env.library_path or 'not found'} (torch_mem_saver_lite {env.version})",
     ]
+    host = env.host_memory
+    if host:
+        lines.append(f"host memory:      {host['error']}" if host["error"] else
+                     f"host memory:      budget {mib(host['budget_bytes'])} for the node ({host['ledger']}); held: "
+                     f"this process {mib(host['held_by_this_process'])}, others {mib(host['held_by_others'])} "
+                     f"({len([p for p in host['holders'] if p != os.getpid()])} processes)")
     for m in env.memory:
         lines.append(f"  GPU {m['device']} memory: {mib(m['used_bytes'])} used of {mib(m['total_bytes'])}: "
                      f"torch reserved {mib(m['torch_reserved_bytes'])}, saver resident "

@@ -49,10 +49,14 @@ def _log_transition(what: str, before: dict, after: dict, seconds: float) -> Non
         return
     moved = sum(after[t]["reserved_bytes"] for t in changed)
     copied = sum((after if what == "pause" else before)[t]["host_backup_bytes"] for t in changed)
-    logger.info("%s %s: %.2f GiB of device memory %s, %.2f GiB %s host memory, in %.1f ms (%.1f GB/s)",
+    host = _lib.host_memory()
+    logger.info("%s %s: %.2f GiB of device memory %s, %.2f GiB %s host memory, in %.1f ms (%.1f GB/s); "
+                "node host memory %.2f of %.2f GiB held (this process %.2f)",
                 what, changed, moved / _GiB, "released" if what == "pause" else "mapped again",
                 copied / _GiB, "backed up to" if what == "pause" else "restored from", seconds * 1e3,
-                copied / seconds / 1e9 if copied and seconds > 0 else 0.0)
+                copied / seconds / 1e9 if copied and seconds > 0 else 0.0,
+                (host.held_by_this_process + host.held_by_others) / _GiB, host.budget_bytes / _GiB,
+                host.held_by_this_process / _GiB)
 
 
 def _logged(what: str, native: _lib.NativeSaver, operation: Callable[[list[str] | None], None],

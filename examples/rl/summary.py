@@ -145,8 +145,9 @@ def write_summary(out: Path, run, records: list[dict], ranks: list[dict], startu
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     title = f"{summary['device_name']}, preset {p.name}, saver {summary['hook_mode'] or 'off'}"
     if memory:  # GPU runs only: on the CPU there is no device memory to show
-        memory_plot(run.timeline.samples, run.timeline.spans, memory["capacity_bytes"],
-                    memory.get("no_saver_need_bytes"), memory["baseline_context_bytes"], title, out / "memory.png")
+        memory_plot(run.timeline.samples, run.timeline.host_samples, run.timeline.host_budget, run.timeline.spans,
+                    memory["capacity_bytes"], memory.get("no_saver_need_bytes"), memory["baseline_context_bytes"],
+                    title, out / "memory.png")
     reward_plot(rewards, task.CHANCE, REWARD_MAX, title, out / "reward.png")
     return summary
 

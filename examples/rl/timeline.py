@@ -8,6 +8,8 @@ import time
 
 import torch
 
+from torch_mem_saver_lite import saver
+
 # Phases that move the GPU from one engine to the other (the rest is useful work or checking).
 TRANSITIONS = ("engine_pause", "trainer_resume", "trainer_pause", "engine_resume", "weight_sync")
 
@@ -22,12 +24,16 @@ def used_bytes(device: torch.device) -> int:
 
 
 class Timeline:
-    """Memory samples (seconds, bytes) and phase spans (phase, start, end) since the start."""
+    """Memory samples (seconds, bytes) and phase spans (phase, start, end) since the start: GPU
+    memory in use, and the host memory the node's processes hold for backups and host caches
+    against the node's budget (saver.host_memory())."""
 
     def __init__(self, device: torch.device):
         self.device = device
         self.start = time.perf_counter()
         self.samples: list[tuple[float, int]] = []
+        self.host_samples: list[tuple[float, int]] = []
+        self.host_budget = saver.host_memory().budget_bytes
         self.spans: list[tuple[str, float, float]] = []
 
     def now(self) -> float:
@@ -35,7 +41,10 @@ class Timeline:
 
     def sample(self) -> int:
         used = used_bytes(self.device)
-        self.samples.append((self.now(), used))
+        now = self.now()
+        self.samples.append((now, used))
+        host = saver.host_memory()
+        self.host_samples.append((now, host.held_by_this_process + host.held_by_others))
         return used
 
     @contextlib.contextmanager

@@ -1,0 +1,225 @@
+"""Host memory of a node: several processes sharing one GPU (as colocated frameworks run
+them), each pausing and resuming its own copy of the same weights at once, under one node
+budget; and one process cycling several backed-up tags in turn.
+
+    python benchmarks/bench_node_host_memory.py [--processes 4] [--gib 2] [--cycles 3]
+        [--tms-path DIR]
+
+Table 1, per budget (room for all backups, and less than that): each cycle's pause and
+resume as GB/s summed over the processes, against the pinned copy bandwidth measured in the
+same run; the most host memory the node held while paused (the sum of the processes' PSS
+growth from /proc, and the ledger's figure) against the budget; pauses refused for want of
+room (each then retried after the others resumed); content checked bit for bit after every
+resume. With --tms-path, torch_memory_saver (no budget) runs the same processes beside it.
+
+Table 2: one process, three tags of --gib each, paused and resumed one after another for
+--cycles rounds: GB/s of each pause against the link (the host cache keeps as many backups
+as fit in its budget; the others give way, least recently used first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import torch
+from support.ledger import held_bytes
+
+GiB = 1 << 30
+
+WORKER = r"""
+import json, os, sys, time
+sys.path[:0] = [p for p in os.environ.get("BENCH_EXTRA_PATH", "").split(":") if p]
+import torch
+tool, gib, cycles, go_dir, rank = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+n = int(gib * (1 << 30))
+
+def pss():
+    with open("/proc/self/smaps_rollup") as f:
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith("Pss:"))
+
+def barrier(name):
+    open(os.path.join(go_dir, f"{name}.{rank}"), "w").close()
+    while not os.path.exists(os.path.join(go_dir, f"{name}.go")):
+        time.sleep(0.001)
+
+if tool == "ours":
+    from torch_mem_saver_lite import OutOfMemoryError, saver
+    region, pause, resume = saver.region, saver.pause, saver.resume
+    refusal = OutOfMemoryError
+else:
+    from torch_memory_saver import torch_memory_saver as saver
+    saver.hook_mode = "torch"
+    region, pause, resume = saver.region, saver.pause, saver.resume
+    refusal = RuntimeError
+with region("weights", enable_cpu_backup=True):
+    weights = torch.empty(n, dtype=torch.uint8, device="cuda")
+# The same weights in every process: a seeded pattern, regenerated to check.
+g = torch.Generator(device="cuda").manual_seed(1234)
+weights.copy_(torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda", generator=g))
+expected = weights.sum(dtype=torch.int64).item(), weights[::4097].clone()
+torch.cuda.synchronize()
+base = pss()
+rows = []
+for cycle in range(cycles):
+    barrier(f"pause{cycle}")
+    refused = 0
+    start = time.perf_counter()
+    while True:
+        try:
+            pause("weights")
+            break
+        except refusal:
+            refused += 1
+            time.sleep(0.05)
+    paused_at = time.perf_counter()
+    held = pss() - base
+    barrier(f"resume{cycle}")
+    resume("weights")
+    torch.cuda.synchronize()
+    done = time.perf_counter()
+    ok = weights.sum(dtype=torch.int64).item() == expected[0] and torch.equal(weights[::4097], expected[1])
+    rows.append(dict(pause_start=start, pause_end=paused_at, resume_s=done - paused_at, held=held, refused=refused,
+                     ok=bool(ok)))
+print(json.dumps(rows), flush=True)
+"""
+
+
+def pinned_bandwidth(nbytes: int) -> float:
+    """Pinned device-to-host copy bandwidth (GB/s): the link's limit for a pause."""
+    device = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    host.copy_(device, non_blocking=True)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    host.copy_(device, non_blocking=True)
+    torch.cuda.synchronize()
+    return nbytes / (time.perf_counter() - start) / 1e9
+
+
+def ledger_peak(path: Path, stop: list[bool], out: list[int]) -> None:
+    while not stop[0]:
+        out.append(held_bytes(path))
+        time.sleep(0.002)
+
+
+def run_node(tool: str, processes: int, gib: float, cycles: int, budget: int | None, extra_path: str) -> dict:
+    import threading
+
+    go_dir = tempfile.mkdtemp(prefix="node-bench-")
+    ledger = Path(go_dir) / "host-memory.ledger"
+    env = {**os.environ, "BENCH_EXTRA_PATH": extra_path, "TMSL_HOST_LEDGER": str(ledger)}
+    if budget is not None:
+        env["TMSL_HOST_MEMORY_BUDGET"] = str(budget)
+    children = [subprocess.Popen([sys.executable, "-c", WORKER, tool, str(gib), str(cycles), go_dir, str(rank)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                for rank in range(processes)]
+    samples: list[int] = []
+    stop = [False]
+    watcher = threading.Thread(target=ledger_peak, args=(ledger, stop, samples), daemon=True)
+    if tool == "ours":
+        watcher.start()
+    for cycle in range(cycles):
+        for name in (f"pause{cycle}", f"resume{cycle}"):
+            while sum(1 for f in os.listdir(go_dir) if f.startswith(name + ".")) < processes:
+                if any(c.poll() not in (None, 0) for c in children):
+                    raise RuntimeError("a worker failed: " + "".join(c.stderr.read() for c in children if c.poll()))
+                time.sleep(0.002)
+            open(os.path.join(go_dir, f"{name}.go"), "w").close()
+    outputs = [c.communicate(timeout=600) for c in children]
+    stop[0] = True
+    if any(c.returncode != 0 for c in children):
+        raise RuntimeError("a worker failed: " + "".join(err for _, err in outputs))
+    rows = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    cycles_out = []
+    for cycle in range(cycles):
+        per = [r[cycle] for r in rows]
+        span = max(p["pause_end"] for p in per) - min(p["pause_start"] for p in per)
+        cycles_out.append(dict(
+            pause_gbs=processes * gib * GiB / span / 1e9,
+            resume_gbs=processes * gib * GiB / max(p["resume_s"] for p in per) / 1e9,
+            held=sum(p["held"] for p in per), refused=sum(p["refused"] for p in per),
+            ok=all(p["ok"] for p in per)))
+    return dict(cycles=cycles_out, ledger_peak=max(samples) if samples else None)
+
+
+def run_sequence(gib: float, cycles: int) -> list[list[float]]:
+    """One process, three backed-up tags cycled in turn: GB/s of each pause, per round."""
+    code = textwrap.dedent(f"""
+        import json, time, torch
+        from torch_mem_saver_lite import saver
+        n = int({gib} * (1 << 30))
+        tensors = {{}}
+        for tag in ("a", "b", "c"):
+            with saver.region(tag, enable_cpu_backup=True):
+                tensors[tag] = torch.full((n,), ord(tag), dtype=torch.uint8, device="cuda")
+        rounds = []
+        for _ in range({cycles}):
+            speeds = []
+            for tag in ("a", "b", "c"):
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                saver.pause(tag)
+                speeds.append(n / (time.perf_counter() - start) / 1e9)
+                time.sleep(0.3)
+                saver.resume(tag)
+                assert bool((tensors[tag] == ord(tag)).all())
+            rounds.append(speeds)
+        print(json.dumps(rounds))
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    if result.returncode != 0:
+        raise RuntimeError(result.stderr[-3000:])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--processes", type=int, default=4)
+    parser.add_argument("--gib", type=float, default=2.0)
+    parser.add_argument("--cycles", type=int, default=3)
+    parser.add_argument("--tms-path", default=None, help="a folder holding torch_memory_saver (side by side)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_node_host_memory.py needs a CUDA GPU")
+    link = pinned_bandwidth(1 << 30)
+    need = int(args.processes * args.gib * GiB)
+    print(f"device: {torch.cuda.get_device_name()}; pinned D2H {link:.1f} GB/s; {args.processes} processes x "
+          f"{args.gib:g} GiB of identical weights, backed up ({need / GiB:.1f} GiB in all)")
+    header = (f"{'tool':<19}{'budget':>10} {'cyc':>4} {'pause GB/s':>11} {'p/link':>7} {'resume GB/s':>12} "
+              f"{'host held (PSS)':>16} {'ledger peak':>12} {'refused':>8} {'ok':>4}")
+    print(header)
+    print("-" * len(header))
+    setups = [("ours", need + need // 4), ("ours", need * 5 // 8)]
+    if args.tms_path:
+        setups.append(("torch_memory_saver", None))
+    for tool, budget in setups:
+        result = run_node("ours" if tool == "ours" else "tms", args.processes, args.gib, args.cycles, budget,
+                          args.tms_path if tool != "ours" else "")
+        for i, c in enumerate(result["cycles"]):
+            peak = result["ledger_peak"]
+            print(f"{tool:<19}{(f'{budget / GiB:.1f} GiB' if budget else 'none'):>10} {i + 1:>4} "
+                  f"{c['pause_gbs']:>11.1f} {c['pause_gbs'] / link:>6.0%} {c['resume_gbs']:>12.1f} "
+                  f"{c['held'] / GiB:>12.2f} GiB {(f'{peak / GiB:.2f} GiB' if peak is not None else '-'):>12} "
+                  f"{c['refused']:>8} {'yes' if c['ok'] else 'NO':>4}")
+    print("pause GB/s: every process's bytes over the time from the first pause's start to the last one's end "
+          "(refused pauses retried every 50 ms, so a tight budget serialises them); host held: the sum of the "
+          "processes' PSS growth while paused; ledger peak: the most the node's ledger showed held at once")
+    print()
+    rounds = run_sequence(args.gib, args.cycles)
+    print(f"one process, tags a, b, c of {args.gib:g} GiB each, paused and resumed in turn (GB/s of each pause; "
+          f"link {link:.1f} GB/s)")
+    for i, speeds in enumerate(rounds):
+        print(f"  round {i + 1}: " + ", ".join(f"{tag} {s:.1f} ({s / link:.0%})" for tag, s in zip("abc", speeds,
+                                                                                                  strict=True)))
+
+
+if __name__ == "__main__":
+    main()
