@@ -54,7 +54,7 @@ class Backend:
 
     def is_mapped(self, address: int) -> bool:
         """Whether `address` has memory behind it (paused memory keeps only its reservation)."""
-        return _permissions(address).startswith("rw")
+        return permissions(address).startswith("rw")
 
     def close(self) -> None:
         """Free what the test left and give every paused or cached byte back."""
@@ -171,7 +171,7 @@ class CudaBackend(Backend):
             self.saver.pause(list(self._tags))  # the tags' pools keep freed segments cached
 
 
-def _permissions(address: int) -> str:
+def permissions(address: int) -> str:
     """The permissions of the mapping holding `address` ('rw-s' mapped, '---p' only reserved)."""
     with open("/proc/self/maps") as maps:
         for line in maps:

@@ -14,9 +14,13 @@ import os
 import random
 import sys
 import threading
+from pathlib import Path
 
-from torch_mem_saver_lite import _lib
-from torch_mem_saver_lite.errors import MemorySaverError, OutOfMemoryError
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: its helpers
+from backends import permissions as access  # noqa: E402
+
+from torch_mem_saver_lite import _lib  # noqa: E402
+from torch_mem_saver_lite.errors import MemorySaverError, OutOfMemoryError  # noqa: E402
 
 MiB = 1 << 20
 fake = ctypes.CDLL(os.environ["TMSL_CUDA_DRIVER_LIBRARY"])
@@ -27,17 +31,6 @@ fake.fake_cuda_used_bytes.argtypes = [ctypes.c_int]
 def used(device: int = 0) -> int:
     """Device memory the fake driver holds: created and not yet released."""
     return fake.fake_cuda_used_bytes(device)
-
-
-def access(va: int) -> str:
-    """The permissions of the mapping holding `va` ('rw-s' mapped, '---p' only reserved)."""
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            span, perms = line.split()[:2]
-            start, end = (int(x, 16) for x in span.split("-"))
-            if start <= va < end:
-                return perms
-    return "unmapped"
 
 
 def fill(va: int, nbytes: int, seed: int) -> bytes:
