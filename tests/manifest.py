@@ -43,14 +43,13 @@ LEVELS: dict[str, dict[str, str]] = {
     "robustness": {
         "test_host_faults.py": "failure atomicity under injected driver errors",
         "test_host_out_of_memory.py": "out of memory loses nothing paused",
-        "test_host_fork.py": "a forked child refuses saver calls, never hangs",
-        "test_host_interrupts.py": "Ctrl-C at any line",
+        "test_fork.py": "a forked child refuses saver calls, never hangs (host and GPU)",
+        "test_interrupts.py": "Ctrl-C at any line; a real SIGINT during an 8 GiB pause on a GPU",
         "test_host_races.py": "calls racing each other",
         "test_host_threads.py": "threads allocating while another tag cycles",
         "test_host_properties.py": "random sequences checked against a model",
         "test_host_soak.py": "1,000 cycles without growth",
         "gpu/test_cuda_hardening.py": "capture, failed resumes and the GPU soak",
-        "gpu/test_cuda_robustness.py": "fork and Ctrl-C with real GPU memory",
     },
     "examples": {
         "test_rl_example_cpu.py": "the RL example's pieces on the CPU",

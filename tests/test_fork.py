@@ -1,6 +1,7 @@
 """fork() of a process that holds a saver: the child refuses saver calls with a clear error
 and exits cleanly, sees none of the parent's saver memory, and the parent is unaffected;
-with memory resident, paused, with releases pending and while another thread pauses."""
+with memory resident, paused, with releases pending and while another thread pauses; on a GPU
+too, in both hook modes."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
+from cuda_child import MODES, run_in_fresh_process
 
 HERE = Path(__file__).parent
 
@@ -163,3 +167,35 @@ def test_a_child_forked_while_another_thread_holds_the_savers_locks_is_refused_n
                             env={**os.environ, "PYTHONWARNINGS": "ignore::DeprecationWarning"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "child 0 parent True", result.stdout + result.stderr
+
+
+# On a GPU, in both hook modes
+
+@pytest.mark.gpu
+@pytest.mark.skipif(os.environ.get("TMSL_TEST_HOOK_MODE") == "preload", reason="runs both hook modes itself")
+@pytest.mark.parametrize("mode", MODES)
+def test_a_forked_child_exits_cleanly_and_the_parents_paused_memory_resumes_intact(mode):
+    result = run_in_fresh_process(mode, """
+        with saver.region("weights", enable_cpu_backup=True):
+            w = torch.arange(1 << 28, device="cuda", dtype=torch.int32)  # 1 GiB
+        with saver.region("kv"):
+            kv = torch.ones(1 << 28, device="cuda")
+        saver.pause("weights")
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            for call in (lambda: saver.resume("weights"), lambda: saver.pause("kv"), saver.stats):
+                try:
+                    call()
+                    code = 10
+                except MemorySaverError as error:
+                    code = code or (0 if "forked" in str(error) else 11)
+            sys.exit(code)
+        child = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        saver.resume("weights")
+        intact = bool((w == torch.arange(1 << 28, device="cuda", dtype=torch.int32)).all())
+        saver.pause(); saver.resume()
+        print("child", child, "intact", intact)
+        """)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[-4:] == ["child", "0", "intact", "True"], result.stdout + result.stderr[-2000:]

@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from cuda_child import MODES, run_in_fresh_process
 
 from interrupts import interrupted_at
 from torch_mem_saver_lite import regions
@@ -271,3 +272,38 @@ def test_a_real_sigint_inside_a_deferred_block_is_raised_when_the_block_ends():
     worker.start()
     worker.join()
     assert seen == [None] and signal.getsignal(signal.SIGINT) is handler  # elsewhere: nothing swapped
+
+
+# On a GPU, in both hook modes
+
+@pytest.mark.gpu
+@pytest.mark.skipif(os.environ.get("TMSL_TEST_HOOK_MODE") == "preload", reason="runs both hook modes itself")
+@pytest.mark.parametrize("mode", MODES)
+def test_ctrl_c_during_an_8_gib_pause_leaves_everything_resumable(mode):
+    result = run_in_fresh_process(mode, """
+        n = 8 << 30
+        with saver.region("weights", enable_cpu_backup=True):
+            w = torch.empty(n // 4, device="cuda", dtype=torch.int32)
+        w.copy_(torch.arange(n // 4, device="cuda", dtype=torch.int32))
+        expected = int(w.sum(dtype=torch.int64))
+        interrupts = 0
+        for round in range(8):  # SIGINT from 5 ms to 400 ms in: pause, block, resume
+            timer = threading.Timer(0.005 + 0.055 * round, os.kill, (os.getpid(), signal.SIGINT))
+            try:
+                timer.start()
+                with saver.paused("weights"):
+                    time.sleep(0.1)
+                time.sleep(0.5)
+            except KeyboardInterrupt:
+                interrupts += 1
+            timer.join()
+        stats = saver.stats()["weights"]
+        ok = not stats.paused and stats.resident_bytes == stats.reserved_bytes
+        ok = ok and int(w.sum(dtype=torch.int64)) == expected
+        saver.pause(); saver.resume()
+        ok = ok and int(w.sum(dtype=torch.int64)) == expected
+        print("interrupts", interrupts, "ok", ok)
+        """)
+    assert result.returncode == 0, result.stderr[-3000:]
+    words = result.stdout.split()
+    assert words[-4] == "interrupts" and int(words[-3]) >= 6 and words[-1] == "True", result.stdout
