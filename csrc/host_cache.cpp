@@ -147,12 +147,12 @@ void Saver::set_host_cache_bytes(size_t bytes) {
 }
 
 void Saver::publish_cache() {
-  size_t cached = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    cached = cached_bytes({});
-  }
-  if (published_cache_.exchange(cached) != cached) NodeLedger::instance().note_cached(this, cached);
+  // Under mu_, so that the figure last told is the table's latest: what a request of another
+  // process would get back (retained copies and paused allocations' backups stay).
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t evictable = 0;
+  for (const auto& entry : cached_arenas()) evictable += entry.first->used_bytes();
+  if (published_cache_.exchange(evictable) != evictable) NodeLedger::instance().note_cached(this, evictable);
 }
 
 void Saver::give_cache_back_on_request() {
@@ -168,7 +168,7 @@ void Saver::give_cache_back_on_request() {
   publish_cache();
 }
 
-std::vector<HostBuffer> Saver::take_cache(size_t bytes) {
+std::vector<std::pair<HostArena*, std::vector<Saver::Allocation*>>> Saver::cached_arenas() {
   // Arenas whose every copy is a resident allocation's cached one (retained copies stay,
   // whatever the size; a paused allocation's backup is not cache).
   std::map<HostArena*, std::vector<Allocation*>> holders;
@@ -182,17 +182,22 @@ std::vector<HostBuffer> Saver::take_cache(size_t bytes) {
       kept.insert(a.host_copy.arena.get());
     }
   }
-  std::vector<std::pair<uint64_t, HostArena*>> oldest_first;
-  for (const auto& entry : holders) {
-    if (kept.count(entry.first) == 0) oldest_first.emplace_back(entry.first->last_use(), entry.first);
+  std::vector<std::pair<HostArena*, std::vector<Allocation*>>> arenas;
+  for (auto& entry : holders) {
+    if (kept.count(entry.first) == 0) arenas.emplace_back(entry.first, std::move(entry.second));
   }
-  std::sort(oldest_first.begin(), oldest_first.end());
+  std::sort(arenas.begin(), arenas.end(),
+            [](const auto& a, const auto& b) { return a.first->last_use() < b.first->last_use(); });
+  return arenas;
+}
+
+std::vector<HostBuffer> Saver::take_cache(size_t bytes) {
   std::vector<HostBuffer> let_go;
   size_t taken = 0;
-  for (const auto& entry : oldest_first) {
+  for (auto& [arena, allocations] : cached_arenas()) {
     if (taken >= bytes) break;
-    taken += entry.second->used_bytes();
-    for (Allocation* a : holders[entry.second]) let_go.push_back(std::move(a->host_copy));
+    taken += arena->used_bytes();
+    for (Allocation* a : allocations) let_go.push_back(std::move(a->host_copy));
   }
   return let_go;
 }

@@ -8,8 +8,12 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <pthread.h>
+
+#include <atomic>
 #include <cerrno>
 #include <climits>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -49,8 +53,11 @@ std::string default_path() {
 
 }  // namespace
 
+// A process owns its slot while it holds a POSIX record lock on the slot's bytes: the kernel
+// drops it when the process dies (kill -9, a zombie included), a forked child does not inherit
+// it, and it is seen across PID namespaces that share the file, where /proc is not.
 struct NodeLedger::Slot {
-  int32_t pid;
+  int32_t pid;  // for people reading who holds what; the lock says who is alive
   uint32_t unused;
   uint64_t start_time;
   uint64_t held;    // bytes of host memory this process's backups and cache hold
@@ -58,12 +65,44 @@ struct NodeLedger::Slot {
 };
 
 struct NodeLedger::Shared {
-  uint64_t magic;
+  uint64_t magic;     // written last when the file is made: 0 means never finished
   uint64_t budget;    // 0: none
   uint32_t pressure;  // bumped (a futex word) when a process asks the others for room
-  uint32_t unused;
+  uint32_t explicit_budget;  // set by the variable or the API; else the default, renewed when idle
   Slot slots[kSlots];
 };
+
+namespace {
+
+// Holds the file's flock for a scope.
+class FileLock {
+ public:
+  explicit FileLock(int fd) : fd_(fd) {
+    while (flock(fd_, LOCK_EX) != 0) {
+      if (errno != EINTR) {
+        error_ = errno;
+        return;
+      }
+    }
+    held_ = true;
+  }
+  ~FileLock() {
+    if (held_) flock(fd_, LOCK_UN);
+  }
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+  bool held() const { return held_; }
+  int error() const { return error_; }
+
+ private:
+  int fd_;
+  bool held_ = false;
+  int error_ = 0;
+};
+
+std::atomic<NodeLedger*> g_ledger{nullptr};
+
+}  // namespace
 
 bool NodeLedger::parse_bytes(const char* text, size_t* out) {
   if (text == nullptr || *text < '0' || *text > '9') return false;
@@ -87,8 +126,24 @@ bool NodeLedger::parse_bytes(const char* text, size_t* out) {
 }
 
 NodeLedger& NodeLedger::instance() {
-  static NodeLedger* ledger = new NodeLedger();  // never destroyed: arenas may go at exit
+  NodeLedger* ledger = g_ledger.load(std::memory_order_acquire);
+  if (ledger != nullptr) return *ledger;
+  // Never destroyed: arenas may go at exit. A forked child starts a ledger of its own.
+  static const int registered = pthread_atfork(nullptr, nullptr, [] {
+    NodeLedger* inherited = g_ledger.exchange(nullptr);
+    if (inherited != nullptr) inherited->leave_after_fork();
+  });
+  (void)registered;
+  NodeLedger* made = new NodeLedger();
+  if (g_ledger.compare_exchange_strong(ledger, made)) return *made;
+  delete made;  // another thread made it first
   return *ledger;
+}
+
+void NodeLedger::leave_after_fork() {
+  // In the child, right after fork: the parent's slot and its flock stay the parent's.
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
 }
 
 NodeLedger::NodeLedger() : owner_(getpid()), start_time_(start_time_of(getpid())) {
@@ -107,70 +162,107 @@ NodeLedger::NodeLedger() : owner_(getpid()), start_time_(start_time_of(getpid())
     error_ = "cannot open the host-memory ledger " + path_ + ": " + strerror(errno) + "; no budget applies";
     return;
   }
-  while (flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
-  }
-  struct stat st {};
-  bool fresh = fstat(fd_, &st) == 0 && st.st_size == 0;
-  if (fresh && ftruncate(fd_, sizeof(Shared)) != 0) {
-    error_ = "cannot size the host-memory ledger " + path_ + ": " + strerror(errno) + "; no budget applies";
-  } else if (!fresh && static_cast<size_t>(st.st_size) != sizeof(Shared)) {
-    error_ = path_ + " is not a host-memory ledger of this version; remove it once no process uses it";
-  } else {
-    void* p = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
-    if (p == MAP_FAILED) {
-      error_ = "cannot map the host-memory ledger " + path_ + ": " + strerror(errno) + "; no budget applies";
-    } else {
-      shared_ = static_cast<Shared*>(p);
-      if (fresh) {
-        shared_->budget = host_memory_limit() / 2;
-        shared_->magic = kMagic;
-      } else if (shared_->magic != kMagic) {
-        error_ = path_ + " is not a host-memory ledger; remove it once no process uses it";
-        munmap(p, sizeof(Shared));
-        shared_ = nullptr;
-      }
-      if (shared_ != nullptr && budget_from_env != 0) shared_->budget = budget_from_env;
-    }
-  }
-  flock(fd_, LOCK_UN);
+  error_ = status_of([&] {
+             open_shared(budget_from_env);
+             return Status::Ok();
+           }).message();
   if (shared_ == nullptr) {
     close(fd_);
     fd_ = -1;
   }
 }
 
+void NodeLedger::open_shared(size_t budget_from_env) {
+  FileLock lock(fd_);
+  if (!lock.held()) {
+    error_ = "cannot lock the host-memory ledger " + path_ + ": " + strerror(lock.error()) + "; no budget applies";
+    return;
+  }
+  struct stat st {};
+  if (fstat(fd_, &st) != 0) {
+    error_ = "cannot read the host-memory ledger " + path_ + ": " + strerror(errno) + "; no budget applies";
+    return;
+  }
+  if (st.st_size == 0 && ftruncate(fd_, sizeof(Shared)) != 0) {
+    error_ = "cannot size the host-memory ledger " + path_ + ": " + strerror(errno) + "; no budget applies";
+    return;
+  }
+  if (st.st_size != 0 && static_cast<size_t>(st.st_size) != sizeof(Shared)) {
+    error_ = path_ + " is not a host-memory ledger of this version; remove it once no process uses it";
+    return;
+  }
+  void* p = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+  if (p == MAP_FAILED) {
+    error_ = "cannot map the host-memory ledger " + path_ + ": " + strerror(errno) + "; no budget applies";
+    return;
+  }
+  Shared* shared = static_cast<Shared*>(p);
+  if (shared->magic == 0) {  // new, or its maker died before finishing it
+    std::memset(shared, 0, sizeof(Shared));
+    shared->magic = kMagic;
+  } else if (shared->magic != kMagic) {
+    error_ = path_ + " is not a host-memory ledger; remove it once no process uses it";
+    munmap(p, sizeof(Shared));
+    return;
+  }
+  shared_ = shared;
+  if (budget_from_env != 0) {
+    shared_->budget = budget_from_env;
+    shared_->explicit_budget = 1;
+  } else if (shared_->explicit_budget == 0 && (shared_->budget == 0 || nobody_alive())) {
+    shared_->budget = host_memory_limit() / 2;  // renewed while no process holds a share
+  }
+}
+
 template <typename Body>
 Status NodeLedger::locked(Body&& body) {
-  std::lock_guard<std::mutex> lock(mu_);
   if (shared_ == nullptr || getpid() != owner_) return Status::Ok();  // no ledger, or a forked child's copy
-  while (flock(fd_, LOCK_EX) != 0) {
-    if (errno != EINTR) return errno_status("locking the host-memory ledger " + path_, errno);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (fd_ < 0) return Status::Ok();
+  FileLock file(fd_);
+  if (!file.held()) return errno_status("locking the host-memory ledger " + path_, file.error());
+  return status_of([&] { return body(); });
+}
+
+bool NodeLedger::alive(size_t index) const {
+  struct flock probe {};
+  probe.l_type = F_WRLCK;
+  probe.l_whence = SEEK_SET;
+  probe.l_start = static_cast<off_t>(offsetof(Shared, slots) + index * sizeof(Slot));
+  probe.l_len = sizeof(Slot);
+  if (fcntl(fd_, F_GETLK, &probe) != 0) return true;  // cannot tell: keep its share
+  return probe.l_type != F_UNLCK;
+}
+
+bool NodeLedger::nobody_alive() const {
+  for (size_t i = 0; i < kSlots; ++i) {
+    if (shared_->slots[i].pid != 0 && alive(i)) return false;
   }
-  Status s = status_of([&] { return body(); });
-  flock(fd_, LOCK_UN);
-  return s;
+  return true;
 }
 
 NodeLedger::Slot* NodeLedger::my_slot() {
-  Slot* free_slot = nullptr;
-  for (Slot& slot : shared_->slots) {
-    if (slot.pid == owner_ && slot.start_time == start_time_) return &slot;
-    if (slot.pid == 0 && free_slot == nullptr) free_slot = &slot;
+  if (slot_ >= 0) return &shared_->slots[slot_];
+  forget_dead_processes();
+  for (size_t i = 0; i < kSlots; ++i) {
+    if (shared_->slots[i].pid != 0) continue;
+    struct flock own {};
+    own.l_type = F_WRLCK;
+    own.l_whence = SEEK_SET;
+    own.l_start = static_cast<off_t>(offsetof(Shared, slots) + i * sizeof(Slot));
+    own.l_len = sizeof(Slot);
+    if (fcntl(fd_, F_SETLK, &own) != 0) continue;  // still someone's, or no lock to be had
+    shared_->slots[i] = Slot{owner_, 0, start_time_, 0, 0};
+    slot_ = static_cast<int>(i);
+    return &shared_->slots[i];
   }
-  if (free_slot == nullptr) {
-    forget_dead_processes();
-    for (Slot& slot : shared_->slots) {
-      if (slot.pid == 0) free_slot = &slot;
-    }
-  }
-  if (free_slot != nullptr) *free_slot = Slot{owner_, 0, start_time_, 0, 0};
-  return free_slot;
+  return nullptr;
 }
 
 void NodeLedger::forget_dead_processes() {
-  for (Slot& slot : shared_->slots) {
-    if (slot.pid == 0 || (slot.pid == owner_ && slot.start_time == start_time_)) continue;
-    if (start_time_of(slot.pid) != slot.start_time) slot = Slot{};  // gone, its memory with it
+  for (size_t i = 0; i < kSlots; ++i) {
+    if (static_cast<int>(i) == slot_ || shared_->slots[i].pid == 0) continue;
+    if (!alive(i)) shared_->slots[i] = Slot{};  // gone, its memory with it
   }
 }
 
@@ -185,7 +277,7 @@ std::string NodeLedger::holders_text() const {
   for (const Slot& slot : shared_->slots) {
     if (slot.pid == 0 || slot.held == 0) continue;
     text += std::string(text.empty() ? "" : ", ") + "pid " + std::to_string(slot.pid) +
-            (slot.pid == owner_ ? " (this process)" : "") + " " + format_bytes(slot.held) +
+            (slot_ >= 0 && &slot == &shared_->slots[slot_] ? " (this process)" : "") + " " + format_bytes(slot.held) +
             (slot.cached != 0 ? " (" + format_bytes(slot.cached) + " of it cache)" : "");
   }
   return text.empty() ? "nobody" : text;
@@ -270,7 +362,13 @@ void NodeLedger::watch() {
     if (now == seen || getpid() != owner_) continue;
     seen = now;
     std::lock_guard<std::mutex> lock(givers_mu_);
-    for (auto& entry : givers_) entry.second();
+    for (auto& entry : givers_) {
+      try {
+        entry.second();
+      } catch (...) {
+        // Out of memory for bookkeeping, say: the cache stays; the asker is refused in time.
+      }
+    }
   }
 }
 
@@ -281,7 +379,7 @@ bool NodeLedger::fits(size_t bytes, size_t* others_cached) {
     forget_dead_processes();
     room = shared_->budget == 0 || total_held() + bytes <= shared_->budget;
     for (const Slot& slot : shared_->slots) {
-      if (slot.pid != 0 && !(slot.pid == owner_ && slot.start_time == start_time_)) *others_cached += slot.cached;
+      if (slot.pid != 0 && (slot_ < 0 || &slot != &shared_->slots[slot_])) *others_cached += slot.cached;
     }
     return Status::Ok();
   });
@@ -317,7 +415,7 @@ NodeLedger::Figures NodeLedger::figures() {
     f.budget = shared_->budget;
     for (const Slot& slot : shared_->slots) {
       if (slot.pid == 0) continue;
-      const bool mine = slot.pid == owner_ && slot.start_time == start_time_;
+      const bool mine = slot_ >= 0 && &slot == &shared_->slots[slot_];
       (mine ? f.held_here : f.held_by_others) += slot.held;
       if (slot.held != 0) f.holders.push_back(Holder{slot.pid, slot.held, slot.cached});
     }
@@ -335,6 +433,7 @@ Status NodeLedger::set_budget(size_t bytes) {
   }
   return locked([&] {
     shared_->budget = bytes;
+    shared_->explicit_budget = 1;
     return Status::Ok();
   });
 }

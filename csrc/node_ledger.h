@@ -6,18 +6,20 @@
 // backups and host cache hold. Every host arena takes its bytes from the ledger before it
 // maps anything and gives them back when it goes, so the processes' backups together never
 // exceed the budget. Updates hold an flock on the file, which the kernel drops when its
-// holder dies; the share of a process that died (kill -9 included) is taken back by the next
-// process that needs room, once /proc shows that process gone (its memory went with it).
+// holder dies. Each process owns its slot through a record lock on the slot's bytes, which the
+// kernel drops when the process dies (kill -9 included) and a forked child does not inherit:
+// the share of a process that died is taken back by the next process that needs room (its
+// memory went with it), also across PID namespaces that share /dev/shm.
 //
 // A process refused for want of room asks the others to give their host caches back: it bumps
 // a counter in the ledger and wakes them (a futex on the shared word); each process that
 // keeps a cache has a thread waiting there, which lets its caches go.
 //
-// The budget is the node's: set once it applies to every process. At the ledger's creation
-// it comes from TMSL_HOST_MEMORY_BUDGET (bytes, or with a K/M/G/T suffix) or else is half of
-// the host memory the creating process may use (host_memory_limit: the machine's memory,
-// what is available and the container's limit, whichever is least). A process started with
-// TMSL_HOST_MEMORY_BUDGET set writes it into an existing ledger too.
+// The budget is the node's: set once it applies to every process. A process started with
+// TMSL_HOST_MEMORY_BUDGET (bytes, or with a K/M/G/T suffix) sets it, as set_budget does; until
+// one does, it is half of the host memory the process opening the ledger may use
+// (host_memory_limit: the machine's memory, what is available and the container's limit,
+// whichever is least), worked out again whenever a process opens it with nobody holding a share.
 #pragma once
 
 #include <sys/types.h>
@@ -83,7 +85,11 @@ class NodeLedger {
   // Runs `body` with the file locked (flock) and this process's slot found or made.
   template <typename Body>
   Status locked(Body&& body);
-  Slot* my_slot();                    // under the lock
+  void open_shared(size_t budget_from_env);  // maps the file, made or checked under its flock
+  void leave_after_fork();            // a forked child's copy: no slot, no file
+  Slot* my_slot();                    // under the lock; takes a free slot the first time
+  bool alive(size_t index) const;     // whether a process holds slot `index`'s record lock
+  bool nobody_alive() const;          // under the lock
   void forget_dead_processes();       // under the lock
   size_t total_held() const;          // under the lock
   std::string holders_text() const;   // under the lock
@@ -100,6 +106,7 @@ class NodeLedger {
   int fd_ = -1;
   Shared* shared_ = nullptr;
   pid_t owner_ = 0;  // the process that opened it: a forked child neither takes nor gives
+  int slot_ = -1;    // this process's slot, once it took one
   uint64_t start_time_ = 0;
   std::string path_, error_;
 };

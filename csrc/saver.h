@@ -272,7 +272,10 @@ class Saver {
   // `bytes` are let go or none is left (retained copies stay); the caller frees them. Needs
   // mu_, and op_mu_ so that no pause is reusing them.
   std::vector<HostBuffer> take_cache(size_t bytes);
-  // Tells the node's ledger how much host cache this saver could give back.
+  // Whole cached arenas (every copy in them a resident allocation's, none retained), least
+  // recently used first, with the allocations keeping copies there. Needs mu_.
+  std::vector<std::pair<HostArena*, std::vector<Allocation*>>> cached_arenas();
+  // Tells the node's ledger how much host cache this saver could give back. Takes mu_.
   void publish_cache();
   // Another process of the node needs the room: gives the whole host cache back, unless a
   // pause or resume of this saver is under way (the ledger asks again shortly).

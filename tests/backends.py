@@ -126,7 +126,7 @@ class CudaBackend(Backend):
 
         self.saver = saver
         self._tensors: dict[int, Any] = {}
-        self._tags: set[str] = set()
+        self._tags: dict[str, bool] = {}  # the tags this test used, and whether they back up
 
     def allocate(self, tag: str, nbytes: int, *, backup: bool = False) -> int:
         import torch
@@ -134,7 +134,7 @@ class CudaBackend(Backend):
         with self.saver.region(tag, enable_cpu_backup=backup):
             tensor = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
         self._tensors[tensor.data_ptr()] = tensor
-        self._tags.add(tag)
+        self._tags[tag] = self._tags.get(tag, False) or backup
         return tensor.data_ptr()
 
     def free(self, address: int) -> None:
@@ -167,8 +167,11 @@ class CudaBackend(Backend):
     def close(self) -> None:
         self.saver.resume(list(self._tags))
         self._tensors.clear()
-        if self._tags:
-            self.saver.pause(list(self._tags))  # the tags' pools keep freed segments cached
+        # The tags' pools keep freed segments cached: a pause gives their device memory back, but
+        # a backed-up tag's would copy them to host memory for the rest of the session.
+        unbacked = [tag for tag, backup in self._tags.items() if not backup]
+        if unbacked:
+            self.saver.pause(unbacked)
 
 
 def permissions(address: int) -> str:

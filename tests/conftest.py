@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import os
 import shutil
@@ -34,8 +35,12 @@ if torch.cuda.is_available():
     saver.hook_mode = os.environ.get("TMSL_TEST_HOOK_MODE", "torch")
 
 
-# The tests' processes share a host-memory ledger of their own, not the user's (node_ledger.h).
-os.environ.setdefault("TMSL_HOST_LEDGER", os.path.join(tempfile.mkdtemp(prefix="ledger-"), "host-memory.ledger"))
+# The tests' processes share a host-memory ledger of their own, not the user's (node_ledger.h),
+# removed when the session ends.
+if "TMSL_HOST_LEDGER" not in os.environ:
+    _ledger_dir = tempfile.mkdtemp(prefix="ledger-")
+    os.environ["TMSL_HOST_LEDGER"] = os.path.join(_ledger_dir, "host-memory.ledger")
+    atexit.register(shutil.rmtree, _ledger_dir, True)
 
 
 def pytest_collection_modifyitems(config, items):

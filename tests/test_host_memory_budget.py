@@ -45,6 +45,7 @@ def intact(ptrs, size, byte):
 def ledger(tmp_path, monkeypatch) -> Path:
     path = tmp_path / "host-memory.ledger"
     monkeypatch.setenv("TMSL_HOST_LEDGER", str(path))
+    monkeypatch.delenv("TMSL_HOST_MEMORY_BUDGET", raising=False)  # each test says its own
     return path
 
 
@@ -127,14 +128,14 @@ def test_the_host_cache_gives_way_least_recently_used_first_to_a_pause_that_need
         old = tagged("old", 1, 32 * MiB, 1)
         new = tagged("new", 1, 32 * MiB, 2)
         big = tagged("big", 1, 48 * MiB, 3)
-        for tag in ("old", "new"):  # each leaves its backup cached: 64 MiB of the 96
+        for tag in ("old", "new", "old"):  # each leaves its backup cached: 64 MiB of the 96
             host.pause(tag); host.resume(tag)
         host.wait_for_released_backups()
         cached = {t: s.host_backup_bytes for t, s in host.stats().items()}
         print("cached", cached["old"] == cached["new"] == 32 * MiB, cached["big"] == 0)
-        host.pause("big")  # needs 48 MiB: "old", least recently used, gives way
+        host.pause("big")  # needs 48 MiB: "new", least recently used (not the first made), gives way
         s = host.stats()
-        print("after", s["old"].host_backup_bytes, s["new"].host_backup_bytes == 32 * MiB,
+        print("after", s["new"].host_backup_bytes, s["old"].host_backup_bytes == 32 * MiB,
               s["big"].host_backup_bytes == 48 * MiB)
         print("within", saver.host_memory().held_by_this_process <= 96 * MiB)
         host.resume("big")
@@ -200,9 +201,60 @@ def test_backups_take_the_bytes_asked_for_to_whole_pages_and_the_ledger_counts_e
     assert result.stdout.split()[3] == "True"
 
 
+def test_a_process_forked_after_using_the_ledger_keeps_to_the_budget_in_the_child(ledger):
+    result = run("""
+        saver.host_memory_budget = 16 * MiB  # the parent has used the ledger before the fork
+        pid = os.fork()
+        if pid == 0:
+            child = HostSaver()
+            with child.region("weights", enable_cpu_backup=True):
+                p = mem.malloc(64 * MiB)
+            try:
+                child.pause("weights")
+                os._exit(3)
+            except OutOfMemoryError as error:
+                os._exit(0 if "16.00 MiB" in str(error) and saver.host_memory().budget_bytes == 16 * MiB else 4)
+        print("child", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+    """)
+    assert result.returncode == 0 and result.stdout.split() == ["child", "0"], result.stdout + result.stderr
+
+
+def test_a_ledger_its_maker_left_unfinished_is_made_again_and_the_budget_applies(ledger):
+    ledger.write_bytes(bytes(24 + 1024 * 32))  # the right size, never finished (zeroed)
+    result = run("""
+        ptrs = tagged("weights", 1, 64 * MiB, 9)
+        try:
+            host.pause("weights")
+            print("paused")
+        except OutOfMemoryError:
+            print("refused", saver.host_memory().budget_bytes, intact(ptrs, 64 * MiB, 9))
+    """, budget="32M")
+    assert result.returncode == 0 and result.stdout.split() == ["refused", str(32 * MiB), "True"], \
+        result.stdout + result.stderr
+
+
+def test_only_cache_that_could_be_given_back_is_shown_to_the_other_processes(ledger):
+    result = run("""
+        host.host_cache_bytes = 256 * MiB
+        cached = tagged("cached", 1, 16 * MiB, 1)
+        host.pause("cached"); host.resume("cached")
+        host.wait_for_released_backups()
+        print(saver.host_memory().cached_by_holder[os.getpid()])
+        host.retain_cpu_backup = True  # kept whatever happens: not cache another process can have
+        kept = tagged("kept", 1, 32 * MiB, 2)
+        host.pause("kept"); host.resume("kept")
+        host.release_host_cache()
+        host.pause("kept"); host.resume("kept")
+        print(saver.host_memory().cached_by_holder.get(os.getpid(), 0), saver.host_memory().held_by_this_process)
+    """, budget="256M")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [str(16 * MiB), "0", str(32 * MiB)], result.stdout
+
+
 CYCLER = """
 ptrs = tagged("weights", 2, 16 * MiB, {byte})
 refused = cycles = 0
+announced = False
 deadline = time.monotonic() + {seconds}
 while time.monotonic() < deadline:
     try:
@@ -211,6 +263,9 @@ while time.monotonic() < deadline:
         refused += 1
         assert intact(ptrs, 16 * MiB, {byte}), "a refused pause lost content"
         continue
+    if not announced:
+        print("paused", flush=True)  # its share is in the ledger now
+        announced = True
     host.resume("weights")
     assert intact(ptrs, 16 * MiB, {byte}), "a resume lost content"
     cycles += 1
@@ -220,15 +275,16 @@ print("done", cycles, refused, flush=True)
 
 def test_processes_racing_pauses_never_hold_more_than_the_budget_and_a_killed_ones_share_comes_back(ledger):
     budget = 80 * MiB  # each process's backups take 32 MiB: two fit at once, not three
-    children = [start(CYCLER.format(byte=10 + i, seconds=6), budget=str(budget)) for i in range(4)]
     victim = start(CYCLER.format(byte=99, seconds=60), budget=str(budget))
-    samples, killed_at = [], time.monotonic() + 1.5
+    assert victim.stdout.readline().split() == ["paused"], victim.stderr.read()
+    children = [start(CYCLER.format(byte=10 + i, seconds=6), budget=str(budget)) for i in range(4)]
+    samples, killed_at = [], time.monotonic() + 0.5
     while any(c.poll() is None for c in children):
         samples.append(held_bytes(ledger))
         if victim.poll() is None and time.monotonic() > killed_at:
-            victim.send_signal(signal.SIGKILL)  # wherever it is: mid-pause, mid-resume
+            victim.send_signal(signal.SIGKILL)  # wherever it is in its cycle: mid-pause, mid-resume
         time.sleep(0.005)
-    outputs = [c.communicate()[0] for c in children]
+    outputs = [c.communicate()[0].replace("paused\n", "") for c in children]
     victim.wait()
     assert all(c.returncode == 0 for c in children), outputs
     assert max(samples) <= budget, f"the node held {max(samples) / MiB:.0f} MiB against {budget / MiB:.0f}"

@@ -249,6 +249,32 @@ def test_get_cpu_backup_rejects_what_it_cannot_serve(host_saver, mem):
         host_saver.get_cpu_backup(b"bytes")
 
 
+def test_an_exact_size_backup_restores_the_bytes_asked_for_and_poisons_the_rest_of_the_granule(host_saver, mem):
+    import ctypes
+
+    size = 3 * MiB + 123  # reserves 4 MiB; the backup holds 3 MiB + one page
+    kept = -(-size // PAGE) * PAGE
+    host_saver.poison_on_resume = True
+    with host_saver.region("w", enable_cpu_backup=True):
+        ptr = mem.malloc(size)
+    data = os.urandom(size)
+    mem.write(ptr, data)
+    mem.write(ptr + size, b"\x11" * (4 * MiB - size))  # past the request: never the caller's
+    host_saver.pause("w")
+    assert host_saver.stats()["w"].host_backup_bytes == kept
+    host_saver.resume("w")
+    assert mem.read(ptr, size) == data
+    assert mem.read(ptr + kept, 4 * MiB - kept) == b"\xff" * (4 * MiB - kept)  # poisoned, not restored
+    # get_cpu_backup serves the backed-up bytes and refuses a range that runs past them.
+    host_saver.pause("w")
+    inside = torch.frombuffer((ctypes.c_uint8 * size).from_address(ptr), dtype=torch.uint8)
+    assert bytes(host_saver.get_cpu_backup(inside).numpy()) == data
+    beyond = torch.frombuffer((ctypes.c_uint8 * (kept + PAGE)).from_address(ptr), dtype=torch.uint8)
+    with pytest.raises(ValueError, match="backed up"):
+        host_saver.get_cpu_backup(beyond)
+    host_saver.resume("w")
+
+
 # On a GPU
 
 LAYOUTS = {"one_1GiB": [GiB], "4096x2MiB": [2 * MiB] * 4096}
