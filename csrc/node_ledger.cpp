@@ -162,10 +162,11 @@ NodeLedger::NodeLedger() : owner_(getpid()), start_time_(start_time_of(getpid())
     error_ = "cannot open the host-memory ledger " + path_ + ": " + strerror(errno) + "; no budget applies";
     return;
   }
-  error_ = status_of([&] {
-             open_shared(budget_from_env);
-             return Status::Ok();
-           }).message();
+  Status opened = status_of([&] {  // open_shared says what went wrong in error_
+    open_shared(budget_from_env);
+    return Status::Ok();
+  });
+  if (!opened.ok()) error_ = opened.message() + "; no budget applies";
   if (shared_ == nullptr) {
     close(fd_);
     fd_ = -1;

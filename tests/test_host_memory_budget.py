@@ -91,6 +91,15 @@ def test_a_bad_budget_is_refused_with_its_name_and_no_budget_applies(ledger, val
     assert "not a size in bytes" in result.stdout
 
 
+def test_a_file_that_is_not_a_ledger_is_named_and_left_alone(ledger):
+    ledger.write_bytes(b"not a ledger")
+    result = run("r = saver.host_memory(); print(r.budget_bytes); print(r.error)")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["0", f"{ledger} is not a host-memory ledger of this version; remove it "
+                                                "once no process uses it"], result.stdout
+    assert ledger.read_bytes() == b"not a ledger"
+
+
 def test_bad_budgets_from_the_api_are_refused():
     from torch_mem_saver_lite import InvalidArgumentError, saver
 
