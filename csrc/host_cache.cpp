@@ -203,13 +203,18 @@ std::vector<HostBuffer> Saver::take_cache(size_t bytes) {
 }
 
 size_t Saver::default_host_cache_bytes() {
-  size_t memory = host_memory_limit();
-  if (memory == 0) {
-    const long pages = sysconf(_SC_PHYS_PAGES);
-    const long page_size = sysconf(_SC_PAGESIZE);
-    memory = pages > 0 && page_size > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page_size) : 0;
-  }
-  return std::min<size_t>(memory / 8, size_t{32} << 30);
+  // Judged once per process: the available memory moves, and a default that changed
+  // between two reads would be no setting at all.
+  static const size_t chosen = [] {
+    size_t memory = host_memory_limit();
+    if (memory == 0) {
+      const long pages = sysconf(_SC_PHYS_PAGES);
+      const long page_size = sysconf(_SC_PAGESIZE);
+      memory = pages > 0 && page_size > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page_size) : 0;
+    }
+    return std::min<size_t>(memory / 8, size_t{32} << 30);
+  }();
+  return chosen;
 }
 
 }  // namespace tmsl

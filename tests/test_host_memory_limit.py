@@ -1,5 +1,5 @@
 """The host cache's default budget follows the host memory this process may use: the least of
-the machine's memory, what is available, and its container's cgroup limits (v2 and v1), read
+the machine's memory, what is available at start, and its container's cgroup limits (v2 and v1), read
 from a fake /proc and /sys/fs/cgroup tree; and a lowered budget applies to what is cached."""
 
 from __future__ import annotations
@@ -81,3 +81,12 @@ def test_a_lowered_budget_gives_back_what_is_cached_already(host_saver, mem):
     host_saver.pause()
     host_saver.resume()  # content still comes back (fresh host memory)
     assert mem.read(a, 1) == b"a" and mem.read(b, 1) == b"b"
+
+
+def test_the_default_budget_is_judged_once_per_process(host_saver):
+    first = _lib.default_host_cache_bytes()
+    held = bytearray(512 * MiB)  # touched: what is available falls while it lives
+    held[::4096] = b"\1" * len(held[::4096])
+    assert _lib.default_host_cache_bytes() == first
+    assert host_saver.host_cache_bytes == first
+    del held
