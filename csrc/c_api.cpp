@@ -201,6 +201,27 @@ TMSL_API int tmsl_prepare_backups(void* handle, const char* const* tags, int nta
   return on_tags(handle, tags, ntags, &Saver::prepare_backups);
 }
 
+TMSL_API int tmsl_spill_to_disk(void* handle, const char* const* tags, int ntags, int everything, size_t* bytes) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = require(bytes != nullptr, "bytes must not be NULL");
+    TagSelection selection;
+    if (s.ok()) s = tag_selection(tags, ntags, &selection);
+    return s.ok() ? saver.spill_to_disk(selection, everything != 0, bytes) : s;
+  });
+}
+
+TMSL_API int tmsl_end_spill(void* handle, const char* const* tags, int ntags) {
+  return on_tags(handle, tags, ntags, &Saver::end_spill);
+}
+
+TMSL_API int tmsl_spilled_bytes(void* handle, size_t* bytes) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = require(bytes != nullptr, "bytes must not be NULL");
+    if (s.ok()) *bytes = saver.spilled_bytes();
+    return s;
+  });
+}
+
 TMSL_API int tmsl_tag_state(void* handle, const char* tag, int* state) {
   return on_saver(handle, [&](Saver& saver) {
     Status s = require(tag != nullptr && state != nullptr, "tag and state must not be NULL");

@@ -300,7 +300,8 @@ Status NodeLedger::reserve(size_t bytes) {
                 format_bytes(budget - std::min(budget, total_held())) + " left, " + format_bytes(bytes) +
                 " needed; held by " + holders_text() +
                 " (raise it with TMSL_HOST_MEMORY_BUDGET or saver.host_memory_budget, or give host memory "
-                "back: release_host_cache(), fewer backed-up tags, a disk backup)");
+                "back: release_host_cache(), fewer backed-up tags; with a disk backup directory, set_disk_backup_dir or "
+                "TMSL_DISK_BACKUP_DIR, what the budget cannot hold goes to disk instead)");
       }
     }
     mine->held += bytes;
@@ -404,6 +405,22 @@ bool NodeLedger::ask_others_for(size_t bytes, std::chrono::milliseconds patience
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
+}
+
+size_t NodeLedger::room_with_caches() {
+  size_t room = SIZE_MAX;
+  locked([&] {
+    forget_dead_processes();
+    if (shared_->budget == 0) return Status::Ok();
+    size_t cached = 0;
+    for (const Slot& slot : shared_->slots) {
+      if (slot.pid != 0) cached += slot.cached;
+    }
+    const size_t held = total_held();
+    room = (held < shared_->budget ? shared_->budget - held : 0) + cached;
+    return Status::Ok();
+  });
+  return room;
 }
 
 NodeLedger::Figures NodeLedger::figures() {

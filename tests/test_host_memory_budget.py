@@ -310,3 +310,117 @@ def test_processes_racing_pauses_never_hold_more_than_the_budget_and_a_killed_on
     """)
     assert taken.returncode == 0 and taken.stdout.split() == ["paused", str(80 * MiB), "content", "True"], \
         taken.stdout + taken.stderr
+
+
+# ----- the disk tier: what the budget cannot hold goes to disk where a directory is set ------
+def backup_files(directory: Path) -> list[Path]:
+    return sorted(directory.glob("tmsl-*.bin")) if directory.exists() else []
+
+
+def test_what_the_budget_cannot_hold_goes_to_disk_largest_first_and_comes_back_bit_exact(ledger, disk_dir):
+    result = run(f"""
+        host.set_disk_backup_dir({str(disk_dir)!r})
+        small = tagged("weights", 2, 16 * MiB, 8)
+        with host.region("weights", enable_cpu_backup=True):
+            big = mem.malloc(48 * MiB)
+        mem.write(big, bytes(range(256)) * (48 * MiB // 256))
+        host.pause("weights")  # 80 MiB of backups, 64 MiB of budget: the 48 MiB one goes to disk
+        report = host.host_memory()
+        s = host.stats()["weights"]
+        print("paused", s.resident_bytes, report.held_by_this_process, report.spilled_bytes, report.on_disk_bytes)
+        print("files", len(os.listdir({str(disk_dir)!r})))
+        host.resume("weights")
+        print("content", intact(small, 16 * MiB, 8), mem.read(big, 48 * MiB) == bytes(range(256)) * (48 * MiB // 256))
+        print("after", len(os.listdir({str(disk_dir)!r})), host.host_memory().spilled_bytes)
+        saver.host_memory_budget = 256 * MiB
+        host.release_host_cache()
+        host.pause("weights")  # room again: back to host backups, nothing on disk
+        print("roomy", len(os.listdir({str(disk_dir)!r})), saver.host_memory().held_by_this_process)
+        host.resume("weights")
+        print("content", intact(small, 16 * MiB, 8), mem.read(big, 48 * MiB) == bytes(range(256)) * (48 * MiB // 256))
+    """, budget="64M")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        f"paused 0 {32 * MiB} {48 * MiB} {48 * MiB}", "files 1", "content True True", "after 0 0",
+        f"roomy 0 {80 * MiB}", "content True True"], result.stdout + result.stderr
+    assert "go to disk backup" in result.stderr  # said as a warning
+
+
+def test_the_environments_directory_takes_the_spill_and_the_refusal_names_it_without_one(ledger, disk_dir):
+    body = """
+        ptrs = tagged("weights", 3, 32 * MiB, 5)
+        try:
+            host.pause("weights")
+            print("paused", saver.host_memory().held_by_this_process, host.host_memory().spilled_bytes)
+            host.resume("weights")
+        except OutOfMemoryError as error:
+            print("refused", "TMSL_DISK_BACKUP_DIR" in str(error))
+        print("content", intact(ptrs, 32 * MiB, 5))
+    """
+    refused = run(body, budget="64M")
+    assert refused.stdout.splitlines() == ["refused True", "content True"], refused.stdout + refused.stderr
+    os.environ["TMSL_DISK_BACKUP_DIR"] = str(disk_dir)
+    try:
+        spilled = run(body, budget="64M")
+    finally:
+        del os.environ["TMSL_DISK_BACKUP_DIR"]
+    assert spilled.stdout.splitlines() == [f"paused {64 * MiB} {32 * MiB}", "content True"], \
+        spilled.stdout + spilled.stderr
+
+
+def test_when_the_others_caches_do_not_come_back_in_time_everything_goes_to_disk(ledger, disk_dir):
+    holder = start("""
+        host.host_cache_bytes = 256 * MiB
+        ptrs = tagged("engine", 1, 32 * MiB, 4)
+        host.pause("engine"); host.resume("engine")  # 32 MiB cached, shown to the others
+        host.wait_for_released_backups()
+        print("cached", flush=True)
+        sys.stdin.readline()
+        print("content", intact(ptrs, 32 * MiB, 4), flush=True)
+    """, budget="64M")
+    assert holder.stdout.readline().split() == ["cached"], holder.stderr.read()
+    os.kill(holder.pid, signal.SIGSTOP)  # it cannot give its cache back: the ask times out
+    try:
+        pauser = run(f"""
+            host.set_disk_backup_dir({str(disk_dir)!r})
+            ptrs = tagged("trainer", 3, 16 * MiB, 6)
+            host.pause("trainer")  # 48 MiB fit only with the other's cache given back
+            print("paused", saver.host_memory().held_by_this_process, host.host_memory().spilled_bytes)
+            host.resume("trainer")
+            print("content", intact(ptrs, 16 * MiB, 6))
+        """)
+    finally:
+        os.kill(holder.pid, signal.SIGCONT)
+    assert pauser.returncode == 0, pauser.stderr
+    assert pauser.stdout.splitlines() == [f"paused 0 {48 * MiB}", "content True"], pauser.stdout + pauser.stderr
+    out, err = holder.communicate("go\n", timeout=60)
+    assert out.split() == ["content", "True"], out + err
+
+
+def test_a_spill_whose_disk_write_fails_keeps_everything_resident_and_backs_up_to_host_later(ledger, disk_dir):
+    result = run(f"""
+        from torch_mem_saver_lite import MemorySaverError, disk_backup
+        host.set_disk_backup_dir({str(disk_dir)!r})
+        ptrs = tagged("weights", 3, 32 * MiB, 9)
+        real_write = disk_backup.TagBackup._write
+        def failing(self, transfer, piece):
+            raise OSError(28, "No space left on device")
+        disk_backup.TagBackup._write = failing
+        try:
+            host.pause("weights")
+        except MemorySaverError as error:
+            print("failed", "No space left" in str(error))
+        s = host.stats()["weights"]
+        print("resident", s.resident_bytes == s.reserved_bytes, s.paused, intact(ptrs, 32 * MiB, 9))
+        print("files", len(os.listdir({str(disk_dir)!r})), saver.host_memory().held_by_this_process)
+        disk_backup.TagBackup._write = real_write
+        saver.host_memory_budget = 128 * MiB
+        host.pause("weights")
+        print("host", saver.host_memory().held_by_this_process, host.host_memory().spilled_bytes,
+              len(os.listdir({str(disk_dir)!r})))
+        host.resume("weights")
+        print("content", intact(ptrs, 32 * MiB, 9))
+    """, budget="64M")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["failed True", "resident True False True", "files 0 0",
+                                          f"host {96 * MiB} 0 0", "content True"], result.stdout + result.stderr

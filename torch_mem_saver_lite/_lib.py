@@ -125,6 +125,9 @@ _SIGNATURES = {
     "tmsl_pause": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
     "tmsl_resume": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
     "tmsl_prepare_backups": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
+    "tmsl_spill_to_disk": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int, _int, ctypes.POINTER(_sz)], _int),
+    "tmsl_end_spill": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
+    "tmsl_spilled_bytes": ([_vp, ctypes.POINTER(_sz)], _int),
     "tmsl_tag_figures": ([_vp, ctypes.POINTER(TagFigures), _sz, ctypes.POINTER(_sz)], _int),
     "tmsl_check_tag": ([ctypes.c_char_p, _sz], _int),
     "tmsl_lease_backup": ([_vp, _vp, _sz, ctypes.POINTER(_vp), ctypes.POINTER(_vp)], _int),
@@ -423,6 +426,26 @@ class NativeSaver:
     def prepare_backups(self, tags: Sequence[str] | None) -> None:
         array, count = _tag_array(tags)
         check(lib().tmsl_prepare_backups(self.handle, array, count))
+
+    def spill_to_disk(self, tags: Sequence[str] | None, everything: bool) -> int:
+        """Marks backed-up allocations of the tags disk-backed for their next pause, largest
+        first, until the rest fits in the node's host-memory budget (``everything``: all);
+        returns the bytes marked."""
+        array, count = _tag_array(tags)
+        out = _sz()
+        check(lib().tmsl_spill_to_disk(self.handle, array, count, int(everything), ctypes.byref(out)))
+        return out.value
+
+    def end_spill(self, tags: Sequence[str] | None) -> None:
+        """Resident allocations of the tags that a spill marked get their own backup choice back."""
+        array, count = _tag_array(tags)
+        check(lib().tmsl_end_spill(self.handle, array, count))
+
+    def spilled_bytes(self) -> int:
+        """Paused memory whose content a spill sent to disk."""
+        out = _sz()
+        check(lib().tmsl_spilled_bytes(self.handle, ctypes.byref(out)))
+        return out.value
 
     def figures(self) -> list[TagFigures]:
         """Per (tag, device), in tag order: one call however many tags."""

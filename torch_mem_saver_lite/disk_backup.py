@@ -572,6 +572,7 @@ class DiskBackups(Generic[Hooks]):
         """``on_device``: the saver's memory is CUDA memory (False: host memory, the test saver)."""
         self._on_device, self._make_hooks = on_device, make_hooks
         self._directory: str | None = None
+        self._environment_judged = False  # configured() looked at the environment
         self.hooks: dict[str, Hooks] = {}  # tag -> the hooks its next pause or resume runs
         self._current: dict[str, object] = {}  # tag -> the token of those hooks
         self.backups: dict[str, TagBackup] = {}  # tag -> the backup of its current pause
@@ -598,6 +599,30 @@ class DiskBackups(Generic[Hooks]):
                 raise MemorySaverError(f"{found[0]}: {error}") from None
         assert self._directory is not None
         return self._directory
+
+    def configured(self, from_environment: Callable[[], tuple[str, str] | None]) -> bool:
+        """Whether a directory is set, or given by the environment (judged once: one that
+        cannot serve is reported when a disk-backed region needs it, not at every pause)."""
+        if self._directory is None and not self._environment_judged:
+            self._environment_judged = True
+            if from_environment() is not None:
+                with contextlib.suppress(MemorySaverError):
+                    self.directory(from_environment)
+        return self._directory is not None
+
+    def spill(self, native: _lib.NativeSaver, names: list[str] | None, everything: bool) -> int:
+        """The disk tier of the node's host-memory budget: the core marks backed-up memory of
+        ``names`` (None: every tag) that the budget cannot hold (``everything``: all of it)
+        disk-backed for the coming pause; their tags get this backup's hooks. Returns the
+        bytes marked."""
+        spilled = native.spill_to_disk(names, everything)
+        if spilled:
+            for tag in names if names is not None else list(native.stats()):
+                if tag not in self.hooks and native.disk_allocations(tag):
+                    self.back_up(tag, lambda: native)
+            logger.warning("the node's host-memory budget cannot hold the backups of this pause: %.0f MiB of "
+                           "them go to disk backup in %s instead", spilled / MiB, self._directory)
+        return spilled
 
     def back_up(self, tag: str, native: Callable[[], _lib.NativeSaver]) -> None:
         """From now on pauses of ``tag`` write its disk-backed allocations to files."""

@@ -19,7 +19,7 @@ import torch
 from . import _lib, breakdown, graph_capture, hook_modes, leftovers, nccl_suspend
 from .breakdown import MemoryBreakdown
 from .disk_backup import DiskBackups
-from .errors import DriverNotFoundError, InvalidArgumentError, MemorySaverError
+from .errors import DriverNotFoundError, InvalidArgumentError, MemorySaverError, OutOfMemoryError
 from .hooks import TorchPools
 from .leftovers import LeftoverReport
 from .preload import check_preload_ready
@@ -226,6 +226,7 @@ class MemorySaver:
         count = min(figures.holder_count, _lib.MAX_HOLDERS)
         pids = [int(figures.holder_pid[i]) for i in range(count)]
         on_disk = sum(backup.bytes for backup in self._disk.backups.values() if backup.written)
+        native = self._created_core()
         return HostMemoryReport(
             budget_bytes=int(figures.budget_bytes) if figures.active else 0,
             held_by_this_process=int(figures.held_by_this_process),
@@ -233,6 +234,7 @@ class MemorySaver:
             holders={pid: int(figures.holder_bytes[i]) for i, pid in enumerate(pids)},
             cached_by_holder={pid: int(figures.holder_cached_bytes[i]) for i, pid in enumerate(pids)},
             on_disk_bytes=on_disk,
+            spilled_bytes=native.spilled_bytes() if native is not None else 0,
             ledger=figures.path.decode(errors="replace"),
             error=figures.error.decode(errors="replace"),
         )
@@ -508,7 +510,21 @@ class MemorySaver:
             return
         self._refuse_during_capture("pause")
         self._close_restored_disk_backups()  # read back by an earlier resume: stale now
-        self._transitions.pause(native, names, functools.partial(_logged, "pause", native, native.pause, names))
+        pause = functools.partial(self._transitions.pause, native, names,
+                                  functools.partial(_logged, "pause", native, native.pause, names))
+        spilling = self._disk.configured(self._disk_directory_from_environment)
+        try:
+            if spilling:
+                self._spill(native, names, everything=False)
+            try:
+                pause()
+            except OutOfMemoryError:  # host memory (a pause takes no device memory)
+                if not spilling or not self._spill(native, names, everything=True):
+                    raise
+                pause()  # what the budget and the others' caches could not hold now goes to disk
+        except BaseException:
+            native.end_spill(names)  # resident again: backed up to host memory from the next pause
+            raise
 
     def resume(self, tag: str | Sequence[str] | None = None) -> None:
         """Give the tag(s) (None: every tag) device memory again, at the same addresses.
@@ -531,6 +547,7 @@ class MemorySaver:
             # Also after a Ctrl-C: a read-back it cut short is finished here, before the caller
             # can touch the memory.
             self._close_restored_disk_backups()
+            native.end_spill(names)  # read back: backed up to host memory again from the next pause
 
     # ----- hooks ---------------------------------------------------------------------------
     # ----- disk backup -------------------------------------------------------------------
@@ -541,7 +558,14 @@ class MemorySaver:
         self._disk.set_directory(path)
 
     def _disk_directory_or_raise(self) -> str:
-        return self._disk.directory(lambda: self._settings.environment().disk_backup_dir)
+        return self._disk.directory(self._disk_directory_from_environment)
+
+    def _disk_directory_from_environment(self) -> tuple[str, str] | None:
+        return self._settings.environment().disk_backup_dir
+
+    def _spill(self, native: _lib.NativeSaver, names: list[str] | None, everything: bool) -> bool:
+        with self._lock:
+            return self._disk.spill(native, names, everything) > 0
 
     def _back_up_to_disk(self, tag: str) -> None:
         """From now on a pause of ``tag`` writes its disk-backed allocations to files and a

@@ -55,7 +55,9 @@ class HostMemoryReport:
     Every process of the node (or container) that uses the library takes the host memory of
     its backups and host cache from one budget, kept in a small shared ledger; a pause that
     needs more than the budget leaves gives back this process's host cache first (least
-    recently used first) and is otherwise refused before anything is released.
+    recently used first); what the budget cannot hold even with every process's host cache
+    given back goes to disk backup where a directory is set (``set_disk_backup_dir`` or
+    ``TMSL_DISK_BACKUP_DIR``), and otherwise the pause is refused before anything is released.
 
     Attributes:
         budget_bytes: the node's budget (``TMSL_HOST_MEMORY_BUDGET``, or half of the host
@@ -67,6 +69,7 @@ class HostMemoryReport:
         cached_by_holder: of those, the host cache each could give back, by process id.
         on_disk_bytes: content of this process's tags written to disk backups (outside the
             budget).
+        spilled_bytes: of those, the paused memory that went to disk for want of budget.
         ledger: the ledger's path.
         error: why no budget applies ("" while one does).
     """
@@ -77,5 +80,6 @@ class HostMemoryReport:
     holders: dict[int, int]
     cached_by_holder: dict[int, int]
     on_disk_bytes: int
+    spilled_bytes: int
     ledger: str
     error: str = ""

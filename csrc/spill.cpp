@@ -1,0 +1,72 @@
+// The disk tier of the node's host-memory budget: when a pause needs more host memory than
+// the budget could give even with every host cache given back, the saver's largest
+// backed-up allocations go to disk for that pause instead (the Python side writes and reads
+// their files, as for regions with disk backup), and come back to host backups once resumed.
+#include <algorithm>
+
+#include "node_ledger.h"
+#include "saver.h"
+
+namespace tmsl {
+
+Status Saver::spill_to_disk(const TagSelection& selection, bool everything, size_t* bytes) {
+  std::lock_guard<std::mutex> op(op_mu_);  // no pause is choosing host memory meanwhile
+  std::lock_guard<std::mutex> lock(mu_);
+  Status s = check_known(selection);
+  if (!s.ok()) return s;
+  std::vector<Allocation*> candidates;  // would take new host memory at their next pause
+  size_t need = 0;
+  for_each_selected(selection, [&](Allocation& a) {
+    const bool reusable = a.host_copy && a.host_copy.size == a.backup_bytes();
+    if (a.state != State::kActive || !a.backs_up() || reusable) return;
+    candidates.push_back(&a);
+    need += a.backup_bytes();
+  });
+  size_t shortfall = need;
+  if (!everything) {
+    const size_t room = NodeLedger::instance().room_with_caches();
+    shortfall = need > room ? need - room : 0;
+  }
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](const Allocation* x, const Allocation* y) { return x->backup_bytes() > y->backup_bytes(); });
+  *bytes = 0;
+  for (Allocation* a : candidates) {
+    if (*bytes >= shortfall) break;
+    a->choice_before_spill = a->choice;
+    a->choice = BackupChoice::kDisk;
+    a->spilled = true;
+    *bytes += a->backup_bytes();
+    any_spilled_.store(true);
+  }
+  return Status::Ok();
+}
+
+Status Saver::end_spill(const TagSelection& selection) {
+  if (!any_spilled_.load()) return Status::Ok();  // every resume calls it
+  std::lock_guard<std::mutex> op(op_mu_);  // not under a pause that has chosen its backups
+  std::lock_guard<std::mutex> lock(mu_);
+  bool still_paused = false;
+  for (auto& entry : table_) {
+    Allocation& a = entry.second;
+    if (!a.spilled) continue;
+    if (a.state == State::kActive && selection.matches(a.tag)) {
+      a.choice = a.choice_before_spill;
+      a.spilled = false;
+    } else {
+      still_paused = true;
+    }
+  }
+  any_spilled_.store(still_paused);
+  return Status::Ok();
+}
+
+size_t Saver::spilled_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t bytes = 0;
+  for (const auto& entry : table_) {
+    if (entry.second.spilled && entry.second.state == State::kPaused) bytes += entry.second.size;
+  }
+  return bytes;
+}
+
+}  // namespace tmsl
