@@ -71,6 +71,24 @@ def test_settings_of_the_compat_object_are_the_savers():
     assert torch_memory_saver.stats == saver.stats  # ours, passed through
 
 
+def test_the_members_served_from_saver_keep_their_signatures_docstrings_and_types():
+    from torch_mem_saver_lite import MemorySaver
+    from torch_mem_saver_lite.compat import TorchMemorySaver, _Method, _Setting
+
+    served = {name: member for name, member in vars(TorchMemorySaver).items()
+              if isinstance(member, (_Method, _Setting))}
+    assert {"stats", "paused", "host_cache_bytes", "poison_on_resume"} <= set(served)
+    for name, member in served.items():
+        ours = getattr(MemorySaver, name)
+        assert getattr(TorchMemorySaver, name) is ours and member.__doc__ == ours.__doc__, name
+        if isinstance(member, _Method):
+            assert getattr(torch_memory_saver, name) == getattr(saver, name), name  # bound to saver
+        else:  # the type declared here (_Setting[int]) is the one saver's property returns
+            declared = member.__orig_class__.__args__[0].__name__  # type: ignore[attr-defined]
+            assert declared == ours.fget.__annotations__["return"], name
+            assert getattr(torch_memory_saver, name) == getattr(saver, name), name
+
+
 def test_unknown_tags_are_a_no_op_for_the_compat_object_and_an_error_for_saver(host_saver, mem):
     compat = TorchMemorySaver(host_saver)
     with compat.region("kv"):

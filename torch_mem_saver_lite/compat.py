@@ -22,8 +22,8 @@ import ctypes
 import functools
 import os
 import threading
-from collections.abc import Iterator, MutableMapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 import torch
 
@@ -31,22 +31,51 @@ from . import _lib
 from .memory_saver import MemorySaver
 from .settings import check_tag
 
+P = ParamSpec("P")
+R = TypeVar("R")
+V = TypeVar("V")
 
-class _Passthrough:
-    """A member of ``saver`` served on the compat object as it is there: same signature,
-    docstring and value (settable where ``saver``'s is)."""
+
+class _Method(Generic[P, R]):
+    """A method of ``saver`` served on the compat object as it is there: the same function,
+    so the same signature (for type checkers too), docstring and behaviour."""
+
+    def __init__(self, method: Callable[Concatenate[MemorySaver, P], R]) -> None:
+        self._method = method
+        self.__doc__ = method.__doc__
+
+    @overload
+    def __get__(self, compat: None, owner: type) -> Callable[Concatenate[MemorySaver, P], R]: ...
+    @overload
+    def __get__(self, compat: TorchMemorySaver, owner: type) -> Callable[P, R]: ...
+
+    def __get__(self, compat: TorchMemorySaver | None, owner: type) -> Callable[..., R]:
+        if compat is None:
+            return self._method
+        return self._method.__get__(compat._saver, MemorySaver)  # bound, as saver's own
+
+
+class _Setting(Generic[V]):
+    """A setting (property) of ``saver`` served on the compat object as it is there: read
+    and set on ``saver``. Its type is named where it is declared (``_Setting[int]``), and
+    tests/test_drop_in.py checks it against ``saver``'s."""
 
     def __set_name__(self, owner: type, name: str) -> None:
-        self._name = name
-        self.__doc__ = getattr(MemorySaver, name).__doc__
+        self._setting: property = getattr(MemorySaver, name)
+        self.__doc__ = self._setting.__doc__
 
-    def __get__(self, compat: TorchMemorySaver | None, owner: type) -> Any:
+    @overload
+    def __get__(self, compat: None, owner: type) -> property: ...
+    @overload
+    def __get__(self, compat: TorchMemorySaver, owner: type) -> V: ...
+
+    def __get__(self, compat: TorchMemorySaver | None, owner: type) -> V | property:
         if compat is None:
-            return getattr(MemorySaver, self._name)
-        return getattr(compat._saver, self._name)
+            return self._setting
+        return self._setting.__get__(compat._saver, MemorySaver)
 
-    def __set__(self, compat: TorchMemorySaver, value: object) -> None:
-        setattr(compat._saver, self._name, value)
+    def __set__(self, compat: TorchMemorySaver, value: V) -> None:
+        self._setting.__set__(compat._saver, value)
 
 
 class _NativeLibrary:
@@ -278,14 +307,14 @@ class TorchMemorySaver:
             return self._impl_instance
 
     # ----- saver's members, served as they are there ---------------------------------------
-    stats = _Passthrough()
-    paused = _Passthrough()
-    register_hooks = _Passthrough()
-    release_leftovers = _Passthrough()
-    restore_leftovers = _Passthrough()
-    memory_breakdown = _Passthrough()
-    empty_cache = _Passthrough()
-    host_cache_bytes = _Passthrough()
-    release_host_cache = _Passthrough()
-    wait_for_released_backups = _Passthrough()
-    poison_on_resume = _Passthrough()
+    stats = _Method(MemorySaver.stats)
+    paused = _Method(MemorySaver.paused)
+    register_hooks = _Method(MemorySaver.register_hooks)
+    release_leftovers = _Method(MemorySaver.release_leftovers)
+    restore_leftovers = _Method(MemorySaver.restore_leftovers)
+    memory_breakdown = _Method(MemorySaver.memory_breakdown)
+    empty_cache = _Method(MemorySaver.empty_cache)
+    release_host_cache = _Method(MemorySaver.release_host_cache)
+    wait_for_released_backups = _Method(MemorySaver.wait_for_released_backups)
+    host_cache_bytes = _Setting[int]()
+    poison_on_resume = _Setting[bool]()
