@@ -57,6 +57,31 @@ def test_preloaded_cuda_malloc_serves_regions_and_forwards_everything_else():
     assert "active 1" in lines and "mode preload" in lines
 
 
+def test_two_libraries_setting_hook_mode_in_a_preloaded_process_keep_one_mode():
+    # docs/side-effects.md's order table, before any region: "torch" then "preload" gives
+    # "preload"; "preload" then "torch" keeps "preload" with a warning; the same twice is silent.
+    result = run_preloaded(
+        """
+        import warnings
+        from torch_mem_saver_lite import saver
+        warnings.simplefilter("error")
+        saver.hook_mode = "torch"     # Megatron-Core, at import
+        saver.hook_mode = "preload"   # AReaL's initialize()
+        print("then", saver.hook_mode)
+        saver.hook_mode = "preload"   # the same again: nothing
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            saver.hook_mode = "torch"  # Megatron-Core imported after that
+        print("stays", saver.hook_mode, [str(w.message) for w in caught])
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "then preload", result.stdout
+    assert lines[1].startswith("stays preload [") and "hook_mode stays 'preload'" in lines[1], result.stdout
+    assert lines[1].count("hook_mode stays") == 1, result.stdout
+
+
 def test_preload_mode_without_the_library_preloaded_says_how_to_fix_it():
     fresh = HostSaver()
     with pytest.raises(MemorySaverError, match="LD_PRELOAD="):
