@@ -201,17 +201,24 @@ TMSL_API int tmsl_prepare_backups(void* handle, const char* const* tags, int nta
   return on_tags(handle, tags, ntags, &Saver::prepare_backups);
 }
 
-TMSL_API int tmsl_spill_to_disk(void* handle, const char* const* tags, int ntags, int everything, size_t* bytes) {
+TMSL_API int tmsl_mark_spill(void* handle, const char* const* tags, int ntags, int everything, size_t* bytes) {
   return on_saver(handle, [&](Saver& saver) {
     Status s = require(bytes != nullptr, "bytes must not be NULL");
     TagSelection selection;
     if (s.ok()) s = tag_selection(tags, ntags, &selection);
-    return s.ok() ? saver.spill_to_disk(selection, everything != 0, bytes) : s;
+    return s.ok() ? saver.mark_spill(selection, everything != 0, bytes) : s;
   });
 }
 
-TMSL_API int tmsl_end_spill(void* handle, const char* const* tags, int ntags) {
-  return on_tags(handle, tags, ntags, &Saver::end_spill);
+TMSL_API int tmsl_note_spill_written(void* handle, const uint64_t* addresses, size_t count) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = require(addresses != nullptr || count == 0, "addresses must not be NULL");
+    return s.ok() ? saver.note_spill_written(std::vector<uintptr_t>(addresses, addresses + count)) : s;
+  });
+}
+
+TMSL_API int tmsl_unmark_spill(void* handle, const char* const* tags, int ntags) {
+  return on_tags(handle, tags, ntags, &Saver::unmark_spill);
 }
 
 TMSL_API int tmsl_spilled_bytes(void* handle, size_t* bytes) {

@@ -78,13 +78,16 @@ TMSL_API int tmsl_resume(void* saver, const char* const* tags, int ntags);
 // (ntags < 0: all) will take, within the host cache's budget (Saver::prepare_backups).
 // Best effort, and returns at once; tags no region has used are skipped.
 TMSL_API int tmsl_prepare_backups(void* saver, const char* const* tags, int ntags);
-// The disk tier of the node's host-memory budget (Saver::spill_to_disk): marks backed-up
-// allocations of the tags (ntags < 0: all) disk-backed for their next pause, largest first,
-// until the rest fits in the budget (everything != 0: all of them); *bytes: what was marked.
-// tmsl_end_spill gives resident ones of the tags (ntags < 0: all) their own choice back; *bytes of tmsl_spilled_bytes:
-// paused memory whose content a spill sent to disk.
-TMSL_API int tmsl_spill_to_disk(void* saver, const char* const* tags, int ntags, int everything, size_t* bytes);
-TMSL_API int tmsl_end_spill(void* saver, const char* const* tags, int ntags);
+// The disk tier of the node's host-memory budget (Saver::mark_spill): tmsl_mark_spill marks
+// backed-up allocations of the tags (ntags < 0: all) disk-backed for their next pause,
+// largest first, until the rest fits in the budget (everything != 0: all of them); *bytes:
+// what it marked. tmsl_note_spill_written: the files of the allocations at `addresses` hold
+// their content (a pause releases a marked allocation without a host copy only then).
+// tmsl_unmark_spill drops the marks of the tags' resident allocations. tmsl_spilled_bytes:
+// paused memory whose content went to disk this way.
+TMSL_API int tmsl_mark_spill(void* saver, const char* const* tags, int ntags, int everything, size_t* bytes);
+TMSL_API int tmsl_note_spill_written(void* saver, const uint64_t* addresses, size_t count);
+TMSL_API int tmsl_unmark_spill(void* saver, const char* const* tags, int ntags);
 TMSL_API int tmsl_spilled_bytes(void* saver, size_t* bytes);
 // *state: 0 = no region has used the tag, 1 = active, 2 = paused.
 TMSL_API int tmsl_tag_state(void* saver, const char* tag, int* state);

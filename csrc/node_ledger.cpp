@@ -407,14 +407,14 @@ bool NodeLedger::ask_others_for(size_t bytes, std::chrono::milliseconds patience
   }
 }
 
-size_t NodeLedger::room_with_caches() {
+size_t NodeLedger::room_with_others_caches() {
   size_t room = SIZE_MAX;
   locked([&] {
     forget_dead_processes();
     if (shared_->budget == 0) return Status::Ok();
     size_t cached = 0;
     for (const Slot& slot : shared_->slots) {
-      if (slot.pid != 0) cached += slot.cached;
+      if (slot.pid != 0 && (slot_ < 0 || &slot != &shared_->slots[slot_])) cached += slot.cached;
     }
     const size_t held = total_held();
     room = (held < shared_->budget ? shared_->budget - held : 0) + cached;

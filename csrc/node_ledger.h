@@ -58,9 +58,9 @@ class NodeLedger {
   // Asks the node's other processes to give their host caches back, and waits up to
   // `patience` until `bytes` could be reserved; true when they could.
   bool ask_others_for(size_t bytes, std::chrono::milliseconds patience);
-  // What could be reserved now once every process's host cache (this one's included) were
-  // given back; SIZE_MAX where no budget applies.
-  size_t room_with_caches();
+  // What could be reserved now once the other processes' host caches were given back;
+  // SIZE_MAX where no budget applies.
+  size_t room_with_others_caches();
 
   struct Holder {
     pid_t pid;

@@ -120,7 +120,7 @@ std::vector<Saver::Range> Saver::allocations_of(const std::string& tag) const {
   std::vector<Range> out;
   for (const auto& entry : table_) {
     const Allocation& a = entry.second;
-    if (a.tag == tag) out.push_back(Range{a.va, a.size, a.device, a.choice});
+    if (a.tag == tag) out.push_back(Range{a.va, a.size, a.device, a.effective_choice()});
   }
   return out;
 }
@@ -128,7 +128,7 @@ std::vector<Saver::Range> Saver::allocations_of(const std::string& tag) const {
 bool Saver::has_choice(const TagSelection& selection, BackupChoice choice) {
   std::lock_guard<std::mutex> lock(mu_);
   bool found = false;
-  for_each_selected(selection, [&](const Allocation& a) { found = found || a.choice == choice; });
+  for_each_selected(selection, [&](const Allocation& a) { found = found || a.effective_choice() == choice; });
   return found;
 }
 
@@ -283,6 +283,8 @@ std::vector<Saver::Allocation*> Saver::claim(const TagSelection& selection, Stat
   auto take = [&](Allocation& a) {
     if (a.state != from) return;
     a.state = to;
+    // A pause releases memory marked for the disk tier only if its file was written for it.
+    if (a.spilled && !a.spill_written && from == State::kActive) a.spilled = false;
     a.backup = a.backs_up();
     batch.push_back(&a);
   };
@@ -301,6 +303,7 @@ void Saver::settle(const std::vector<Allocation*>& batch, size_t done, State don
     for (size_t i = 0; i < batch.size(); ++i) {
       Allocation& a = *batch[i];
       a.state = i < done ? done_state : rest_state;
+      if (a.state == State::kActive) a.spill_written = false;  // a file written for a pause that let it be
       if (i >= done) continue;
       if (backups != nullptr) {
         if (a.host_copy) let_go.push_back(std::move(a.host_copy));
@@ -726,6 +729,12 @@ Status Saver::lease_backup(uintptr_t address, size_t nbytes, const void** host, 
       return Status::Error(Code::kInvalidArgument,
                            "memory at " + format_address(address) +
                                " was not allocated inside a region (or has been freed)");
+    }
+    if (a->spilled && a->state == State::kPaused) {
+      return Status::Error(Code::kInvalidArgument,
+                           "the backup of tag '" + a->tag + "' at " + format_address(a->va) +
+                               " is in a disk file, not host memory: the node's host-memory budget could not "
+                               "hold it at its pause (saver.host_memory()); read it once resumed");
     }
     if (!a->backs_up() && !a->host_copy) {
       return Status::Error(Code::kInvalidArgument,

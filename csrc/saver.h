@@ -139,15 +139,20 @@ class Saver {
   // be had now, the pause takes it itself. Named tags no region has used are skipped.
   Status prepare_backups(const TagSelection& selection);
 
-  // The disk tier behind the node's host-memory budget (its files are written by the Python
-  // side, as for regions with disk backup). Marks backed-up resident allocations of
-  // `selection` that would need new host memory at their next pause as disk-backed (kDisk),
-  // largest first, until what is left fits in what the node's budget could give once every
-  // host cache were given back; with `everything`, all of them. *bytes: what was marked.
-  // end_spill() gives each resident one of `selection` its own choice back (a resume calls it
-  // once its files are read back, a failed pause at once); paused ones keep kDisk until then.
-  Status spill_to_disk(const TagSelection& selection, bool everything, size_t* bytes);
-  Status end_spill(const TagSelection& selection);
+  // The disk tier behind the node's host-memory budget; the Python side writes and reads the
+  // files, as for regions with disk backup. mark_spill marks backed-up resident allocations
+  // of `selection` that would need new host memory at their next pause as disk-backed (their
+  // effective choice is kDisk), largest first, until the rest fits in the node's budget with
+  // the other processes' host caches and this one's (less what this pause reuses) given
+  // back; with `everything`, all of them. *bytes: what it marked.
+  // A pause releases a marked allocation without a host copy only once note_spill_written
+  // said its file holds its content, during that very pause (the mark is dropped, and it is
+  // backed up to host memory, otherwise): nothing depends on the Python side running its
+  // hooks. unmark_spill drops the marks of the resident allocations of `selection` (after a
+  // resume has read their files back, or a failed pause).
+  Status mark_spill(const TagSelection& selection, bool everything, size_t* bytes);
+  Status note_spill_written(const std::vector<uintptr_t>& addresses);
+  Status unmark_spill(const TagSelection& selection);
   // Bytes of paused allocations whose content a spill sent to disk.
   size_t spilled_bytes() const;
 
@@ -208,9 +213,12 @@ class Saver {
     int device = 0;
     std::string tag;
     TagInfo* tag_info = nullptr;  // its tag's entry in tags_ (never erased), read under mu_
-    BackupChoice choice = BackupChoice::kAuto;  // its region's, or kDisk while spilled
-    bool spilled = false;  // sent to the disk tier for want of host memory (spill_to_disk)
-    BackupChoice choice_before_spill = BackupChoice::kAuto;
+    BackupChoice choice = BackupChoice::kAuto;  // its region's
+    // Marked for the disk tier (mark_spill), and whether its file holds its content for the
+    // pause under way (note_spill_written; cleared when the pause ends with it resident).
+    bool spilled = false;
+    bool spill_written = false;
+    BackupChoice effective_choice() const { return spilled ? BackupChoice::kDisk : choice; }
     bool backup = false;  // whether the pause that claimed it copies it out (backs_up())
     // Whether its host copy outlived a resume because backups were retained: such a copy is
     // handed out while resident too (torch_memory_saver's retain_cpu_backup).
@@ -226,7 +234,7 @@ class Saver {
     static constexpr size_t kPageBytes = 4096;
     // Whether a pause copies it to host memory: its own choice, else its tag's.
     bool backs_up() const {
-      switch (choice) {
+      switch (effective_choice()) {
         case BackupChoice::kOn:
         case BackupChoice::kOnUncached: return true;
         case BackupChoice::kOff:
@@ -331,7 +339,7 @@ class Saver {
   std::atomic<size_t> host_cache_bytes_{default_host_cache_bytes()};
   std::atomic<bool> poison_on_resume_{false};
   std::atomic<size_t> published_cache_{0};  // what the node's ledger was last told
-  std::atomic<bool> any_spilled_{false};  // some allocation is marked by spill_to_disk
+  std::atomic<bool> any_spilled_{false};  // some allocation is marked by mark_spill
   std::atomic<bool> closing_{false};  // the saver is going: background preparation stops
   // Tags whose host memory is to be prepared, and whether a task to do it is queued.
   std::mutex prepare_mu_;

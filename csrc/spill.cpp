@@ -1,22 +1,25 @@
 // The disk tier of the node's host-memory budget: when a pause needs more host memory than
-// the budget could give even with every host cache given back, the saver's largest
-// backed-up allocations go to disk for that pause instead (the Python side writes and reads
-// their files, as for regions with disk backup), and come back to host backups once resumed.
+// the budget could give even with the host caches given back, the saver's largest backed-up
+// allocations go to disk for that pause instead (the Python side writes and reads their
+// files, as for regions with disk backup), and come back to host backups once resumed.
 #include <algorithm>
+#include <set>
 
 #include "node_ledger.h"
 #include "saver.h"
 
 namespace tmsl {
 
-Status Saver::spill_to_disk(const TagSelection& selection, bool everything, size_t* bytes) {
+Status Saver::mark_spill(const TagSelection& selection, bool everything, size_t* bytes) {
   std::lock_guard<std::mutex> op(op_mu_);  // no pause is choosing host memory meanwhile
   std::lock_guard<std::mutex> lock(mu_);
   Status s = check_known(selection);
   if (!s.ok()) return s;
   std::vector<Allocation*> candidates;  // would take new host memory at their next pause
+  std::set<const HostArena*> reused;    // arenas this pause takes copies from: not given back
   size_t need = 0;
   for_each_selected(selection, [&](Allocation& a) {
+    if (a.host_copy) reused.insert(a.host_copy.arena.get());
     const bool reusable = a.host_copy && a.host_copy.size == a.backup_bytes();
     if (a.state != State::kActive || !a.backs_up() || reusable) return;
     candidates.push_back(&a);
@@ -24,7 +27,10 @@ Status Saver::spill_to_disk(const TagSelection& selection, bool everything, size
   });
   size_t shortfall = need;
   if (!everything) {
-    const size_t room = NodeLedger::instance().room_with_caches();
+    size_t room = NodeLedger::instance().room_with_others_caches();
+    for (const auto& entry : cached_arenas()) {
+      if (reused.count(entry.first) == 0 && room != SIZE_MAX) room += entry.first->used_bytes();
+    }
     shortfall = need > room ? need - room : 0;
   }
   std::stable_sort(candidates.begin(), candidates.end(),
@@ -32,31 +38,40 @@ Status Saver::spill_to_disk(const TagSelection& selection, bool everything, size
   *bytes = 0;
   for (Allocation* a : candidates) {
     if (*bytes >= shortfall) break;
-    a->choice_before_spill = a->choice;
-    a->choice = BackupChoice::kDisk;
     a->spilled = true;
+    a->spill_written = false;
     *bytes += a->backup_bytes();
     any_spilled_.store(true);
   }
   return Status::Ok();
 }
 
-Status Saver::end_spill(const TagSelection& selection) {
+Status Saver::note_spill_written(const std::vector<uintptr_t>& addresses) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (uintptr_t va : addresses) {
+    auto it = table_.find(va);
+    if (it != table_.end() && it->second.spilled && it->second.state == State::kActive) {
+      it->second.spill_written = true;
+    }
+  }
+  return Status::Ok();
+}
+
+Status Saver::unmark_spill(const TagSelection& selection) {
   if (!any_spilled_.load()) return Status::Ok();  // every resume calls it
   std::lock_guard<std::mutex> op(op_mu_);  // not under a pause that has chosen its backups
   std::lock_guard<std::mutex> lock(mu_);
-  bool still_paused = false;
+  bool still_marked = false;
   for (auto& entry : table_) {
     Allocation& a = entry.second;
     if (!a.spilled) continue;
     if (a.state == State::kActive && selection.matches(a.tag)) {
-      a.choice = a.choice_before_spill;
-      a.spilled = false;
+      a.spilled = a.spill_written = false;
     } else {
-      still_paused = true;
+      still_marked = true;
     }
   }
-  any_spilled_.store(still_paused);
+  any_spilled_.store(still_marked);
   return Status::Ok();
 }
 

@@ -19,7 +19,7 @@ C_TYPES = {
     "char*": ctypes.c_char_p,
     "void**": ctypes.POINTER(ctypes.c_void_p), "const void**": ctypes.POINTER(ctypes.c_void_p),
     "int*": ctypes.POINTER(ctypes.c_int), "size_t*": ctypes.POINTER(ctypes.c_size_t),
-    "uint64_t*": ctypes.POINTER(ctypes.c_uint64),
+    "uint64_t*": ctypes.POINTER(ctypes.c_uint64), "const uint64_t*": ctypes.POINTER(ctypes.c_uint64),
     "const char**": ctypes.POINTER(ctypes.c_char_p), "const char* const*": ctypes.POINTER(ctypes.c_char_p),
     "void": None, "bool": ctypes.c_bool, "uint64_t": ctypes.c_uint64,
     "TmslTagFigures*": ctypes.POINTER(_lib.TagFigures),

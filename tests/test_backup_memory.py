@@ -44,6 +44,37 @@ def test_content_written_between_cycles_comes_back_after_every_one_of_five(backe
         backend.saver.host_cache_bytes = budget
 
 
+def test_backups_the_node_budget_cannot_hold_go_to_disk_and_come_back_bit_exact(backend, disk_dir):
+    """The disk tier (docs/guide.md, the node's host-memory budget): with 32 MiB of room, a
+    pause of 48 + 16 MiB sends the 48 MiB allocation to a file and backs the rest up to host
+    memory; the resume reads it back and removes the file."""
+    if backend.name == "stand_in":
+        pytest.skip("disk backup copies device memory through torch.cuda")
+    saver_, tag = backend.saver, backend.tag("spill")
+    big, small = backend.allocate(tag, 48 * MiB, backup=True), backend.allocate(tag, 16 * MiB, backup=True)
+    contents = {big: os.urandom(48 * MiB), small: os.urandom(16 * MiB)}
+    for ptr, data in contents.items():
+        backend.write(ptr, data)
+    saver_.set_disk_backup_dir(disk_dir)
+    saver_.release_host_cache()
+    before = saver_.host_memory()
+    budget = saver_.host_memory_budget
+    saver_.host_memory_budget = before.held_by_this_process + before.held_by_others + 32 * MiB
+    try:
+        saver_.pause(tag)
+        report = saver_.host_memory()
+        assert report.spilled_bytes == 48 * MiB
+        assert report.held_by_this_process - before.held_by_this_process == 16 * MiB
+        assert len(list(disk_dir.glob("tmsl-*.bin"))) == 1
+        assert not backend.is_mapped(big) and not backend.is_mapped(small)
+        saver_.resume(tag)
+    finally:
+        saver_.host_memory_budget = budget
+        saver_.set_disk_backup_dir(None)  # the process-wide saver's disk tier off again
+    assert all(backend.read(ptr, len(data)) == data for ptr, data in contents.items())
+    assert list(disk_dir.glob("tmsl-*.bin")) == [] and saver_.host_memory().spilled_bytes == 0
+
+
 def test_host_memory_returns_after_a_non_retaining_resume(host_saver, mem):
     host_saver.host_cache_bytes = 0  # no cache: every resume gives its backups back
     with host_saver.region("weights", enable_cpu_backup=True):

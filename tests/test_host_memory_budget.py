@@ -366,6 +366,12 @@ def test_the_environments_directory_takes_the_spill_and_the_refusal_names_it_wit
         del os.environ["TMSL_DISK_BACKUP_DIR"]
     assert spilled.stdout.splitlines() == [f"paused {64 * MiB} {32 * MiB}", "content True"], \
         spilled.stdout + spilled.stderr
+    os.environ["TMSL_DISK_BACKUP_DIR"] = str(disk_dir)
+    try:  # set_disk_backup_dir(None) turns the disk tier off, the environment's directory too
+        off = run("host.set_disk_backup_dir(None)\n" + textwrap.dedent(body), budget="64M")
+    finally:
+        del os.environ["TMSL_DISK_BACKUP_DIR"]
+    assert off.stdout.splitlines() == ["refused True", "content True"], off.stdout + off.stderr
 
 
 def test_when_the_others_caches_do_not_come_back_in_time_everything_goes_to_disk(ledger, disk_dir):
@@ -424,3 +430,98 @@ def test_a_spill_whose_disk_write_fails_keeps_everything_resident_and_backs_up_t
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["failed True", "resident True False True", "files 0 0",
                                           f"host {96 * MiB} 0 0", "content True"], result.stdout + result.stderr
+
+
+def test_only_what_the_budget_cannot_hold_goes_to_disk_when_the_pause_reuses_cached_copies(ledger, disk_dir):
+    result = run(f"""
+        from torch_mem_saver_lite import disk_backup
+        written = []
+        real_write = disk_backup.TagBackup._write
+        def counted(self, transfer, piece):
+            written.append(piece.size)
+            return real_write(self, transfer, piece)
+        disk_backup.TagBackup._write = counted
+        host.set_disk_backup_dir({str(disk_dir)!r})
+        a = tagged("w", 1, 32 * MiB, 1)
+        host.pause("w"); host.resume("w"); host.wait_for_released_backups()  # a's copy cached: reused
+        b, c = tagged("w", 1, 40 * MiB, 2), tagged("w", 2, 24 * MiB, 3)
+        host.pause("w")  # 32 reused + 88 new against 60: the 40 and one 24 go to disk, once
+        print("spilled", host.host_memory().spilled_bytes // MiB, "written", sum(written) // MiB)
+        print("held", saver.host_memory().held_by_this_process // MiB)
+        host.resume("w")
+        print("content", intact(a, 32 * MiB, 1), intact(b, 40 * MiB, 2), intact(c, 24 * MiB, 3))
+    """, budget="60M")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["spilled 64 written 64", "held 56", "content True True True"], \
+        result.stdout + result.stderr
+
+
+def test_a_partly_failed_pause_tried_again_beyond_the_budget_loses_nothing(ledger, disk_dir):
+    # The first pause releases one of three allocations; the tag's hooks (the disk files) do
+    # not run for a tag that is partly paused, so the second pause may not release anything
+    # marked for disk: it backs up to host memory, or is refused, losing nothing.
+    result = run(f"""
+        from torch_mem_saver_lite import MemorySaverError
+        host.set_disk_backup_dir({str(disk_dir)!r})
+        host.host_cache_bytes = 0
+        ptrs = tagged("w", 3, 32 * MiB, 7)
+        host.inject_fault("unmap", after_calls=2)
+        try:
+            host.pause("w")
+        except MemorySaverError:
+            print("partly paused", host.stats()["w"].paused_bytes // MiB)
+        try:
+            host.pause("w")
+        except OutOfMemoryError:
+            pass
+        print("files", len(os.listdir({str(disk_dir)!r})), host.host_memory().spilled_bytes)
+        host.resume("w")
+        print("content", intact(ptrs, 32 * MiB, 7))
+        host.pause("w"); host.resume("w")
+        print("content", intact(ptrs, 32 * MiB, 7), len(os.listdir({str(disk_dir)!r})))
+    """, budget="96M")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["partly paused 32", "files 0 0", "content True", "content True 0"], \
+        result.stdout + result.stderr
+
+
+def test_a_hooks_own_out_of_memory_error_is_not_taken_for_the_budgets(ledger, disk_dir):
+    result = run(f"""
+        from torch_mem_saver_lite import OutOfMemoryError
+        host.set_disk_backup_dir({str(disk_dir)!r})
+        ptrs = tagged("w", 1, 16 * MiB, 4)
+        calls = []
+        def failing():
+            calls.append("before_pause")
+            raise OutOfMemoryError("a device out of memory in the user's hook", "other", 1, 0, 0)
+        host.register_hooks("w", before_pause=failing)
+        try:
+            host.pause("w")
+        except OutOfMemoryError as error:
+            print("raised", str(error))
+        print("calls", calls, host.host_memory().spilled_bytes, len(os.listdir({str(disk_dir)!r})))
+        print("resident", not host.stats()["w"].paused, intact(ptrs, 16 * MiB, 4))
+    """, budget="64M")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["raised a device out of memory in the user's hook",
+                                          "calls ['before_pause'] 0 0", "resident True True"], \
+        result.stdout + result.stderr
+
+
+def test_get_cpu_backup_of_memory_the_budget_sent_to_disk_says_so(ledger, disk_dir):
+    result = run(f"""
+        import ctypes, torch
+        from torch_mem_saver_lite import InvalidArgumentError
+        host.set_disk_backup_dir({str(disk_dir)!r})
+        ptrs = tagged("w", 1, 48 * MiB, 2) + tagged("w", 1, 16 * MiB, 3)
+        host.pause("w")
+        try:
+            host.get_cpu_backup(torch.frombuffer((ctypes.c_uint8 * MiB).from_address(ptrs[0]), dtype=torch.uint8))
+        except InvalidArgumentError as error:
+            print("refused", "in a disk file" in str(error))
+        small = host.get_cpu_backup(torch.frombuffer((ctypes.c_uint8 * MiB).from_address(ptrs[1]), dtype=torch.uint8))
+        print("host copy", bytes(small.numpy()[:4]) == bytes([3]) * 4)
+        host.resume("w")
+    """, budget="32M")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["refused True", "host copy True"], result.stdout + result.stderr

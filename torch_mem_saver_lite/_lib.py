@@ -125,8 +125,9 @@ _SIGNATURES = {
     "tmsl_pause": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
     "tmsl_resume": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
     "tmsl_prepare_backups": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
-    "tmsl_spill_to_disk": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int, _int, ctypes.POINTER(_sz)], _int),
-    "tmsl_end_spill": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
+    "tmsl_mark_spill": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int, _int, ctypes.POINTER(_sz)], _int),
+    "tmsl_note_spill_written": ([_vp, ctypes.POINTER(ctypes.c_uint64), _sz], _int),
+    "tmsl_unmark_spill": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
     "tmsl_spilled_bytes": ([_vp, ctypes.POINTER(_sz)], _int),
     "tmsl_tag_figures": ([_vp, ctypes.POINTER(TagFigures), _sz, ctypes.POINTER(_sz)], _int),
     "tmsl_check_tag": ([ctypes.c_char_p, _sz], _int),
@@ -427,19 +428,25 @@ class NativeSaver:
         array, count = _tag_array(tags)
         check(lib().tmsl_prepare_backups(self.handle, array, count))
 
-    def spill_to_disk(self, tags: Sequence[str] | None, everything: bool) -> int:
+    def mark_spill(self, tags: Sequence[str] | None, everything: bool) -> int:
         """Marks backed-up allocations of the tags disk-backed for their next pause, largest
         first, until the rest fits in the node's host-memory budget (``everything``: all);
         returns the bytes marked."""
         array, count = _tag_array(tags)
         out = _sz()
-        check(lib().tmsl_spill_to_disk(self.handle, array, count, int(everything), ctypes.byref(out)))
+        check(lib().tmsl_mark_spill(self.handle, array, count, int(everything), ctypes.byref(out)))
         return out.value
 
-    def end_spill(self, tags: Sequence[str] | None) -> None:
-        """Resident allocations of the tags that a spill marked get their own backup choice back."""
+    def note_spill_written(self, addresses: Sequence[int]) -> None:
+        """The disk files of the allocations at ``addresses`` hold their content: a pause may
+        release the marked ones without a host copy."""
+        array = (ctypes.c_uint64 * len(addresses))(*addresses)
+        check(lib().tmsl_note_spill_written(self.handle, array, len(addresses)))
+
+    def unmark_spill(self, tags: Sequence[str] | None) -> None:
+        """Resident allocations of the tags that mark_spill marked get their own choice back."""
         array, count = _tag_array(tags)
-        check(lib().tmsl_end_spill(self.handle, array, count))
+        check(lib().tmsl_unmark_spill(self.handle, array, count))
 
     def spilled_bytes(self) -> int:
         """Paused memory whose content a spill sent to disk."""

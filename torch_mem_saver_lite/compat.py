@@ -288,7 +288,7 @@ class TorchMemorySaver:
         while resident when retention kept it."""
         return self._saver.get_cpu_backup(x, zero_copy=zero_copy)
 
-    def set_disk_backup_dir(self, path: str | os.PathLike[str]) -> None:
+    def set_disk_backup_dir(self, path: str | os.PathLike[str] | None) -> None:
         """The directory disk backups go to (``saver.set_disk_backup_dir``)."""
         self._saver.set_disk_backup_dir(path)
 

@@ -432,6 +432,7 @@ class TagBackup:
         self._ranges = list(ranges)
         self.paths = [os.path.join(directory, file_name(tag, device, address)) for address, _, device in ranges]
         self.bytes = sum(size for _, size, _ in self._ranges)
+        self.addresses = [address for address, _, _ in self._ranges]
         self._on_device, self._chunk_bytes, self._workers = on_device, chunk_bytes, workers
         self._pid = os.getpid()  # a forked child must not remove its parent's files
         self._direct = hasattr(os, "O_DIRECT") and directory not in _WITHOUT_O_DIRECT
@@ -573,14 +574,19 @@ class DiskBackups(Generic[Hooks]):
         self._on_device, self._make_hooks = on_device, make_hooks
         self._directory: str | None = None
         self._environment_judged = False  # configured() looked at the environment
+        self._environment_allowed = True  # False once set_directory(None) said "none"
         self.hooks: dict[str, Hooks] = {}  # tag -> the hooks its next pause or resume runs
         self._current: dict[str, object] = {}  # tag -> the token of those hooks
         self.backups: dict[str, TagBackup] = {}  # tag -> the backup of its current pause
         # What is still held when the saver goes away or the process exits is removed then.
         weakref.finalize(self, _close_all, self.backups)
 
-    def set_directory(self, path: str | os.PathLike[str]) -> None:
-        """Where backups go from now on; stale files of dead processes there are removed."""
+    def set_directory(self, path: str | os.PathLike[str] | None) -> None:
+        """Where backups go from now on; stale files of dead processes there are removed.
+        None: nowhere (not the environment's either) until a directory is set again."""
+        if path is None:
+            self._directory, self._environment_allowed = None, False
+            return
         directory = check_directory(path)
         remove_stale_files(directory)
         self._directory = directory
@@ -589,7 +595,7 @@ class DiskBackups(Generic[Hooks]):
         """The directory; the first time, ``from_environment()`` ((variable, path) or None)
         gives it if none was set."""
         if self._directory is None:
-            found = from_environment()
+            found = from_environment() if self._environment_allowed else None
             if found is None:
                 raise MemorySaverError("enable_disk_backup=True needs a directory: call "
                                        "set_disk_backup_dir(path) or set TMSL_DISK_BACKUP_DIR")
@@ -603,26 +609,24 @@ class DiskBackups(Generic[Hooks]):
     def configured(self, from_environment: Callable[[], tuple[str, str] | None]) -> bool:
         """Whether a directory is set, or given by the environment (judged once: one that
         cannot serve is reported when a disk-backed region needs it, not at every pause)."""
-        if self._directory is None and not self._environment_judged:
+        if self._directory is None and self._environment_allowed and not self._environment_judged:
             self._environment_judged = True
             if from_environment() is not None:
-                with contextlib.suppress(MemorySaverError):
+                try:
                     self.directory(from_environment)
+                except MemorySaverError as error:
+                    logger.warning("no disk tier for the node's host-memory budget: %s", error)
         return self._directory is not None
 
-    def spill(self, native: _lib.NativeSaver, names: list[str] | None, everything: bool) -> int:
-        """The disk tier of the node's host-memory budget: the core marks backed-up memory of
-        ``names`` (None: every tag) that the budget cannot hold (``everything``: all of it)
-        disk-backed for the coming pause; their tags get this backup's hooks. Returns the
-        bytes marked."""
-        spilled = native.spill_to_disk(names, everything)
-        if spilled:
-            for tag in names if names is not None else list(native.stats()):
-                if tag not in self.hooks and native.disk_allocations(tag):
-                    self.back_up(tag, lambda: native)
-            logger.warning("the node's host-memory budget cannot hold the backups of this pause: %.0f MiB of "
-                           "them go to disk backup in %s instead", spilled / MiB, self._directory)
-        return spilled
+    def take_spilled(self, native: _lib.NativeSaver, names: list[str] | None, spilled: int) -> None:
+        """The disk tier of the node's host-memory budget: ``spilled`` bytes of ``names``
+        (None: every tag) were marked disk-backed for the coming pause (``mark_spill``); their
+        tags get this backup's hooks, which write the files before the memory is released."""
+        for tag in names if names is not None else list(native.stats()):
+            if tag not in self.hooks and native.disk_allocations(tag):
+                self.back_up(tag, lambda: native)
+        logger.warning("the node's host-memory budget cannot hold the backups of this pause: %.0f MiB of "
+                       "them go to disk backup in %s instead", spilled / MiB, self._directory)
 
     def back_up(self, tag: str, native: Callable[[], _lib.NativeSaver]) -> None:
         """From now on pauses of ``tag`` write its disk-backed allocations to files."""
@@ -640,6 +644,7 @@ class DiskBackups(Generic[Hooks]):
         current = self.backups.get(tag)
         if current is not None and current.written:
             current.serve_again()  # a resume is being rolled back
+            native().note_spill_written(current.addresses)
             return
         ranges = native().disk_allocations(tag)
         chunk_bytes, workers = chunk_bytes_from_environment(), workers_from_environment()
@@ -654,6 +659,7 @@ class DiskBackups(Generic[Hooks]):
         except BaseException:
             self._drop(tag, backup)
             raise
+        native().note_spill_written(backup.addresses)  # marked memory may go without a host copy now
 
     def _restore(self, tag: str, native: Callable[[], _lib.NativeSaver], token: object) -> None:
         # A Ctrl-C here counts the hook as run: the content is read back before it goes on

@@ -510,20 +510,29 @@ class MemorySaver:
             return
         self._refuse_during_capture("pause")
         self._close_restored_disk_backups()  # read back by an earlier resume: stale now
+        refused: list[OutOfMemoryError] = []  # the native pause's own refusals: host memory
+
+        def native_pause(names: list[str] | None) -> None:
+            try:
+                native.pause(names)
+            except OutOfMemoryError as error:
+                refused.append(error)
+                raise
+
         pause = functools.partial(self._transitions.pause, native, names,
-                                  functools.partial(_logged, "pause", native, native.pause, names))
+                                  functools.partial(_logged, "pause", native, native_pause, names))
         spilling = self._disk.configured(self._disk_directory_from_environment)
         try:
             if spilling:
                 self._spill(native, names, everything=False)
             try:
                 pause()
-            except OutOfMemoryError:  # host memory (a pause takes no device memory)
-                if not spilling or not self._spill(native, names, everything=True):
+            except OutOfMemoryError as error:
+                if not (spilling and error in refused and self._spill(native, names, everything=True)):
                     raise
-                pause()  # what the budget and the others' caches could not hold now goes to disk
+                pause()  # what the others' caches did not free in time goes to disk too
         except BaseException:
-            native.end_spill(names)  # resident again: backed up to host memory from the next pause
+            native.unmark_spill(names)  # resident again: backed up to host memory from the next pause
             raise
 
     def resume(self, tag: str | Sequence[str] | None = None) -> None:
@@ -547,14 +556,17 @@ class MemorySaver:
             # Also after a Ctrl-C: a read-back it cut short is finished here, before the caller
             # can touch the memory.
             self._close_restored_disk_backups()
-            native.end_spill(names)  # read back: backed up to host memory again from the next pause
+            native.unmark_spill(names)  # read back: backed up to host memory again from the next pause
 
     # ----- hooks ---------------------------------------------------------------------------
     # ----- disk backup -------------------------------------------------------------------
-    def set_disk_backup_dir(self, path: str | os.PathLike[str]) -> None:
-        """The directory (on a real disk; created if needed) that disk backups go to.
+    def set_disk_backup_dir(self, path: str | os.PathLike[str] | None) -> None:
+        """The directory (on a real disk; created if needed) that disk backups go to, and
+        the node's host-memory budget's disk tier with them (``host_memory_budget``).
         Default: ``TMSL_DISK_BACKUP_DIR`` or ``TMS_DISK_BACKUP_DIR``. tmpfs is refused.
-        Backup files left there by processes that no longer exist are removed."""
+        Backup files left there by processes that no longer exist are removed. None: no
+        directory (the environment's neither): the disk tier is off, and regions with
+        ``enable_disk_backup=True`` need a directory again. Tags paused already keep theirs."""
         self._disk.set_directory(path)
 
     def _disk_directory_or_raise(self) -> str:
@@ -564,8 +576,13 @@ class MemorySaver:
         return self._settings.environment().disk_backup_dir
 
     def _spill(self, native: _lib.NativeSaver, names: list[str] | None, everything: bool) -> bool:
-        with self._lock:
-            return self._disk.spill(native, names, everything) > 0
+        """The budget's disk tier: marks what it cannot hold (``everything``: all backups of
+        the pause) for disk backup; whether anything was marked."""
+        spilled = native.mark_spill(names, everything)  # waits for other pauses: not under _lock
+        if spilled:
+            with self._lock:
+                self._disk.take_spilled(native, names, spilled)
+        return spilled > 0
 
     def _back_up_to_disk(self, tag: str) -> None:
         """From now on a pause of ``tag`` writes its disk-backed allocations to files and a

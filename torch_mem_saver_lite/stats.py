@@ -69,7 +69,8 @@ class HostMemoryReport:
         cached_by_holder: of those, the host cache each could give back, by process id.
         on_disk_bytes: content of this process's tags written to disk backups (outside the
             budget).
-        spilled_bytes: of those, the paused memory that went to disk for want of budget.
+        spilled_bytes: paused memory of this process whose backup went to disk for want of
+            budget (the budget's disk tier), whose files ``on_disk_bytes`` counts too.
         ledger: the ledger's path.
         error: why no budget applies ("" while one does).
     """
