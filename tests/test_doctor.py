@@ -88,3 +88,16 @@ def test_a_cpu_only_torch_is_named_even_where_the_driver_is_usable(fake_driver):
     report = json.loads(result.stdout)
     assert report["driver_version"] == "12.8" and report["cuda_backend"] == "ready"
     assert [p for p in report["problems"] if "CPU-only build" in p] == report["problems"] != []
+
+
+def test_the_doctor_names_the_budgets_disk_tier_or_says_there_is_none(fake_driver, tmp_path):
+    with_tier = doctor(fake_driver, TMSL_DISK_BACKUP_DIR=str(tmp_path / "spill"),
+                       TMSL_HOST_LEDGER=str(tmp_path / "ledger"))
+    assert f"disk tier:        {tmp_path / 'spill'} (what the budget cannot hold goes there)" in with_tier.stdout, \
+        with_tier.stdout + with_tier.stderr
+    environment = {k: v for k, v in os.environ.items() if k not in ("TMSL_DISK_BACKUP_DIR", "TMS_DISK_BACKUP_DIR")}
+    without = subprocess.run([sys.executable, "-c", TORCH_SEES_GPUS], capture_output=True, text=True, timeout=120,
+                             env={**environment, "TMSL_CUDA_DRIVER_LIBRARY": fake_driver,
+                                  "FAKE_CUDA_MEMORY_BYTES": str(512 * MiB), "TMSL_HOST_LEDGER": str(tmp_path / "l2")})
+    assert "disk tier:        none (a pause beyond the budget is refused" in without.stdout, \
+        without.stdout + without.stderr

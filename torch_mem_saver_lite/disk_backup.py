@@ -606,6 +606,13 @@ class DiskBackups(Generic[Hooks]):
         assert self._directory is not None
         return self._directory
 
+    def named_directory(self, from_environment: Callable[[], tuple[str, str] | None]) -> str:
+        """The directory set, else the environment's (not checked here); "" for none."""
+        if self._directory is not None:
+            return self._directory
+        found = from_environment() if self._environment_allowed else None
+        return found[1] if found is not None else ""
+
     def configured(self, from_environment: Callable[[], tuple[str, str] | None]) -> bool:
         """Whether a directory is set, or given by the environment (judged once: one that
         cannot serve is reported when a disk-backed region needs it, not at every pause)."""

@@ -235,6 +235,7 @@ class MemorySaver:
             cached_by_holder={pid: int(figures.holder_cached_bytes[i]) for i, pid in enumerate(pids)},
             on_disk_bytes=on_disk,
             spilled_bytes=native.spilled_bytes() if native is not None else 0,
+            disk_tier=self._disk.named_directory(self._disk_directory_from_environment),
             ledger=figures.path.decode(errors="replace"),
             error=figures.error.decode(errors="replace"),
         )

@@ -71,6 +71,8 @@ class HostMemoryReport:
             budget).
         spilled_bytes: paused memory of this process whose backup went to disk for want of
             budget (the budget's disk tier), whose files ``on_disk_bytes`` counts too.
+        disk_tier: the directory what the budget cannot hold goes to (``set_disk_backup_dir``
+            or ``TMSL_DISK_BACKUP_DIR``); "" where there is none and such pauses are refused.
         ledger: the ledger's path.
         error: why no budget applies ("" while one does).
     """
@@ -82,5 +84,6 @@ class HostMemoryReport:
     cached_by_holder: dict[int, int]
     on_disk_bytes: int
     spilled_bytes: int
+    disk_tier: str
     ledger: str
     error: str = ""
