@@ -7,6 +7,7 @@ Each test uses a ledger of its own (TMSL_HOST_LEDGER), so the processes it start
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -312,11 +313,60 @@ def test_processes_racing_pauses_never_hold_more_than_the_budget_and_a_killed_on
         taken.stdout + taken.stderr
 
 
+CHURNER = """
+import random
+rng = random.Random({seed})
+live = dict.fromkeys(tagged("w", 2, 16 * MiB, {byte}), 16 * MiB)  # address -> size
+def kept():
+    return all(mem.read(p, size) == bytes([{byte}]) * size for p, size in live.items())
+cycles = refused = frees = 0
+deadline = time.monotonic() + {seconds}
+print("started", flush=True)
+while time.monotonic() < deadline:
+    try:
+        host.pause("w")
+    except OutOfMemoryError:
+        refused += 1
+        assert kept(), "a refused pause lost content"
+        continue
+    host.resume("w")
+    assert kept(), "a resume lost content"
+    cycles += 1
+    if rng.random() < 0.5:  # a free and a new allocation of another size: the cache's copies change
+        mem.free(live.pop(rng.choice(list(live))))
+        size = rng.choice([8, 16, 24]) * MiB
+        live.update(dict.fromkeys(tagged("w", 1, size, {byte}), size))
+        frees += 1
+print("done", cycles, refused, frees, flush=True)
+"""
+
+
+def test_six_processes_racing_pauses_resumes_and_frees_two_killed_at_random_keep_to_the_budget(ledger):
+    budget = 96 * MiB  # each holds 16 to 48 MiB of backups and keeps them cached: they must share
+    victims = [start(CHURNER.format(seed=100 + i, byte=200 + i, seconds=60), budget=str(budget)) for i in range(2)]
+    survivors = [start(CHURNER.format(seed=i, byte=10 + i, seconds=5), budget=str(budget)) for i in range(4)]
+    for child in victims + survivors:
+        assert child.stdout.readline().split() == ["started"], child.stderr.read()
+    kill_at = sorted(time.monotonic() + random.uniform(0.2, 3.0) for _ in victims)
+    samples = []
+    while any(c.poll() is None for c in survivors):
+        samples.append(held_bytes(ledger))
+        for victim, when in zip(victims, kill_at, strict=True):
+            if victim.poll() is None and time.monotonic() > when:
+                victim.send_signal(signal.SIGKILL)  # wherever it is: mid-pause, mid-resume, mid-free
+        time.sleep(0.005)
+    outputs = [c.communicate()[0] for c in survivors]
+    for victim in victims:
+        victim.wait()
+    assert all(c.returncode == 0 for c in survivors), outputs + [c.stderr.read() for c in survivors if c.stderr]
+    assert max(samples) <= budget, f"the node held {max(samples) / MiB:.0f} MiB against {budget / MiB:.0f}"
+    done = [out.split() for out in outputs]
+    assert sum(int(d[1]) for d in done) > 0 and sum(int(d[3]) for d in done) > 0, outputs
+    final = run("r = saver.host_memory(); print(r.held_by_this_process + r.held_by_others)")
+    assert final.stdout.split() == ["0"], final.stdout + final.stderr  # every share came back
+
+
 # ----- the disk tier: what the budget cannot hold goes to disk where a directory is set ------
-def backup_files(directory: Path) -> list[Path]:
-    return sorted(directory.glob("tmsl-*.bin")) if directory.exists() else []
-
-
 def test_what_the_budget_cannot_hold_goes_to_disk_largest_first_and_comes_back_bit_exact(ledger, disk_dir):
     result = run(f"""
         print("tier", repr(host.host_memory().disk_tier))
