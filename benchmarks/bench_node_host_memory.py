@@ -3,14 +3,17 @@ them), each pausing and resuming its own copy of the same weights at once, under
 budget; and one process cycling several backed-up tags in turn.
 
     python benchmarks/bench_node_host_memory.py [--processes 4] [--gib 2] [--cycles 3]
-        [--tms-path DIR]
+        [--tms-path DIR] [--disk-dir DIR]
 
 Table 1, per budget (room for all backups, and less than that): each cycle's pause and
 resume as GB/s summed over the processes, against the pinned copy bandwidth measured in the
 same run; the most host memory the node held while paused (the sum of the processes' PSS
 growth from /proc, and the ledger's figure) against the budget; pauses refused for want of
 room (each then retried after the others resumed); content checked bit for bit after every
-resume. With --tms-path, torch_memory_saver (no budget) runs the same processes beside it.
+resume. With --disk-dir (a directory on a real disk), the smaller budget runs again with the
+disk tier: what the budget cannot hold goes to files there (the "on disk" column), against the
+disk's own write and read speed measured in the same run. With --tms-path,
+torch_memory_saver (no budget) runs the same processes beside it.
 
 Table 2: one process, three tags of --gib each, paused and resumed one after another for
 --cycles rounds: GB/s of each pause against the link (the host cache keeps as many backups
@@ -69,7 +72,7 @@ torch.cuda.synchronize()
 rows = []
 for cycle in range(cycles):
     barrier(f"pause{cycle}")
-    refused, paused = 0, False
+    refused, paused, spilled = 0, False, 0
     start = time.perf_counter()
     while not paused and time.perf_counter() - start < 3:  # then it stays resident: the engine keeps its GPU
         try:
@@ -80,6 +83,8 @@ for cycle in range(cycles):
             time.sleep(0.05)
     paused_at = time.perf_counter()
     held = pss() - base
+    if tool == "ours":
+        spilled = saver.host_memory().spilled_bytes
     barrier(f"resume{cycle}")
     resume_start = time.perf_counter()
     if paused:
@@ -88,7 +93,7 @@ for cycle in range(cycles):
     done = time.perf_counter()
     ok = weights.sum(dtype=torch.int64).item() == expected[0] and torch.equal(weights[::4097], expected[1])
     rows.append(dict(pause_start=start, pause_end=paused_at, resume_s=done - resume_start, held=held, refused=refused,
-                     paused=paused, ok=bool(ok)))
+                     paused=paused, spilled=spilled, ok=bool(ok)))
 print(json.dumps(rows), flush=True)
 os._exit(0)  # measured and checked: skip the tools' teardown at exit
 """
@@ -106,16 +111,46 @@ def pinned_bandwidth(nbytes: int) -> float:
     return nbytes / (time.perf_counter() - start) / 1e9
 
 
+def disk_bandwidth(directory: str, nbytes: int = 1 << 30) -> tuple[float, float]:
+    """Write and read GB/s of one file in ``directory`` with O_DIRECT, 64 MiB at a time (the
+    disk tier's own limit)."""
+    import mmap
+
+    chunk = 64 << 20
+    buffer = mmap.mmap(-1, chunk)  # page-aligned, as O_DIRECT needs
+    buffer.write(os.urandom(4096) * (chunk // 4096))
+    path = os.path.join(directory, f"bench-disk-{os.getpid()}.bin")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | getattr(os, "O_DIRECT", 0), 0o600)
+    try:
+        start = time.perf_counter()
+        for offset in range(0, nbytes, chunk):
+            os.pwrite(fd, buffer, offset)
+        os.fsync(fd)
+        write = nbytes / (time.perf_counter() - start) / 1e9
+        start = time.perf_counter()
+        for offset in range(0, nbytes, chunk):
+            os.preadv(fd, [buffer], offset)
+        read = nbytes / (time.perf_counter() - start) / 1e9
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return write, read
+
+
 def ledger_peak(path: Path, stop: list[bool], out: list[int]) -> None:
     while not stop[0]:
         out.append(held_bytes(path))
         time.sleep(0.002)
 
 
-def run_node(tool: str, processes: int, gib: float, cycles: int, budget: int | None, extra_path: str) -> dict:
+def run_node(tool: str, processes: int, gib: float, cycles: int, budget: int | None, extra_path: str,
+             disk_dir: str | None = None) -> dict:
     go_dir = tempfile.mkdtemp(prefix="node-bench-")
     ledger = Path(go_dir) / "host-memory.ledger"
-    env = {**os.environ, "BENCH_EXTRA_PATH": extra_path, "TMSL_HOST_LEDGER": str(ledger)}
+    env = {k: v for k, v in os.environ.items() if k not in ("TMSL_DISK_BACKUP_DIR", "TMS_DISK_BACKUP_DIR")}
+    env.update(BENCH_EXTRA_PATH=extra_path, TMSL_HOST_LEDGER=str(ledger))
+    if disk_dir is not None:
+        env["TMSL_DISK_BACKUP_DIR"] = disk_dir
     if budget is not None:
         env["TMSL_HOST_MEMORY_BUDGET"] = str(budget)
     children = [subprocess.Popen([sys.executable, "-c", WORKER, tool, str(gib), str(cycles), go_dir, str(rank)],
@@ -165,6 +200,7 @@ def summarise(children, outputs, processes: int, gib: float, cycles: int, sample
             pause_gbs=len(moved) * gib * GiB / span / 1e9 if span else 0.0,
             resume_gbs=len(moved) * gib * GiB / max(p["resume_s"] for p in moved) / 1e9 if moved else 0.0,
             held=sum(p["held"] for p in per), refused=sum(p["refused"] for p in per),
+            spilled=sum(p["spilled"] for p in per),
             ok=all(p["ok"] for p in per)))
     return dict(cycles=cycles_out, ledger_peak=max(samples) if samples else None)
 
@@ -205,6 +241,7 @@ def main() -> None:
     parser.add_argument("--gib", type=float, default=2.0)
     parser.add_argument("--cycles", type=int, default=3)
     parser.add_argument("--tms-path", default=None, help="a folder holding torch_memory_saver (side by side)")
+    parser.add_argument("--disk-dir", default=None, help="a directory on a real disk for the budget's disk tier")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_node_host_memory.py needs a CUDA GPU")
@@ -212,27 +249,35 @@ def main() -> None:
     need = int(args.processes * args.gib * GiB)
     print(f"device: {torch.cuda.get_device_name()}; pinned D2H {link:.1f} GB/s; {args.processes} processes x "
           f"{args.gib:g} GiB of identical weights, backed up ({need / GiB:.1f} GiB in all)")
+    if args.disk_dir:
+        write, read = disk_bandwidth(args.disk_dir)
+        print(f"disk tier: {args.disk_dir}, O_DIRECT write {write:.1f} GB/s, read {read:.1f} GB/s")
     header = (f"{'tool':<19}{'budget':>10} {'cyc':>4} {'paused':>7} {'pause GB/s':>11} {'p/link':>7} "
-              f"{'resume GB/s':>12} {'host held (PSS)':>16} {'ledger peak':>12} {'refused':>8} {'ok':>4}")
+              f"{'resume GB/s':>12} {'host held (PSS)':>16} {'ledger peak':>12} {'on disk':>10} {'refused':>8} "
+              f"{'ok':>4}")
     print(header)
     print("-" * len(header))
-    setups = [("ours", need + need // 4), ("ours", need * 5 // 8)]
+    setups: list[tuple[str, int | None, str | None]] = [("ours", need + need // 4, None), ("ours", need * 5 // 8, None)]
+    if args.disk_dir:
+        setups.append(("ours + disk tier", need * 5 // 8, args.disk_dir))
     if args.tms_path:
-        setups.append(("torch_memory_saver", None))
-    for tool, budget in setups:
-        result = run_node("ours" if tool == "ours" else "tms", args.processes, args.gib, args.cycles, budget,
-                          args.tms_path if tool != "ours" else "")
+        setups.append(("torch_memory_saver", None, None))
+    for tool, budget, disk_dir in setups:
+        ours = tool.startswith("ours")
+        result = run_node("ours" if ours else "tms", args.processes, args.gib, args.cycles, budget,
+                          "" if ours else args.tms_path, disk_dir)
         for i, c in enumerate(result["cycles"]):
             peak = result["ledger_peak"]
             print(f"{tool:<19}{(f'{budget / GiB:.1f} GiB' if budget else 'none'):>10} {i + 1:>4} "
                   f"{c['paused']:>4}/{args.processes:<2} "
                   f"{c['pause_gbs']:>11.1f} {c['pause_gbs'] / link:>6.0%} {c['resume_gbs']:>12.1f} "
                   f"{c['held'] / GiB:>12.2f} GiB {(f'{peak / GiB:.2f} GiB' if peak is not None else '-'):>12} "
-                  f"{c['refused']:>8} {'yes' if c['ok'] else 'NO':>4}")
+                  f"{c['spilled'] / GiB:>6.2f} GiB {c['refused']:>8} {'yes' if c['ok'] else 'NO':>4}")
     print("paused: processes whose pause went through (a refused pause is retried every 50 ms for 3 s, then that "
           "engine stays resident); pause GB/s: their bytes over the time from the first pause's start to the last "
           "one's end; host held: the sum of the processes' PSS growth while paused; ledger peak: the most the "
-          "node's ledger showed held at once; ok: every process's weights bit-identical after the resume")
+          "node's ledger showed held at once; on disk: backups the disk tier wrote; ok: every process's weights "
+          "bit-identical after the resume")
     print()
     rounds = run_sequence(args.gib, args.cycles)
     print(f"one process, tags a, b, c of {args.gib:g} GiB each, paused and resumed in turn (GB/s of each pause; "
