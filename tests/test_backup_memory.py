@@ -57,6 +57,7 @@ def test_backups_the_node_budget_cannot_hold_go_to_disk_and_come_back_bit_exact(
         backend.write(ptr, data)
     saver_.set_disk_backup_dir(disk_dir)
     saver_.release_host_cache()
+    saver_.wait_for_released_backups()  # given back in the background: gone from the ledger now
     before = saver_.host_memory()
     budget = saver_.host_memory_budget
     saver_.host_memory_budget = before.held_by_this_process + before.held_by_others + 32 * MiB
