@@ -12,7 +12,8 @@ growth from /proc, and the ledger's figure) against the budget; pauses refused f
 room (each then retried after the others resumed); content checked bit for bit after every
 resume. With --disk-dir (a directory on a real disk), the smaller budget runs again with the
 disk tier: what the budget cannot hold goes to files there (the "on disk" column), against the
-disk's own write and read speed measured in the same run. With --tms-path,
+disk's own write and read speed measured in the same run (processes pausing at one moment
+each wait up to 2 s for the others' caches, then send all their backups to disk). With --tms-path,
 torch_memory_saver (no budget) runs the same processes beside it.
 
 Table 2: one process, three tags of --gib each, paused and resumed one after another for
@@ -119,8 +120,13 @@ def disk_bandwidth(directory: str, nbytes: int = 1 << 30) -> tuple[float, float]
     chunk = 64 << 20
     buffer = mmap.mmap(-1, chunk)  # page-aligned, as O_DIRECT needs
     buffer.write(os.urandom(4096) * (chunk // 4096))
+    os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"bench-disk-{os.getpid()}.bin")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | getattr(os, "O_DIRECT", 0), 0o600)
+    flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC
+    try:
+        fd = os.open(path, flags | getattr(os, "O_DIRECT", 0), 0o600)
+    except OSError:  # a file system without O_DIRECT: through the page cache, as the library falls back
+        fd = os.open(path, flags, 0o600)
     try:
         start = time.perf_counter()
         for offset in range(0, nbytes, chunk):

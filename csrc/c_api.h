@@ -81,7 +81,7 @@ TMSL_API int tmsl_prepare_backups(void* saver, const char* const* tags, int ntag
 // The disk tier of the node's host-memory budget (Saver::mark_spill): tmsl_mark_spill marks
 // backed-up allocations of the tags (ntags < 0: all) disk-backed for their next pause,
 // largest first, until the rest fits in the budget (everything != 0: all of them); *bytes:
-// what it marked. tmsl_note_spill_written: the files of the allocations at `addresses` hold
+// the size of what it marked. tmsl_note_spill_written: the files of the allocations at `addresses` hold
 // their content (a pause releases a marked allocation without a host copy only then).
 // tmsl_unmark_spill drops the marks of the tags' resident allocations. tmsl_spilled_bytes:
 // paused memory whose content went to disk this way.

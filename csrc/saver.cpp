@@ -284,7 +284,7 @@ std::vector<Saver::Allocation*> Saver::claim(const TagSelection& selection, Stat
     if (a.state != from) return;
     a.state = to;
     // A pause releases memory marked for the disk tier only if its file was written for it.
-    if (a.spilled && !a.spill_written && from == State::kActive) a.spilled = false;
+    if (a.disk_marked && !a.spill_written && from == State::kActive) a.disk_marked = false;
     a.backup = a.backs_up();
     batch.push_back(&a);
   };
@@ -303,7 +303,9 @@ void Saver::settle(const std::vector<Allocation*>& batch, size_t done, State don
     for (size_t i = 0; i < batch.size(); ++i) {
       Allocation& a = *batch[i];
       a.state = i < done ? done_state : rest_state;
-      if (a.state == State::kActive) a.spill_written = false;  // a file written for a pause that let it be
+      // A pause that let it be resident: its undo removes the file written for it. (After a
+      // resume the file stays until the read-back succeeded: unmark_spill.)
+      if (backups != nullptr && a.state == State::kActive) a.spill_written = false;
       if (i >= done) continue;
       if (backups != nullptr) {
         if (a.host_copy) let_go.push_back(std::move(a.host_copy));
@@ -730,7 +732,7 @@ Status Saver::lease_backup(uintptr_t address, size_t nbytes, const void** host, 
                            "memory at " + format_address(address) +
                                " was not allocated inside a region (or has been freed)");
     }
-    if (a->spilled && a->state == State::kPaused) {
+    if (a->disk_marked && a->state == State::kPaused) {
       return Status::Error(Code::kInvalidArgument,
                            "the backup of tag '" + a->tag + "' at " + format_address(a->va) +
                                " is in a disk file, not host memory: the node's host-memory budget could not "

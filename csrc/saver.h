@@ -144,7 +144,8 @@ class Saver {
   // of `selection` that would need new host memory at their next pause as disk-backed (their
   // effective choice is kDisk), largest first, until the rest fits in the node's budget with
   // the other processes' host caches and this one's (less what this pause reuses) given
-  // back; with `everything`, all of them. *bytes: what it marked.
+  // back; with `everything`, all of them. Marks left on resident allocations of `selection`
+  // are judged afresh first. *bytes: the size of what it marked (what the files hold).
   // A pause releases a marked allocation without a host copy only once note_spill_written
   // said its file holds its content, during that very pause (the mark is dropped, and it is
   // backed up to host memory, otherwise): nothing depends on the Python side running its
@@ -214,11 +215,12 @@ class Saver {
     std::string tag;
     TagInfo* tag_info = nullptr;  // its tag's entry in tags_ (never erased), read under mu_
     BackupChoice choice = BackupChoice::kAuto;  // its region's
-    // Marked for the disk tier (mark_spill), and whether its file holds its content for the
-    // pause under way (note_spill_written; cleared when the pause ends with it resident).
-    bool spilled = false;
+    // Marked for the disk tier (mark_spill), and whether its file holds its content
+    // (note_spill_written; false again once a pause ends with it resident, and once
+    // unmark_spill or the next mark_spill judges it afresh).
+    bool disk_marked = false;
     bool spill_written = false;
-    BackupChoice effective_choice() const { return spilled ? BackupChoice::kDisk : choice; }
+    BackupChoice effective_choice() const { return disk_marked ? BackupChoice::kDisk : choice; }
     bool backup = false;  // whether the pause that claimed it copies it out (backs_up())
     // Whether its host copy outlived a resume because backups were retained: such a copy is
     // handed out while resident too (torch_memory_saver's retain_cpu_backup).
@@ -339,7 +341,7 @@ class Saver {
   std::atomic<size_t> host_cache_bytes_{default_host_cache_bytes()};
   std::atomic<bool> poison_on_resume_{false};
   std::atomic<size_t> published_cache_{0};  // what the node's ledger was last told
-  std::atomic<bool> any_spilled_{false};  // some allocation is marked by mark_spill
+  std::atomic<bool> any_marked_{false};  // some allocation is marked by mark_spill
   std::atomic<bool> closing_{false};  // the saver is going: background preparation stops
   // Tags whose host memory is to be prepared, and whether a task to do it is queued.
   std::mutex prepare_mu_;

@@ -19,6 +19,7 @@ Status Saver::mark_spill(const TagSelection& selection, bool everything, size_t*
   std::set<const HostArena*> reused;    // arenas this pause takes copies from: not given back
   size_t need = 0;
   for_each_selected(selection, [&](Allocation& a) {
+    if (a.state == State::kActive) a.disk_marked = a.spill_written = false;  // no hook of this pause ran yet
     if (a.host_copy) reused.insert(a.host_copy.arena.get());
     const bool reusable = a.host_copy && a.host_copy.size == a.backup_bytes();
     if (a.state != State::kActive || !a.backs_up() || reusable) return;
@@ -36,12 +37,13 @@ Status Saver::mark_spill(const TagSelection& selection, bool everything, size_t*
   std::stable_sort(candidates.begin(), candidates.end(),
                    [](const Allocation* x, const Allocation* y) { return x->backup_bytes() > y->backup_bytes(); });
   *bytes = 0;
+  size_t freed = 0;  // host memory the marks spare
   for (Allocation* a : candidates) {
-    if (*bytes >= shortfall) break;
-    a->spilled = true;
-    a->spill_written = false;
-    *bytes += a->backup_bytes();
-    any_spilled_.store(true);
+    if (freed >= shortfall) break;
+    a->disk_marked = true;
+    freed += a->backup_bytes();
+    *bytes += a->size;
+    any_marked_.store(true);
   }
   return Status::Ok();
 }
@@ -50,7 +52,7 @@ Status Saver::note_spill_written(const std::vector<uintptr_t>& addresses) {
   std::lock_guard<std::mutex> lock(mu_);
   for (uintptr_t va : addresses) {
     auto it = table_.find(va);
-    if (it != table_.end() && it->second.spilled && it->second.state == State::kActive) {
+    if (it != table_.end() && it->second.disk_marked && it->second.state == State::kActive) {
       it->second.spill_written = true;
     }
   }
@@ -58,20 +60,20 @@ Status Saver::note_spill_written(const std::vector<uintptr_t>& addresses) {
 }
 
 Status Saver::unmark_spill(const TagSelection& selection) {
-  if (!any_spilled_.load()) return Status::Ok();  // every resume calls it
+  if (!any_marked_.load()) return Status::Ok();  // every resume calls it
   std::lock_guard<std::mutex> op(op_mu_);  // not under a pause that has chosen its backups
   std::lock_guard<std::mutex> lock(mu_);
   bool still_marked = false;
   for (auto& entry : table_) {
     Allocation& a = entry.second;
-    if (!a.spilled) continue;
+    if (!a.disk_marked) continue;
     if (a.state == State::kActive && selection.matches(a.tag)) {
-      a.spilled = a.spill_written = false;
+      a.disk_marked = a.spill_written = false;
     } else {
       still_marked = true;
     }
   }
-  any_spilled_.store(still_marked);
+  any_marked_.store(still_marked);
   return Status::Ok();
 }
 
@@ -79,7 +81,7 @@ size_t Saver::spilled_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   size_t bytes = 0;
   for (const auto& entry : table_) {
-    if (entry.second.spilled && entry.second.state == State::kPaused) bytes += entry.second.size;
+    if (entry.second.disk_marked && entry.second.state == State::kPaused) bytes += entry.second.size;
   }
   return bytes;
 }

@@ -55,6 +55,7 @@ def test_backups_the_node_budget_cannot_hold_go_to_disk_and_come_back_bit_exact(
     contents = {big: os.urandom(48 * MiB), small: os.urandom(16 * MiB)}
     for ptr, data in contents.items():
         backend.write(ptr, data)
+    tier = saver_.host_memory().disk_tier  # the process-wide saver's, put back at the end
     saver_.set_disk_backup_dir(disk_dir)
     saver_.release_host_cache()
     saver_.wait_for_released_backups()  # given back in the background: gone from the ledger now
@@ -71,7 +72,7 @@ def test_backups_the_node_budget_cannot_hold_go_to_disk_and_come_back_bit_exact(
         saver_.resume(tag)
     finally:
         saver_.host_memory_budget = budget
-        saver_.set_disk_backup_dir(None)  # the process-wide saver's disk tier off again
+        saver_.set_disk_backup_dir(tier or None)
     assert all(backend.read(ptr, len(data)) == data for ptr, data in contents.items())
     assert list(disk_dir.glob("tmsl-*.bin")) == [] and saver_.host_memory().spilled_bytes == 0
 

@@ -89,6 +89,18 @@ def test_the_members_served_from_saver_keep_their_signatures_docstrings_and_type
             assert getattr(torch_memory_saver, name) == getattr(saver, name), name
 
 
+def test_the_members_served_from_saver_are_the_wrapped_savers_own(host_saver):
+    from unittest import mock
+
+    from torch_mem_saver_lite.compat import TorchMemorySaver
+
+    compat = TorchMemorySaver(host_saver)
+    with mock.patch.object(host_saver, "stats", return_value={"patched": None}):
+        assert compat.stats() == {"patched": None}  # looked up on the saver it wraps
+    compat.host_cache_bytes = 12 * MiB
+    assert host_saver.host_cache_bytes == 12 * MiB == compat.host_cache_bytes
+
+
 def test_unknown_tags_are_a_no_op_for_the_compat_object_and_an_error_for_saver(host_saver, mem):
     compat = TorchMemorySaver(host_saver)
     with compat.region("kv"):

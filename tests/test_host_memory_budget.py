@@ -577,3 +577,55 @@ def test_get_cpu_backup_of_memory_the_budget_sent_to_disk_says_so(ledger, disk_d
     """, budget="32M")
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["refused True", "host copy True"], result.stdout + result.stderr
+
+
+def test_a_failed_read_back_keeps_the_spilled_tag_paused_with_its_file_until_a_resume_succeeds(ledger, disk_dir):
+    result = run(f"""
+        from torch_mem_saver_lite import MemorySaverError, disk_backup
+        host.set_disk_backup_dir({str(disk_dir)!r})
+        small = tagged("w", 2, 16 * MiB, 8)
+        big = tagged("w", 1, 48 * MiB, 9)
+        host.pause("w")  # the 48 MiB allocation goes to disk
+        real_read = disk_backup.TagBackup._read
+        def failing(self, transfer, piece):
+            raise OSError(5, "Input/output error")
+        disk_backup.TagBackup._read = failing
+        for budget in (64 * MiB, 512 * MiB):  # the budget as it was, and room for everything
+            saver.host_memory_budget = budget
+            try:
+                host.resume("w")
+            except MemorySaverError as error:
+                print("failed", "call resume again" in str(error))
+            print("paused", host.stats()["w"].paused, host.host_memory().spilled_bytes // MiB,
+                  len(os.listdir({str(disk_dir)!r})))
+        disk_backup.TagBackup._read = real_read
+        host.resume("w")
+        print("content", intact(small, 16 * MiB, 8), intact(big, 48 * MiB, 9), len(os.listdir({str(disk_dir)!r})))
+    """, budget="64M")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["failed True", "paused True 48 1", "failed True", "paused True 48 1",
+                                          "content True True 0"], result.stdout + result.stderr
+
+
+def test_an_environment_directory_in_memory_is_no_disk_tier_and_is_not_made(ledger):
+    from torch_mem_saver_lite.disk_backup import filesystem_type
+
+    if filesystem_type("/dev/shm") != "tmpfs":
+        pytest.skip("needs /dev/shm on tmpfs")
+    directory = Path("/dev/shm") / f"tmsl-test-{os.getpid()}-{time.monotonic_ns()}" / "backups"
+    os.environ["TMSL_DISK_BACKUP_DIR"] = str(directory)
+    try:
+        result = run("""
+            print("tier", repr(host.host_memory().disk_tier))
+            ptrs = tagged("weights", 3, 32 * MiB, 5)
+            try:
+                host.pause("weights")
+            except OutOfMemoryError:
+                print("refused")
+            print("tier", repr(host.host_memory().disk_tier), intact(ptrs, 32 * MiB, 5))
+        """, budget="64M")
+    finally:
+        del os.environ["TMSL_DISK_BACKUP_DIR"]
+    assert result.stdout.splitlines() == ["tier ''", "refused", "tier '' True"], result.stdout + result.stderr
+    assert "no disk tier for the node's host-memory budget" in result.stderr and "tmpfs" in result.stderr
+    assert not directory.parent.exists()

@@ -376,8 +376,8 @@ class NativeSaver:
         return [(address, size, device) for address, size, device, _ in self._allocations(tag)]
 
     def disk_allocations(self, tag: str) -> list[tuple[int, int, int]]:
-        """The tag's allocations made in regions with enable_disk_backup=True, as
-        (address, size, device), in address order."""
+        """The tag's disk-backed allocations (made in regions with enable_disk_backup=True, or
+        marked for the budget's disk tier), as (address, size, device), in address order."""
         return [(address, size, device) for address, size, device, choice in self._allocations(tag)
                 if choice == CHOICE_DISK]
 
@@ -431,7 +431,7 @@ class NativeSaver:
     def mark_spill(self, tags: Sequence[str] | None, everything: bool) -> int:
         """Marks backed-up allocations of the tags disk-backed for their next pause, largest
         first, until the rest fits in the node's host-memory budget (``everything``: all);
-        returns the bytes marked."""
+        returns the size of what it marked."""
         array, count = _tag_array(tags)
         out = _sz()
         check(lib().tmsl_mark_spill(self.handle, array, count, int(everything), ctypes.byref(out)))

@@ -23,7 +23,7 @@ import functools
 import os
 import threading
 from collections.abc import Callable, Iterator, MutableMapping, Sequence
-from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, cast, overload
 
 import torch
 
@@ -37,11 +37,13 @@ V = TypeVar("V")
 
 
 class _Method(Generic[P, R]):
-    """A method of ``saver`` served on the compat object as it is there: the same function,
-    so the same signature (for type checkers too), docstring and behaviour."""
+    """A method of ``saver`` served on the compat object as it is there: the wrapped saver's
+    own (looked up by name, so an override or a patch of it is what runs), typed as
+    ``MemorySaver``'s function is for type checkers, with its docstring."""
 
     def __init__(self, method: Callable[Concatenate[MemorySaver, P], R]) -> None:
         self._method = method
+        self._name = method.__name__
         self.__doc__ = method.__doc__
 
     @overload
@@ -52,17 +54,20 @@ class _Method(Generic[P, R]):
     def __get__(self, compat: TorchMemorySaver | None, owner: type) -> Callable[..., R]:
         if compat is None:
             return self._method
-        return self._method.__get__(compat._saver, MemorySaver)  # bound, as saver's own
+        return cast(Callable[P, R], getattr(compat._saver, self._name))
+
+    def __set__(self, compat: TorchMemorySaver, value: object) -> None:
+        setattr(compat._saver, self._name, value)
 
 
 class _Setting(Generic[V]):
     """A setting (property) of ``saver`` served on the compat object as it is there: read
-    and set on ``saver``. Its type is named where it is declared (``_Setting[int]``), and
-    tests/test_drop_in.py checks it against ``saver``'s."""
+    and set on the wrapped saver by name. Its type is named where it is declared
+    (``_Setting[int]``), and tests/test_drop_in.py checks it against ``saver``'s."""
 
     def __set_name__(self, owner: type, name: str) -> None:
-        self._setting: property = getattr(MemorySaver, name)
-        self.__doc__ = self._setting.__doc__
+        self._name = name
+        self.__doc__ = getattr(MemorySaver, name).__doc__
 
     @overload
     def __get__(self, compat: None, owner: type) -> property: ...
@@ -71,11 +76,11 @@ class _Setting(Generic[V]):
 
     def __get__(self, compat: TorchMemorySaver | None, owner: type) -> V | property:
         if compat is None:
-            return self._setting
-        return self._setting.__get__(compat._saver, MemorySaver)
+            return cast(property, getattr(MemorySaver, self._name))
+        return cast(V, getattr(compat._saver, self._name))
 
     def __set__(self, compat: TorchMemorySaver, value: V) -> None:
-        self._setting.__set__(compat._saver, value)
+        setattr(compat._saver, self._name, value)
 
 
 class _NativeLibrary:

@@ -230,10 +230,11 @@ def render(env: Environment) -> str:
                      f"host memory:      budget {mib(host['budget_bytes'])} for the node ({host['ledger']}); held: "
                      f"this process {mib(host['held_by_this_process'])}, others {mib(host['held_by_others'])} "
                      f"({len([p for p in host['holders'] if p != os.getpid()])} processes)")
-        lines.append(f"disk tier:        {host['disk_tier']} (what the budget cannot hold goes there)"
-                     if host["disk_tier"] else
-                     "disk tier:        none (a pause beyond the budget is refused; set TMSL_DISK_BACKUP_DIR "
-                     "to send it to disk)")
+        if not host["error"]:
+            lines.append(f"disk tier:        {host['disk_tier']} (what the budget cannot hold goes there)"
+                         if host["disk_tier"] else
+                         "disk tier:        none (a pause beyond the budget is refused; set TMSL_DISK_BACKUP_DIR "
+                         "to a directory on a real disk to send it to disk)")
     for m in env.memory:
         lines.append(f"  GPU {m['device']} memory: {mib(m['used_bytes'])} used of {mib(m['total_bytes'])}: "
                      f"torch reserved {mib(m['torch_reserved_bytes'])}, saver resident "

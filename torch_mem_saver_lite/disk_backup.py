@@ -73,23 +73,36 @@ def filesystem_type(path: str | os.PathLike[str]) -> str:
     return kind
 
 
+def directory_problem(path: str | os.PathLike[str]) -> str:
+    """Why ``path`` cannot hold disk backups ("" where it can, or where it does not exist
+    yet but could be made). Changes nothing."""
+    directory = Path(path)
+    kind = filesystem_type(directory)
+    if kind in _MEMORY_FILE_SYSTEMS:
+        return (f"the disk backup directory {str(directory)!r} is on {kind}, which is host memory: a disk "
+                "backup there saves nothing; choose a directory on a real disk, or use enable_cpu_backup=True")
+    if directory.exists() and not directory.is_dir():
+        return f"the disk backup directory {str(directory)!r} is not a directory"
+    if directory.is_dir() and not os.access(directory, os.W_OK | os.X_OK):
+        return f"the disk backup directory {str(directory)!r} is not writable"
+    return ""
+
+
 def check_directory(path: str | os.PathLike[str]) -> str:
     """Create ``path`` if needed and check that it is on a disk; returns its real path."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"the disk backup directory must be a path, got {type(path).__name__}")
+    problem = directory_problem(path)  # before mkdir: a refused directory is not left behind
+    if problem:
+        raise MemorySaverError(problem)
     directory = Path(path)
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise MemorySaverError(f"cannot create the disk backup directory {str(directory)!r}: {error}") from error
-    kind = filesystem_type(directory)
-    if kind in _MEMORY_FILE_SYSTEMS:
-        raise MemorySaverError(
-            f"the disk backup directory {str(directory)!r} is on {kind}, which is host memory: a disk "
-            "backup there saves nothing; choose a directory on a real disk, or use enable_cpu_backup=True"
-        )
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise MemorySaverError(f"the disk backup directory {str(directory)!r} is not writable")
+    problem = directory_problem(directory)
+    if problem:
+        raise MemorySaverError(problem)
     return os.path.realpath(directory)
 
 
@@ -575,6 +588,7 @@ class DiskBackups(Generic[Hooks]):
         self._directory: str | None = None
         self._environment_judged = False  # configured() looked at the environment
         self._environment_allowed = True  # False once set_directory(None) said "none"
+        self._environment_refused = False  # the environment's directory could not serve
         self.hooks: dict[str, Hooks] = {}  # tag -> the hooks its next pause or resume runs
         self._current: dict[str, object] = {}  # tag -> the token of those hooks
         self.backups: dict[str, TagBackup] = {}  # tag -> the backup of its current pause
@@ -607,11 +621,12 @@ class DiskBackups(Generic[Hooks]):
         return self._directory
 
     def named_directory(self, from_environment: Callable[[], tuple[str, str] | None]) -> str:
-        """The directory set, else the environment's (not checked here); "" for none."""
+        """The directory set, else the environment's unless it cannot serve; "" for none.
+        Changes nothing."""
         if self._directory is not None:
             return self._directory
-        found = from_environment() if self._environment_allowed else None
-        return found[1] if found is not None else ""
+        found = from_environment() if self._environment_allowed and not self._environment_refused else None
+        return found[1] if found is not None and not directory_problem(found[1]) else ""
 
     def configured(self, from_environment: Callable[[], tuple[str, str] | None]) -> bool:
         """Whether a directory is set, or given by the environment (judged once: one that
@@ -622,6 +637,7 @@ class DiskBackups(Generic[Hooks]):
                 try:
                     self.directory(from_environment)
                 except MemorySaverError as error:
+                    self._environment_refused = True
                     logger.warning("no disk tier for the node's host-memory budget: %s", error)
         return self._directory is not None
 

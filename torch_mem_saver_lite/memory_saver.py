@@ -526,6 +526,8 @@ class MemorySaver:
         try:
             if spilling:
                 self._spill(native, names, everything=False)
+            else:
+                native.unmark_spill(names)  # marks left by an earlier pause are stale now
             try:
                 pause()
             except OutOfMemoryError as error:

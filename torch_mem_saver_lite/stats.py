@@ -69,12 +69,13 @@ class HostMemoryReport:
         cached_by_holder: of those, the host cache each could give back, by process id.
         on_disk_bytes: content of this process's tags written to disk backups (outside the
             budget).
+        ledger: the ledger's path.
+        error: why no budget applies ("" while one does).
         spilled_bytes: paused memory of this process whose backup went to disk for want of
             budget (the budget's disk tier), whose files ``on_disk_bytes`` counts too.
         disk_tier: the directory what the budget cannot hold goes to (``set_disk_backup_dir``
-            or ``TMSL_DISK_BACKUP_DIR``); "" where there is none and such pauses are refused.
-        ledger: the ledger's path.
-        error: why no budget applies ("" while one does).
+            or ``TMSL_DISK_BACKUP_DIR``); "" where there is none, or the environment's cannot
+            serve, and such pauses are refused.
     """
 
     budget_bytes: int
@@ -83,7 +84,7 @@ class HostMemoryReport:
     holders: dict[int, int]
     cached_by_holder: dict[int, int]
     on_disk_bytes: int
-    spilled_bytes: int
-    disk_tier: str
     ledger: str
     error: str = ""
+    spilled_bytes: int = 0
+    disk_tier: str = ""
