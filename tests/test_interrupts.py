@@ -1,7 +1,8 @@
 """A KeyboardInterrupt (Ctrl-C) at any line of region(), disable() and paused() leaves the
 thread's region and the tags as they were, and one at any line of a disk-backed pause or
-resume loses no content and leaves no file or descriptor behind: injected at every line with
-sys.settrace, and as a real SIGINT during large pauses."""
+resume (a region's disk backup, or the host-memory budget's disk tier) loses no content and
+leaves no file or descriptor behind: injected at every line with sys.settrace, and as a real
+SIGINT during large pauses."""
 
 from __future__ import annotations
 
@@ -307,3 +308,78 @@ def test_ctrl_c_during_an_8_gib_pause_leaves_everything_resumable(mode):
     assert result.returncode == 0, result.stderr[-3000:]
     words = result.stdout.split()
     assert words[-4] == "interrupts" and int(words[-3]) >= 6 and words[-1] == "True", result.stdout
+
+
+# ----- the host-memory budget's disk tier ---------------------------------------------------
+class Spilling:
+    """A backed-up tag whose larger allocation the node's budget cannot hold: each pause
+    sends it to disk (a file) and backs the smaller one up to host memory."""
+
+    def __init__(self, mem, disk_dir: Path, recwarn):
+        self.mem, self.disk_dir, self.warnings = mem, disk_dir, recwarn
+        self.saver = HostSaver()
+        self.saver.set_disk_backup_dir(disk_dir)
+        self.saver.host_cache_bytes = 0  # every pause takes host memory anew
+        with self.saver.region("w", enable_cpu_backup=True):
+            self.kept = [(mem.malloc(8 * MiB), 8 * MiB), (mem.malloc(2 * MiB), 2 * MiB)]
+        for seed, (ptr, size) in enumerate(self.kept):
+            mem.write(ptr, pattern(size, seed))
+        self.calls: list[str] = []
+        self.saver.register_hooks("w", before_pause=lambda: self.calls.append("pause"),
+                                  after_resume=lambda: self.calls.append("resume"))
+        report = self.saver.host_memory()
+        self.budget = self.saver.host_memory_budget  # the session's, put back by close()
+        self.saver.host_memory_budget = report.held_by_this_process + report.held_by_others + 4 * MiB
+
+    def check_resumed_intact_and_clean(self, k: int) -> None:
+        assert_no_disk_thread_runs(k)
+        failed = [str(w.message) for w in self.warnings if issubclass(w.category, RuntimeWarning)]
+        assert failed == [], f"interrupt at line {k}: {failed}"
+        assert not self.saver.stats()["w"].paused, f"interrupt at line {k}"
+        for seed, (ptr, size) in enumerate(self.kept):
+            assert self.mem.read(ptr, size) == pattern(size, seed), f"interrupt at line {k}: content lost"
+        assert self.calls.count("pause") == self.calls.count("resume"), f"interrupt at line {k}: {self.calls}"
+        assert os.listdir(self.disk_dir) == [], f"interrupt at line {k}: a file left behind"
+        self.saver.wait_for_released_backups()  # the next round finds the budget as it was
+
+    def close(self) -> None:
+        self.saver.host_memory_budget = self.budget
+        self.saver.close()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.filterwarnings("ignore:.*go to disk backup")
+def test_interrupting_a_pause_the_budget_sends_to_disk_anywhere_keeps_the_content(mem, disk_dir, recwarn):
+    setup = Spilling(mem, disk_dir, recwarn)
+    try:
+        def check(k):
+            assert_no_disk_thread_runs(k)
+            paused = setup.saver.stats()["w"].paused
+            assert len(os.listdir(disk_dir)) == (1 if paused else 0), f"interrupt at line {k}"
+            setup.saver.resume()
+            setup.check_resumed_intact_and_clean(k)
+
+        assert every_line(lambda: setup.saver.pause("w"), check) > 100  # the disk tier's lines too
+    finally:
+        setup.close()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.filterwarnings("ignore:.*go to disk backup")
+def test_interrupting_the_resume_of_what_the_budget_sent_to_disk_anywhere_keeps_the_content(mem, disk_dir, recwarn):
+    setup = Spilling(mem, disk_dir, recwarn)
+    try:
+        k = 0
+        while True:
+            k += 1
+            setup.saver.pause("w")
+            assert setup.saver.host_memory().spilled_bytes == 8 * MiB, f"round {k}"
+            hit = interrupted_at(k, lambda: setup.saver.resume("w"))
+            assert_no_disk_thread_runs(k)
+            setup.saver.resume("w")
+            setup.check_resumed_intact_and_clean(k)
+            if not hit:
+                break
+        assert k > 20
+    finally:
+        setup.close()
