@@ -44,12 +44,12 @@ def test_content_written_between_cycles_comes_back_after_every_one_of_five(backe
         backend.saver.host_cache_bytes = budget
 
 
+# Not over the stand-in driver: disk backup copies device memory through torch.cuda.
+@pytest.mark.parametrize("backend", ["host", pytest.param("cuda", marks=pytest.mark.gpu)], indirect=True)
 def test_backups_the_node_budget_cannot_hold_go_to_disk_and_come_back_bit_exact(backend, disk_dir):
     """The disk tier (docs/guide.md, the node's host-memory budget): with 32 MiB of room, a
     pause of 48 + 16 MiB sends the 48 MiB allocation to a file and backs the rest up to host
     memory; the resume reads it back and removes the file."""
-    if backend.name == "stand_in":
-        pytest.skip("disk backup copies device memory through torch.cuda")
     saver_, tag = backend.saver, backend.tag("spill")
     big, small = backend.allocate(tag, 48 * MiB, backup=True), backend.allocate(tag, 16 * MiB, backup=True)
     contents = {big: os.urandom(48 * MiB), small: os.urandom(16 * MiB)}
