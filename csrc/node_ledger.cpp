@@ -300,8 +300,7 @@ Status NodeLedger::reserve(size_t bytes) {
                 format_bytes(budget - std::min(budget, total_held())) + " left, " + format_bytes(bytes) +
                 " needed; held by " + holders_text() +
                 " (raise it with TMSL_HOST_MEMORY_BUDGET or saver.host_memory_budget, or give host memory "
-                "back: release_host_cache(), fewer backed-up tags; with a disk backup directory, set_disk_backup_dir or "
-                "TMSL_DISK_BACKUP_DIR, what the budget cannot hold goes to disk instead)");
+                "back: release_host_cache(), fewer backed-up tags)");
       }
     }
     mine->held += bytes;

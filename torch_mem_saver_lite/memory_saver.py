@@ -72,6 +72,16 @@ def _logged(what: str, native: _lib.NativeSaver, operation: Callable[[list[str] 
         operation(names)
         _log_transition(what, before, native.stats(), time.perf_counter() - start)
 
+def _with_disk_tier_hint(error: OutOfMemoryError, disk_tier: str) -> OutOfMemoryError:
+    """The native pause's refusal for want of host memory, with what the disk tier did."""
+    hint = (f"; the disk tier ({disk_tier}) could not take the rest: a tag paused in part (or whose last resume "
+            "was undone) keeps host backups, as its files cannot be written now; resume it, then pause again"
+            if disk_tier else
+            "; or set a disk backup directory (set_disk_backup_dir or TMSL_DISK_BACKUP_DIR): what the budget "
+            "cannot hold then goes to disk")
+    return OutOfMemoryError(f"{error}{hint}", error.tag, error.bytes_needed, error.bytes_free, error.device)
+
+
 def _prepare_quietly(native: _lib.NativeSaver, tag: str) -> None:
     """Have host memory for the tag's backups set aside in the background, for its first
     pause. Best effort: a saver closed inside the block, say, just skips it."""
@@ -534,8 +544,14 @@ class MemorySaver:
                 if not (spilling and error in refused and self._spill(native, names, everything=True)):
                     raise
                 pause()  # what the others' caches did not free in time goes to disk too
-        except BaseException:
+        except OutOfMemoryError as error:
             native.unmark_spill(names)  # resident again: backed up to host memory from the next pause
+            if not refused or error is not refused[-1]:
+                raise
+            raise _with_disk_tier_hint(error, self._disk.named_directory(self._disk_directory_from_environment)) \
+                from None
+        except BaseException:
+            native.unmark_spill(names)
             raise
 
     def resume(self, tag: str | Sequence[str] | None = None) -> None:
