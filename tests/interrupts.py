@@ -9,9 +9,10 @@ from __future__ import annotations
 import signal
 import sys
 
-from torch_mem_saver_lite import disk_backup, memory_saver, regions, transitions
+from torch_mem_saver_lite import disk_backup, disk_tier, memory_saver, regions, transitions
 
-LIBRARY_FILES = (memory_saver.__file__, regions.__file__, transitions.__file__, disk_backup.__file__)
+LIBRARY_FILES = (memory_saver.__file__, regions.__file__, transitions.__file__, disk_backup.__file__,
+                 disk_tier.__file__)
 
 
 def _inside_finalizer(frame) -> bool:

@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
-from . import _lib, breakdown, graph_capture, hook_modes, leftovers, nccl_suspend
+from . import _lib, breakdown, disk_tier, graph_capture, hook_modes, leftovers, nccl_suspend
 from .breakdown import MemoryBreakdown
 from .disk_backup import DiskBackups
-from .errors import DriverNotFoundError, InvalidArgumentError, MemorySaverError, OutOfMemoryError
+from .errors import DriverNotFoundError, InvalidArgumentError, MemorySaverError
 from .hooks import TorchPools
 from .leftovers import LeftoverReport
 from .preload import check_preload_ready
@@ -71,16 +71,6 @@ def _logged(what: str, native: _lib.NativeSaver, operation: Callable[[list[str] 
         start = time.perf_counter()
         operation(names)
         _log_transition(what, before, native.stats(), time.perf_counter() - start)
-
-def _with_disk_tier_hint(error: OutOfMemoryError, disk_tier: str) -> OutOfMemoryError:
-    """The native pause's refusal for want of host memory, with what the disk tier did."""
-    hint = (f"; the disk tier ({disk_tier}) could not take the rest: a tag paused in part (or whose last resume "
-            "was undone) keeps host backups, as its files cannot be written now; resume it, then pause again"
-            if disk_tier else
-            "; or set a disk backup directory (set_disk_backup_dir or TMSL_DISK_BACKUP_DIR): what the budget "
-            "cannot hold then goes to disk")
-    return OutOfMemoryError(f"{error}{hint}", error.tag, error.bytes_needed, error.bytes_free, error.device)
-
 
 def _prepare_quietly(native: _lib.NativeSaver, tag: str) -> None:
     """Have host memory for the tag's backups set aside in the background, for its first
@@ -521,38 +511,9 @@ class MemorySaver:
             return
         self._refuse_during_capture("pause")
         self._close_restored_disk_backups()  # read back by an earlier resume: stale now
-        refused: list[OutOfMemoryError] = []  # the native pause's own refusals: host memory
-
-        def native_pause(names: list[str] | None) -> None:
-            try:
-                native.pause(names)
-            except OutOfMemoryError as error:
-                refused.append(error)
-                raise
-
-        pause = functools.partial(self._transitions.pause, native, names,
-                                  functools.partial(_logged, "pause", native, native_pause, names))
-        spilling = self._disk.configured(self._disk_directory_from_environment)
-        try:
-            if spilling:
-                self._spill(native, names, everything=False)
-            else:
-                native.unmark_spill(names)  # marks left by an earlier pause are stale now
-            try:
-                pause()
-            except OutOfMemoryError as error:
-                if not (spilling and error in refused and self._spill(native, names, everything=True)):
-                    raise
-                pause()  # what the others' caches did not free in time goes to disk too
-        except OutOfMemoryError as error:
-            native.unmark_spill(names)  # resident again: backed up to host memory from the next pause
-            if not refused or error is not refused[-1]:
-                raise
-            raise _with_disk_tier_hint(error, self._disk.named_directory(self._disk_directory_from_environment)) \
-                from None
-        except BaseException:
-            native.unmark_spill(names)
-            raise
+        disk_tier.pause(native, names, self._disk, self._disk_directory_from_environment, self._lock,
+                        lambda native_pause: self._transitions.pause(
+                            native, names, functools.partial(_logged, "pause", native, native_pause, names)))
 
     def resume(self, tag: str | Sequence[str] | None = None) -> None:
         """Give the tag(s) (None: every tag) device memory again, at the same addresses.
@@ -593,15 +554,6 @@ class MemorySaver:
 
     def _disk_directory_from_environment(self) -> tuple[str, str] | None:
         return self._settings.environment().disk_backup_dir
-
-    def _spill(self, native: _lib.NativeSaver, names: list[str] | None, everything: bool) -> bool:
-        """The budget's disk tier: marks what it cannot hold (``everything``: all backups of
-        the pause) for disk backup; whether anything was marked."""
-        spilled = native.mark_spill(names, everything)  # waits for other pauses: not under _lock
-        if spilled:
-            with self._lock:
-                self._disk.take_spilled(native, names, spilled)
-        return spilled > 0
 
     def _back_up_to_disk(self, tag: str) -> None:
         """From now on a pause of ``tag`` writes its disk-backed allocations to files and a
