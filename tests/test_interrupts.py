@@ -203,18 +203,22 @@ def test_interrupting_a_disk_backed_paused_block_anywhere_loses_and_leaks_nothin
     setup.saver.close()
 
 
+def after_a_cut_pause(setup, tag: str, files_while_paused: int):
+    """The check after a pause cut at line k: no disk thread left, a file per disk-backed
+    allocation if the tag is paused (none otherwise), and all back, intact, after a resume."""
+    def check(k: int) -> None:
+        assert_no_disk_thread_runs(k)
+        paused = setup.saver.stats()[tag].paused
+        assert len(os.listdir(setup.disk_dir)) == (files_while_paused if paused else 0), f"interrupt at line {k}"
+        setup.saver.resume()
+        setup.check_resumed_intact_and_clean(k)
+    return check
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_interrupting_a_disk_backed_pause_anywhere_keeps_the_content(mem, disk_dir, recwarn):
     setup = DiskBacked(mem, disk_dir, recwarn)
-
-    def check(k):
-        assert_no_disk_thread_runs(k)
-        paused = setup.saver.stats()["disk"].paused
-        assert len(os.listdir(disk_dir)) == (2 if paused else 0), f"interrupt at line {k}"
-        setup.saver.resume()
-        setup.check_resumed_intact_and_clean(k)
-
-    every_line(setup.saver.pause, check)
+    every_line(setup.saver.pause, after_a_cut_pause(setup, "disk", files_while_paused=2))
     setup.saver.close()
 
 
@@ -352,14 +356,8 @@ class Spilling:
 def test_interrupting_a_pause_the_budget_sends_to_disk_anywhere_keeps_the_content(mem, disk_dir, recwarn):
     setup = Spilling(mem, disk_dir, recwarn)
     try:
-        def check(k):
-            assert_no_disk_thread_runs(k)
-            paused = setup.saver.stats()["w"].paused
-            assert len(os.listdir(disk_dir)) == (1 if paused else 0), f"interrupt at line {k}"
-            setup.saver.resume()
-            setup.check_resumed_intact_and_clean(k)
-
-        assert every_line(lambda: setup.saver.pause("w"), check) > 100  # the disk tier's lines too
+        lines = every_line(lambda: setup.saver.pause("w"), after_a_cut_pause(setup, "w", files_while_paused=1))
+        assert lines > 100  # the disk tier's lines too
     finally:
         setup.close()
 
