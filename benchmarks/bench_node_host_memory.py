@@ -3,7 +3,7 @@ them), each pausing and resuming its own copy of the same weights at once, under
 budget; and one process cycling several backed-up tags in turn.
 
     python benchmarks/bench_node_host_memory.py [--processes 4] [--gib 2] [--cycles 3]
-        [--tms-path DIR] [--disk-dir DIR]
+        [--tms-path DIR] [--disk-dir DIR] [--share]
 
 Table 1, per budget (room for all backups, and less than that): each cycle's pause and
 resume as GB/s summed over the processes, against the pinned copy bandwidth measured in the
@@ -13,7 +13,10 @@ room (each then retried after the others resumed); content checked bit for bit a
 resume. With --disk-dir (a directory on a real disk), the smaller budget runs again with the
 disk tier: what the budget cannot hold goes to files there (the "on disk" column), against the
 disk's own write and read speed measured in the same run (processes pausing at one moment
-each wait up to 2 s for the others' caches, then send all their backups to disk). With --tms-path,
+each wait up to 2 s for the others' caches, then send all their backups to disk). With
+--share, the larger budget runs again with TMSL_SHARE_BACKUPS=1: the identical weights held
+once by the node (host held is the sum of PSS, which splits shared pages between their
+holders). With --tms-path,
 torch_memory_saver (no budget) runs the same processes beside it.
 
 Table 2: one process, three tags of --gib each, paused and resumed one after another for
@@ -83,6 +86,8 @@ for cycle in range(cycles):
             refused += 1
             time.sleep(0.05)
     paused_at = time.perf_counter()
+    if tool == "ours" and os.environ.get("TMSL_SHARE_BACKUPS") == "1":
+        saver.wait_for_released_backups()  # shared in the background after the pause
     held = pss() - base
     if tool == "ours":
         spilled = saver.host_memory().spilled_bytes
@@ -150,10 +155,13 @@ def ledger_peak(path: Path, stop: list[bool], out: list[int]) -> None:
 
 
 def run_node(tool: str, processes: int, gib: float, cycles: int, budget: int | None, extra_path: str,
-             disk_dir: str | None = None) -> dict:
+             disk_dir: str | None = None, share: bool = False) -> dict:
     go_dir = tempfile.mkdtemp(prefix="node-bench-")
     ledger = Path(go_dir) / "host-memory.ledger"
-    env = {k: v for k, v in os.environ.items() if k not in ("TMSL_DISK_BACKUP_DIR", "TMS_DISK_BACKUP_DIR")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TMSL_DISK_BACKUP_DIR", "TMS_DISK_BACKUP_DIR", "TMSL_SHARE_BACKUPS")}
+    if share:
+        env["TMSL_SHARE_BACKUPS"] = "1"
     env.update(BENCH_EXTRA_PATH=extra_path, TMSL_HOST_LEDGER=str(ledger))
     if disk_dir is not None:
         env["TMSL_DISK_BACKUP_DIR"] = disk_dir
@@ -248,6 +256,7 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=3)
     parser.add_argument("--tms-path", default=None, help="a folder holding torch_memory_saver (side by side)")
     parser.add_argument("--disk-dir", default=None, help="a directory on a real disk for the budget's disk tier")
+    parser.add_argument("--share", action="store_true", help="also with identical backups stored once per node")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_node_host_memory.py needs a CUDA GPU")
@@ -264,6 +273,8 @@ def main() -> None:
     print(header)
     print("-" * len(header))
     setups: list[tuple[str, int | None, str | None]] = [("ours", need + need // 4, None), ("ours", need * 5 // 8, None)]
+    if args.share:
+        setups.append(("ours, shared", need + need // 4, None))
     if args.disk_dir:
         setups.append(("ours + disk tier", need * 5 // 8, args.disk_dir))
     if args.tms_path:
@@ -271,7 +282,7 @@ def main() -> None:
     for tool, budget, disk_dir in setups:
         ours = tool.startswith("ours")
         result = run_node("ours" if ours else "tms", args.processes, args.gib, args.cycles, budget,
-                          "" if ours else args.tms_path, disk_dir)
+                          "" if ours else args.tms_path, disk_dir, share=tool == "ours, shared")
         for i, c in enumerate(result["cycles"]):
             peak = result["ledger_peak"]
             print(f"{tool:<19}{(f'{budget / GiB:.1f} GiB' if budget else 'none'):>10} {i + 1:>4} "

@@ -49,8 +49,9 @@ class Backend {
   virtual Status unmap(int device, uintptr_t va, size_t size) = 0;
   virtual Status set_access(int device, uintptr_t va, size_t size) = 0;
 
-  // Page-locks host memory for DMA from every device (a no-op on the host backend).
-  virtual Status register_host(int device, void* ptr, size_t size) = 0;
+  // Page-locks host memory for DMA from every device (a no-op on the host backend);
+  // `read_only`: memory mapped read-only (a shared backup), which DMA only reads.
+  virtual Status register_host(int device, void* ptr, size_t size, bool read_only) = 0;
   virtual Status unregister_host(int device, void* ptr) = 0;
 
   // Copies between mapped memory and registered host memory, queued on the backend's own

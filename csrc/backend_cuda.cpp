@@ -224,10 +224,11 @@ class CudaBackend final : public Backend {
     });
   }
 
-  Status register_host(int device, void* ptr, size_t size) override {
+  Status register_host(int device, void* ptr, size_t size, bool read_only) override {
     RelaxedCapture relaxed(api_);
+    const unsigned flags = CU_MEMHOSTREGISTER_PORTABLE | (read_only ? CU_MEMHOSTREGISTER_READ_ONLY : 0);
     return in_context(device, [&] {
-      return check(api_.cuMemHostRegister(ptr, size, CU_MEMHOSTREGISTER_PORTABLE),
+      return check(api_.cuMemHostRegister(ptr, size, flags),
                    [&] { return "cuMemHostRegister(" + format_bytes(size) + ")"; });
     });
   }

@@ -28,7 +28,7 @@ class FaultPlan {
   static const std::set<std::string>& operations() {
     static const std::set<std::string> names = {
         "reserve", "free_reservation", "create_physical", "release_physical", "map", "unmap",
-        "set_access", "register_host", "copy_to_host_async", "copy_from_host_async",
+        "set_access", "register_host", "register_host_read_only", "copy_to_host_async", "copy_from_host_async",
         "wait_copies", "synchronize_device"};
     return names;
   }
@@ -208,8 +208,9 @@ class HostBackend final : public Backend {
     return Status::Ok();
   }
 
-  Status register_host(int, void* p, size_t size) override {
+  Status register_host(int, void* p, size_t size, bool read_only) override {
     TMSL_FAULT_POINT("register_host");
+    if (read_only) TMSL_FAULT_POINT("register_host_read_only");  // a driver without it
     return registrations_.add(p, size);
   }
   Status unregister_host(int, void* p) override {

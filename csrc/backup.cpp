@@ -11,6 +11,7 @@
 #include <system_error>
 
 #include "node_ledger.h"
+#include "node_store.h"
 
 namespace tmsl {
 namespace {
@@ -176,7 +177,7 @@ void HostArena::page_lock() {
       }
     }
     // A failure is not final: the range's first copy tries again (for_each_part).
-    const bool registered = range.size != 0 && backend_->register_host(device_, data_ + range.start, range.size).ok();
+    const bool registered = range.size != 0 && backend_->register_host(device_, data_ + range.start, range.size, false).ok();
     std::lock_guard<std::mutex> lock(mu_);
     range.registered = registered;
     range.done = true;
@@ -206,7 +207,11 @@ Status HostArena::for_each_part(size_t offset, size_t size, const std::function<
       if (!range.registered && range.size != 0) {
         // Its page-locking failed (prepared in the background, perhaps long before), or it
         // lost it when register_as_one failed to put it back: try again now.
-        Status s = backend_->register_host(device_, data_ + range.start, range.size);
+        Status s = backend_->register_host(device_, data_ + range.start, range.size, range.shared_fd >= 0);
+        // A shared range the driver cannot page-lock read-only is made private again.
+        if (!s.ok() && range.shared_fd >= 0 && unshare(range).ok()) {
+          s = backend_->register_host(device_, data_ + range.start, range.size, false);
+        }
         if (!s.ok()) return s;
         range.registered = true;
       }
@@ -225,7 +230,16 @@ Status HostArena::register_as_one(size_t offset, size_t size) {
   if (size == 0) return Status::Ok();
   std::unique_lock<std::mutex> lock(mu_);
   changed_.wait(lock, [&] { return ranges_left_ == 0; });
+  leased_ = true;
   const size_t first = range_index(offset), last = range_index(offset + size - 1);
+  for (size_t r = first; r <= last; ++r) {
+    // A user may write what is leased: shared ranges become private first.
+    if (ranges_[r].shared_fd < 0) continue;
+    if (ranges_[r].registered) ranges_[r].registered = !backend_->unregister_host(device_, data_ + ranges_[r].start).ok();
+    Status s = ranges_[r].registered ? Status::Error(Code::kHostError, "a shared backup range stayed page-locked")
+                                     : unshare(ranges_[r]);
+    if (!s.ok()) return s;
+  }
   if (first == last && (ranges_[first].registered || ranges_[first].size == 0)) return Status::Ok();
   // A large buffer's ranges hold nothing else: unregister them, register the span once.
   // (One range whose page-locking failed earlier is page-locked here too.)
@@ -233,13 +247,14 @@ Status HostArena::register_as_one(size_t offset, size_t size) {
   for (size_t r = first; r <= last; ++r) {
     if (ranges_[r].registered) ranges_[r].registered = !backend_->unregister_host(device_, data_ + ranges_[r].start).ok();
   }
-  Status s = backend_->register_host(device_, data_ + start, end - start);
+  Status s = backend_->register_host(device_, data_ + start, end - start, false);
   if (!s.ok()) {
     // Back as it was, so the copies range by range still work; a range that cannot be
     // page-locked again now is tried again by the next copy (for_each_part).
     for (size_t r = first; r <= last; ++r) {
       if (!ranges_[r].registered) {
-        ranges_[r].registered = backend_->register_host(device_, data_ + ranges_[r].start, ranges_[r].size).ok();
+        ranges_[r].registered =
+            backend_->register_host(device_, data_ + ranges_[r].start, ranges_[r].size, ranges_[r].shared_fd >= 0).ok();
       }
     }
     return s;
@@ -263,7 +278,78 @@ HostArena::~HostArena() {
     if (range.registered) backend_->unregister_host(device_, data_ + range.start);
   }
   if (data_ != nullptr) munmap(data_, size_);
-  if (reserved_) NodeLedger::instance().give_back(used_);
+  for (const Range& range : ranges_) {
+    if (range.shared_fd >= 0) NodeStore::release(range.shared_fd, range.shared_path);
+  }
+  if (reserved_) NodeLedger::instance().give_back(used_ - shared_bytes_.load());
+}
+
+Status HostArena::unshare(Range& range) {
+  if (reserved_) {
+    Status s = NodeLedger::instance().reserve(range.size);
+    if (!s.ok()) return s;
+  }
+  char* at = data_ + range.start;
+  // Fresh private memory in its place, filled from the chunk (which holds the same bytes);
+  // should that fail, the chunk is mapped there again.
+  const bool back = mmap(at, range.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) !=
+                        MAP_FAILED &&
+                    pread(range.shared_fd, at, range.size, 0) == static_cast<ssize_t>(range.size);
+  if (!back) {
+    const int error = errno;
+    mmap(at, range.size, PROT_READ, MAP_SHARED | MAP_FIXED, range.shared_fd, 0);
+    if (reserved_) NodeLedger::instance().give_back(range.size);
+    return errno_status("making a shared backup range private again", error);
+  }
+  NodeStore::release(range.shared_fd, range.shared_path);
+  range.shared_fd = -1;
+  range.shared_path.clear();
+  shared_bytes_ -= range.size;
+  return Status::Ok();
+}
+
+std::vector<size_t> HostArena::ranges_within(size_t offset, size_t size) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<size_t> within;
+  for (size_t r = 0; r < ranges_.size(); ++r) {
+    if (ranges_[r].start >= offset && ranges_[r].start + ranges_[r].size <= offset + size) within.push_back(r);
+  }
+  return within;
+}
+
+Status HostArena::share_range(size_t index) {
+  std::unique_lock<std::mutex> lock(mu_);
+  changed_.wait(lock, [&] { return ranges_left_ == 0 || stopping(); });
+  if (index >= ranges_.size() || leased_ || stopping()) return Status::Ok();
+  Range& range = ranges_[index];
+  if (range.shared_fd >= 0 || !range.done || range.size == 0) return Status::Ok();
+  char* at = data_ + range.start;
+  int fd = -1;
+  std::string path;
+  Status s = NodeStore::share(at, range.size, &fd, &path);
+  if (!s.ok()) return s;
+  if (range.registered) range.registered = !backend_->unregister_host(device_, at).ok();
+  if (range.registered) {  // still page-locked: its pages cannot be replaced
+    NodeStore::release(fd, path);
+    return Status::Error(Code::kHostError, "a backup range could not be unpinned to be shared");
+  }
+  // The chunk holds the same bytes: mapped over the range, the range's own pages go back.
+  if (mmap(at, range.size, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+    // The range may be gone: its bytes come back from the chunk, into fresh private memory.
+    const int error = errno;
+    const bool back = mmap(at, range.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) !=
+                          MAP_FAILED &&
+                      pread(fd, at, range.size, 0) == static_cast<ssize_t>(range.size);
+    NodeStore::release(fd, path);
+    return back ? errno_status("mapping a shared backup chunk", error)
+                : Status::Error(Code::kHostError, "a backup range lost its mapping and could not be read back");
+  }
+  range.shared_fd = fd;
+  range.shared_path = path;
+  range.registered = backend_->register_host(device_, at, range.size, true).ok();  // else at its copy
+  shared_bytes_ += range.size;
+  if (reserved_) NodeLedger::instance().give_back(range.size);
+  return Status::Ok();
 }
 
 BackgroundWork::BackgroundWork() {

@@ -23,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -66,7 +67,19 @@ class HostArena {
   // Makes [offset, offset + size), a buffer's span, one registration, so that a single copy
   // may cover it. Waits until the whole arena is prepared. No for_each_part may run on any
   // buffer of the arena meanwhile (the saver serializes both under its operation lock).
+  // Shared ranges in the span are made private first (node_store.h): a lease may be written.
   Status register_as_one(size_t offset, size_t size);
+
+  // Sharing with the node's other processes (node_store.h). The ranges lying wholly in
+  // [offset, offset + size): what share_range takes.
+  std::vector<size_t> ranges_within(size_t offset, size_t size);
+  // Puts range `index` in the node's store: its bytes are compared with (or published as) a
+  // chunk there, then the chunk's file is mapped read-only in its place, at the same
+  // address, and its own memory goes back to the node. Only while nothing copies into it or
+  // leases it (the saver's operation lock, a paused backup); the content is never changed.
+  Status share_range(size_t index);
+  // Whether any range is shared: its memory must never be written (no later pause reuses it).
+  bool has_shared() const { return shared_bytes_.load() != 0; }
 
  private:
   struct Range {
@@ -75,6 +88,8 @@ class HostArena {
     size_t pieces_left = 0;
     bool done = false;
     bool registered = false;  // false once done: page-locking failed, tried again at its copy
+    int shared_fd = -1;       // a chunk of the node's store mapped here, read-only
+    std::string shared_path;
   };
   struct Piece {
     size_t range;
@@ -87,6 +102,8 @@ class HostArena {
   void fault_in();         // a worker: faults pieces in, in order
   void page_lock();        // the registrar: page-locks each range, in order, once its pages are in
   size_t range_index(size_t offset) const;  // the range holding offset; mu_ held
+  // A shared range made private again (its bytes read from its chunk); mu_ held.
+  Status unshare(Range& range);
   bool stopping() const;  // the arena is going, or the process is ending
 
   const std::shared_ptr<Backend> backend_;
@@ -101,6 +118,8 @@ class HostArena {
   std::atomic<bool> stopping_{false};  // the arena is going: workers stop early
   std::atomic<uint64_t> last_use_{0};
   bool reserved_ = false;  // its bytes are taken from the node's budget (node_ledger.h)
+  std::atomic<size_t> shared_bytes_{0};  // of them, in the node's store now (given back)
+  bool leased_ = false;  // register_as_one ran: a user may hold its memory; never shared
   size_t ranges_left_ = 0;  // not yet done
   std::mutex mu_;
   std::condition_variable changed_;

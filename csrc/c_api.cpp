@@ -117,6 +117,7 @@ TMSL_API int tmsl_host_memory(TmslHostMemory* out) {
     out->budget_bytes = f.budget;
     out->held_by_this_process = f.held_here;
     out->held_by_others = f.held_by_others;
+    out->shared_bytes = f.shared;
     out->holder_count = f.holders.size();
     for (size_t i = 0; i < f.holders.size() && i < TMSL_MAX_HOLDERS; ++i) {
       out->holder_pid[i] = f.holders[i].pid;

@@ -48,6 +48,7 @@ typedef struct TmslHostMemory {
   uint64_t holder_bytes[TMSL_MAX_HOLDERS], holder_cached_bytes[TMSL_MAX_HOLDERS];
   char path[4096];
   char error[1024];
+  uint64_t shared_bytes;  // the node's shared backups (TMSL_SHARE_BACKUPS), counted once
 } TmslHostMemory;
 TMSL_API int tmsl_host_memory(TmslHostMemory* out);
 // Sets the node's budget, for every process of the node (bytes > 0).

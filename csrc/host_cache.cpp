@@ -14,6 +14,7 @@
 namespace tmsl {
 
 bool Saver::cached_after_resume(const Allocation& a, State state) const {
+  if (a.host_copy && a.host_copy.arena->has_shared()) return false;  // shared: never written again
   if (state != State::kActive || retain_backups_.load()) return true;
   return a.choice != BackupChoice::kOnUncached && a.tag_info->caches_backups;
 }

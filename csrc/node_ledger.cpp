@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "host_limits.h"
+#include "node_store.h"
 
 namespace tmsl {
 
@@ -149,6 +150,10 @@ void NodeLedger::leave_after_fork() {
 NodeLedger::NodeLedger() : owner_(getpid()), start_time_(start_time_of(getpid())) {
   const char* named = getenv("TMSL_HOST_LEDGER");
   path_ = named != nullptr && *named != '\0' ? named : default_path();
+  if (NodeStore::enabled()) {
+    store_ = NodeStore::directory_for(path_);
+    NodeStore::collect_garbage(store_);  // chunks of processes that died
+  }
   size_t budget_from_env = 0;
   const char* budget_text = getenv("TMSL_HOST_MEMORY_BUDGET");
   if (budget_text != nullptr && *budget_text != '\0' &&
@@ -268,7 +273,7 @@ void NodeLedger::forget_dead_processes() {
 }
 
 size_t NodeLedger::total_held() const {
-  size_t total = 0;
+  size_t total = NodeStore::bytes_in(store_);  // "" (sharing off): nothing read
   for (const Slot& slot : shared_->slots) total += slot.held;
   return total;
 }
@@ -281,6 +286,8 @@ std::string NodeLedger::holders_text() const {
             (slot_ >= 0 && &slot == &shared_->slots[slot_] ? " (this process)" : "") + " " + format_bytes(slot.held) +
             (slot.cached != 0 ? " (" + format_bytes(slot.cached) + " of it cache)" : "");
   }
+  const size_t shared = NodeStore::bytes_in(store_);
+  if (shared != 0) text += std::string(text.empty() ? "" : ", ") + "the shared backup store " + format_bytes(shared);
   return text.empty() ? "nobody" : text;
 }
 
@@ -293,6 +300,7 @@ Status NodeLedger::reserve(size_t bytes) {
     const size_t budget = shared_->budget;
     if (budget != 0 && total_held() + bytes > budget) {
       forget_dead_processes();
+      if (!store_.empty()) NodeStore::collect_garbage(store_);  // chunks of processes that died
       if (total_held() + bytes > budget) {
         return Status::Error(
             Code::kOutOfMemory,
@@ -436,6 +444,7 @@ NodeLedger::Figures NodeLedger::figures() {
       (mine ? f.held_here : f.held_by_others) += slot.held;
       if (slot.held != 0) f.holders.push_back(Holder{slot.pid, slot.held, slot.cached});
     }
+    f.shared = NodeStore::bytes_in(store_);
     return Status::Ok();
   });
   return f;

@@ -73,8 +73,11 @@ class NodeLedger {
     size_t held_here = 0;    // by this process
     size_t held_by_others = 0;
     std::vector<Holder> holders;  // every process holding some, this one included
+    size_t shared = 0;       // the node's shared backups (node_store.h), counted once
   };
   Figures figures();
+  // The ledger file's path ("" when none could be opened).
+  const std::string& path() const { return path_; }
   // Sets the node's budget (0 is refused: use release_host_cache to hold nothing).
   Status set_budget(size_t bytes);
 
@@ -94,7 +97,7 @@ class NodeLedger {
   bool alive(size_t index) const;     // whether a process holds slot `index`'s record lock
   bool nobody_alive() const;          // under the lock
   void forget_dead_processes();       // under the lock
-  size_t total_held() const;          // under the lock
+  size_t total_held() const;          // under the lock: the processes' and the shared store's
   std::string holders_text() const;   // under the lock
 
   void watch();  // the pressure thread: gives the caches back when another process asks
@@ -112,6 +115,7 @@ class NodeLedger {
   int slot_ = -1;    // this process's slot, once it took one
   uint64_t start_time_ = 0;
   std::string path_, error_;
+  std::string store_;  // the shared backup store's directory, where sharing is on
 };
 
 }  // namespace tmsl

@@ -3,6 +3,7 @@
 #include "copy_marks.h"
 #include "mapping.h"
 #include "node_ledger.h"
+#include "node_store.h"
 #include "tag_rules.h"
 
 
@@ -377,12 +378,16 @@ std::string Saver::describe(const std::vector<Allocation*>& batch) {
 }
 
 Status Saver::pause(const TagSelection& selection) {
-  std::lock_guard<std::mutex> op(op_mu_);
-  const auto started = std::chrono::steady_clock::now();
-  std::set<std::string> moved;
-  Status s = pause_locked(selection, &moved);
-  if (s.ok()) note_duration(moved, started, &TagInfo::last_pause_seconds);
-  publish_cache();
+  Status s;
+  {
+    std::lock_guard<std::mutex> op(op_mu_);
+    const auto started = std::chrono::steady_clock::now();
+    std::set<std::string> moved;
+    s = pause_locked(selection, &moved);
+    if (s.ok()) note_duration(moved, started, &TagInfo::last_pause_seconds);
+    publish_cache();
+  }
+  if (s.ok() && NodeStore::enabled()) background_.run([this] { share_paused_backups(); });
   return s;
 }
 
@@ -483,7 +488,7 @@ Status Saver::queue_backups(const std::vector<Allocation*>& batch, std::vector<H
   for (size_t i = 0; i < batch.size(); ++i) {
     const Allocation& a = *batch[i];
     if (!a.backup) continue;
-    if (a.host_copy && a.host_copy.size == a.backup_bytes()) {
+    if (a.host_copy && a.host_copy.size == a.backup_bytes() && !a.host_copy.arena->has_shared()) {
       (*backups)[i] = a.host_copy;  // retained from the last cycle: reused
       a.host_copy.arena->note_use();
     } else {

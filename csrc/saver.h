@@ -306,6 +306,9 @@ class Saver {
   void give_cache_back_on_request();
   // How long a pause refused for want of room waits for the other processes' caches.
   static constexpr std::chrono::milliseconds kPatienceForOthers{2000};
+  // Offers the large paused backups to the node's store (node_store.h), range by range, on
+  // the background thread after a pause.
+  void share_paused_backups();
   // prepare_backups' work, on the background thread: takes the tags asked for so far,
   // prepares them, and waits until their host memory is ready.
   void prepare_pending();

@@ -73,6 +73,7 @@ class HostMemoryFigures(ctypes.Structure):
         ("holder_cached_bytes", ctypes.c_uint64 * MAX_HOLDERS),
         ("path", ctypes.c_char * 4096),
         ("error", ctypes.c_char * 1024),
+        ("shared_bytes", ctypes.c_uint64),
     ]
 
 

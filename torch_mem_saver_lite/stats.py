@@ -76,6 +76,9 @@ class HostMemoryReport:
         disk_tier: the directory what the budget cannot hold goes to (``set_disk_backup_dir``
             or ``TMSL_DISK_BACKUP_DIR``); "" where there is none, or the environment's cannot
             serve, and such pauses are refused.
+        shared_bytes: backups the node's processes hold once between them
+            (``TMSL_SHARE_BACKUPS=1``: identical content stored once per node), counted in
+            the budget once and in no holder's share.
     """
 
     budget_bytes: int
@@ -88,3 +91,4 @@ class HostMemoryReport:
     error: str = ""
     spilled_bytes: int = 0
     disk_tier: str = ""
+    shared_bytes: int = 0

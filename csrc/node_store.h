@@ -1,0 +1,46 @@
+// Backups stored once per node: the content of a paused backup that another process of the
+// node holds too (data-parallel replicas and colocated engines hold the same weights) is kept
+// in one file both map, instead of a copy in each.
+//
+// The store is a directory beside the node's ledger (<ledger>.store) of content-addressed
+// chunks, each a file named after a hash of its bytes and its size. A chunk is taken only
+// after comparing it byte for byte, so a hash collision costs a copy, never content. Each
+// holder keeps the file open with a shared flock, which the kernel drops when the holder dies
+// (kill -9 included); the last holder to let go, or any process that finds a chunk nobody
+// holds, removes it. The ledger counts the store's bytes once, beside the processes' own.
+//
+// Off unless TMSL_SHARE_BACKUPS=1: sharing runs after each pause, in the background.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "status.h"
+
+namespace tmsl {
+
+class NodeStore {
+ public:
+  // Whether TMSL_SHARE_BACKUPS=1 (read once).
+  static bool enabled();
+  // The store's directory for the ledger at `ledger_path`.
+  static std::string directory_for(const std::string& ledger_path);
+  // The bytes of the chunks in `directory` (0 when there is none): what the ledger counts.
+  static size_t bytes_in(const std::string& directory);
+
+  // Opens a chunk holding exactly the `size` bytes at `data`: one of the store's, compared
+  // byte for byte, or a new one (a copy, whose bytes are taken from the node's budget while
+  // it is being made). *fd is open and holds the chunk (a shared flock) until release();
+  // *path names it.
+  static Status share(const char* data, size_t size, int* fd, std::string* path);
+  // Lets go of a chunk share() opened (its mappings must be gone): closes it, and removes its
+  // file when no other process holds it.
+  static void release(int fd, const std::string& path);
+  // Removes the chunks in `directory` nobody holds (what processes that died left behind).
+  static void collect_garbage(const std::string& directory);
+};
+
+// A 64-bit hash of the bytes (names chunks; equality is always checked byte for byte).
+uint64_t content_hash(const char* data, size_t size);
+
+}  // namespace tmsl

@@ -1,0 +1,202 @@
+"""Identical backups stored once per node (TMSL_SHARE_BACKUPS=1): processes that pause the same
+content hold it once between them, in the node's store beside the ledger, and each gets its
+own content back bit for bit, whatever another does meanwhile (resume, free, change its
+content and pause again, or die with SIGKILL); nothing is left in the store once nobody holds
+it. Each test runs its processes on a ledger (and so a store) of its own."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+MiB = 1 << 20
+TESTS = Path(__file__).resolve().parent
+
+# A child: two 96 MiB backed-up allocations with content A and B (the same in every child),
+# paused; it says so, then runs the commands it is sent, one per line.
+CHILD = """
+import os, sys
+sys.path.insert(0, {tests!r})
+from host_memory import HostMemory, rss_anon_bytes
+from torch_mem_saver_lite.testing import HostSaver
+MiB = 1 << 20
+mem, host = HostMemory(), HostSaver()
+if os.environ.get("NO_READ_ONLY_PAGE_LOCKING"):  # a driver that cannot page-lock read-only memory
+    host.inject_fault("register_host_read_only", 1, 1 << 30)
+def content(seed):
+    return bytes((i * 31 + seed) % 256 for i in range(4096)) * (96 * MiB // 4096)
+with host.region("weights", enable_cpu_backup=True):
+    ptrs = [mem.malloc(96 * MiB), mem.malloc(96 * MiB)]
+expected = [content(1), content(2)]
+for ptr, data in zip(ptrs, expected):
+    mem.write(ptr, data)
+before = rss_anon_bytes()
+host.pause("weights")
+host.wait_for_released_backups()  # shared in the background
+report = host.host_memory()
+print("paused", (rss_anon_bytes() - before) // MiB, report.held_by_this_process // MiB, flush=True)
+for line in sys.stdin:
+    command = line.split()
+    if command[0] == "resume":
+        host.resume("weights")
+        print("content", all(mem.read(p, 96 * MiB) == d for p, d in zip(ptrs, expected)), flush=True)
+    elif command[0] == "change":  # resident: new content in the first allocation, then pause
+        expected[0] = content(7)
+        mem.write(ptrs[0], expected[0])
+        host.pause("weights")
+        host.wait_for_released_backups()
+        print("paused again", flush=True)
+    elif command[0] == "free":  # while paused
+        mem.free(ptrs.pop(0))
+        expected.pop(0)
+        print("freed", flush=True)
+    elif command[0] == "lease":  # the first backup, zero-copy, then written to
+        import ctypes, torch
+        view = torch.frombuffer((ctypes.c_uint8 * (96 * MiB)).from_address(ptrs[0]), dtype=torch.uint8)
+        backup = host.get_cpu_backup(view, zero_copy=True)
+        same = backup.numpy().tobytes() == expected[0]
+        backup[:4096] = 0  # a lease is the caller's to write: never the other processes' copy
+        print("leased", same, flush=True)
+    elif command[0] == "exit":
+        break
+"""
+
+
+@pytest.fixture
+def ledger(tmp_path, monkeypatch) -> Path:
+    path = tmp_path / "host-memory.ledger"
+    monkeypatch.setenv("TMSL_HOST_LEDGER", str(path))
+    monkeypatch.setenv("TMSL_SHARE_BACKUPS", "1")
+    monkeypatch.delenv("TMSL_HOST_MEMORY_BUDGET", raising=False)
+    return path
+
+
+def start(**env: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(CHILD.format(tests=str(TESTS)))],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **env})
+
+
+def ask(child: subprocess.Popen, command: str) -> str:
+    child.stdin.write(command + "\n")
+    child.stdin.flush()
+    return child.stdout.readline().strip()
+
+
+def store_bytes(ledger: Path) -> int:
+    store = Path(str(ledger) + ".store")
+    return sum(f.stat().st_size for f in store.iterdir()) if store.exists() else 0
+
+
+def node_figures(**env: str) -> list[int]:
+    """The node's shared bytes and what its processes hold, as a new process sees them."""
+    code = "from torch_mem_saver_lite import saver; r = saver.host_memory(); " \
+           "print(r.shared_bytes, r.held_by_this_process + r.held_by_others)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, **env})
+    assert result.returncode == 0, result.stderr
+    return [int(x) for x in result.stdout.split()]
+
+
+def finish(children: list[subprocess.Popen]) -> None:
+    for child in children:
+        if child.poll() is None:
+            child.stdin.write("exit\n")
+            child.stdin.flush()
+            child.communicate(timeout=60)
+
+
+def test_four_processes_pausing_the_same_backups_hold_them_once_and_get_them_back_bit_exact(ledger):
+    children = [start() for _ in range(4)]
+    try:
+        paused = [child.stdout.readline().split() for child in children]
+        # 4 x 192 MiB of backups, 192 MiB of distinct content: no process keeps a private copy.
+        for line, child in zip(paused, children, strict=True):
+            assert line[:1] == ["paused"], child.stderr.read()
+            grown, held = int(line[1]), int(line[2])
+            assert grown < 32 and held == 0, paused  # (without sharing: 192 MiB each)
+        assert store_bytes(ledger) == 192 * MiB
+        assert node_figures() == [192 * MiB, 0]  # counted once, in the budget
+        for child in children:
+            assert ask(child, "resume") == "content True"
+    finally:
+        finish(children)
+    assert store_bytes(ledger) == 0 and node_figures() == [0, 0]
+
+
+def test_a_process_that_frees_or_changes_its_content_leaves_the_others_backups_intact(ledger):
+    children = [start() for _ in range(3)]
+    try:
+        for child in children:
+            assert child.stdout.readline().startswith("paused"), child.stderr.read()
+        assert ask(children[0], "free") == "freed"  # its arena keeps A's chunk while B is paused
+        assert ask(children[1], "resume") == "content True"
+        assert ask(children[1], "change") == "paused again"  # A' published beside A and B
+        assert store_bytes(ledger) == 3 * 96 * MiB
+        assert ask(children[2], "resume") == "content True"
+        assert ask(children[0], "resume") == "content True"  # B, as it was
+        assert ask(children[1], "resume") == "content True"  # A' and B
+    finally:
+        finish(children)
+    assert store_bytes(ledger) == 0 and node_figures() == [0, 0]
+
+
+def test_holders_killed_with_sigkill_leave_nothing_in_the_store_once_nobody_holds_it(ledger):
+    children = [start() for _ in range(3)]
+    try:
+        for child in children:
+            assert child.stdout.readline().startswith("paused"), child.stderr.read()
+        children[0].send_signal(signal.SIGKILL)
+        children[0].wait()
+        assert ask(children[1], "resume") == "content True"  # the killed one's hold did not matter
+        assert store_bytes(ledger) == 192 * MiB  # still held by the third
+        children[2].send_signal(signal.SIGKILL)
+        children[2].wait()
+        assert store_bytes(ledger) == 192 * MiB  # nobody holds it, nobody has looked yet
+        assert node_figures() == [0, 0]  # a process opening the ledger removes what nobody holds
+        assert store_bytes(ledger) == 0
+    finally:
+        finish(children)
+
+
+def test_without_the_variable_nothing_is_shared(ledger, monkeypatch):
+    monkeypatch.delenv("TMSL_SHARE_BACKUPS")
+    child = start()
+    try:
+        line = child.stdout.readline().split()
+        assert line[0] == "paused" and int(line[2]) == 192, line + [child.stderr.read()]
+        assert not Path(str(ledger) + ".store").exists()
+        assert ask(child, "resume") == "content True"
+    finally:
+        finish([child])
+
+
+def test_a_shared_range_the_driver_cannot_page_lock_read_only_is_made_private_and_restored(ledger):
+    child = start(NO_READ_ONLY_PAGE_LOCKING="1")
+    try:
+        assert child.stdout.readline().startswith("paused"), child.stderr.read()
+        assert store_bytes(ledger) == 192 * MiB  # shared, though not page-locked
+        # The resume's copies need page-locked memory: each range is made private again first.
+        assert ask(child, "resume") == "content True", child.stderr.read()
+        assert store_bytes(ledger) == 0
+    finally:
+        finish([child])
+
+
+def test_a_zero_copy_lease_of_a_shared_backup_is_private_and_writable(ledger):
+    children = [start() for _ in range(2)]
+    try:
+        for child in children:
+            assert child.stdout.readline().startswith("paused"), child.stderr.read()
+        assert ask(children[0], "lease") == "leased True", children[0].stderr.read()
+        assert ask(children[1], "resume") == "content True"  # the shared copy was never written
+        assert store_bytes(ledger) == 96 * MiB  # B: A's copy went private with the lease
+    finally:
+        finish(children)
+    assert store_bytes(ledger) == 0
