@@ -209,7 +209,7 @@ Status HostArena::for_each_part(size_t offset, size_t size, const std::function<
         // lost it when register_as_one failed to put it back: try again now.
         Status s = backend_->register_host(device_, data_ + range.start, range.size, range.shared_fd >= 0);
         // A shared range the driver cannot page-lock read-only is made private again.
-        if (!s.ok() && range.shared_fd >= 0 && unshare(range).ok()) {
+        if (!s.ok() && range.shared_fd >= 0 && unshare(range, true).ok()) {
           s = backend_->register_host(device_, data_ + range.start, range.size, false);
         }
         if (!s.ok()) return s;
@@ -237,7 +237,7 @@ Status HostArena::register_as_one(size_t offset, size_t size) {
     if (ranges_[r].shared_fd < 0) continue;
     if (ranges_[r].registered) ranges_[r].registered = !backend_->unregister_host(device_, data_ + ranges_[r].start).ok();
     Status s = ranges_[r].registered ? Status::Error(Code::kHostError, "a shared backup range stayed page-locked")
-                                     : unshare(ranges_[r]);
+                                     : unshare(ranges_[r], true);
     if (!s.ok()) return s;
   }
   if (first == last && (ranges_[first].registered || ranges_[first].size == 0)) return Status::Ok();
@@ -284,8 +284,9 @@ HostArena::~HostArena() {
   if (reserved_) NodeLedger::instance().give_back(used_ - shared_bytes_.load());
 }
 
-Status HostArena::unshare(Range& range) {
-  if (reserved_) {
+Status HostArena::unshare(Range& range, bool counted) {
+  const bool reserve = counted && reserved_;  // its bytes were given back when it was shared
+  if (reserve) {
     Status s = NodeLedger::instance().reserve(range.size);
     if (!s.ok()) return s;
   }
@@ -298,13 +299,13 @@ Status HostArena::unshare(Range& range) {
   if (!back) {
     const int error = errno;
     mmap(at, range.size, PROT_READ, MAP_SHARED | MAP_FIXED, range.shared_fd, 0);
-    if (reserved_) NodeLedger::instance().give_back(range.size);
+    if (reserve) NodeLedger::instance().give_back(range.size);
     return errno_status("making a shared backup range private again", error);
   }
   NodeStore::release(range.shared_fd, range.shared_path);
   range.shared_fd = -1;
   range.shared_path.clear();
-  shared_bytes_ -= range.size;
+  if (counted) shared_bytes_ -= range.size;
   return Status::Ok();
 }
 
@@ -346,7 +347,16 @@ Status HostArena::share_range(size_t index) {
   }
   range.shared_fd = fd;
   range.shared_path = path;
-  range.registered = backend_->register_host(device_, at, range.size, true).ok();  // else at its copy
+  madvise(at, range.size, MADV_DONTFORK);  // a forked child must not hold pages the ledger counts once
+  range.registered = backend_->register_host(device_, at, range.size, true).ok();
+  if (!range.registered) {
+    // A driver that cannot page-lock it read-only: private again now, while its bytes are
+    // still this process's in the budget (a resume must never need room to copy it back).
+    Status back = unshare(range, /*counted=*/false);
+    if (back.ok()) range.registered = backend_->register_host(device_, at, range.size, false).ok();
+    return back.ok() ? Status::Error(Code::kHostError, "read-only page-locking refused: the range stays private")
+                     : back;
+  }
   shared_bytes_ += range.size;
   if (reserved_) NodeLedger::instance().give_back(range.size);
   return Status::Ok();

@@ -102,8 +102,9 @@ class HostArena {
   void fault_in();         // a worker: faults pieces in, in order
   void page_lock();        // the registrar: page-locks each range, in order, once its pages are in
   size_t range_index(size_t offset) const;  // the range holding offset; mu_ held
-  // A shared range made private again (its bytes read from its chunk); mu_ held.
-  Status unshare(Range& range);
+  // A shared range made private again (its bytes read from its chunk); `counted`: it was
+  // counted as shared, its bytes given back, so they are taken from the budget again. mu_ held.
+  Status unshare(Range& range, bool counted);
   bool stopping() const;  // the arena is going, or the process is ending
 
   const std::shared_ptr<Backend> backend_;

@@ -117,8 +117,10 @@ std::vector<std::shared_ptr<HostArena>> Saver::prepare_backups_now(const TagSele
 }
 
 void Saver::release_host_cache() {
+  foreground_waiting_++;  // a sharing pass queued before it ends early
   background_.wait_idle();  // a preparation asked for before this call does not refill it after
-  std::lock_guard<std::mutex> op(op_mu_);  // no pause is reusing these meanwhile
+  foreground_waiting_--;
+  ForegroundOp op(*this);  // no pause is reusing these meanwhile
   std::vector<HostBuffer> let_go;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -136,7 +138,7 @@ void Saver::release_host_cache() {
 
 void Saver::set_host_cache_bytes(size_t bytes) {
   host_cache_bytes_.store(bytes);
-  std::lock_guard<std::mutex> op(op_mu_);  // no pause is reusing these meanwhile
+  ForegroundOp op(*this);  // no pause is reusing these meanwhile
   std::vector<HostBuffer> let_go;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -158,7 +160,10 @@ void Saver::publish_cache() {
 
 void Saver::give_cache_back_on_request() {
   std::unique_lock<std::mutex> op(op_mu_, std::try_to_lock);
-  if (!op.owns_lock()) return;
+  if (!op.owns_lock()) {
+    cache_wanted_.store(true);  // a sharing pass holding it stops; the ledger asks again shortly
+    return;
+  }
   std::vector<HostBuffer> let_go;
   {
     std::lock_guard<std::mutex> lock(mu_);

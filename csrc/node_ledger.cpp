@@ -150,10 +150,9 @@ void NodeLedger::leave_after_fork() {
 NodeLedger::NodeLedger() : owner_(getpid()), start_time_(start_time_of(getpid())) {
   const char* named = getenv("TMSL_HOST_LEDGER");
   path_ = named != nullptr && *named != '\0' ? named : default_path();
-  if (NodeStore::enabled()) {
-    store_ = NodeStore::directory_for(path_);
-    NodeStore::collect_garbage(store_);  // chunks of processes that died
-  }
+  // Counted whether or not this process shares: another process of the node may.
+  store_ = NodeStore::directory_for(path_);
+  NodeStore::collect_garbage(store_);  // chunks of processes that died
   size_t budget_from_env = 0;
   const char* budget_text = getenv("TMSL_HOST_MEMORY_BUDGET");
   if (budget_text != nullptr && *budget_text != '\0' &&
@@ -273,7 +272,7 @@ void NodeLedger::forget_dead_processes() {
 }
 
 size_t NodeLedger::total_held() const {
-  size_t total = NodeStore::bytes_in(store_);  // "" (sharing off): nothing read
+  size_t total = NodeStore::bytes_in(store_);  // 0 where no process of the node shares
   for (const Slot& slot : shared_->slots) total += slot.held;
   return total;
 }
@@ -300,7 +299,7 @@ Status NodeLedger::reserve(size_t bytes) {
     const size_t budget = shared_->budget;
     if (budget != 0 && total_held() + bytes > budget) {
       forget_dead_processes();
-      if (!store_.empty()) NodeStore::collect_garbage(store_);  // chunks of processes that died
+      NodeStore::collect_garbage(store_);  // chunks of processes that died
       if (total_held() + bytes > budget) {
         return Status::Error(
             Code::kOutOfMemory,

@@ -115,7 +115,7 @@ class NodeLedger {
   int slot_ = -1;    // this process's slot, once it took one
   uint64_t start_time_ = 0;
   std::string path_, error_;
-  std::string store_;  // the shared backup store's directory, where sharing is on
+  std::string store_;  // the shared backup store's directory (node_store.h)
 };
 
 }  // namespace tmsl

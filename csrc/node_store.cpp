@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include "node_ledger.h"
 
@@ -30,6 +32,67 @@ void remove_if_unheld(int fd, const std::string& path) {
   // Converting a shared lock is not atomic, and a refusal leaves none: fd is closed anyway.
   if (flock(fd, LOCK_EX | LOCK_NB) == 0 && !path.empty() && still_named(fd, path)) unlink(path.c_str());
   close(fd);
+}
+
+// The store's directory, made if missing, and trusted only if it is this user's and nobody
+// else may write it (/dev/shm is everybody's: another user could plant chunks).
+Status trusted_directory(const std::string& directory) {
+  if (mkdir(directory.c_str(), 0700) != 0 && errno != EEXIST) {
+    return errno_status("making the shared backup store " + directory, errno);
+  }
+  struct stat st {};
+  if (lstat(directory.c_str(), &st) != 0) return errno_status("reading the shared backup store " + directory, errno);
+  if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022) != 0) {
+    return Status::Error(Code::kHostError, "the shared backup store " + directory +
+                                               " is not a directory of this user that only it may write; "
+                                               "backups are not shared");
+  }
+  return Status::Ok();
+}
+
+// A shared lock without waiting long: one held exclusively is being removed by its last holder.
+bool shared_lock(int fd) {
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    if (flock(fd, LOCK_SH | LOCK_NB) == 0) return true;
+    if (errno != EWOULDBLOCK && errno != EINTR) return false;
+    usleep(1000);
+  }
+  return false;
+}
+
+class HeldChunks;
+HeldChunks& held();
+
+// The chunks this process holds: at exit each is removed if nobody else holds it (the
+// process-wide saver is never destroyed, and its backups' chunks would stay in memory).
+class HeldChunks {
+ public:
+  void add(int fd, const std::string& path) {
+    static const bool registered = std::atexit([] { held().remove_all_unheld(); }) == 0;
+    (void)registered;
+    std::lock_guard<std::mutex> lock(mu_);
+    paths_[fd] = path;
+  }
+  // False when it was let go of already (at exit).
+  bool remove(int fd) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return paths_.erase(fd) != 0;
+  }
+  void remove_all_unheld() {
+    if (in_forked_child()) return;  // the parent's chunks are the parent's
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& entry : paths_) remove_if_unheld(entry.first, entry.second);
+    paths_.clear();
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<int, std::string> paths_;
+};
+
+HeldChunks& held() {
+  static HeldChunks* chunks = new HeldChunks();  // never destroyed: used at exit
+  return *chunks;
 }
 
 Status write_all(int fd, const char* data, size_t size) {
@@ -93,24 +156,26 @@ uint64_t content_hash(const char* data, size_t size) {
 Status NodeStore::share(const char* data, size_t size, int* fd, std::string* chunk_path) {
   const std::string directory = directory_for(NodeLedger::instance().path());
   if (directory.empty()) return Status::Error(Code::kHostError, "no host-memory ledger: backups are not shared");
-  if (mkdir(directory.c_str(), 0700) != 0 && errno != EEXIST) {
-    return errno_status("making the shared backup store " + directory, errno);
-  }
+  Status trusted = trusted_directory(directory);
+  if (!trusted.ok()) return trusted;
   char name[64];
   snprintf(name, sizeof(name), "%016llx-%zu", static_cast<unsigned long long>(content_hash(data, size)), size);
   const std::string path = directory + "/" + name;
   for (int attempt = 0; attempt < 8; ++attempt) {
-    int chunk = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    int chunk = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (chunk >= 0) {
       struct stat st {};
-      if (flock(chunk, LOCK_SH) != 0 || fstat(chunk, &st) != 0) {
-        const int error = errno;
+      if (!shared_lock(chunk) || fstat(chunk, &st) != 0) {  // held exclusively: being removed
         close(chunk);
-        return errno_status("holding the shared backup chunk " + path, error);
+        continue;
       }
       if (st.st_nlink == 0) {  // removed by its last holder meanwhile: look again
         close(chunk);
         continue;
+      }
+      if (!S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 0222) != 0) {
+        close(chunk);  // not one of ours, or writable: never trusted with a backup
+        return Status::Error(Code::kHostError, "the shared backup chunk " + path + " is not this user's read-only file");
       }
       void* mapped = st.st_size == static_cast<off_t>(size)
                          ? mmap(nullptr, size, PROT_READ, MAP_SHARED, chunk, 0) : MAP_FAILED;
@@ -119,6 +184,7 @@ Status NodeStore::share(const char* data, size_t size, int* fd, std::string* chu
       if (same) {
         *fd = chunk;
         *chunk_path = path;
+        held().add(chunk, path);
         return Status::Ok();
       }
       close(chunk);
@@ -137,6 +203,7 @@ Status NodeStore::share(const char* data, size_t size, int* fd, std::string* chu
     }
     s = ftruncate(chunk, static_cast<off_t>(size)) == 0 ? write_all(chunk, data, size)
                                                           : errno_status("sizing a shared backup chunk", errno);
+    if (s.ok() && fchmod(chunk, 0400) != 0) s = errno_status("making a shared backup chunk read-only", errno);
     if (s.ok() && flock(chunk, LOCK_SH) != 0) s = errno_status("holding a shared backup chunk", errno);
     char link[64];
     snprintf(link, sizeof(link), "/proc/self/fd/%d", chunk);
@@ -146,6 +213,7 @@ Status NodeStore::share(const char* data, size_t size, int* fd, std::string* chu
     if (named) {
       *fd = chunk;
       *chunk_path = path;
+      held().add(chunk, path);
       return Status::Ok();
     }
     close(chunk);
@@ -156,14 +224,20 @@ Status NodeStore::share(const char* data, size_t size, int* fd, std::string* chu
   return Status::Error(Code::kHostError, "the shared backup chunk " + path + " kept changing; kept a private copy");
 }
 
-void NodeStore::release(int fd, const std::string& path) { remove_if_unheld(fd, path); }
+void NodeStore::release(int fd, const std::string& path) {
+  if (held().remove(fd)) remove_if_unheld(fd, path);
+}
 
 void NodeStore::collect_garbage(const std::string& directory) {
-  DIR* dir = directory.empty() ? nullptr : opendir(directory.c_str());
+  struct stat st {};
+  if (directory.empty() || lstat(directory.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid()) {
+    return;  // none, or not this user's to clean
+  }
+  DIR* dir = opendir(directory.c_str());
   if (dir == nullptr) return;
   while (const dirent* entry = readdir(dir)) {
     if (entry->d_name[0] == '.') continue;
-    const int chunk = openat(dirfd(dir), entry->d_name, O_RDONLY | O_CLOEXEC);
+    const int chunk = openat(dirfd(dir), entry->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (chunk >= 0) remove_if_unheld(chunk, directory + "/" + entry->d_name);
   }
   closedir(dir);

@@ -380,7 +380,7 @@ std::string Saver::describe(const std::vector<Allocation*>& batch) {
 Status Saver::pause(const TagSelection& selection) {
   Status s;
   {
-    std::lock_guard<std::mutex> op(op_mu_);
+    ForegroundOp op(*this);
     const auto started = std::chrono::steady_clock::now();
     std::set<std::string> moved;
     s = pause_locked(selection, &moved);
@@ -392,7 +392,7 @@ Status Saver::pause(const TagSelection& selection) {
 }
 
 Status Saver::resume(const TagSelection& selection) {
-  std::lock_guard<std::mutex> op(op_mu_);
+  ForegroundOp op(*this);
   const auto started = std::chrono::steady_clock::now();
   std::set<std::string> moved;
   Status s = resume_locked(selection, &moved);
@@ -726,7 +726,7 @@ const Saver::Allocation* Saver::containing(uintptr_t address) const {
 
 Status Saver::lease_backup(uintptr_t address, size_t nbytes, const void** host, HostBuffer* lease) {
   // Not while a pause or resume copies: making a backup one registration re-registers it.
-  std::lock_guard<std::mutex> op(op_mu_);
+  ForegroundOp op(*this);
   HostBuffer backup;
   uintptr_t start = 0;
   {

@@ -328,8 +328,32 @@ class Saver {
                                  const Status& cause);
   const Allocation* containing(uintptr_t address) const;  // needs mu_
 
+  // op_mu_ taken for a caller's operation (pause, resume, a lease, a cache change): the
+  // background sharing pass, which takes it range by range, makes way for it.
+  class ForegroundOp {
+   public:
+    explicit ForegroundOp(Saver& saver) : saver_(saver) {
+      saver_.foreground_waiting_++;
+      try {
+        saver_.op_mu_.lock();
+      } catch (...) {
+        saver_.foreground_waiting_--;
+        throw;
+      }
+      saver_.foreground_waiting_--;
+    }
+    ~ForegroundOp() { saver_.op_mu_.unlock(); }
+    ForegroundOp(const ForegroundOp&) = delete;
+    ForegroundOp& operator=(const ForegroundOp&) = delete;
+
+   private:
+    Saver& saver_;
+  };
+
   std::shared_ptr<Backend> backend_;  // shared with host arenas, which leases may keep alive
   std::mutex op_mu_;
+  std::atomic<int> foreground_waiting_{0};  // operations waiting for op_mu_ (ForegroundOp)
+  std::atomic<bool> cache_wanted_{false};   // another process asked for this one's cache meanwhile
   mutable std::mutex mu_;
   std::condition_variable settled_;
   // Allocations by base address, held in place: pointers to them stay valid until erased.

@@ -7,6 +7,7 @@
 namespace tmsl {
 
 void Saver::share_paused_backups() {
+  cache_wanted_.store(false);
   struct Offer {
     uintptr_t va;
     std::shared_ptr<HostArena> arena;
@@ -32,19 +33,22 @@ void Saver::share_paused_backups() {
       if (copy != nullptr) offer.ranges = offer.arena->ranges_within(copy->offset, copy->size);
     }
     for (size_t range : offer.ranges) {
-      if (closing_.load()) return;
-      // One range at a time under the operation lock: a resume waits for one range at most,
-      // and nothing reads or writes the backup while its pages are replaced.
+      // Foreground work goes first: the pass ends as soon as an operation waits (a backup
+      // about to be resumed gains nothing from being shared) or another process wants this
+      // one's cache.
+      if (closing_.load() || foreground_waiting_.load() > 0 || cache_wanted_.exchange(false)) return;
+      // One range at a time under the operation lock: nothing reads or writes the backup
+      // while its pages are replaced.
       std::lock_guard<std::mutex> op(op_mu_);
       {
         std::lock_guard<std::mutex> lock(mu_);
         auto it = table_.find(offer.va);
         if (it == table_.end() || it->second.state != State::kPaused || it->second.host_copy.arena != offer.arena) break;
       }
-      offer.arena->share_range(range);  // best effort: a range not shared stays private
+      // Best effort: a range not shared stays private. No room in the budget to publish: none later either.
+      if (offer.arena->share_range(range).code == Code::kOutOfMemory) return;
     }
   }
-  publish_cache();
 }
 
 }  // namespace tmsl

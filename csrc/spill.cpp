@@ -11,7 +11,7 @@
 namespace tmsl {
 
 Status Saver::mark_spill(const TagSelection& selection, bool everything, size_t* bytes) {
-  std::lock_guard<std::mutex> op(op_mu_);  // no pause is choosing host memory meanwhile
+  ForegroundOp op(*this);  // no pause is choosing host memory meanwhile
   std::lock_guard<std::mutex> lock(mu_);
   Status s = check_known(selection);
   if (!s.ok()) return s;
@@ -61,7 +61,7 @@ Status Saver::note_spill_written(const std::vector<uintptr_t>& addresses) {
 
 Status Saver::unmark_spill(const TagSelection& selection) {
   if (!any_marked_.load()) return Status::Ok();  // every resume calls it
-  std::lock_guard<std::mutex> op(op_mu_);  // not under a pause that has chosen its backups
+  ForegroundOp op(*this);  // not under a pause that has chosen its backups
   std::lock_guard<std::mutex> lock(mu_);
   bool still_marked = false;
   for (auto& entry : table_) {

@@ -7,6 +7,7 @@ it. Each test runs its processes on a ledger (and so a store) of its own."""
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -83,10 +84,17 @@ def start(**env: str) -> subprocess.Popen:
                             env={**os.environ, **env})
 
 
+def line_of(child: subprocess.Popen, timeout: float = 300) -> str:
+    """The child's next line; a child that hangs fails the test instead of hanging it."""
+    ready, _, _ = select.select([child.stdout], [], [], timeout)
+    assert ready, f"no answer in {timeout} s"
+    return child.stdout.readline().strip()
+
+
 def ask(child: subprocess.Popen, command: str) -> str:
     child.stdin.write(command + "\n")
     child.stdin.flush()
-    return child.stdout.readline().strip()
+    return line_of(child)
 
 
 def store_bytes(ledger: Path) -> int:
@@ -115,7 +123,7 @@ def finish(children: list[subprocess.Popen]) -> None:
 def test_four_processes_pausing_the_same_backups_hold_them_once_and_get_them_back_bit_exact(ledger):
     children = [start() for _ in range(4)]
     try:
-        paused = [child.stdout.readline().split() for child in children]
+        paused = [line_of(child).split() for child in children]
         # 4 x 192 MiB of backups, 192 MiB of distinct content: no process keeps a private copy.
         for line, child in zip(paused, children, strict=True):
             assert line[:1] == ["paused"], child.stderr.read()
@@ -123,6 +131,7 @@ def test_four_processes_pausing_the_same_backups_hold_them_once_and_get_them_bac
             assert grown < 32 and held == 0, paused  # (without sharing: 192 MiB each)
         assert store_bytes(ledger) == 192 * MiB
         assert node_figures() == [192 * MiB, 0]  # counted once, in the budget
+        assert node_figures(TMSL_SHARE_BACKUPS="0") == [192 * MiB, 0]  # also by a process that does not share
         for child in children:
             assert ask(child, "resume") == "content True"
     finally:
@@ -134,7 +143,7 @@ def test_a_process_that_frees_or_changes_its_content_leaves_the_others_backups_i
     children = [start() for _ in range(3)]
     try:
         for child in children:
-            assert child.stdout.readline().startswith("paused"), child.stderr.read()
+            assert line_of(child).startswith("paused"), child.stderr.read()
         assert ask(children[0], "free") == "freed"  # its arena keeps A's chunk while B is paused
         assert ask(children[1], "resume") == "content True"
         assert ask(children[1], "change") == "paused again"  # A' published beside A and B
@@ -151,7 +160,7 @@ def test_holders_killed_with_sigkill_leave_nothing_in_the_store_once_nobody_hold
     children = [start() for _ in range(3)]
     try:
         for child in children:
-            assert child.stdout.readline().startswith("paused"), child.stderr.read()
+            assert line_of(child).startswith("paused"), child.stderr.read()
         children[0].send_signal(signal.SIGKILL)
         children[0].wait()
         assert ask(children[1], "resume") == "content True"  # the killed one's hold did not matter
@@ -169,7 +178,7 @@ def test_without_the_variable_nothing_is_shared(ledger, monkeypatch):
     monkeypatch.delenv("TMSL_SHARE_BACKUPS")
     child = start()
     try:
-        line = child.stdout.readline().split()
+        line = line_of(child).split()
         assert line[0] == "paused" and int(line[2]) == 192, line + [child.stderr.read()]
         assert not Path(str(ledger) + ".store").exists()
         assert ask(child, "resume") == "content True"
@@ -177,14 +186,13 @@ def test_without_the_variable_nothing_is_shared(ledger, monkeypatch):
         finish([child])
 
 
-def test_a_shared_range_the_driver_cannot_page_lock_read_only_is_made_private_and_restored(ledger):
+def test_where_the_driver_cannot_page_lock_read_only_memory_backups_stay_private(ledger):
     child = start(NO_READ_ONLY_PAGE_LOCKING="1")
     try:
-        assert child.stdout.readline().startswith("paused"), child.stderr.read()
-        assert store_bytes(ledger) == 192 * MiB  # shared, though not page-locked
-        # The resume's copies need page-locked memory: each range is made private again first.
+        line = line_of(child).split()
+        assert line[0] == "paused" and int(line[2]) == 192, line + [child.stderr.read()]  # its own copy, whole
+        assert store_bytes(ledger) == 0  # each range was put back at once: a resume never needs room
         assert ask(child, "resume") == "content True", child.stderr.read()
-        assert store_bytes(ledger) == 0
     finally:
         finish([child])
 
@@ -193,10 +201,37 @@ def test_a_zero_copy_lease_of_a_shared_backup_is_private_and_writable(ledger):
     children = [start() for _ in range(2)]
     try:
         for child in children:
-            assert child.stdout.readline().startswith("paused"), child.stderr.read()
+            assert line_of(child).startswith("paused"), child.stderr.read()
         assert ask(children[0], "lease") == "leased True", children[0].stderr.read()
         assert ask(children[1], "resume") == "content True"  # the shared copy was never written
         assert store_bytes(ledger) == 96 * MiB  # B: A's copy went private with the lease
     finally:
         finish(children)
     assert store_bytes(ledger) == 0
+
+
+def test_a_store_directory_others_may_write_is_never_trusted(ledger):
+    store = Path(str(ledger) + ".store")
+    store.mkdir()
+    store.chmod(0o777)  # as another user could plant it in /dev/shm
+    child = start()
+    try:
+        line = line_of(child).split()
+        assert line[0] == "paused" and int(line[2]) == 192, line + [child.stderr.read()]  # kept private
+        assert list(store.iterdir()) == []
+        assert ask(child, "resume") == "content True"
+    finally:
+        finish([child])
+
+
+def test_a_process_exiting_while_paused_leaves_nothing_it_held_alone(ledger):
+    children = [start() for _ in range(2)]
+    try:
+        for child in children:
+            assert line_of(child).startswith("paused"), child.stderr.read()
+        finish(children[:1])  # exits paused: the other still holds every chunk
+        assert store_bytes(ledger) == 192 * MiB
+        finish(children[1:])
+        assert store_bytes(ledger) == 0
+    finally:
+        finish(children)
