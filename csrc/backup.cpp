@@ -209,7 +209,7 @@ Status HostArena::for_each_part(size_t offset, size_t size, const std::function<
         // lost it when register_as_one failed to put it back: try again now.
         Status s = backend_->register_host(device_, data_ + range.start, range.size, range.shared_fd >= 0);
         // A shared range the driver cannot page-lock read-only is made private again.
-        if (!s.ok() && range.shared_fd >= 0 && unshare(range, true).ok()) {
+        if (!s.ok() && range.shared_fd >= 0 && unshare(range).ok()) {
           s = backend_->register_host(device_, data_ + range.start, range.size, false);
         }
         if (!s.ok()) return s;
@@ -237,7 +237,7 @@ Status HostArena::register_as_one(size_t offset, size_t size) {
     if (ranges_[r].shared_fd < 0) continue;
     if (ranges_[r].registered) ranges_[r].registered = !backend_->unregister_host(device_, data_ + ranges_[r].start).ok();
     Status s = ranges_[r].registered ? Status::Error(Code::kHostError, "a shared backup range stayed page-locked")
-                                     : unshare(ranges_[r], true);
+                                     : unshare(ranges_[r]);
     if (!s.ok()) return s;
   }
   if (first == last && (ranges_[first].registered || ranges_[first].size == 0)) return Status::Ok();
@@ -279,13 +279,13 @@ HostArena::~HostArena() {
   }
   if (data_ != nullptr) munmap(data_, size_);
   for (const Range& range : ranges_) {
-    if (range.shared_fd >= 0) NodeStore::release(range.shared_fd, range.shared_path);
+    if (range.shared_fd >= 0) NodeStore::release(range.shared_fd);
   }
   if (reserved_) NodeLedger::instance().give_back(used_ - shared_bytes_.load());
 }
 
-Status HostArena::unshare(Range& range, bool counted) {
-  const bool reserve = counted && reserved_;  // its bytes were given back when it was shared
+Status HostArena::unshare(Range& range) {
+  const bool reserve = range.counted && reserved_;  // its bytes were given back when it was shared
   if (reserve) {
     Status s = NodeLedger::instance().reserve(range.size);
     if (!s.ok()) return s;
@@ -302,10 +302,11 @@ Status HostArena::unshare(Range& range, bool counted) {
     if (reserve) NodeLedger::instance().give_back(range.size);
     return errno_status("making a shared backup range private again", error);
   }
-  NodeStore::release(range.shared_fd, range.shared_path);
+  NodeStore::release(range.shared_fd);
   range.shared_fd = -1;
-  range.shared_path.clear();
-  if (counted) shared_bytes_ -= range.size;
+  shared_ranges_--;
+  if (range.counted) shared_bytes_ -= range.size;
+  range.counted = false;
   return Status::Ok();
 }
 
@@ -326,12 +327,12 @@ Status HostArena::share_range(size_t index) {
   if (range.shared_fd >= 0 || !range.done || range.size == 0) return Status::Ok();
   char* at = data_ + range.start;
   int fd = -1;
-  std::string path;
+  std::string path;  // (named in the store; the descriptor is what this arena keeps)
   Status s = NodeStore::share(at, range.size, &fd, &path);
   if (!s.ok()) return s;
   if (range.registered) range.registered = !backend_->unregister_host(device_, at).ok();
   if (range.registered) {  // still page-locked: its pages cannot be replaced
-    NodeStore::release(fd, path);
+    NodeStore::release(fd);
     return Status::Error(Code::kHostError, "a backup range could not be unpinned to be shared");
   }
   // The chunk holds the same bytes: mapped over the range, the range's own pages go back.
@@ -341,22 +342,23 @@ Status HostArena::share_range(size_t index) {
     const bool back = mmap(at, range.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) !=
                           MAP_FAILED &&
                       pread(fd, at, range.size, 0) == static_cast<ssize_t>(range.size);
-    NodeStore::release(fd, path);
+    NodeStore::release(fd);
     return back ? errno_status("mapping a shared backup chunk", error)
                 : Status::Error(Code::kHostError, "a backup range lost its mapping and could not be read back");
   }
   range.shared_fd = fd;
-  range.shared_path = path;
+  shared_ranges_++;
   madvise(at, range.size, MADV_DONTFORK);  // a forked child must not hold pages the ledger counts once
   range.registered = backend_->register_host(device_, at, range.size, true).ok();
   if (!range.registered) {
     // A driver that cannot page-lock it read-only: private again now, while its bytes are
     // still this process's in the budget (a resume must never need room to copy it back).
-    Status back = unshare(range, /*counted=*/false);
+    Status back = unshare(range);
     if (back.ok()) range.registered = backend_->register_host(device_, at, range.size, false).ok();
     return back.ok() ? Status::Error(Code::kHostError, "read-only page-locking refused: the range stays private")
                      : back;
   }
+  range.counted = true;
   shared_bytes_ += range.size;
   if (reserved_) NodeLedger::instance().give_back(range.size);
   return Status::Ok();

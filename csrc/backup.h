@@ -79,7 +79,7 @@ class HostArena {
   // leases it (the saver's operation lock, a paused backup); the content is never changed.
   Status share_range(size_t index);
   // Whether any range is shared: its memory must never be written (no later pause reuses it).
-  bool has_shared() const { return shared_bytes_.load() != 0; }
+  bool has_shared() const { return shared_ranges_.load() != 0; }
 
  private:
   struct Range {
@@ -89,7 +89,7 @@ class HostArena {
     bool done = false;
     bool registered = false;  // false once done: page-locking failed, tried again at its copy
     int shared_fd = -1;       // a chunk of the node's store mapped here, read-only
-    std::string shared_path;
+    bool counted = false;     // its bytes given back to the node's budget (the store counts them)
   };
   struct Piece {
     size_t range;
@@ -102,9 +102,9 @@ class HostArena {
   void fault_in();         // a worker: faults pieces in, in order
   void page_lock();        // the registrar: page-locks each range, in order, once its pages are in
   size_t range_index(size_t offset) const;  // the range holding offset; mu_ held
-  // A shared range made private again (its bytes read from its chunk); `counted`: it was
-  // counted as shared, its bytes given back, so they are taken from the budget again. mu_ held.
-  Status unshare(Range& range, bool counted);
+  // A shared range made private again (its bytes read from its chunk; taken from the budget
+  // again if they had been given back). mu_ held.
+  Status unshare(Range& range);
   bool stopping() const;  // the arena is going, or the process is ending
 
   const std::shared_ptr<Backend> backend_;
@@ -120,6 +120,7 @@ class HostArena {
   std::atomic<uint64_t> last_use_{0};
   bool reserved_ = false;  // its bytes are taken from the node's budget (node_ledger.h)
   std::atomic<size_t> shared_bytes_{0};  // of them, in the node's store now (given back)
+  std::atomic<int> shared_ranges_{0};    // ranges mapping a chunk of the store
   bool leased_ = false;  // register_as_one ran: a user may hold its memory; never shared
   size_t ranges_left_ = 0;  // not yet done
   std::mutex mu_;

@@ -117,9 +117,10 @@ std::vector<std::shared_ptr<HostArena>> Saver::prepare_backups_now(const TagSele
 }
 
 void Saver::release_host_cache() {
-  foreground_waiting_++;  // a sharing pass queued before it ends early
-  background_.wait_idle();  // a preparation asked for before this call does not refill it after
-  foreground_waiting_--;
+  {
+    Waiting waiting(foreground_waiting_);  // a sharing pass queued before it ends early
+    background_.wait_idle();  // a preparation asked for before this call does not refill it after
+  }
   ForegroundOp op(*this);  // no pause is reusing these meanwhile
   std::vector<HostBuffer> let_go;
   {

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -20,34 +21,75 @@
 namespace tmsl {
 namespace {
 
-// Whether the open file `fd` is still the one named `path` (not removed, not replaced).
-bool still_named(int fd, const std::string& path) {
-  struct stat open_file {}, named {};
-  return fstat(fd, &open_file) == 0 && open_file.st_nlink > 0 && stat(path.c_str(), &named) == 0 &&
-         named.st_ino == open_file.st_ino && named.st_dev == open_file.st_dev;
-}
-
-// Removes the chunk open at `fd` if no other process holds it. Closes fd.
-void remove_if_unheld(int fd, const std::string& path) {
-  // Converting a shared lock is not atomic, and a refusal leaves none: fd is closed anyway.
-  if (flock(fd, LOCK_EX | LOCK_NB) == 0 && !path.empty() && still_named(fd, path)) unlink(path.c_str());
-  close(fd);
-}
-
-// The store's directory, made if missing, and trusted only if it is this user's and nobody
-// else may write it (/dev/shm is everybody's: another user could plant chunks).
-Status trusted_directory(const std::string& directory) {
-  if (mkdir(directory.c_str(), 0700) != 0 && errno != EEXIST) {
-    return errno_status("making the shared backup store " + directory, errno);
+// The store's directory, opened and trusted only if it is this user's and nobody else may
+// write it: /dev/shm is every user's, and another one could plant a store or chunks. Every
+// use goes through the descriptor, never the path again. -1: none (or not trusted).
+class StoreDirectory {
+ public:
+  StoreDirectory(const std::string& path, bool create) {
+    if (path.empty()) return;
+    if (create && mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) return;
+    fd_ = open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st {};
+    if (fd_ >= 0 && (fstat(fd_, &st) != 0 || st.st_uid != geteuid() || (st.st_mode & 022) != 0)) {
+      close(fd_);
+      fd_ = -1;
+    }
   }
+  ~StoreDirectory() {
+    if (fd_ >= 0) close(fd_);
+  }
+  StoreDirectory(const StoreDirectory&) = delete;
+  StoreDirectory& operator=(const StoreDirectory&) = delete;
+  int fd() const { return fd_; }
+
+  // Calls visit(name) for each entry but "." and "..".
+  template <typename Visit>
+  void each(Visit&& visit) const {
+    const int listing = fd_ < 0 ? -1 : dup(fd_);
+    DIR* dir = listing < 0 ? nullptr : fdopendir(listing);
+    if (dir == nullptr) {
+      if (listing >= 0) close(listing);
+      return;
+    }
+    rewinddir(dir);
+    while (const dirent* entry = readdir(dir)) {
+      if (strcmp(entry->d_name, ".") != 0 && strcmp(entry->d_name, "..") != 0) visit(entry->d_name);
+    }
+    closedir(dir);
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// A chunk is trusted only as this user's read-only regular file.
+bool trusted_chunk(const struct stat& st) {
+  return S_ISREG(st.st_mode) && st.st_uid == geteuid() && (st.st_mode & 0222) == 0;
+}
+
+// Opens chunk `name` of the store without following links or blocking (a FIFO planted there
+// must not hang anyone); -1 unless it is a trusted chunk.
+int open_chunk(int directory, const char* name) {
+  const int fd = openat(directory, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   struct stat st {};
-  if (lstat(directory.c_str(), &st) != 0) return errno_status("reading the shared backup store " + directory, errno);
-  if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022) != 0) {
-    return Status::Error(Code::kHostError, "the shared backup store " + directory +
-                                               " is not a directory of this user that only it may write; "
-                                               "backups are not shared");
+  if (fd >= 0 && (fstat(fd, &st) != 0 || !trusted_chunk(st))) {
+    close(fd);
+    return -1;
   }
-  return Status::Ok();
+  return fd;
+}
+
+// Removes chunk `name` (open at `fd`) if no other process holds it. Closes fd.
+void remove_if_unheld(int directory, int fd, const char* name) {
+  // Converting a shared lock is not atomic, and a refusal leaves none: fd is closed anyway.
+  struct stat open_file {}, named {};
+  if (flock(fd, LOCK_EX | LOCK_NB) == 0 && fstat(fd, &open_file) == 0 && open_file.st_nlink > 0 &&
+      fstatat(directory, name, &named, AT_SYMLINK_NOFOLLOW) == 0 && named.st_ino == open_file.st_ino &&
+      named.st_dev == open_file.st_dev) {
+    unlinkat(directory, name, 0);
+  }
+  close(fd);
 }
 
 // A shared lock without waiting long: one held exclusively is being removed by its last holder.
@@ -60,41 +102,6 @@ bool shared_lock(int fd) {
   return false;
 }
 
-class HeldChunks;
-HeldChunks& held();
-
-// The chunks this process holds: at exit each is removed if nobody else holds it (the
-// process-wide saver is never destroyed, and its backups' chunks would stay in memory).
-class HeldChunks {
- public:
-  void add(int fd, const std::string& path) {
-    static const bool registered = std::atexit([] { held().remove_all_unheld(); }) == 0;
-    (void)registered;
-    std::lock_guard<std::mutex> lock(mu_);
-    paths_[fd] = path;
-  }
-  // False when it was let go of already (at exit).
-  bool remove(int fd) {
-    std::lock_guard<std::mutex> lock(mu_);
-    return paths_.erase(fd) != 0;
-  }
-  void remove_all_unheld() {
-    if (in_forked_child()) return;  // the parent's chunks are the parent's
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& entry : paths_) remove_if_unheld(entry.first, entry.second);
-    paths_.clear();
-  }
-
- private:
-  std::mutex mu_;
-  std::map<int, std::string> paths_;
-};
-
-HeldChunks& held() {
-  static HeldChunks* chunks = new HeldChunks();  // never destroyed: used at exit
-  return *chunks;
-}
-
 Status write_all(int fd, const char* data, size_t size) {
   for (size_t done = 0; done < size;) {
     const ssize_t n = pwrite(fd, data + done, size - done, static_cast<off_t>(done));
@@ -104,6 +111,66 @@ Status write_all(int fd, const char* data, size_t size) {
   }
   return Status::Ok();
 }
+
+// The chunks this process holds (descriptor -> path). At exit each is removed if nobody else
+// holds it: the process-wide saver is never destroyed, and its chunks would stay in memory.
+// A forked child closes its copies at once: they would keep the parent's chunks alive.
+class HeldChunks {
+ public:
+  HeldChunks() {
+    std::atexit([] { instance().let_go_all(); });
+    pthread_atfork(nullptr, nullptr, [] { instance().forget_in_child(); });
+  }
+  static HeldChunks& instance() {
+    static HeldChunks* chunks = new HeldChunks();  // never destroyed: used at exit
+    return *chunks;
+  }
+  // False once the process is exiting: the caller lets the chunk go itself.
+  bool add(int fd, const std::string& path) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (exiting_) return false;
+    paths_[fd] = path;
+    return true;
+  }
+  // The chunk's path, taken off the list; false when it was let go of already (at exit).
+  bool take(int fd, std::string* path) {
+    if (in_forked_child()) return false;  // closed when the child started
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = paths_.find(fd);
+    if (it == paths_.end()) return false;
+    *path = std::move(it->second);
+    paths_.erase(it);
+    return true;
+  }
+
+ private:
+  void let_go_all() {
+    if (in_forked_child()) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    exiting_ = true;
+    for (auto& entry : paths_) let_go(entry.first, entry.second);
+    paths_.clear();
+  }
+  // In a forked child, with only this thread: no lock (another thread may have held it).
+  void forget_in_child() {
+    for (const auto& entry : paths_) close(entry.first);
+  }
+
+  std::mutex mu_;
+  std::map<int, std::string> paths_;
+  bool exiting_ = false;
+
+ public:
+  static void let_go(int fd, const std::string& path) {
+    const size_t slash = path.rfind('/');
+    StoreDirectory directory(slash == std::string::npos ? std::string() : path.substr(0, slash), false);
+    if (directory.fd() < 0) {
+      close(fd);
+      return;
+    }
+    remove_if_unheld(directory.fd(), fd, path.c_str() + slash + 1);
+  }
+};
 
 }  // namespace
 
@@ -119,17 +186,16 @@ std::string NodeStore::directory_for(const std::string& ledger_path) {
   return ledger_path.empty() ? std::string() : ledger_path + ".store";
 }
 
-size_t NodeStore::bytes_in(const std::string& directory) {
-  DIR* dir = directory.empty() ? nullptr : opendir(directory.c_str());
-  if (dir == nullptr) return 0;
+size_t NodeStore::bytes_in(const std::string& path) {
+  StoreDirectory directory(path, false);
   size_t bytes = 0;
-  while (const dirent* entry = readdir(dir)) {
+  directory.each([&](const char* name) {
     struct stat st {};
-    if (entry->d_name[0] != '.' && fstatat(dirfd(dir), entry->d_name, &st, 0) == 0 && S_ISREG(st.st_mode)) {
-      bytes += static_cast<size_t>(st.st_size);
+    // The memory a trusted chunk takes (a sparse file planted there takes none).
+    if (fstatat(directory.fd(), name, &st, AT_SYMLINK_NOFOLLOW) == 0 && trusted_chunk(st)) {
+      bytes += static_cast<size_t>(st.st_blocks) * 512;
     }
-  }
-  closedir(dir);
+  });
   return bytes;
 }
 
@@ -154,93 +220,82 @@ uint64_t content_hash(const char* data, size_t size) {
 }
 
 Status NodeStore::share(const char* data, size_t size, int* fd, std::string* chunk_path) {
-  const std::string directory = directory_for(NodeLedger::instance().path());
-  if (directory.empty()) return Status::Error(Code::kHostError, "no host-memory ledger: backups are not shared");
-  Status trusted = trusted_directory(directory);
-  if (!trusted.ok()) return trusted;
+  const std::string path = directory_for(NodeLedger::instance().path());
+  StoreDirectory directory(path, true);
+  if (directory.fd() < 0) {
+    return Status::Error(Code::kHostError, "the shared backup store " + path +
+                                               " is not a directory of this user that only it may write");
+  }
   char name[64];
   snprintf(name, sizeof(name), "%016llx-%zu", static_cast<unsigned long long>(content_hash(data, size)), size);
-  const std::string path = directory + "/" + name;
+  const std::string named_path = path + "/" + name;
   for (int attempt = 0; attempt < 8; ++attempt) {
-    int chunk = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    int chunk = openat(directory.fd(), name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (chunk >= 0) {
       struct stat st {};
-      if (!shared_lock(chunk) || fstat(chunk, &st) != 0) {  // held exclusively: being removed
-        close(chunk);
+      if (!shared_lock(chunk) || fstat(chunk, &st) != 0 || st.st_nlink == 0) {
+        close(chunk);  // being removed by its last holder: look again
         continue;
       }
-      if (st.st_nlink == 0) {  // removed by its last holder meanwhile: look again
+      if (!trusted_chunk(st)) {
         close(chunk);
-        continue;
-      }
-      if (!S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 0222) != 0) {
-        close(chunk);  // not one of ours, or writable: never trusted with a backup
-        return Status::Error(Code::kHostError, "the shared backup chunk " + path + " is not this user's read-only file");
+        return Status::Error(Code::kHostError, "the shared backup chunk " + named_path +
+                                                   " is not this user's read-only file");
       }
       void* mapped = st.st_size == static_cast<off_t>(size)
                          ? mmap(nullptr, size, PROT_READ, MAP_SHARED, chunk, 0) : MAP_FAILED;
       const bool same = mapped != MAP_FAILED && memcmp(mapped, data, size) == 0;
       if (mapped != MAP_FAILED) munmap(mapped, size);
-      if (same) {
-        *fd = chunk;
-        *chunk_path = path;
-        held().add(chunk, path);
-        return Status::Ok();
+      if (!same) {
+        close(chunk);
+        return Status::Error(Code::kHostError, "the shared backup chunk " + named_path + " holds other bytes");
       }
-      close(chunk);
-      return Status::Error(Code::kHostError, "the shared backup chunk " + path + " holds other bytes");
-    }
-    if (errno != ENOENT) return errno_status("opening the shared backup chunk " + path, errno);
-    // A new chunk: its bytes are the node's budget's while it is being made, and the store's
-    // (which the ledger counts) once it has its name.
-    Status s = NodeLedger::instance().reserve(size);
-    if (!s.ok()) return s;
-    chunk = open(directory.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-    if (chunk < 0) {
+    } else {
+      if (errno != ENOENT) return errno_status("opening the shared backup chunk " + named_path, errno);
+      // A new chunk: its bytes are the node's budget's while it is being made, and the
+      // store's (which the ledger counts) once it has its name.
+      Status s = NodeLedger::instance().reserve(size);
+      if (!s.ok()) return s;
+      chunk = openat(directory.fd(), ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+      if (chunk < 0) s = errno_status("making a shared backup chunk in " + path, errno);
+      if (s.ok() && ftruncate(chunk, static_cast<off_t>(size)) != 0) s = errno_status("sizing a chunk", errno);
+      if (s.ok()) s = write_all(chunk, data, size);
+      if (s.ok() && fchmod(chunk, 0400) != 0) s = errno_status("making a shared backup chunk read-only", errno);
+      if (s.ok() && flock(chunk, LOCK_SH) != 0) s = errno_status("holding a shared backup chunk", errno);
+      char link[64];
+      snprintf(link, sizeof(link), "/proc/self/fd/%d", chunk);
+      const bool linked = s.ok() && linkat(AT_FDCWD, link, directory.fd(), name, AT_SYMLINK_FOLLOW) == 0;
       const int error = errno;
       NodeLedger::instance().give_back(size);
-      return errno_status("making a shared backup chunk in " + directory, error);
+      if (!linked) {
+        if (chunk >= 0) close(chunk);
+        if (!s.ok()) return s;
+        if (error != EEXIST) return errno_status("naming the shared backup chunk " + named_path, error);
+        continue;  // another process published the same bytes first: take theirs
+      }
     }
-    s = ftruncate(chunk, static_cast<off_t>(size)) == 0 ? write_all(chunk, data, size)
-                                                          : errno_status("sizing a shared backup chunk", errno);
-    if (s.ok() && fchmod(chunk, 0400) != 0) s = errno_status("making a shared backup chunk read-only", errno);
-    if (s.ok() && flock(chunk, LOCK_SH) != 0) s = errno_status("holding a shared backup chunk", errno);
-    char link[64];
-    snprintf(link, sizeof(link), "/proc/self/fd/%d", chunk);
-    const bool named = s.ok() && linkat(AT_FDCWD, link, AT_FDCWD, path.c_str(), AT_SYMLINK_FOLLOW) == 0;
-    const int error = errno;
-    NodeLedger::instance().give_back(size);
-    if (named) {
-      *fd = chunk;
-      *chunk_path = path;
-      held().add(chunk, path);
-      return Status::Ok();
+    if (!HeldChunks::instance().add(chunk, named_path)) {  // the process is exiting
+      HeldChunks::let_go(chunk, named_path);
+      return Status::Error(Code::kHostError, "the process is exiting: backups are not shared");
     }
-    close(chunk);
-    if (!s.ok()) return s;
-    if (error != EEXIST) return errno_status("naming the shared backup chunk " + path, error);
-    // Another process published the same bytes first: take theirs.
+    *fd = chunk;
+    *chunk_path = named_path;
+    return Status::Ok();
   }
-  return Status::Error(Code::kHostError, "the shared backup chunk " + path + " kept changing; kept a private copy");
+  return Status::Error(Code::kHostError, "the shared backup chunk " + named_path + " kept changing; kept a private copy");
 }
 
-void NodeStore::release(int fd, const std::string& path) {
-  if (held().remove(fd)) remove_if_unheld(fd, path);
+void NodeStore::release(int fd) {
+  std::string path;
+  if (HeldChunks::instance().take(fd, &path)) HeldChunks::let_go(fd, path);
 }
 
-void NodeStore::collect_garbage(const std::string& directory) {
-  struct stat st {};
-  if (directory.empty() || lstat(directory.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid()) {
-    return;  // none, or not this user's to clean
-  }
-  DIR* dir = opendir(directory.c_str());
-  if (dir == nullptr) return;
-  while (const dirent* entry = readdir(dir)) {
-    if (entry->d_name[0] == '.') continue;
-    const int chunk = openat(dirfd(dir), entry->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (chunk >= 0) remove_if_unheld(chunk, directory + "/" + entry->d_name);
-  }
-  closedir(dir);
+void NodeStore::collect_garbage(const std::string& path) {
+  StoreDirectory directory(path, false);
+  directory.each([&](const char* name) {
+    const int chunk = open_chunk(directory.fd(), name);
+    if (chunk >= 0) remove_if_unheld(directory.fd(), chunk, name);
+  });
 }
 
 }  // namespace tmsl

@@ -25,17 +25,20 @@ class NodeStore {
   static bool enabled();
   // The store's directory for the ledger at `ledger_path`.
   static std::string directory_for(const std::string& ledger_path);
-  // The bytes of the chunks in `directory` (0 when there is none): what the ledger counts.
+  // The memory the chunks in `directory` take (0 when there is none, or it is not trusted):
+  // what the ledger counts.
   static size_t bytes_in(const std::string& directory);
 
   // Opens a chunk holding exactly the `size` bytes at `data`: one of the store's, compared
   // byte for byte, or a new one (a copy, whose bytes are taken from the node's budget while
   // it is being made). *fd is open and holds the chunk (a shared flock) until release();
-  // *path names it.
+  // *path names it. The store is used only if it is this user's directory that nobody else
+  // may write, and a chunk only if it is this user's read-only file.
   static Status share(const char* data, size_t size, int* fd, std::string* path);
   // Lets go of a chunk share() opened (its mappings must be gone): closes it, and removes its
-  // file when no other process holds it.
-  static void release(int fd, const std::string& path);
+  // file when no other process holds it. Chunks still held at exit are let go of then; a
+  // forked child closes its copies when it starts.
+  static void release(int fd);
   // Removes the chunks in `directory` nobody holds (what processes that died left behind).
   static void collect_garbage(const std::string& directory);
 };

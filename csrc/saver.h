@@ -330,17 +330,22 @@ class Saver {
 
   // op_mu_ taken for a caller's operation (pause, resume, a lease, a cache change): the
   // background sharing pass, which takes it range by range, makes way for it.
+  // Counts a caller waiting for something the sharing pass may hold up, for its lifetime.
+  class Waiting {
+   public:
+    explicit Waiting(std::atomic<int>& count) : count_(count) { count_++; }
+    ~Waiting() { count_--; }
+    Waiting(const Waiting&) = delete;
+    Waiting& operator=(const Waiting&) = delete;
+
+   private:
+    std::atomic<int>& count_;
+  };
   class ForegroundOp {
    public:
     explicit ForegroundOp(Saver& saver) : saver_(saver) {
-      saver_.foreground_waiting_++;
-      try {
-        saver_.op_mu_.lock();
-      } catch (...) {
-        saver_.foreground_waiting_--;
-        throw;
-      }
-      saver_.foreground_waiting_--;
+      Waiting waiting(saver_.foreground_waiting_);
+      saver_.op_mu_.lock();
     }
     ~ForegroundOp() { saver_.op_mu_.unlock(); }
     ForegroundOp(const ForegroundOp&) = delete;

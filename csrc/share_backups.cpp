@@ -45,8 +45,9 @@ void Saver::share_paused_backups() {
         auto it = table_.find(offer.va);
         if (it == table_.end() || it->second.state != State::kPaused || it->second.host_copy.arena != offer.arena) break;
       }
-      // Best effort: a range not shared stays private. No room in the budget to publish: none later either.
-      if (offer.arena->share_range(range).code == Code::kOutOfMemory) return;
+      // Best effort: a range not shared stays private, and so do the rest of this pass (no
+      // room to publish, a driver without read-only page-locking: the next ranges would fail alike).
+      if (!offer.arena->share_range(range).ok()) return;
     }
   }
 }

@@ -214,11 +214,15 @@ def test_a_store_directory_others_may_write_is_never_trusted(ledger):
     store = Path(str(ledger) + ".store")
     store.mkdir()
     store.chmod(0o777)  # as another user could plant it in /dev/shm
+    with open(store / "0000000000000000-1099511627776", "wb") as planted:
+        planted.truncate(1 << 40)  # sparse: 1 TiB that takes no memory
+    os.mkfifo(store / "fifo")  # opening it to read would block
+    assert node_figures(TMSL_SHARE_BACKUPS="0") == [0, 0]  # not counted, and no process hangs on it
     child = start()
     try:
         line = line_of(child).split()
         assert line[0] == "paused" and int(line[2]) == 192, line + [child.stderr.read()]  # kept private
-        assert list(store.iterdir()) == []
+        assert sorted(p.name for p in store.iterdir()) == ["0000000000000000-1099511627776", "fifo"]
         assert ask(child, "resume") == "content True"
     finally:
         finish([child])
