@@ -80,16 +80,15 @@ int open_chunk(int directory, const char* name) {
   return fd;
 }
 
-// Removes chunk `name` (open at `fd`) if no other process holds it. Closes fd.
-void remove_if_unheld(int directory, int fd, const char* name) {
-  // Converting a shared lock is not atomic, and a refusal leaves none: fd is closed anyway.
+// Removes chunk `name` (open at `fd`) if no other process holds it. (Converting a shared
+// lock is not atomic, and a refusal leaves none: callers are letting the chunk go.)
+void unlink_if_unheld(int directory, int fd, const char* name) {
   struct stat open_file {}, named {};
   if (flock(fd, LOCK_EX | LOCK_NB) == 0 && fstat(fd, &open_file) == 0 && open_file.st_nlink > 0 &&
       fstatat(directory, name, &named, AT_SYMLINK_NOFOLLOW) == 0 && named.st_ino == open_file.st_ino &&
       named.st_dev == open_file.st_dev) {
     unlinkat(directory, name, 0);
   }
-  close(fd);
 }
 
 // A shared lock without waiting long: one held exclusively is being removed by its last holder.
@@ -119,7 +118,9 @@ class HeldChunks {
  public:
   HeldChunks() {
     std::atexit([] { instance().let_go_all(); });
-    pthread_atfork(nullptr, nullptr, [] { instance().forget_in_child(); });
+    // The map is locked across a fork, so the child finds it whole.
+    pthread_atfork([] { instance().mu_.lock(); }, [] { instance().mu_.unlock(); },
+                   [] { instance().forget_in_child(); });
   }
   static HeldChunks& instance() {
     static HeldChunks* chunks = new HeldChunks();  // never destroyed: used at exit
@@ -144,16 +145,22 @@ class HeldChunks {
   }
 
  private:
+  // At exit: each chunk nobody else holds is removed; the descriptors are left to the kernel
+  // (a background thread may still be using one), and nobody closes them from now on.
   void let_go_all() {
     if (in_forked_child()) return;
     std::lock_guard<std::mutex> lock(mu_);
     exiting_ = true;
-    for (auto& entry : paths_) let_go(entry.first, entry.second);
+    for (const auto& entry : paths_) with_directory(entry.second, [&](int directory, const char* name) {
+      unlink_if_unheld(directory, entry.first, name);
+    });
     paths_.clear();
   }
-  // In a forked child, with only this thread: no lock (another thread may have held it).
+  // In a forked child (the map locked by the fork): its copies of the descriptors closed.
   void forget_in_child() {
     for (const auto& entry : paths_) close(entry.first);
+    paths_.clear();
+    mu_.unlock();
   }
 
   std::mutex mu_;
@@ -161,14 +168,18 @@ class HeldChunks {
   bool exiting_ = false;
 
  public:
+  // Removes the chunk if nobody else holds it, and closes fd.
   static void let_go(int fd, const std::string& path) {
+    with_directory(path, [&](int directory, const char* name) { unlink_if_unheld(directory, fd, name); });
+    close(fd);
+  }
+  // Calls use(directory fd, name) for a chunk's path, if its directory is trusted.
+  template <typename Use>
+  static void with_directory(const std::string& path, Use&& use) {
     const size_t slash = path.rfind('/');
-    StoreDirectory directory(slash == std::string::npos ? std::string() : path.substr(0, slash), false);
-    if (directory.fd() < 0) {
-      close(fd);
-      return;
-    }
-    remove_if_unheld(directory.fd(), fd, path.c_str() + slash + 1);
+    if (slash == std::string::npos) return;
+    StoreDirectory directory(path.substr(0, slash), false);
+    if (directory.fd() >= 0) use(directory.fd(), path.c_str() + slash + 1);
   }
 };
 
@@ -294,7 +305,10 @@ void NodeStore::collect_garbage(const std::string& path) {
   StoreDirectory directory(path, false);
   directory.each([&](const char* name) {
     const int chunk = open_chunk(directory.fd(), name);
-    if (chunk >= 0) remove_if_unheld(directory.fd(), chunk, name);
+    if (chunk >= 0) {
+      unlink_if_unheld(directory.fd(), chunk, name);
+      close(chunk);
+    }
   });
 }
 

@@ -6,12 +6,14 @@ it. Each test runs its processes on a ledger (and so a store) of its own."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -64,6 +66,13 @@ for line in sys.stdin:
         same = backup.numpy().tobytes() == expected[0]
         backup[:4096] = 0  # a lease is the caller's to write: never the other processes' copy
         print("leased", same, flush=True)
+    elif command[0] == "fork":  # a child that lives on (a data-loader worker, say)
+        import time
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(60)
+            os._exit(0)
+        print("forked", pid, flush=True)
     elif command[0] == "exit":
         break
 """
@@ -239,3 +248,30 @@ def test_a_process_exiting_while_paused_leaves_nothing_it_held_alone(ledger):
         assert store_bytes(ledger) == 0
     finally:
         finish(children)
+
+
+def test_a_forked_child_holds_none_of_the_stores_chunks(ledger):
+    child = start()
+    grandchild = None
+    try:
+        assert line_of(child).startswith("paused"), child.stderr.read()
+        grandchild = int(ask(child, "fork").split()[1])
+        store = str(ledger) + ".store"
+
+        def held_by_grandchild() -> list[str]:
+            links = []
+            for fd in os.listdir(f"/proc/{grandchild}/fd"):
+                with contextlib.suppress(OSError):
+                    links.append(os.readlink(f"/proc/{grandchild}/fd/{fd}"))
+            return [link for link in links if link.startswith(store)]
+
+        deadline = time.monotonic() + 60  # its fork handler runs once it is scheduled
+        while held_by_grandchild() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert held_by_grandchild() == []
+        assert ask(child, "resume") == "content True"
+        assert store_bytes(ledger) == 0
+    finally:
+        if grandchild is not None:
+            os.kill(grandchild, signal.SIGKILL)
+        finish([child])
