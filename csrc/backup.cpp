@@ -63,6 +63,12 @@ void run_quietly(const std::function<void()>& task) {
   }
 }
 
+// Maps fresh private memory over [at, at + size) and fills it from the chunk open at `fd`.
+bool private_copy(char* at, size_t size, int fd) {
+  return mmap(at, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != MAP_FAILED &&
+         pread(fd, at, size, 0) == static_cast<ssize_t>(size);
+}
+
 size_t fault_in_workers(size_t pieces) {
   // One core is left to the thread that page-locks and the one that copies.
   size_t cores = std::max<size_t>(1, std::thread::hardware_concurrency());
@@ -293,9 +299,7 @@ Status HostArena::unshare(Range& range) {
   char* at = data_ + range.start;
   // Fresh private memory in its place, filled from the chunk (which holds the same bytes);
   // should that fail, the chunk is mapped there again.
-  const bool back = mmap(at, range.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) !=
-                        MAP_FAILED &&
-                    pread(range.shared_fd, at, range.size, 0) == static_cast<ssize_t>(range.size);
+  const bool back = private_copy(at, range.size, range.shared_fd);
   if (!back) {
     const int error = errno;
     mmap(at, range.size, PROT_READ, MAP_SHARED | MAP_FIXED, range.shared_fd, 0);
@@ -339,9 +343,7 @@ Status HostArena::share_range(size_t index) {
   if (mmap(at, range.size, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
     // The range may be gone: its bytes come back from the chunk, into fresh private memory.
     const int error = errno;
-    const bool back = mmap(at, range.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) !=
-                          MAP_FAILED &&
-                      pread(fd, at, range.size, 0) == static_cast<ssize_t>(range.size);
+    const bool back = private_copy(at, range.size, fd);
     NodeStore::release(fd);
     return back ? errno_status("mapping a shared backup chunk", error)
                 : Status::Error(Code::kHostError, "a backup range lost its mapping and could not be read back");

@@ -121,6 +121,14 @@ def node_figures(**env: str) -> list[int]:
     return [int(x) for x in result.stdout.split()]
 
 
+def paused_children(count: int) -> list[subprocess.Popen]:
+    """Children started and paused (each says so before this returns)."""
+    children = [start() for _ in range(count)]
+    for child in children:
+        assert line_of(child).startswith("paused"), child.stderr.read()
+    return children
+
+
 def finish(children: list[subprocess.Popen]) -> None:
     for child in children:
         if child.poll() is None:
@@ -149,10 +157,8 @@ def test_four_processes_pausing_the_same_backups_hold_them_once_and_get_them_bac
 
 
 def test_a_process_that_frees_or_changes_its_content_leaves_the_others_backups_intact(ledger):
-    children = [start() for _ in range(3)]
+    children = paused_children(3)
     try:
-        for child in children:
-            assert line_of(child).startswith("paused"), child.stderr.read()
         assert ask(children[0], "free") == "freed"  # its arena keeps A's chunk while B is paused
         assert ask(children[1], "resume") == "content True"
         assert ask(children[1], "change") == "paused again"  # A' published beside A and B
@@ -166,10 +172,8 @@ def test_a_process_that_frees_or_changes_its_content_leaves_the_others_backups_i
 
 
 def test_holders_killed_with_sigkill_leave_nothing_in_the_store_once_nobody_holds_it(ledger):
-    children = [start() for _ in range(3)]
+    children = paused_children(3)
     try:
-        for child in children:
-            assert line_of(child).startswith("paused"), child.stderr.read()
         children[0].send_signal(signal.SIGKILL)
         children[0].wait()
         assert ask(children[1], "resume") == "content True"  # the killed one's hold did not matter
@@ -207,10 +211,8 @@ def test_where_the_driver_cannot_page_lock_read_only_memory_backups_stay_private
 
 
 def test_a_zero_copy_lease_of_a_shared_backup_is_private_and_writable(ledger):
-    children = [start() for _ in range(2)]
+    children = paused_children(2)
     try:
-        for child in children:
-            assert line_of(child).startswith("paused"), child.stderr.read()
         assert ask(children[0], "lease") == "leased True", children[0].stderr.read()
         assert ask(children[1], "resume") == "content True"  # the shared copy was never written
         assert store_bytes(ledger) == 96 * MiB  # B: A's copy went private with the lease
@@ -238,10 +240,8 @@ def test_a_store_directory_others_may_write_is_never_trusted(ledger):
 
 
 def test_a_process_exiting_while_paused_leaves_nothing_it_held_alone(ledger):
-    children = [start() for _ in range(2)]
+    children = paused_children(2)
     try:
-        for child in children:
-            assert line_of(child).startswith("paused"), child.stderr.read()
         finish(children[:1])  # exits paused: the other still holds every chunk
         assert store_bytes(ledger) == 192 * MiB
         finish(children[1:])
