@@ -398,6 +398,10 @@ Status Saver::resume(const TagSelection& selection) {
   Status s = resume_locked(selection, &moved);
   if (s.ok()) note_duration(moved, started, &TagInfo::last_resume_seconds);
   publish_cache();
+  // A shared backup is dropped at resume (it is never written again): host memory for the
+  // next pause is set aside in the background, as before a first pause, where the budget
+  // has room, so that pause runs at the link's speed too.
+  if (s.ok() && NodeStore::enabled()) prepare_backups(TagSelection{false, moved});
   return s;
 }
 

@@ -55,6 +55,9 @@ for line in sys.stdin:
         host.pause("weights")
         host.wait_for_released_backups()
         print("paused again", flush=True)
+    elif command[0] == "held":  # what this process holds in the budget once the background is done
+        host.wait_for_released_backups()
+        print("held", host.host_memory().held_by_this_process // MiB, flush=True)
     elif command[0] == "free":  # while paused
         mem.free(ptrs.pop(0))
         expected.pop(0)
@@ -156,6 +159,25 @@ def test_four_processes_pausing_the_same_backups_hold_them_once_and_get_them_bac
     assert store_bytes(ledger) == 0 and node_figures() == [0, 0]
 
 
+def test_a_resumed_shared_backup_has_private_memory_set_aside_for_the_next_pause(ledger):
+    # A shared copy is never written again, so the resume drops it; the next pause would take
+    # fresh host memory in the foreground (measured on an H100: 20 GB/s instead of 53) unless
+    # it is set aside in the background, as before a first pause.
+    children = paused_children(2)
+    try:
+        assert ask(children[0], "held") == "held 0"
+        assert ask(children[0], "resume") == "content True"
+        assert ask(children[0], "held") == "held 192"  # the next pause's memory, in the budget
+        assert ask(children[0], "change") == "paused again"
+        assert ask(children[0], "held") == "held 0"  # written, then shared again
+        assert store_bytes(ledger) == 3 * 192 * MiB // 2  # A, B (the other child's) and A'
+        for child in children:
+            assert ask(child, "resume") == "content True"
+    finally:
+        finish(children)
+    assert store_bytes(ledger) == 0
+
+
 def test_a_process_that_frees_or_changes_its_content_leaves_the_others_backups_intact(ledger):
     children = paused_children(3)
     try:
@@ -177,11 +199,13 @@ def test_holders_killed_with_sigkill_leave_nothing_in_the_store_once_nobody_hold
         children[0].send_signal(signal.SIGKILL)
         children[0].wait()
         assert ask(children[1], "resume") == "content True"  # the killed one's hold did not matter
+        assert ask(children[1], "held") == "held 192"  # set aside for its next pause
         assert store_bytes(ledger) == 192 * MiB  # still held by the third
         children[2].send_signal(signal.SIGKILL)
         children[2].wait()
         assert store_bytes(ledger) == 192 * MiB  # nobody holds it, nobody has looked yet
-        assert node_figures() == [0, 0]  # a process opening the ledger removes what nobody holds
+        # A process opening the ledger removes what nobody holds.
+        assert node_figures() == [0, 192 * MiB]
         assert store_bytes(ledger) == 0
     finally:
         finish(children)
