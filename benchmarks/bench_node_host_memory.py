@@ -3,7 +3,7 @@ them), each pausing and resuming its own copy of the same weights at once, under
 budget; and one process cycling several backed-up tags in turn.
 
     python benchmarks/bench_node_host_memory.py [--processes 4] [--gib 2] [--cycles 3]
-        [--tms-path DIR] [--disk-dir DIR] [--share]
+        [--tms-path DIR] [--disk-dir DIR] [--share] [--rollout 0.5]
 
 Table 1, per budget (room for all backups, and less than that): each cycle's pause and
 resume as GB/s summed over the processes, against the pinned copy bandwidth measured in the
@@ -17,11 +17,15 @@ each wait up to 2 s for the others' caches, then send all their backups to disk)
 --share, the larger budget runs again with TMSL_SHARE_BACKUPS=1: the identical weights held
 once by the node (host held is the sum of PSS, which splits shared pages between their
 holders). With --tms-path,
-torch_memory_saver (no budget) runs the same processes beside it.
+torch_memory_saver (no budget) runs the same processes beside it. Each engine works for
+--rollout seconds before its first pause and after each resume (its rollout: where the
+library sets host memory for the next pause aside, in the background), outside the timings.
 
 Table 2: one process, three tags of --gib each, paused and resumed one after another for
 --cycles rounds: GB/s of each pause against the link (the host cache keeps as many backups
-as fit in its budget; the others give way, least recently used first).
+as fit in its budget; a pause that finds it full takes the cached memory of a tag of the same
+shape); then 4096 allocations of 2 MiB without backup, timed in that process and in a fresh
+one. With --tms-path, torch_memory_saver's rows beside.
 """
 
 from __future__ import annotations
@@ -46,7 +50,11 @@ import json, os, sys, time
 sys.path[:0] = [p for p in os.environ.get("BENCH_EXTRA_PATH", "").split(":") if p]
 import torch
 tool, gib, cycles, go_dir, rank = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+rollout = float(sys.argv[6])
 n = int(gib * (1 << 30))
+
+def checksum(t):  # in pieces: a sum over the whole tensor as int64 would take 8 times its size
+    return sum(int(t[i:i + (1 << 28)].sum(dtype=torch.int64)) for i in range(0, t.numel(), 1 << 28))
 
 def pss():
     with open("/proc/self/smaps_rollup") as f:
@@ -71,8 +79,9 @@ with region("weights", enable_cpu_backup=True):
     weights = torch.empty(n, dtype=torch.uint8, device="cuda")
 # The same weights in every process: a seeded pattern, regenerated to check.
 weights.random_(generator=torch.Generator(device="cuda").manual_seed(1234))  # in place: no temporaries
-expected = weights.sum(dtype=torch.int64).item(), weights[::4097].clone()
+expected = checksum(weights), weights[::4097].clone()
 torch.cuda.synchronize()
+time.sleep(rollout)  # the engine's first rollout
 rows = []
 for cycle in range(cycles):
     barrier(f"pause{cycle}")
@@ -97,9 +106,10 @@ for cycle in range(cycles):
         resume("weights")
     torch.cuda.synchronize()
     done = time.perf_counter()
-    ok = weights.sum(dtype=torch.int64).item() == expected[0] and torch.equal(weights[::4097], expected[1])
+    ok = checksum(weights) == expected[0] and torch.equal(weights[::4097], expected[1])
     rows.append(dict(pause_start=start, pause_end=paused_at, resume_s=done - resume_start, held=held, refused=refused,
                      paused=paused, spilled=spilled, ok=bool(ok)))
+    time.sleep(rollout)  # its next rollout
 print(json.dumps(rows), flush=True)
 os._exit(0)  # measured and checked: skip the tools' teardown at exit
 """
@@ -154,8 +164,8 @@ def ledger_peak(path: Path, stop: list[bool], out: list[int]) -> None:
         time.sleep(0.002)
 
 
-def run_node(tool: str, processes: int, gib: float, cycles: int, budget: int | None, extra_path: str,
-             disk_dir: str | None = None, share: bool = False) -> dict:
+def run_node(tool: str, processes: int, gib: float, cycles: int, rollout: float, budget: int | None,
+             extra_path: str, disk_dir: str | None = None, share: bool = False) -> dict:
     go_dir = tempfile.mkdtemp(prefix="node-bench-")
     ledger = Path(go_dir) / "host-memory.ledger"
     env = {k: v for k, v in os.environ.items()
@@ -167,7 +177,8 @@ def run_node(tool: str, processes: int, gib: float, cycles: int, budget: int | N
         env["TMSL_DISK_BACKUP_DIR"] = disk_dir
     if budget is not None:
         env["TMSL_HOST_MEMORY_BUDGET"] = str(budget)
-    children = [subprocess.Popen([sys.executable, "-c", WORKER, tool, str(gib), str(cycles), go_dir, str(rank)],
+    children = [subprocess.Popen([sys.executable, "-c", WORKER, tool, str(gib), str(cycles), go_dir, str(rank),
+                                  str(rollout)],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
                 for rank in range(processes)]
     try:
@@ -219,16 +230,37 @@ def summarise(children, outputs, processes: int, gib: float, cycles: int, sample
     return dict(cycles=cycles_out, ledger_peak=max(samples) if samples else None)
 
 
-def run_sequence(gib: float, cycles: int) -> list[list[float]]:
-    """One process, three backed-up tags cycled in turn: GB/s of each pause, per round."""
+def run_sequence(tool: str, gib: float, cycles: int, rollout: float, extra_path: str) -> dict:
+    """One process, three backed-up tags cycled in turn: GB/s of each pause, per round; then
+    4096 x 2 MiB allocated in a region without backup, in that process and in a fresh one (ms)."""
     code = textwrap.dedent(f"""
-        import json, time, torch
-        from torch_mem_saver_lite import saver
+        import json, os, sys, time
+        sys.path[:0] = [p for p in {extra_path!r}.split(":") if p]
+        import torch
+        if {tool!r} == "ours":
+            from torch_mem_saver_lite import saver
+        else:
+            from torch_memory_saver import torch_memory_saver as saver
+            saver.hook_mode = "torch"
         n = int({gib} * (1 << 30))
+
+        def allocate_without_backup(tag):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            with saver.region(tag):
+                blocks = [torch.empty(2 << 20, dtype=torch.uint8, device="cuda") for _ in range(4096)]
+            torch.cuda.synchronize()
+            return (time.perf_counter() - start) * 1e3, blocks
+
+        if sys.argv[1] == "fresh":
+            print(json.dumps(dict(fresh_ms=allocate_without_backup("fresh")[0])))
+            sys.exit(0)
         tensors = {{}}
         for tag in ("a", "b", "c"):
             with saver.region(tag, enable_cpu_backup=True):
                 tensors[tag] = torch.full((n,), ord(tag), dtype=torch.uint8, device="cuda")
+        torch.cuda.synchronize()
+        time.sleep({rollout})  # the first rollout
         rounds = []
         for _ in range({cycles}):
             speeds = []
@@ -240,13 +272,17 @@ def run_sequence(gib: float, cycles: int) -> list[list[float]]:
                 time.sleep(0.3)
                 saver.resume(tag)
                 assert bool((tensors[tag] == ord(tag)).all())
+                time.sleep({rollout})  # its engine's next rollout
             rounds.append(speeds)
-        print(json.dumps(rounds))
+        print(json.dumps(dict(rounds=rounds, after_ms=allocate_without_backup("after")[0])))
     """)
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-    if result.returncode != 0:
-        raise RuntimeError(result.stderr[-3000:])
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    out: dict = {}
+    for mode in ("sequence", "fresh"):
+        result = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, timeout=600)
+        if result.returncode != 0:
+            raise RuntimeError(result.stderr[-3000:])
+        out.update(json.loads(result.stdout.strip().splitlines()[-1]))
+    return out
 
 
 def main() -> None:
@@ -257,6 +293,8 @@ def main() -> None:
     parser.add_argument("--tms-path", default=None, help="a folder holding torch_memory_saver (side by side)")
     parser.add_argument("--disk-dir", default=None, help="a directory on a real disk for the budget's disk tier")
     parser.add_argument("--share", action="store_true", help="also with identical backups stored once per node")
+    parser.add_argument("--rollout", type=float, default=0.5,
+                        help="seconds each engine works between a resume and its next pause, and before its first")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_node_host_memory.py needs a CUDA GPU")
@@ -281,7 +319,7 @@ def main() -> None:
         setups.append(("torch_memory_saver", None, None))
     for tool, budget, disk_dir in setups:
         ours = tool.startswith("ours")
-        result = run_node("ours" if ours else "tms", args.processes, args.gib, args.cycles, budget,
+        result = run_node("ours" if ours else "tms", args.processes, args.gib, args.cycles, args.rollout, budget,
                           "" if ours else args.tms_path, disk_dir, share=tool == "ours, shared")
         for i, c in enumerate(result["cycles"]):
             peak = result["ledger_peak"]
@@ -296,13 +334,18 @@ def main() -> None:
           "node's ledger showed held at once; on disk: backups the disk tier wrote; ok: every process's weights "
           "bit-identical after the resume")
     print()
-    rounds = run_sequence(args.gib, args.cycles)
-    print(f"one process, tags a, b, c of {args.gib:g} GiB each, paused and resumed in turn (GB/s of each pause; "
-          f"link {link:.1f} GB/s)")
-    for i, speeds in enumerate(rounds):
-        print(f"  round {i + 1}: " + ", ".join(f"{tag} {s:.1f} ({s / link:.0%})" for tag, s in zip("abc", speeds,
-                                                                                                  strict=True)))
-
+    print(f"one process, tags a, b, c of {args.gib:g} GiB each, paused and resumed in turn, {args.rollout:g} s of "
+          f"rollout after each resume (GB/s of each pause; link {link:.1f} GB/s); then 4096 x 2 MiB allocated "
+          f"without backup in that process and in a fresh one")
+    tools = [("ours", "")] + ([("torch_memory_saver", args.tms_path)] if args.tms_path else [])
+    for tool, path in tools:
+        result = run_sequence("ours" if tool == "ours" else "tms", args.gib, args.cycles, args.rollout, path)
+        print(f"  {tool}:")
+        for i, speeds in enumerate(result["rounds"]):
+            print(f"    round {i + 1}: " + ", ".join(f"{tag} {s:.1f} ({s / link:.0%})"
+                                                   for tag, s in zip("abc", speeds, strict=True)))
+        print(f"    4096 x 2 MiB without backup: {result['after_ms']:.1f} ms after the rounds, "
+              f"{result['fresh_ms']:.1f} ms in a fresh process")
 
 if __name__ == "__main__":
     main()

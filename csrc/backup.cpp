@@ -113,7 +113,7 @@ Status HostArena::create(std::shared_ptr<Backend> backend, int device, const std
 }
 
 HostArena::HostArena(std::shared_ptr<Backend> backend, int device, const std::vector<size_t>& buffer_sizes)
-    : backend_(std::move(backend)), device_(device) {
+    : backend_(std::move(backend)), device_(device), buffer_sizes_(buffer_sizes) {
   // Buffers in order. Small ones share a range until it has kRangeBytes; a larger one starts
   // a range and is cut into ranges of kRangeBytes, and the buffer after it starts a new one.
   bool range_full = true;
@@ -138,6 +138,11 @@ HostArena::HostArena(std::shared_ptr<Backend> backend, int device, const std::ve
   }
   ranges_left_ = ranges_.size();
   for (const Range& range : ranges_) used_ += range.size;
+}
+
+bool HostArena::fits_exactly(int device, const std::vector<size_t>& buffer_sizes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return device == device_ && buffer_sizes == buffer_sizes_ && !leased_ && shared_ranges_.load() == 0;
 }
 
 void HostArena::start_range(size_t at) {

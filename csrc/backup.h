@@ -80,6 +80,9 @@ class HostArena {
   Status share_range(size_t index);
   // Whether any range is shared: its memory must never be written (no later pause reuses it).
   bool has_shared() const { return shared_ranges_.load() != 0; }
+  // Whether a pause needing buffers of exactly these sizes, in this order, on this device may
+  // take this arena as it is: nothing shared and nothing ever leased (a user may hold it).
+  bool fits_exactly(int device, const std::vector<size_t>& buffer_sizes);
 
  private:
   struct Range {
@@ -112,6 +115,7 @@ class HostArena {
   char* data_ = nullptr;
   size_t size_ = 0;
   size_t used_ = 0;
+  const std::vector<size_t> buffer_sizes_;
   std::vector<size_t> buffer_offsets_;
   std::vector<Range> ranges_;
   std::vector<Piece> pieces_;

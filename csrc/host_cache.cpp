@@ -209,6 +209,22 @@ std::vector<HostBuffer> Saver::take_cache(size_t bytes) {
   return let_go;
 }
 
+std::shared_ptr<HostArena> Saver::recycle_cache(int device, const std::vector<size_t>& sizes) {
+  size_t bytes = 0;
+  for (size_t size : sizes) bytes += size;
+  if (cached_bytes({}) + bytes <= host_cache_bytes_.load()) return nullptr;  // room for both
+  // Faulting in and page-locking fresh memory runs at half the link's speed or less; memory
+  // already prepared runs at its full speed, and the cache ends up holding the newest copy.
+  for (auto& [arena, allocations] : cached_arenas()) {
+    if (!arena->fits_exactly(device, sizes)) continue;
+    std::shared_ptr<HostArena> taken = allocations.front()->host_copy.arena;
+    for (Allocation* a : allocations) a->host_copy = HostBuffer();
+    taken->note_use();
+    return taken;
+  }
+  return nullptr;
+}
+
 size_t Saver::default_host_cache_bytes() {
   // Judged once per process: the available memory moves, and a default that changed
   // between two reads would be no setting at all.

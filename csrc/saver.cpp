@@ -503,7 +503,11 @@ Status Saver::queue_backups(const std::vector<Allocation*>& batch, std::vector<H
   for (int group = 0; group < 2; ++group) {
     if (needed[group].empty()) continue;
     std::shared_ptr<HostArena> arena;
-    Status s = HostArena::create(backend_, arena_device, needed[group], &arena);
+    if (group == 0) {
+      std::lock_guard<std::mutex> lock(mu_);
+      arena = recycle_cache(arena_device, needed[group]);
+    }
+    Status s = arena ? Status::Ok() : HostArena::create(backend_, arena_device, needed[group], &arena);
     while (s.code == Code::kOutOfMemory) {
       // Over the node's budget (or out of host memory): the host cache gives way first, one
       // arena at a time, least recently used first, until this one fits.

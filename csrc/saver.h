@@ -296,6 +296,11 @@ class Saver {
   // `bytes` are let go or none is left (retained copies stay); the caller frees them. Needs
   // mu_, and op_mu_ so that no pause is reusing them.
   std::vector<HostBuffer> take_cache(size_t bytes);
+  // A cached arena a pause needing buffers of exactly `sizes` on `device` takes instead of
+  // fresh host memory, when the cache has no room for both (it would keep only the older
+  // copy): the least recently used one that fits exactly, its allocations' copies dropped.
+  // Null when none. Needs mu_, and op_mu_ as take_cache.
+  std::shared_ptr<HostArena> recycle_cache(int device, const std::vector<size_t>& sizes);
   // Whole cached arenas (every copy in them a resident allocation's, none retained), least
   // recently used first, with the allocations keeping copies there. Needs mu_.
   std::vector<std::pair<HostArena*, std::vector<Allocation*>>> cached_arenas();

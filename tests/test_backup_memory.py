@@ -102,6 +102,9 @@ def test_the_host_cache_keeps_backups_within_its_budget_and_gives_them_back(host
         optimizer = [mem.malloc(32 * MiB) for _ in range(2)]
     for i, ptr in enumerate(weights + optimizer):
         mem.write(ptr, bytes([i + 1]) * (32 * MiB))
+    # Host memory set aside as the regions closed (within the budget) is in place first: a
+    # preparation running later, while a tag is paused, would find room for the other tag.
+    host_saver.wait_for_released_backups()
     before = rss_anon_bytes()
     for _ in range(3):
         host_saver.pause("weights")
@@ -117,6 +120,45 @@ def test_the_host_cache_keeps_backups_within_its_budget_and_gives_them_back(host
     host_saver.release_host_cache()
     assert sum(s.host_backup_bytes for s in host_saver.stats().values()) == 0
     assert rss_anon_bytes() - before < 8 * MiB, "release_host_cache did not give the memory back"
+
+
+def test_a_full_cache_hands_its_memory_to_a_pause_of_the_same_shape(host_saver, mem):
+    # Room for one of two identically shaped tags: each pause takes the other's cached host
+    # memory (prepared, page-locked) instead of fresh memory, so the cache always holds the
+    # newest copy and no pause waits for memory to be faulted in.
+    host_saver.host_cache_bytes = 80 * MiB
+    ptrs = {}
+    for tag in ("a", "b", "c"):
+        with host_saver.region(tag, enable_cpu_backup=True):
+            ptrs[tag] = [mem.malloc(64 * MiB)] if tag == "c" else [mem.malloc(32 * MiB), mem.malloc(32 * MiB)]
+    host_saver.wait_for_released_backups()  # what the regions set aside (a's, room for one) in place
+    host_saver.pause("a")
+    host_saver.resume("a")
+    host_saver.wait_for_released_backups()
+    for cycle in range(3):
+        for tag in ("b", "a"):
+            content = [bytes([cycle * 16 + ord(tag) + i]) * (32 * MiB) for i in range(2)]
+            for ptr, data in zip(ptrs[tag], content, strict=True):
+                mem.write(ptr, data)  # new content every cycle
+            before = rss_anon_bytes()
+            host_saver.pause(tag)
+            assert rss_anon_bytes() - before < 8 * MiB  # the other tag's cached memory, not fresh
+            host_saver.resume(tag)
+            host_saver.wait_for_released_backups()
+            assert [mem.read(p, 32 * MiB) for p in ptrs[tag]] == content
+            stats = host_saver.stats()
+            other = "a" if tag == "b" else "b"
+            assert (stats[tag].host_backup_bytes, stats[other].host_backup_bytes) == (64 * MiB, 0)
+    # Another shape gets fresh memory, and the cache keeps what it held (room for one).
+    mem.write(ptrs["c"][0], b"c" * (64 * MiB))
+    before = rss_anon_bytes()
+    host_saver.pause("c")
+    assert rss_anon_bytes() - before >= 64 * MiB
+    host_saver.resume("c")
+    host_saver.wait_for_released_backups()
+    assert mem.read(ptrs["c"][0], 64 * MiB) == b"c" * (64 * MiB)
+    stats = host_saver.stats()
+    assert (stats["a"].host_backup_bytes, stats["c"].host_backup_bytes) == (64 * MiB, 0)
 
 
 def test_pause_that_runs_out_of_host_memory_keeps_everything_resident():
