@@ -1,6 +1,7 @@
 // The saver's host-cache policy: which backups stay page-locked after a resume (the budget,
 // host_cache_bytes), host memory set aside ahead of a first pause (prepare_backups, run in
-// the background), and giving cached memory back when the budget shrinks or is released.
+// the background), a full cache's memory handed to a pause of the same shape (recycle_cache),
+// and giving cached memory back when the budget shrinks or is released.
 // Its queue of tags to prepare has a lock of its own (prepare_mu_); the table is read under
 // mu_ as everywhere else.
 #include "host_limits.h"
