@@ -6,6 +6,7 @@
 // mu_ as everywhere else.
 #include "host_limits.h"
 #include "node_ledger.h"
+#include "node_store.h"
 #include "saver.h"
 
 #include <unistd.h>
@@ -212,7 +213,12 @@ std::vector<HostBuffer> Saver::take_cache(size_t bytes) {
 
 std::shared_ptr<HostArena> Saver::recycle_cache(int device, const std::vector<size_t>& sizes) {
   size_t bytes = 0;
-  for (size_t size : sizes) bytes += size;
+  bool shareable = false;
+  for (size_t size : sizes) {
+    bytes += size;
+    shareable = shareable || size > HostArena::kRangeBytes;
+  }
+  if (shareable && NodeStore::enabled()) return nullptr;
   if (cached_bytes({}) + bytes <= host_cache_bytes_.load()) return nullptr;  // room for both
   // Faulting in and page-locking fresh memory runs at half the link's speed or less; memory
   // already prepared runs at its full speed, and the cache ends up holding the newest copy.

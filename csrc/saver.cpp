@@ -313,6 +313,7 @@ void Saver::settle(const std::vector<Allocation*>& batch, size_t done, State don
         a.host_copy = std::move((*backups)[i]);
         a.retained = false;
       } else if (a.host_copy && (drop_backups || !cached_after_resume(a, done_state))) {
+        if (a.host_copy.arena->has_shared()) shared_copy_dropped_.store(true);
         bool uncached = done_state == State::kActive && a.choice == BackupChoice::kOnUncached;
         (uncached ? free_now : let_go).push_back(std::move(a.host_copy));
         a.retained = false;
@@ -392,16 +393,20 @@ Status Saver::pause(const TagSelection& selection) {
 }
 
 Status Saver::resume(const TagSelection& selection) {
-  ForegroundOp op(*this);
-  const auto started = std::chrono::steady_clock::now();
+  Status s;
   std::set<std::string> moved;
-  Status s = resume_locked(selection, &moved);
-  if (s.ok()) note_duration(moved, started, &TagInfo::last_resume_seconds);
-  publish_cache();
-  // A shared backup is dropped at resume (it is never written again): host memory for the
-  // next pause is set aside in the background, as before a first pause, where the budget
-  // has room, so that pause runs at the link's speed too.
-  if (s.ok() && NodeStore::enabled()) prepare_backups(TagSelection{false, moved});
+  {
+    ForegroundOp op(*this);
+    const auto started = std::chrono::steady_clock::now();
+    s = resume_locked(selection, &moved);
+    if (s.ok()) note_duration(moved, started, &TagInfo::last_resume_seconds);
+    publish_cache();
+  }
+  // A shared copy is dropped at resume (it is never written again): host memory for the
+  // next pause is set aside in the background, as before a first pause, where the cache's
+  // budget has room, so that pause runs at the link's speed too. After the operation lock
+  // is let go: without a background thread the preparation runs here and takes it.
+  if (s.ok() && shared_copy_dropped_.exchange(false)) prepare_backups(TagSelection{false, moved});
   return s;
 }
 

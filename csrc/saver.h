@@ -298,8 +298,10 @@ class Saver {
   std::vector<HostBuffer> take_cache(size_t bytes);
   // A cached arena a pause needing buffers of exactly `sizes` on `device` takes instead of
   // fresh host memory, when the cache has no room for both (it would keep only the older
-  // copy): the least recently used one that fits exactly, its allocations' copies dropped.
-  // Null when none. Needs mu_, and op_mu_ as take_cache.
+  // copy): the least recently used one that fits exactly, its allocations' copies dropped
+  // (stale anyway: they are resident; a pause that fails lets the arena go). Null when none,
+  // and when the copies would be shared (the resume drops those, so the cache gains nothing).
+  // Needs mu_, and op_mu_ as take_cache.
   std::shared_ptr<HostArena> recycle_cache(int device, const std::vector<size_t>& sizes);
   // Whole cached arenas (every copy in them a resident allocation's, none retained), least
   // recently used first, with the allocations keeping copies there. Needs mu_.
@@ -364,6 +366,7 @@ class Saver {
   std::mutex op_mu_;
   std::atomic<int> foreground_waiting_{0};  // operations waiting for op_mu_ (ForegroundOp)
   std::atomic<bool> cache_wanted_{false};   // another process asked for this one's cache meanwhile
+  std::atomic<bool> shared_copy_dropped_{false};  // a resume let a shared copy go (Saver::resume)
   mutable std::mutex mu_;
   std::condition_variable settled_;
   // Allocations by base address, held in place: pointers to them stay valid until erased.

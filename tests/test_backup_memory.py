@@ -131,7 +131,7 @@ def test_a_full_cache_hands_its_memory_to_a_pause_of_the_same_shape(host_saver, 
     for tag in ("a", "b", "c"):
         with host_saver.region(tag, enable_cpu_backup=True):
             ptrs[tag] = [mem.malloc(64 * MiB)] if tag == "c" else [mem.malloc(32 * MiB), mem.malloc(32 * MiB)]
-    host_saver.wait_for_released_backups()  # what the regions set aside (a's, room for one) in place
+        host_saver.wait_for_released_backups()  # each region's memory set aside in turn: a's only (room for one)
     host_saver.pause("a")
     host_saver.resume("a")
     host_saver.wait_for_released_backups()

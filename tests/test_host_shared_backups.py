@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from host_memory import HostMemory, rss_anon_bytes
 from torch_mem_saver_lite.testing import HostSaver
 MiB = 1 << 20
 mem, host = HostMemory(), HostSaver()
+host.host_cache_bytes = 512 * MiB  # room to keep or set aside the 192 MiB, whatever the machine's memory
 if os.environ.get("NO_READ_ONLY_PAGE_LOCKING"):  # a driver that cannot page-lock read-only memory
     host.inject_fault("register_host_read_only", 1, 1 << 30)
 def content(seed):
@@ -103,10 +105,10 @@ def line_of(child: subprocess.Popen, timeout: float = 300) -> str:
     return child.stdout.readline().strip()
 
 
-def ask(child: subprocess.Popen, command: str) -> str:
+def ask(child: subprocess.Popen, command: str, timeout: float = 300) -> str:
     child.stdin.write(command + "\n")
     child.stdin.flush()
-    return line_of(child)
+    return line_of(child, timeout)
 
 
 def store_bytes(ledger: Path) -> int:
@@ -175,6 +177,31 @@ def test_a_resumed_shared_backup_has_private_memory_set_aside_for_the_next_pause
             assert ask(child, "resume") == "content True"
     finally:
         finish(children)
+    assert store_bytes(ledger) == 0
+
+
+def test_a_process_where_no_thread_can_start_shares_and_resumes_without_hanging(ledger, tmp_path):
+    # Without a background thread (a thread or memory limit) the sharing pass and the
+    # preparation after a resume run on the caller's thread, outside the operation lock.
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("needs a C compiler to build a pthread_create that always fails")
+    source, shim = tmp_path / "no_threads.c", tmp_path / "no_threads.so"
+    source.write_text("#include <errno.h>\n#include <pthread.h>\n"
+                      "int pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*f)(void *), void *arg) {\n"
+                      "  (void)t; (void)a; (void)f; (void)arg; return EAGAIN;\n}\n")
+    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(shim), str(source)], check=True)
+    child = start(LD_PRELOAD=str(shim))
+    try:
+        paused = line_of(child, 120).split()
+        assert paused[0] == "paused", child.stderr.read()
+        assert int(paused[1]) < 32 and int(paused[2]) == 0, paused  # shared at once
+        assert ask(child, "resume", 120) == "content True"
+        assert ask(child, "held", 120) == "held 192"  # set aside for the next pause
+        assert ask(child, "change", 120) == "paused again"
+        assert ask(child, "resume", 120) == "content True"
+    finally:
+        finish([child])
     assert store_bytes(ledger) == 0
 
 
