@@ -16,7 +16,8 @@ disk's own write and read speed measured in the same run (processes pausing at o
 each wait up to 2 s for the others' caches, then send all their backups to disk). With
 --share, the larger budget runs again with TMSL_SHARE_BACKUPS=1: the identical weights held
 once by the node (host held is the sum of PSS, which splits shared pages between their
-holders). With --tms-path,
+holders). With --distinct, each process's weights differ (nothing to share: what sharing
+costs). With --tms-path,
 torch_memory_saver (no budget) runs the same processes beside it. Each engine works for
 --rollout seconds before its first pause and after each resume (its rollout: where the
 library sets host memory for the next pause aside, in the background), outside the timings.
@@ -78,7 +79,8 @@ base = pss()  # before the region: host memory set aside for its backups when it
 with region("weights", enable_cpu_backup=True):
     weights = torch.empty(n, dtype=torch.uint8, device="cuda")
 # The same weights in every process: a seeded pattern, regenerated to check.
-weights.random_(generator=torch.Generator(device="cuda").manual_seed(1234))  # in place: no temporaries
+seed = 1234 + (rank if os.environ.get("BENCH_DISTINCT") == "1" else 0)
+weights.random_(generator=torch.Generator(device="cuda").manual_seed(seed))  # in place: no temporaries
 expected = checksum(weights), weights[::4097].clone()
 torch.cuda.synchronize()
 time.sleep(rollout)  # the engine's first rollout
@@ -337,15 +339,19 @@ def main() -> None:
     parser.add_argument("--disk-dir", default=None, help="a directory on a real disk for the budget's disk tier")
     parser.add_argument("--share", action="store_true", help="also with identical backups stored once per node")
     parser.add_argument("--sequence-only", action="store_true", help="only table 2")
+    parser.add_argument("--distinct", action="store_true", help="each process's weights its own (not identical)")
     parser.add_argument("--rollout", type=float, default=0.5,
                         help="seconds each engine works between a resume and its next pause, and before its first")
     args = parser.parse_args()
+    if args.distinct:
+        os.environ["BENCH_DISTINCT"] = "1"  # the workers' environment
     if not torch.cuda.is_available():
         sys.exit("bench_node_host_memory.py needs a CUDA GPU")
     link = pinned_bandwidth(1 << 30)
     need = int(args.processes * args.gib * GiB)
     print(f"device: {torch.cuda.get_device_name()}; pinned D2H {link:.1f} GB/s; {args.processes} processes x "
-          f"{args.gib:g} GiB of identical weights, backed up ({need / GiB:.1f} GiB in all)")
+          f"{args.gib:g} GiB of {'distinct' if args.distinct else 'identical'} weights, backed up "
+          f"({need / GiB:.1f} GiB in all)")
     if not args.sequence_only:
         node_table(args, link, need)
     print()
