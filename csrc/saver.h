@@ -335,8 +335,6 @@ class Saver {
                                  const Status& cause);
   const Allocation* containing(uintptr_t address) const;  // needs mu_
 
-  // op_mu_ taken for a caller's operation (pause, resume, a lease, a cache change): the
-  // background sharing pass, which takes it range by range, makes way for it.
   // Counts a caller waiting for something the sharing pass may hold up, for its lifetime.
   class Waiting {
    public:
@@ -348,6 +346,8 @@ class Saver {
    private:
     std::atomic<int>& count_;
   };
+  // op_mu_ taken for a caller's operation (pause, resume, a lease, a cache change): the
+  // background sharing pass, which takes it range by range, makes way for it.
   class ForegroundOp {
    public:
     explicit ForegroundOp(Saver& saver) : saver_(saver) {

@@ -89,10 +89,20 @@ def disk_dir(tmp_path) -> Iterator[Path]:
 def fake_driver(tmp_path_factory) -> str:
     """tests/fake_cuda/fake_libcuda.c built as a libcuda.so.1 stand-in (load it through
     TMSL_CUDA_DRIVER_LIBRARY in a fresh process)."""
+    library = tmp_path_factory.mktemp("fake_cuda") / "libcuda.so.1"
+    build_shared_library(Path(__file__).parent / "fake_cuda" / "fake_libcuda.c", library, "the fake CUDA driver")
+    return str(library)
+
+
+def build_shared_library(source: Path, library: Path, what: str) -> None:
+    """Compiles one C file into a shared library; skips the test where no C compiler is."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
-        pytest.skip("needs a C compiler to build the fake CUDA driver")
-    library = tmp_path_factory.mktemp("fake_cuda") / "libcuda.so.1"
-    source = Path(__file__).parent / "fake_cuda" / "fake_libcuda.c"
+        pytest.skip(f"needs a C compiler to build {what}")
     subprocess.run([compiler, "-std=c11", "-O1", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
-    return str(library)
+
+
+@pytest.fixture
+def shared_library_builder():
+    """build_shared_library, for tests that build a library of their own."""
+    return build_shared_library

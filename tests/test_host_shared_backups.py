@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -180,17 +179,15 @@ def test_a_resumed_shared_backup_has_private_memory_set_aside_for_the_next_pause
     assert store_bytes(ledger) == 0
 
 
-def test_a_process_where_no_thread_can_start_shares_and_resumes_without_hanging(ledger, tmp_path):
+def test_a_process_where_no_thread_can_start_shares_and_resumes_without_hanging(ledger, tmp_path,
+                                                                              shared_library_builder):
     # Without a background thread (a thread or memory limit) the sharing pass and the
     # preparation after a resume run on the caller's thread, outside the operation lock.
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        pytest.skip("needs a C compiler to build a pthread_create that always fails")
     source, shim = tmp_path / "no_threads.c", tmp_path / "no_threads.so"
     source.write_text("#include <errno.h>\n#include <pthread.h>\n"
                       "int pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*f)(void *), void *arg) {\n"
                       "  (void)t; (void)a; (void)f; (void)arg; return EAGAIN;\n}\n")
-    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(shim), str(source)], check=True)
+    shared_library_builder(source, shim, "a pthread_create that always fails")
     child = start(LD_PRELOAD=str(shim))
     try:
         paused = line_of(child, 120).split()
