@@ -103,7 +103,8 @@ def test_one_file_per_disk_allocation_visible_while_paused_and_removed_at_resume
         for name in files:
             pid, _, _, tag, device, _ = NAME.fullmatch(name).groups()
             assert (int(pid), tag, device) == (os.getpid(), "weights", "0")
-        assert open_files_in(disk_dir) == []  # nothing held open while paused
+        # Each file held open once (its owner's lock says it is alive), and nothing else.
+        assert sorted(open_files_in(disk_dir)) == sorted(str(disk_dir.resolve() / name) for name in files)
 
         host_saver.resume("weights")
 
@@ -262,23 +263,58 @@ def test_files_of_a_killed_process_are_removed_by_the_next_one_choosing_the_dire
     assert files_in(disk_dir) == {}
 
 
-def test_stale_files_are_told_by_pid_and_start_time_and_others_left_alone(disk_dir):
+def test_stale_files_are_told_by_their_owners_lock_never_by_a_pid(disk_dir):
     disk_dir.mkdir(parents=True)
     parent = os.getppid()  # alive, and not us
-    start = disk_backup._start_time(parent)
     host = disk_backup._host()
+    other_host = "0" * 8 if host != "0" * 8 else "1" * 8
     names = {
-        "live": f"tmsl-{parent}-{start}-{host}-kv-dev0-200000.bin",
-        "reused pid": f"tmsl-{parent}-{start + 1}-{host}-kv-dev0-200000.bin",  # same pid, another process
-        "other host": f"tmsl-{parent}-{start + 1}-{'0' * 8 if host != '0' * 8 else '1' * 8}-kv-dev0-200000.bin",
+        "held, pid gone": f"tmsl-999999999-1-{host}-kv-dev0-200000.bin",  # its owner's pid not seen from here
+        "unheld, pid alive": f"tmsl-{parent}-{disk_backup._own_start_time(parent)}-{host}-kv-dev0-200000.bin",
+        "other host": f"tmsl-999999999-1-{other_host}-kv-dev0-200000.bin",
         "not ours": "tmsl-notes.txt",
     }
     for name in names.values():
         (disk_dir / name).write_bytes(b"x" * 4096)
+    owner = os.open(disk_dir / names["held, pid gone"], os.O_RDONLY)
+    try:
+        assert disk_backup.hold(owner)
 
-    HostSaver().set_disk_backup_dir(disk_dir)
+        HostSaver().set_disk_backup_dir(disk_dir)
 
-    assert set(files_in(disk_dir)) == {names["live"], names["other host"], names["not ours"]}
+        assert set(files_in(disk_dir)) == {names["held, pid gone"], names["other host"], names["not ours"]}
+    finally:
+        os.close(owner)
+
+
+def test_a_live_process_whose_pid_names_nobody_here_keeps_its_files_and_content(disk_dir):
+    # In a pid namespace that sees its parent's /proc (unshare --pid --fork without
+    # --mount-proc), a process's own pid names another process, or none, in /proc: its files
+    # must survive a cleanup by any other process all the same.
+    owner = start_python(textwrap.dedent("""
+        import os
+        from torch_mem_saver_lite import disk_backup
+        real_name = disk_backup.file_name
+        disk_backup.file_name = lambda *args: real_name(*args).replace(f"tmsl-{os.getpid()}-", "tmsl-999999999-", 1)
+    """) + textwrap.dedent(PAUSED_CHILD.format(directory=str(disk_dir))))
+    try:
+        assert owner.stdout.readline() == "paused\n", owner.stderr.read()
+        assert pids_of(files_in(disk_dir)) == {999999999} and len(files_in(disk_dir)) == 2
+
+        cleaner = run_python(f"""
+            from torch_mem_saver_lite.testing import HostSaver
+            HostSaver().set_disk_backup_dir({str(disk_dir)!r})
+        """)
+        assert cleaner.returncode == 0, cleaner.stderr
+        assert len(files_in(disk_dir)) == 2, cleaner.stderr
+    finally:
+        owner.stdin.write("\n")
+        owner.stdin.close()
+    assert owner.stdout.readline() == "resumed True\n", owner.stderr.read()
+    assert owner.wait() == 0
+    for stream in (owner.stdout, owner.stderr):
+        stream.close()
+    assert files_in(disk_dir) == {}
 
 
 def test_a_failed_read_keeps_the_tag_paused_and_says_so(host_saver, mem, disk_dir):
@@ -293,7 +329,7 @@ def test_a_failed_read_keeps_the_tag_paused_and_says_so(host_saver, mem, disk_di
         host_saver.resume("kv")
 
     assert host_saver.stats()["kv"].paused and resident_pages(ptr, 4 * MiB) == 0
-    assert list(files_in(disk_dir)) == [name] and open_files_in(disk_dir) == []
+    assert list(files_in(disk_dir)) == [name] and open_files_in(disk_dir) == [str(disk_dir.resolve() / name)]
 
 
 def test_a_full_disk_fails_the_pause_with_the_region_resident_and_intact(disk_dir):

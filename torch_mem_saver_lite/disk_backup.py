@@ -27,6 +27,7 @@ import collections
 import contextlib
 import ctypes
 import errno
+import fcntl
 import functools
 import hashlib
 import logging
@@ -130,29 +131,28 @@ def workers_from_environment() -> int:
 
 
 # ----- file names and stale files -----------------------------------------------------------
-# A process is known by its pid and its start time (a pid is reused, the pair is not), and
-# those can only be checked in /proc by a process of the same boot and pid namespace: the
-# "host" part of a name (a hash of the two) says which, so that files of other machines
-# sharing the directory, other containers or an earlier boot are never judged from here.
+# A file's owner proves it is alive by holding a lock on it (flock, shared) for the file's
+# whole life: the kernel drops it when the owner dies (kill -9 included), in any pid
+# namespace, so a file is stale exactly when its lock can be taken. Its name says which
+# process made it (pid and start time, unique on this boot) and where: the "host" part (a
+# hash of the boot and the pid namespace) keeps files of other machines sharing the directory,
+# other containers or an earlier boot out of this process's hands.
 _NAME = re.compile(r"tmsl-(\d+)-(\d+)-([0-9a-f]{8})-.+-dev\d+-[0-9a-f]+\.bin")
 _TAG_KEPT = frozenset(string.ascii_letters + string.digits + "_.")
 _TAG_CHARS = 64  # a longer (escaped) tag is cut, with a hash of the whole
 
 
-def _start_time(pid: int) -> int | None:
-    """When process ``pid`` started (clock ticks after boot, field 22 of /proc/<pid>/stat);
-    None if there is no such process. Raises OSError where /proc cannot tell."""
+@functools.cache
+def _own_start_time(pid: int) -> int:
+    """When process ``pid`` (this one) started, in clock ticks after boot (field 22 of
+    /proc/<pid>/stat), 0 if /proc cannot tell: only for file names (a pid reused later gets
+    other names), never a test of liveness."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             fields = stat.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    return int(fields[fields.rindex(b")") + 2:].split()[19])  # after "pid (comm) ", field 3 on
-
-
-@functools.cache
-def _own_start_time(pid: int) -> int:
-    return _start_time(pid) or 0
+        return int(fields[fields.rindex(b")") + 2:].split()[19])  # after "pid (comm) ", field 3 on
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 @functools.cache
@@ -188,20 +188,38 @@ def file_name(tag: str, device: int, address: int) -> str:
     return f"tmsl-{pid}-{_own_start_time(pid)}-{_host()}-{_safe_tag(tag)}-dev{device}-{address:x}.bin"
 
 
-def _belongs_to_a_live_process(pid: int, start: int) -> bool:
+def hold(fd: int) -> bool:
+    """Holds the file open at ``fd`` for its owner (a shared flock, kept until ``fd`` is
+    closed); False when a cleaner removed it before the lock was taken (make it again)."""
+    fcntl.flock(fd, fcntl.LOCK_SH)  # waits while a cleaner looks at it
+    return os.fstat(fd).st_nlink > 0
+
+
+def _remove_if_unheld(path: str) -> int | None:
+    """Removes the file at ``path`` if no process holds it (hold()); its size, or None if kept."""
     try:
-        return _start_time(pid) == start
-    except (OSError, ValueError, IndexError):  # /proc cannot tell (hidepid, say): keep the file
-        return True
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:  # removed meanwhile, or not ours to open
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # its owner's lock says it is alive
+        held, named = os.fstat(fd), os.stat(path, follow_symlinks=False)
+        if held.st_nlink == 0 or (held.st_dev, held.st_ino) != (named.st_dev, named.st_ino):
+            return None  # removed, or replaced, meanwhile
+        os.unlink(path)
+        return held.st_size
+    except OSError:  # held by a live process, or gone
+        return None
+    finally:
+        os.close(fd)
 
 
 def remove_stale_files(directory: str) -> None:
-    """Remove the backup files in ``directory`` of processes of this machine (this boot and pid
-    namespace) that no longer exist: what a process killed before it could clean up left
-    (kill -9, a crash, the OOM killer). Files of live processes are kept, and so are files
-    of other machines, boots or containers, whose processes cannot be checked from here."""
+    """Remove the backup files in ``directory`` of this machine (this boot and pid namespace)
+    that no process holds any more: what a process killed before it could clean up left
+    (kill -9, a crash, the OOM killer). Files a live process holds are kept, whatever its pid
+    looks like from here, and so are files of other machines, boots or containers."""
     removed, freed, foreign = 0, 0, 0
-    own = (os.getpid(), _own_start_time(os.getpid()))
     try:
         names = os.listdir(directory)
     except OSError:
@@ -210,16 +228,11 @@ def remove_stale_files(directory: str) -> None:
         match = _NAME.fullmatch(name)
         if match is None:
             continue
-        pid, start, host = int(match[1]), int(match[2]), match[3]
-        if host != _host():
+        if match[3] != _host():
             foreign += 1
-        elif (pid, start) != own and not _belongs_to_a_live_process(pid, start):
-            path = os.path.join(directory, name)
-            try:
-                size = os.stat(path).st_size
-                os.unlink(path)
-            except OSError:  # removed by another process meanwhile, or not ours to remove
-                continue
+            continue
+        size = _remove_if_unheld(os.path.join(directory, name))
+        if size is not None:
             removed, freed = removed + 1, freed + size
     if removed:
         logger.warning("removed %d disk backup files (%.0f MiB) in %s left by processes that no longer exist",
@@ -449,6 +462,7 @@ class TagBackup:
         self._on_device, self._chunk_bytes, self._workers = on_device, chunk_bytes, workers
         self._pid = os.getpid()  # a forked child must not remove its parent's files
         self._direct = hasattr(os, "O_DIRECT") and directory not in _WITHOUT_O_DIRECT
+        self._held: dict[int, int] = {}  # file index -> the descriptor holding it (hold())
         self._jobs: list[_Job] = []  # every job started, to wait for their threads
         self._writing: _Job | None = None
         self._reading: _Job | None = None
@@ -484,11 +498,18 @@ class TagBackup:
         return os.open(path, flags, 0o600)
 
     def _create(self, _: Transfer, index: int) -> None:
-        fd = self._open(self.paths[index], os.O_RDWR | os.O_CREAT | os.O_EXCL)
-        try:
-            os.posix_fallocate(fd, 0, self._ranges[index][1])  # a full disk fails here, before any write
-        finally:
-            os.close(fd)
+        while True:
+            fd = self._open(self.paths[index], os.O_RDWR | os.O_CREAT | os.O_EXCL)
+            try:
+                held = hold(fd)
+            except BaseException:
+                os.close(fd)
+                raise
+            if held:
+                break
+            os.close(fd)  # a cleaner took it for stale before it was held
+        self._held[index] = fd  # kept open until close(): the file is alive while held
+        os.posix_fallocate(fd, 0, self._ranges[index][1])  # a full disk fails here, before any write
 
     def _write(self, transfer: Transfer, piece: _Piece) -> None:
         transfer.to_buffer(piece)
@@ -562,6 +583,8 @@ class TagBackup:
         for path in self.paths:
             with contextlib.suppress(FileNotFoundError):  # never made (a pause cut short), or removed
                 os.unlink(path)
+        while self._held:
+            os.close(self._held.popitem()[1])
 
 
 # ----- the saver's disk backup --------------------------------------------------------------
