@@ -161,11 +161,8 @@ NodeLedger::NodeLedger() : owner_(getpid()), start_time_(start_time_of(getpid())
              "' is not a size in bytes (a number above 0, optionally with K, M, G or T); no budget applies";
     return;
   }
-  fd_ = open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (fd_ < 0) {
-    error_ = "cannot open the host-memory ledger " + path_ + ": " + strerror(errno) + "; no budget applies";
-    return;
-  }
+  fd_ = open_private(&error_);
+  if (fd_ < 0) return;
   Status opened = status_of([&] {  // open_shared says what went wrong in error_
     open_shared(budget_from_env);
     return Status::Ok();
@@ -177,46 +174,135 @@ NodeLedger::NodeLedger() : owner_(getpid()), start_time_(start_time_of(getpid())
   }
 }
 
+int NodeLedger::open_private(std::string* why) const {
+  // O_NOFOLLOW: a link planted at the path is refused, nothing made where it points.
+  const int fd = open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
+  if (fd < 0) {
+    *why = "cannot open the host-memory ledger " + path_ + ": " + strerror(errno) +
+           (errno == ELOOP ? " (a symbolic link, not followed: remove it)" : "") + "; no budget applies";
+    return -1;
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || !private_to_this_user(st)) {
+    char mode[8];
+    snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    *why = "the host-memory ledger " + path_ + " is not a regular file of this user that nobody else may write (owner uid " +
+           std::to_string(st.st_uid) + ", mode " + mode + "): another user could change the budget; remove it; no budget applies";
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 void NodeLedger::open_shared(size_t budget_from_env) {
   FileLock lock(fd_);
   if (!lock.held()) {
     error_ = "cannot lock the host-memory ledger " + path_ + ": " + strerror(lock.error()) + "; no budget applies";
     return;
   }
+  image_.reset(new Shared());
+  shared_ = image_.get();
+  Status s = load();
+  if (s.ok()) {
+    if (budget_from_env != 0) {
+      shared_->budget = budget_from_env;
+      shared_->explicit_budget = 1;
+    } else if (shared_->explicit_budget == 0 && (shared_->budget == 0 || nobody_alive())) {
+      shared_->budget = host_memory_limit() / 2;  // renewed while no process holds a share
+    }
+    s = store();
+  }
+  void* word = s.ok() ? mmap(nullptr, sizeof(uint32_t), PROT_READ, MAP_SHARED, fd_, 0) : MAP_FAILED;
+  if (s.ok() && word == MAP_FAILED) s = errno_status("mapping the host-memory ledger " + path_, errno);
+  if (!s.ok()) {
+    error_ = s.message() + "; no budget applies";
+    shared_ = nullptr;
+    return;
+  }
+  // Only the kernel reads it (futex calls): a file cut short makes those fail, never a SIGBUS.
+  pressure_word_.store(reinterpret_cast<uint32_t*>(static_cast<char*>(word) + offsetof(Shared, pressure)));
+}
+
+Status NodeLedger::load() {
   struct stat st {};
-  if (fstat(fd_, &st) != 0) {
-    error_ = "cannot read the host-memory ledger " + path_ + ": " + strerror(errno) + "; no budget applies";
-    return;
+  if (fstat(fd_, &st) != 0) return errno_status("reading the host-memory ledger " + path_, errno);
+  const size_t size = static_cast<size_t>(st.st_size);
+  uint64_t magic = 0;
+  if (size >= sizeof(magic) && pread(fd_, &magic, sizeof(magic), 0) != static_cast<ssize_t>(sizeof(magic))) {
+    return errno_status("reading the host-memory ledger " + path_, errno);
   }
-  if (st.st_size == 0 && ftruncate(fd_, sizeof(Shared)) != 0) {
-    error_ = "cannot size the host-memory ledger " + path_ + ": " + strerror(errno) + "; no budget applies";
-    return;
+  // Cut short: made whole if it is this ledger (its mark, or the file this process read before).
+  if (size > sizeof(Shared) || (size != 0 && size < sizeof(Shared) && magic != kMagic && !loaded_)) {
+    return Status::Error(Code::kHostError,
+                         path_ + " is not a host-memory ledger of this version; remove it once no process uses it");
   }
-  if (st.st_size != 0 && static_cast<size_t>(st.st_size) != sizeof(Shared)) {
-    error_ = path_ + " is not a host-memory ledger of this version; remove it once no process uses it";
-    return;
+  if (size < sizeof(Shared) && ftruncate(fd_, sizeof(Shared)) != 0) {
+    return errno_status("sizing the host-memory ledger " + path_, errno);
   }
-  void* p = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
-  if (p == MAP_FAILED) {
-    error_ = "cannot map the host-memory ledger " + path_ + ": " + strerror(errno) + "; no budget applies";
-    return;
+  if (pread(fd_, shared_, sizeof(Shared), 0) != static_cast<ssize_t>(sizeof(Shared))) {
+    return errno_status("reading the host-memory ledger " + path_, errno);
   }
-  Shared* shared = static_cast<Shared*>(p);
-  if (shared->magic == 0) {  // new, or its maker died before finishing it
-    std::memset(shared, 0, sizeof(Shared));
-    shared->magic = kMagic;
-  } else if (shared->magic != kMagic) {
-    error_ = path_ + " is not a host-memory ledger; remove it once no process uses it";
-    munmap(p, sizeof(Shared));
-    return;
+  if (shared_->magic == 0) {  // new, cut to nothing, or its maker died before finishing it
+    std::memset(shared_, 0, sizeof(Shared));
+    shared_->magic = kMagic;
+    shared_->budget = budget_seen_;
+    shared_->explicit_budget = explicit_seen_;
+  } else if (shared_->magic != kMagic) {
+    return Status::Error(Code::kHostError, path_ + " is not a host-memory ledger; remove it once no process uses it");
   }
-  shared_ = shared;
-  if (budget_from_env != 0) {
-    shared_->budget = budget_from_env;
+  if (explicit_seen_ != 0 && shared_->explicit_budget == 0) {  // a file made again: the budget set stays
+    shared_->budget = budget_seen_;
     shared_->explicit_budget = 1;
-  } else if (shared_->explicit_budget == 0 && (shared_->budget == 0 || nobody_alive())) {
-    shared_->budget = host_memory_limit() / 2;  // renewed while no process holds a share
   }
+  loaded_ = true;
+  // This process's entry, from what it knows: a file cut short or made again lost it.
+  if (slot_ < 0 && my_held_ != 0) my_slot();
+  if (slot_ >= 0) shared_->slots[slot_] = Slot{owner_, 0, start_time_, my_held_, my_cached_};
+  return Status::Ok();
+}
+
+Status NodeLedger::store() {
+  if (slot_ >= 0) {
+    my_held_ = shared_->slots[slot_].held;
+    my_cached_ = shared_->slots[slot_].cached;
+  }
+  budget_seen_ = shared_->budget;
+  explicit_seen_ = shared_->explicit_budget;
+  if (pwrite(fd_, shared_, sizeof(Shared), 0) != static_cast<ssize_t>(sizeof(Shared))) {
+    return errno_status("writing the host-memory ledger " + path_, errno);
+  }
+  return Status::Ok();
+}
+
+bool NodeLedger::stale() const {
+  struct stat held {}, named {};
+  if (fd_ < 0 || fstat(fd_, &held) != 0) return false;
+  if (static_cast<size_t>(held.st_size) != sizeof(Shared)) return true;
+  if (lstat(path_.c_str(), &named) != 0) return errno == ENOENT;
+  return named.st_dev != held.st_dev || named.st_ino != held.st_ino;
+}
+
+void NodeLedger::follow_path() {
+  struct stat held {}, named {};
+  if (fstat(fd_, &held) == 0 && lstat(path_.c_str(), &named) == 0 && named.st_dev == held.st_dev &&
+      named.st_ino == held.st_ino) {
+    return;  // the same file (cut short: load() makes it whole)
+  }
+  std::string why;
+  const int fd = open_private(&why);
+  if (fd < 0) return;  // nothing trusted there: this process keeps to the file it has
+  void* word = mmap(nullptr, sizeof(uint32_t), PROT_READ, MAP_SHARED, fd, 0);
+  if (word == MAP_FAILED) {
+    close(fd);
+    return;
+  }
+  close(fd_);  // its flock and this process's record lock go with it
+  fd_ = fd;
+  slot_ = -1;  // load() takes one in this file and publishes what this process holds
+  loaded_ = false;
+  uint32_t* old = pressure_word_.exchange(reinterpret_cast<uint32_t*>(static_cast<char*>(word) + offsetof(Shared, pressure)));
+  // A watcher waiting on the old word sees EFAULT at worst, never a SIGBUS (it never reads it).
+  munmap(reinterpret_cast<char*>(old) - offsetof(Shared, pressure), sizeof(uint32_t));
 }
 
 template <typename Body>
@@ -224,9 +310,14 @@ Status NodeLedger::locked(Body&& body) {
   if (shared_ == nullptr || getpid() != owner_) return Status::Ok();  // no ledger, or a forked child's copy
   std::lock_guard<std::mutex> lock(mu_);
   if (fd_ < 0) return Status::Ok();
+  if (stale()) follow_path();
   FileLock file(fd_);
   if (!file.held()) return errno_status("locking the host-memory ledger " + path_, file.error());
-  return status_of([&] { return body(); });
+  Status loaded = load();
+  if (!loaded.ok()) return loaded;
+  Status done = status_of([&] { return body(); });
+  Status stored = store();
+  return done.ok() ? stored : done;
 }
 
 bool NodeLedger::alive(size_t index) const {
@@ -291,7 +382,7 @@ std::string NodeLedger::holders_text() const {
 }
 
 Status NodeLedger::reserve(size_t bytes) {
-  return locked([&] {
+  Status reserved = locked([&] {
     Slot* mine = my_slot();
     if (mine == nullptr) {
       return Status::Error(Code::kHostError, "the host-memory ledger " + path_ + " has no room for another process");
@@ -313,6 +404,8 @@ Status NodeLedger::reserve(size_t bytes) {
     mine->held += bytes;
     return Status::Ok();
   });
+  if (reserved.ok() && bytes != 0) watch_in_background();  // what it holds is watched over
+  return reserved;
 }
 
 void NodeLedger::give_back(size_t bytes) {
@@ -342,15 +435,30 @@ void NodeLedger::note_cached(const void* owner, size_t bytes) {
 }
 
 void NodeLedger::on_pressure(const void* owner, std::function<void()> give_back) {
+  {
+    std::lock_guard<std::mutex> lock(givers_mu_);
+    givers_[owner] = std::move(give_back);
+  }
+  watch_in_background();
+}
+
+void NodeLedger::watch_in_background() {
   std::lock_guard<std::mutex> lock(givers_mu_);
-  givers_[owner] = std::move(give_back);
-  if (watching_ || shared_ == nullptr) return;
+  if (watching_ || shared_ == nullptr || getpid() != owner_) return;
   try {
     std::thread([this] { watch(); }).detach();  // lives as long as the process
     watching_ = true;
   } catch (const std::system_error&) {
-    // No thread to be had: this process's caches are given back only by its own pauses.
+    // No thread to be had: caches are given back only by this process's own pauses, and a
+    // ledger removed or cut short is noticed at its next update.
   }
+}
+
+uint32_t NodeLedger::pressure_now() {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint32_t value = 0;
+  if (fd_ >= 0 && pread(fd_, &value, sizeof(value), offsetof(Shared, pressure)) != sizeof(value)) value = 0;
+  return value;
 }
 
 void NodeLedger::forget(const void* owner) {
@@ -363,10 +471,21 @@ void NodeLedger::forget(const void* owner) {
 }
 
 void NodeLedger::watch() {
-  uint32_t seen = __atomic_load_n(&shared_->pressure, __ATOMIC_ACQUIRE);
+  uint32_t seen = pressure_now();
   while (true) {
-    syscall(SYS_futex, &shared_->pressure, FUTEX_WAIT, seen, nullptr, nullptr, 0);
-    const uint32_t now = __atomic_load_n(&shared_->pressure, __ATOMIC_ACQUIRE);
+    // Woken by an asker, or a quarter second on: a ledger removed, replaced or cut short
+    // meanwhile gets this process's holdings back (the update does it), so a newcomer sees them.
+    const timespec quarter{0, 250 * 1000 * 1000};
+    if (syscall(SYS_futex, pressure_word_.load(), FUTEX_WAIT, seen, &quarter, nullptr, 0) != 0 && errno == EFAULT) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));  // the file cut short: made whole below
+    }
+    bool moved = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      moved = stale();
+    }
+    if (moved) locked([] { return Status::Ok(); });
+    const uint32_t now = pressure_now();
     if (now == seen || getpid() != owner_) continue;
     seen = now;
     std::lock_guard<std::mutex> lock(givers_mu_);
@@ -405,8 +524,11 @@ bool NodeLedger::ask_others_for(size_t bytes, std::chrono::milliseconds patience
     if (now >= deadline || others_cached == 0) return false;  // nobody has a cache left to give
     if (now >= next_ask) {
       // Asked again now and then: a process busy with its own pause skips one request.
-      __atomic_add_fetch(&shared_->pressure, 1, __ATOMIC_RELEASE);
-      syscall(SYS_futex, &shared_->pressure, FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+      locked([&] {
+        ++shared_->pressure;
+        return Status::Ok();
+      });
+      syscall(SYS_futex, pressure_word_.load(), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
       next_ask = now + std::chrono::milliseconds(100);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -433,19 +555,21 @@ NodeLedger::Figures NodeLedger::figures() {
   Figures f;
   f.path = path_;
   f.error = error_;
-  locked([&] {
+  Status read = locked([&] {
     f.active = true;
     forget_dead_processes();
     f.budget = shared_->budget;
-    for (const Slot& slot : shared_->slots) {
+    for (size_t i = 0; i < kSlots; ++i) {
+      const Slot& slot = shared_->slots[i];
       if (slot.pid == 0) continue;
-      const bool mine = slot_ >= 0 && &slot == &shared_->slots[slot_];
+      const bool mine = static_cast<int>(i) == slot_;
       (mine ? f.held_here : f.held_by_others) += slot.held;
-      if (slot.held != 0) f.holders.push_back(Holder{slot.pid, slot.held, slot.cached});
+      if (slot.held != 0) f.holders.push_back(Holder{i, slot.pid, slot.held, slot.cached});
     }
     f.shared = NodeStore::bytes_in(store_);
     return Status::Ok();
   });
+  if (!read.ok()) f.error = read.message();
   return f;
 }
 

@@ -11,6 +11,14 @@
 // the share of a process that died is taken back by the next process that needs room (its
 // memory went with it), also across PID namespaces that share /dev/shm.
 //
+// The file is opened only if it is this user's regular file that nobody else may write (no
+// symbolic link followed), and never mapped: each update reads it whole and writes it back
+// under the flock, so a file cut short by anyone (truncate) costs no process a SIGBUS; it is
+// made whole again, and each process writes its own entry back from what it knows. A process
+// whose ledger was removed or replaced (systemd-logind's RemoveIPC, a /dev/shm cleaner) moves
+// to the file at the path, made if need be, and publishes what it holds there, at its next
+// update or within a quarter second (its ledger thread looks), so a newcomer sees it.
+//
 // A process refused for want of room asks the others to give their host caches back: it bumps
 // a counter in the ledger and wakes them (a futex on the shared word); each process that
 // keeps a cache has a thread waiting there, which lets its caches go.
@@ -24,11 +32,13 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -63,7 +73,8 @@ class NodeLedger {
   size_t room_with_others_caches();
 
   struct Holder {
-    pid_t pid;
+    size_t entry;  // the process's entry in the ledger: unique while it lives
+    pid_t pid;     // as the process saw itself (pids of other pid namespaces may repeat)
     size_t bytes, cached;
   };
   struct Figures {
@@ -91,7 +102,16 @@ class NodeLedger {
   // Runs `body` with the file locked (flock) and this process's slot found or made.
   template <typename Body>
   Status locked(Body&& body);
-  void open_shared(size_t budget_from_env);  // maps the file, made or checked under its flock
+  void open_shared(size_t budget_from_env);  // reads the file, made or checked under its flock
+  // The ledger at path_, opened only as this user's regular file nobody else may write; -1
+  // (*why says why) otherwise.
+  int open_private(std::string* why) const;
+  Status load();   // under the flock: the file into *shared_, made whole if cut short
+  Status store();  // under the flock: *shared_ written back
+  bool stale() const;  // under mu_: the path names another file (or none), or the file was cut short
+  void follow_path();  // under mu_: moves to the file the path names now
+  void watch_in_background();         // starts watch() once
+  uint32_t pressure_now();            // the file's pressure counter
   void leave_after_fork();            // a forked child's copy: no slot, no file
   Slot* my_slot();                    // under the lock; takes a free slot the first time
   bool alive(size_t index) const;     // whether a process holds slot `index`'s record lock
@@ -109,8 +129,14 @@ class NodeLedger {
   std::mutex givers_mu_;  // held while a give_back runs
   std::map<const void*, std::function<void()>> givers_;
   bool watching_ = false;  // under givers_mu_
-  int fd_ = -1;
-  Shared* shared_ = nullptr;
+  int fd_ = -1;  // under mu_ once opened
+  std::unique_ptr<Shared> image_;  // the file's content as last read, under mu_
+  Shared* shared_ = nullptr;       // image_ once the ledger opened; nullptr: no ledger
+  std::atomic<uint32_t*> pressure_word_{nullptr};  // the file's pressure word, mapped for futex calls only
+  bool loaded_ = false;  // the file was read once: one cut short is this ledger, made whole
+  uint64_t my_held_ = 0, my_cached_ = 0;  // this process's entry as it knows it (the file may lose it)
+  uint64_t budget_seen_ = 0;       // the budget as last read, for a file made again
+  uint32_t explicit_seen_ = 0;
   pid_t owner_ = 0;  // the process that opened it: a forked child neither takes nor gives
   int slot_ = -1;    // this process's slot, once it took one
   uint64_t start_time_ = 0;

@@ -19,6 +19,11 @@
 #include "node_ledger.h"
 
 namespace tmsl {
+
+bool private_to_this_user(const struct stat& st) {
+  return st.st_uid == geteuid() && (st.st_mode & 022) == 0;
+}
+
 namespace {
 
 // The store's directory, opened and trusted only if it is this user's and nobody else may
@@ -31,7 +36,7 @@ class StoreDirectory {
     if (create && mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) return;
     fd_ = open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     struct stat st {};
-    if (fd_ >= 0 && (fstat(fd_, &st) != 0 || st.st_uid != geteuid() || (st.st_mode & 022) != 0)) {
+    if (fd_ >= 0 && (fstat(fd_, &st) != 0 || !private_to_this_user(st))) {
       close(fd_);
       fd_ = -1;
     }
@@ -65,7 +70,7 @@ class StoreDirectory {
 
 // A chunk is trusted only as this user's read-only regular file.
 bool trusted_chunk(const struct stat& st) {
-  return S_ISREG(st.st_mode) && st.st_uid == geteuid() && (st.st_mode & 0222) == 0;
+  return S_ISREG(st.st_mode) && private_to_this_user(st) && (st.st_mode & 0200) == 0;
 }
 
 // Opens chunk `name` of the store without following links or blocking (a FIFO planted there

@@ -12,6 +12,8 @@
 // Off unless TMSL_SHARE_BACKUPS=1: sharing runs after each pause, in the background.
 #pragma once
 
+#include <sys/stat.h>
+
 #include <cstddef>
 #include <string>
 
@@ -42,6 +44,11 @@ class NodeStore {
   // Removes the chunks in `directory` nobody holds (what processes that died left behind).
   static void collect_garbage(const std::string& directory);
 };
+
+// Whether a file (or directory) of /dev/shm, which every user may write, can be trusted: this
+// user's (the effective one), and nobody else may write it. The one check for the store and
+// the ledger.
+bool private_to_this_user(const struct stat& st);
 
 // A 64-bit hash of the bytes (names chunks; equality is always checked byte for byte).
 uint64_t content_hash(const char* data, size_t size);

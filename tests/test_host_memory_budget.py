@@ -97,7 +97,7 @@ def test_a_file_that_is_not_a_ledger_is_named_and_left_alone(ledger):
     result = run("r = saver.host_memory(); print(r.budget_bytes); print(r.error)")
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["0", f"{ledger} is not a host-memory ledger of this version; remove it "
-                                                "once no process uses it"], result.stdout
+                                                "once no process uses it; no budget applies"], result.stdout
     assert ledger.read_bytes() == b"not a ledger"
 
 
@@ -630,3 +630,89 @@ def test_an_environment_directory_in_memory_is_no_disk_tier_and_is_not_made(ledg
     assert result.stdout.splitlines() == ["tier ''", "refused", "tier '' True"], result.stdout + result.stderr
     assert "no disk tier for the node's host-memory budget" in result.stderr and "tmpfs" in result.stderr
     assert not directory.parent.exists()
+
+
+# A process holding the ledger with a paused 16 MiB backup, which waits for a line, then
+# resumes, pauses, asks host_memory() and checks its content.
+HOLDER = """
+ptrs = tagged("weights", 1, 16 * MiB, 7)
+host.pause("weights")
+print("paused", flush=True)
+sys.stdin.readline()
+host.resume("weights")
+host.pause("weights")
+report = saver.host_memory()
+host.resume("weights")
+print(report.budget_bytes, report.held_by_this_process, repr(report.error), intact(ptrs, 16 * MiB, 7), flush=True)
+"""
+
+
+@pytest.mark.parametrize("size", [100, 0])
+def test_a_ledger_cut_short_under_a_running_process_kills_nobody_and_is_made_whole(ledger, size):
+    holder = start(HOLDER, budget="64M")
+    try:
+        assert holder.stdout.readline() == "paused\n", holder.stderr.read()
+        os.truncate(ledger, size)  # truncate -s 100 /dev/shm/torch_mem_saver_lite-<uid>.v2.ledger
+        out, err = holder.communicate("\n", timeout=120)
+    finally:
+        holder.kill()
+        holder.wait()
+    # No SIGBUS: the holder went on, with its budget and what it holds in the file again.
+    assert holder.returncode == 0, err
+    assert out.split() == [str(64 * MiB), str(16 * MiB), "''", "True"], out + err
+    assert ledger.stat().st_size == 24 + 1024 * 32
+
+
+def test_a_ledger_planted_as_a_symbolic_link_is_not_followed(ledger, tmp_path):
+    target = tmp_path / "made-by-the-link"
+    ledger.symlink_to(target)
+    result = run("r = saver.host_memory(); print(r.budget_bytes); print(r.error)", budget="64M")
+    assert result.returncode == 0, result.stderr
+    budget, error = result.stdout.splitlines()
+    assert budget == "0" and "symbolic link, not followed" in error and str(ledger) in error, result.stdout
+    assert not target.exists() and ledger.is_symlink()
+
+
+@pytest.mark.parametrize("plant", ["world-writable", "another user's"])
+def test_a_ledger_another_user_could_write_is_refused_and_left_alone(ledger, plant):
+    ledger.write_bytes(b"")
+    if plant == "world-writable":
+        os.chmod(ledger, 0o666)
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("giving a file to another user needs root")
+        os.chown(ledger, 65534, 65534)  # nobody
+        os.chmod(ledger, 0o600)
+    result = run("r = saver.host_memory(); print(r.budget_bytes); print(r.error)", budget="64M")
+    assert result.returncode == 0, result.stderr
+    budget, error = result.stdout.splitlines()
+    assert budget == "0" and "not a regular file of this user that nobody else may write" in error, result.stdout
+    assert str(ledger) in error and ledger.stat().st_size == 0  # not made a ledger of
+
+
+def test_a_ledger_removed_under_its_holders_gets_their_holdings_back_before_a_newcomer_counts(ledger):
+    holder = start(HOLDER.replace("16 * MiB", "64 * MiB"), budget="96M")
+    try:
+        assert holder.stdout.readline() == "paused\n", holder.stderr.read()
+        ledger.unlink()  # systemd-logind's RemoveIPC, a /dev/shm cleaner
+        # The holder's ledger thread makes the file again and publishes what it holds there.
+        for _ in range(6000):
+            if ledger.exists() and held_bytes(ledger) == 64 * MiB:
+                break
+            time.sleep(0.01)
+        assert ledger.exists() and held_bytes(ledger) == 64 * MiB
+        newcomer = run("""
+            ptrs = tagged("weights", 1, 64 * MiB, 3)
+            try:
+                host.pause("weights")
+                print("paused")
+            except OutOfMemoryError:
+                print("refused", intact(ptrs, 64 * MiB, 3))
+        """, budget="96M")
+        assert newcomer.returncode == 0 and newcomer.stdout.split() == ["refused", "True"], \
+            newcomer.stdout + newcomer.stderr
+        out, err = holder.communicate("\n", timeout=120)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert holder.returncode == 0 and out.split()[1:] == [str(64 * MiB), "''", "True"], out + err
