@@ -63,10 +63,16 @@ void run_quietly(const std::function<void()>& task) {
   }
 }
 
+// A forked child gets none of an arena's pages (each new mapping over it is marked again): its
+// savers refuse every call, and pages it kept would be memory the node's ledger counts as the
+// parent's alone.
+void keep_from_children(void* at, size_t size) { madvise(at, size, MADV_DONTFORK); }
+
 // Maps fresh private memory over [at, at + size) and fills it from the chunk open at `fd`.
 bool private_copy(char* at, size_t size, int fd) {
-  return mmap(at, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != MAP_FAILED &&
-         pread(fd, at, size, 0) == static_cast<ssize_t>(size);
+  if (mmap(at, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED) return false;
+  keep_from_children(at, size);
+  return pread(fd, at, size, 0) == static_cast<ssize_t>(size);
 }
 
 size_t fault_in_workers(size_t pieces) {
@@ -89,6 +95,7 @@ Status HostArena::create(std::shared_ptr<Backend> backend, int device, const std
     return errno_status("cannot allocate " + format_bytes(arena->size_) + " of host memory for backups", errno);
   }
   madvise(p, arena->size_, MADV_HUGEPAGE);  // advisory: a kernel without THP still works
+  keep_from_children(p, arena->size_);
   arena->data_ = static_cast<char*>(p);
   HostArena* a = arena.get();
   auto start = [&](void (HostArena::*work)()) {
@@ -307,7 +314,9 @@ Status HostArena::unshare(Range& range) {
   const bool back = private_copy(at, range.size, range.shared_fd);
   if (!back) {
     const int error = errno;
-    mmap(at, range.size, PROT_READ, MAP_SHARED | MAP_FIXED, range.shared_fd, 0);
+    if (mmap(at, range.size, PROT_READ, MAP_SHARED | MAP_FIXED, range.shared_fd, 0) != MAP_FAILED) {
+      keep_from_children(at, range.size);
+    }
     if (reserve) NodeLedger::instance().give_back(range.size);
     return errno_status("making a shared backup range private again", error);
   }
@@ -355,7 +364,7 @@ Status HostArena::share_range(size_t index) {
   }
   range.shared_fd = fd;
   shared_ranges_++;
-  madvise(at, range.size, MADV_DONTFORK);  // a forked child must not hold pages the ledger counts once
+  keep_from_children(at, range.size);  // the ledger counts the chunk once
   range.registered = backend_->register_host(device_, at, range.size, true).ok();
   if (!range.registered) {
     // A driver that cannot page-lock it read-only: private again now, while its bytes are

@@ -92,6 +92,47 @@ def test_a_forked_child_refuses_saver_calls_exits_cleanly_and_leaves_the_parent_
     assert result.stdout.strip() == "codes [0, 0, 0, 0, 0, 0, 0, 0, 0, 0] parent True", result.stdout + result.stderr
 
 
+def test_a_forked_child_holds_none_of_the_parents_backups_or_host_cache():
+    # The node's ledger counts the parent's backups and host cache once: a child that kept
+    # their pages (copy-on-write, but resident and counted in its RSS) would hold them again.
+    code = textwrap.dedent("""
+        import os, sys, warnings
+        warnings.simplefilter("ignore", DeprecationWarning)
+        sys.path.insert(0, {here!r})
+        from host_memory import HostMemory
+        from torch_mem_saver_lite import saver
+        from torch_mem_saver_lite.testing import HostSaver
+        MiB = 1 << 20
+        mem, s = HostMemory(), HostSaver()
+        s.host_cache_bytes = 256 * MiB
+        for tag in ("paused", "cached"):
+            with s.region(tag, enable_cpu_backup=True):
+                mem.write(mem.malloc(64 * MiB), tag.encode() * 1024)
+            s.pause(tag)
+        s.resume("cached")  # its backup stays in the host cache
+        s.wait_for_released_backups()
+        held = saver.host_memory().held_by_this_process
+        def anon(pid):
+            with open(f"/proc/{{pid}}/status") as status:
+                return next(int(line.split()[1]) * 1024 for line in status if line.startswith("RssAnon:"))
+        wake_read, wake_write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.read(wake_read, 1)  # sleeps; never uses the saver
+            os._exit(0)
+        parent, child = anon(os.getpid()), anon(pid)
+        os.write(wake_write, b"x")
+        os.waitpid(pid, 0)
+        print(held // MiB, (parent - child) // MiB)
+    """).format(here=str(HERE))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    held, missing_in_child = map(int, result.stdout.split())
+    assert held == 128  # the two backups, one paused, one in the cache
+    # Everything else the child shares with its parent; the backups' 128 MiB it does not have.
+    assert missing_in_child >= held - 16, result.stdout
+
+
 def test_a_fork_before_any_saver_exists_is_an_ordinary_process():
     code = textwrap.dedent("""
         import os, sys
