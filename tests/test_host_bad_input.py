@@ -71,3 +71,40 @@ def test_environment_values_that_are_not_utf8_are_reported_not_crashed_on():
                     LD_PRELOAD=_lib.library_path(), TMSL_REGION_ALL_THREADS=b"\xff\xfe")
     assert result.returncode == 0, result.stderr
     assert "ERROR bad environment for torch_mem_saver_lite: TMSL_REGION_ALL_THREADS must be 0 or 1" in result.stdout
+
+
+def test_a_tag_with_a_nul_inside_is_refused_by_every_entry_point_and_touches_nothing(host_saver, mem):
+    from torch_mem_saver_lite import InvalidArgumentError
+    from torch_mem_saver_lite.compat import TorchMemorySaver
+
+    with host_saver.region("kv", enable_cpu_backup=True):
+        ptr = mem.malloc(MiB)
+    mem.write(ptr, b"content")
+    native = host_saver._core()
+    compat = TorchMemorySaver(host_saver)
+    bad = "kv\0junk"  # the C ABI takes NUL-terminated strings: it would read "kv"
+    entry_points = {
+        "pause": lambda: host_saver.pause(bad),
+        "pause of a list": lambda: host_saver.pause(["other", bad]),
+        "paused": lambda: host_saver.paused(bad).__enter__(),
+        "region": lambda: host_saver.region(bad).__enter__(),
+        "register_hooks": lambda: host_saver.register_hooks(bad, before_pause=lambda: None),
+        "empty_cache": lambda: host_saver.empty_cache(bad),
+        "compat pause": lambda: compat.pause(bad),
+        "compat region": lambda: compat.region(bad).__enter__(),
+        "the core's tag state": lambda: native.tag_state(bad),
+        "the core's tag allocations": lambda: native.allocations(bad),
+        "the core's cache choice": lambda: native.set_caches_backups(bad, False),
+    }
+    for name, call in entry_points.items():
+        with pytest.raises(InvalidArgumentError, match="without NUL, got one with a NUL character"):
+            call()
+        assert not host_saver.stats()["kv"].paused, name
+    host_saver.pause("kv")
+    for name, call in {"resume": lambda: host_saver.resume(bad),
+                       "compat resume": lambda: compat.resume(bad)}.items():
+        with pytest.raises(InvalidArgumentError, match="without NUL, got one with a NUL character"):
+            call()
+        assert host_saver.stats()["kv"].paused, name
+    host_saver.resume("kv")
+    assert mem.read(ptr, 7) == b"content" and set(host_saver.stats()) == {"kv"}

@@ -308,10 +308,19 @@ def backup_choice(enable_cpu_backup: bool | None, caches: bool = True, disk: boo
     return CHOICE_ON if caches else CHOICE_ON_UNCACHED
 
 
+def _c_tag(tag: str) -> bytes:
+    """``tag`` for the C ABI. Its calls take NUL-terminated strings, where a NUL inside the tag
+    would cut it short unseen ("kv\\0junk" read as "kv"): the whole rule is applied here, on the
+    tag's full length, for every call that hands the core a tag."""
+    encoded = tag.encode()
+    check_tag(encoded)
+    return encoded
+
+
 def _tag_array(tags: Sequence[str] | None) -> tuple[ctypes.Array[ctypes.c_char_p] | None, int]:
     if tags is None:
         return None, -1
-    encoded = [t.encode() for t in tags]
+    encoded = [_c_tag(t) for t in tags]
     return (ctypes.c_char_p * max(len(encoded), 1))(*encoded), len(encoded)
 
 
@@ -366,11 +375,11 @@ class NativeSaver:
     def tag_state(self, tag: str) -> int:
         """TAG_UNKNOWN, TAG_ACTIVE or TAG_PAUSED."""
         out = _int()
-        check(lib().tmsl_tag_state(self.handle, tag.encode(), ctypes.byref(out)))
+        check(lib().tmsl_tag_state(self.handle, _c_tag(tag), ctypes.byref(out)))
         return out.value
 
     def set_caches_backups(self, tag: str, caches: bool) -> None:
-        check(lib().tmsl_set_tag_caches_backups(self.handle, tag.encode(), int(caches)))
+        check(lib().tmsl_set_tag_caches_backups(self.handle, _c_tag(tag), int(caches)))
 
     def allocations(self, tag: str) -> list[tuple[int, int, int]]:
         """The tag's allocations as (address, size, device), in address order."""
@@ -384,12 +393,12 @@ class NativeSaver:
 
     def _allocations(self, tag: str) -> list[tuple[int, int, int, int]]:
         count = _sz()
-        check(lib().tmsl_tag_allocations(self.handle, tag.encode(), None, None, None, None, 0, ctypes.byref(count)))
+        check(lib().tmsl_tag_allocations(self.handle, _c_tag(tag), None, None, None, None, 0, ctypes.byref(count)))
         while True:
             capacity = count.value
             addresses, sizes = (ctypes.c_uint64 * capacity)(), (ctypes.c_uint64 * capacity)()
             devices, choices = (_int * capacity)(), (_int * capacity)()
-            check(lib().tmsl_tag_allocations(self.handle, tag.encode(), addresses, sizes, devices, choices,
+            check(lib().tmsl_tag_allocations(self.handle, _c_tag(tag), addresses, sizes, devices, choices,
                                              capacity, ctypes.byref(count)))
             if count.value <= capacity:  # else more were allocated meanwhile: ask again
                 return [(addresses[i], sizes[i], devices[i], choices[i]) for i in range(count.value)]
@@ -410,7 +419,7 @@ class NativeSaver:
 
     def malloc(self, size: int, device: int, tag: str, enable_cpu_backup: bool | None) -> int | None:
         out = _vp()
-        check(lib().tmsl_malloc(self.handle, size, device, tag.encode(), backup_choice(enable_cpu_backup),
+        check(lib().tmsl_malloc(self.handle, size, device, _c_tag(tag), backup_choice(enable_cpu_backup),
                                 ctypes.byref(out)))
         return out.value
 

@@ -33,7 +33,6 @@ from .settings import (
     check_bool,
     check_bytes,
     check_tag,
-    check_tag_text,
 )
 from .stats import HostMemoryReport, TagStats
 from .transitions import Hook, TagHooks, Transitions
@@ -465,7 +464,7 @@ class MemorySaver:
         else:
             raise TypeError(f"tag must be a str, a list of str or None, got {type(tag).__name__}")
         for name in names:
-            check_tag_text(name)  # the core applies the tag rule to what it is handed
+            check_tag(name)  # the one rule, on the whole tag (the C ABI would stop at a NUL)
         return names
 
     def _existing_core(self) -> _lib.NativeSaver | None:

@@ -27,8 +27,7 @@ _MAX_SIZE = (1 << 64) - 1  # what a size_t holds: larger values would wrap in th
 
 # ----- argument checks ---------------------------------------------------------------------
 def check_tag_text(tag: object) -> bytes:
-    """``tag`` as the UTF-8 the C ABI takes, else TypeError/ValueError. The rest of the tag
-    rule is the core's: calls that hand tags to the core (pause, resume) leave it to the core."""
+    """``tag`` as UTF-8, else TypeError/ValueError; check_tag applies the rest of the rule."""
     if not isinstance(tag, str):
         raise TypeError(f"tag must be a str, got {type(tag).__name__}")
     try:
