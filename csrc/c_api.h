@@ -38,7 +38,9 @@ TMSL_API int tmsl_default_host_cache_bytes(size_t* out);
 // The node's host-memory budget (node_ledger.h): every process of the node that uses the
 // library takes the host memory of its backups and host cache from it. `active` 0: no
 // ledger could be opened, no budget applies, and `error` says why. `holders` lists up to
-// TMSL_MAX_HOLDERS processes holding some (`holder_count` may be larger).
+// TMSL_MAX_HOLDERS processes holding some (`holder_count` may be larger), each by its entry
+// in the ledger (unique while it lives; pids of processes of other pid namespaces repeat) and
+// its pid as it saw itself; `holder_this_process` 1 for this process's.
 #define TMSL_MAX_HOLDERS 64
 typedef struct TmslHostMemory {
   int active;
@@ -49,6 +51,8 @@ typedef struct TmslHostMemory {
   char path[4096];
   char error[1024];
   uint64_t shared_bytes;  // the node's shared backups (TMSL_SHARE_BACKUPS), counted once
+  uint64_t holder_entry[TMSL_MAX_HOLDERS];
+  int32_t holder_this_process[TMSL_MAX_HOLDERS];
 } TmslHostMemory;
 TMSL_API int tmsl_host_memory(TmslHostMemory* out);
 // Sets the node's budget, for every process of the node (bytes > 0).

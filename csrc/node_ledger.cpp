@@ -564,7 +564,7 @@ NodeLedger::Figures NodeLedger::figures() {
       if (slot.pid == 0) continue;
       const bool mine = static_cast<int>(i) == slot_;
       (mine ? f.held_here : f.held_by_others) += slot.held;
-      if (slot.held != 0) f.holders.push_back(Holder{i, slot.pid, slot.held, slot.cached});
+      if (slot.held != 0) f.holders.push_back(Holder{i, slot.pid, slot.held, slot.cached, mine});
     }
     f.shared = NodeStore::bytes_in(store_);
     return Status::Ok();

@@ -76,6 +76,7 @@ class NodeLedger {
     size_t entry;  // the process's entry in the ledger: unique while it lives
     pid_t pid;     // as the process saw itself (pids of other pid namespaces may repeat)
     size_t bytes, cached;
+    bool this_process;
   };
   struct Figures {
     bool active = false;     // false: no ledger (error says why); no budget applies

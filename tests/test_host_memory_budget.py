@@ -162,7 +162,7 @@ def test_another_processs_idle_host_cache_gives_way_to_a_pause_that_needs_the_ro
         ptrs = tagged("engine", 2, 32 * MiB, 4)
         host.pause("engine"); host.resume("engine")  # its 64 MiB of backups stay cached
         host.wait_for_released_backups()
-        print("cached", saver.host_memory().cached_by_holder[os.getpid()], flush=True)
+        print("cached", sum(h.cached_bytes for h in saver.host_memory().holders if h.this_process), flush=True)
         sys.stdin.readline()  # idle (its rollout) until told
         print("after", host.stats()["engine"].host_backup_bytes, intact(ptrs, 32 * MiB, 4), flush=True)
         host.pause("engine"); host.resume("engine")
@@ -249,13 +249,13 @@ def test_only_cache_that_could_be_given_back_is_shown_to_the_other_processes(led
         cached = tagged("cached", 1, 16 * MiB, 1)
         host.pause("cached"); host.resume("cached")
         host.wait_for_released_backups()
-        print(saver.host_memory().cached_by_holder[os.getpid()])
+        print(sum(h.cached_bytes for h in saver.host_memory().holders if h.this_process))
         host.retain_cpu_backup = True  # kept whatever happens: not cache another process can have
         kept = tagged("kept", 1, 32 * MiB, 2)
         host.pause("kept"); host.resume("kept")
         host.release_host_cache()
         host.pause("kept"); host.resume("kept")
-        print(saver.host_memory().cached_by_holder.get(os.getpid(), 0), saver.host_memory().held_by_this_process)
+        print(sum(h.cached_bytes for h in saver.host_memory().holders if h.this_process), saver.host_memory().held_by_this_process)
     """, budget="256M")
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == [str(16 * MiB), "0", str(32 * MiB)], result.stdout
@@ -716,3 +716,38 @@ def test_a_ledger_removed_under_its_holders_gets_their_holdings_back_before_a_ne
         holder.kill()
         holder.wait()
     assert holder.returncode == 0 and out.split()[1:] == [str(64 * MiB), "''", "True"], out + err
+
+
+def test_holders_with_the_same_pid_in_two_pid_namespaces_are_shown_apart(ledger):
+    import fcntl
+    import struct
+
+    holding = """
+        ptrs = tagged("weights", 1, 32 * MiB, 5)
+        host.pause("weights")
+        print("paused", flush=True)
+        sys.stdin.readline()
+    """
+    first, second = start(holding, budget="256M"), start(holding, budget="256M")
+    try:
+        for holder in (first, second):
+            assert holder.stdout.readline() == "paused\n", holder.stderr.read()
+        # Processes of two pid namespaces may both be pid 1: the second's entry says what the first's does.
+        with open(ledger, "r+b") as file:
+            fcntl.flock(file, fcntl.LOCK_EX)
+            data = bytearray(file.read())
+            at = next(24 + 32 * i for i in range(1024) if struct.unpack_from("<i", data, 24 + 32 * i)[0] == second.pid)
+            struct.pack_into("<i", data, at, first.pid)
+            file.seek(0)
+            file.write(data)
+        report = run("""
+            r = saver.host_memory()
+            print(r.held_by_others, len(r.holders), sum(h.bytes for h in r.holders),
+                  sorted(h.pid for h in r.holders) == [{pid}, {pid}], len({h.entry for h in r.holders}))
+        """.replace("{pid}", str(first.pid)))
+    finally:
+        for holder in (first, second):
+            holder.kill()
+            holder.wait()
+    assert report.returncode == 0, report.stderr
+    assert report.stdout.split() == [str(64 * MiB), "2", str(64 * MiB), "True", "2"], report.stdout

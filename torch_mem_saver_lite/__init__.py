@@ -24,7 +24,7 @@ from .leftovers import LeftoverReport
 from .memory_saver import MemorySaver
 from .nccl_suspend import GroupOutcome
 from .preload import configure_subprocess
-from .stats import HostMemoryReport, TagStats
+from .stats import HostMemoryHolder, HostMemoryReport, TagStats
 
 try:
     __version__ = _metadata.version("torch-mem-saver-lite")
@@ -43,6 +43,7 @@ __all__ = [
     "CudaDriverError",
     "DriverNotFoundError",
     "GroupOutcome",
+    "HostMemoryHolder",
     "HostMemoryReport",
     "InvalidArgumentError",
     "LeftoverReport",

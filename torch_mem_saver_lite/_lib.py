@@ -74,6 +74,8 @@ class HostMemoryFigures(ctypes.Structure):
         ("path", ctypes.c_char * 4096),
         ("error", ctypes.c_char * 1024),
         ("shared_bytes", ctypes.c_uint64),
+        ("holder_entry", ctypes.c_uint64 * MAX_HOLDERS),
+        ("holder_this_process", ctypes.c_int32 * MAX_HOLDERS),
     ]
 
 

@@ -229,7 +229,7 @@ def render(env: Environment) -> str:
         lines.append(f"host memory:      {host['error']}" if host["error"] else
                      f"host memory:      budget {mib(host['budget_bytes'])} for the node ({host['ledger']}); held: "
                      f"this process {mib(host['held_by_this_process'])}, others {mib(host['held_by_others'])} "
-                     f"({len([p for p in host['holders'] if p != os.getpid()])} processes)")
+                     f"({len([h for h in host['holders'] if not h['this_process']])} processes)")
         if not host["error"]:
             lines.append(f"disk tier:        {host['disk_tier']} (what the budget cannot hold goes there)"
                          if host["disk_tier"] else

@@ -34,7 +34,7 @@ from .settings import (
     check_bytes,
     check_tag,
 )
-from .stats import HostMemoryReport, TagStats
+from .stats import HostMemoryHolder, HostMemoryReport, TagStats
 from .transitions import Hook, TagHooks, Transitions
 
 logger = logging.getLogger("torch_mem_saver_lite")
@@ -222,16 +222,17 @@ class MemorySaver:
         """The node's host-memory budget, what this process and the others hold of it, and
         this process's disk backups beside it. Starts nothing (no CUDA, no saver)."""
         figures = _lib.host_memory()
-        count = min(figures.holder_count, _lib.MAX_HOLDERS)
-        pids = [int(figures.holder_pid[i]) for i in range(count)]
+        holders = [HostMemoryHolder(entry=int(figures.holder_entry[i]), pid=int(figures.holder_pid[i]),
+                                    bytes=int(figures.holder_bytes[i]), cached_bytes=int(figures.holder_cached_bytes[i]),
+                                    this_process=bool(figures.holder_this_process[i]))
+                   for i in range(min(figures.holder_count, _lib.MAX_HOLDERS))]
         on_disk = sum(backup.bytes for backup in self._disk.backups.values() if backup.written)
         native = self._created_core()
         return HostMemoryReport(
             budget_bytes=int(figures.budget_bytes) if figures.active else 0,
             held_by_this_process=int(figures.held_by_this_process),
             held_by_others=int(figures.held_by_others),
-            holders={pid: int(figures.holder_bytes[i]) for i, pid in enumerate(pids)},
-            cached_by_holder={pid: int(figures.holder_cached_bytes[i]) for i, pid in enumerate(pids)},
+            holders=holders,
             on_disk_bytes=on_disk,
             spilled_bytes=native.spilled_bytes() if native is not None else 0,
             disk_tier=self._disk.named_directory(self._disk_directory_from_environment),

@@ -49,6 +49,26 @@ class TagStats:
 
 
 @dataclass(frozen=True)
+class HostMemoryHolder:
+    """One process holding part of the node's host-memory budget.
+
+    Attributes:
+        entry: its entry in the node's ledger, unique among the live holders (pids are not:
+            processes of different pid namespaces sharing the ledger may have the same one).
+        pid: its process id, as the process itself saw it (in its own pid namespace).
+        bytes: host memory its backups and host cache hold.
+        cached_bytes: of which its host cache, which it could give back.
+        this_process: it is the process asking.
+    """
+
+    entry: int
+    pid: int
+    bytes: int
+    cached_bytes: int
+    this_process: bool
+
+
+@dataclass(frozen=True)
 class HostMemoryReport:
     """The node's host-memory budget for backups and host caches, and who holds it.
 
@@ -65,8 +85,8 @@ class HostMemoryReport:
             available and its container's limit).
         held_by_this_process: host memory this process's backups and host cache hold.
         held_by_others: what the node's other processes hold.
-        holders: bytes held, by process id (this process included), for each holding some.
-        cached_by_holder: of those, the host cache each could give back, by process id.
+        holders: each process holding some (this process included), a ``HostMemoryHolder``:
+            its entry in the ledger, its pid, what it holds and how much of it is host cache.
         on_disk_bytes: content of this process's tags written to disk backups (outside the
             budget).
         ledger: the ledger's path.
@@ -84,8 +104,7 @@ class HostMemoryReport:
     budget_bytes: int
     held_by_this_process: int
     held_by_others: int
-    holders: dict[int, int]
-    cached_by_holder: dict[int, int]
+    holders: list[HostMemoryHolder]
     on_disk_bytes: int
     ledger: str
     error: str = ""
