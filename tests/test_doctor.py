@@ -101,3 +101,11 @@ def test_the_doctor_names_the_budgets_disk_tier_or_says_there_is_none(fake_drive
                                   "FAKE_CUDA_MEMORY_BYTES": str(512 * MiB), "TMSL_HOST_LEDGER": str(tmp_path / "l2")})
     assert "disk tier:        none (a pause beyond the budget is refused" in without.stdout, \
         without.stdout + without.stderr
+
+
+def test_a_disk_directory_that_cannot_be_looked_at_is_named_and_the_ledger_not_blamed(fake_driver, tmp_path):
+    unusable = str(tmp_path / ("x" * 300))  # a name too long for the file system: stat() fails
+    result = doctor(fake_driver, TMSL_DISK_BACKUP_DIR=unusable, TMSL_HOST_LEDGER=str(tmp_path / "ledger"))
+    assert f"disk tier:        none (TMSL_DISK_BACKUP_DIR: the disk backup directory {unusable!r} cannot be used: " \
+           "File name too long" in result.stdout, result.stdout + result.stderr
+    assert "ledger cannot be read" not in result.stdout + result.stderr

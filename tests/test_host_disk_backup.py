@@ -485,3 +485,30 @@ def test_a_file_system_refusing_o_direct_goes_through_the_page_cache_said_once(h
         assert mem.read(ptrs[0], 4 * MiB) == pattern(4 * MiB, 9) and files_in(disk_dir) == {}
     said = [r for r in caplog.records if "does not take O_DIRECT" in r.getMessage()]
     assert len(said) == 1
+
+
+def test_a_directory_that_cannot_be_looked_at_is_a_clear_error_and_spoils_nothing_else(tmp_path):
+    unusable = str(tmp_path / ("x" * 300))  # a name too long for the file system: stat() fails
+    with pytest.raises(MemorySaverError, match=f"{re.escape(repr(unusable))} cannot be used: File name too long"):
+        HostSaver().set_disk_backup_dir(unusable)
+    # From the environment: the host-memory report says what is wrong, and tags without disk
+    # backup pause and resume as ever.
+    result = run_python("""
+        from host_memory import HostMemory
+        from torch_mem_saver_lite import saver
+        from torch_mem_saver_lite.testing import HostSaver
+        report = saver.host_memory()
+        print(repr(report.error), report.disk_tier == "", report.disk_tier_problem)
+        host, mem = HostSaver(), HostMemory()
+        with host.region("kv", enable_cpu_backup=True):
+            ptr = mem.malloc(2 << 20)
+        mem.write(ptr, b"content")
+        host.pause("kv")
+        host.resume("kv")
+        print(mem.read(ptr, 7))
+    """, TMSL_DISK_BACKUP_DIR=unusable)
+    assert result.returncode == 0, result.stderr
+    first, second = result.stdout.splitlines()
+    assert first == (f"'' True TMSL_DISK_BACKUP_DIR: the disk backup directory {unusable!r} cannot be used: "
+                     "File name too long (errno 36)"), result.stdout
+    assert second == "b'content'"

@@ -233,6 +233,8 @@ def render(env: Environment) -> str:
         if not host["error"]:
             lines.append(f"disk tier:        {host['disk_tier']} (what the budget cannot hold goes there)"
                          if host["disk_tier"] else
+                         f"disk tier:        none ({host['disk_tier_problem']}; a pause beyond the budget is refused)"
+                         if host["disk_tier_problem"] else
                          "disk tier:        none (a pause beyond the budget is refused; set TMSL_DISK_BACKUP_DIR "
                          "to a directory on a real disk to send it to disk)")
     for m in env.memory:

@@ -33,6 +33,7 @@ import hashlib
 import logging
 import os
 import re
+import stat
 import string
 import threading
 import uuid
@@ -82,9 +83,15 @@ def directory_problem(path: str | os.PathLike[str]) -> str:
     if kind in _MEMORY_FILE_SYSTEMS:
         return (f"the disk backup directory {str(directory)!r} is on {kind}, which is host memory: a disk "
                 "backup there saves nothing; choose a directory on a real disk, or use enable_cpu_backup=True")
-    if directory.exists() and not directory.is_dir():
+    try:
+        is_dir = stat.S_ISDIR(os.stat(directory).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return ""  # made by check_directory (which says why, should that fail)
+    except OSError as error:  # a name too long, a loop of links, no permission to look
+        return f"the disk backup directory {str(directory)!r} cannot be used: {error.strerror} (errno {error.errno})"
+    if not is_dir:
         return f"the disk backup directory {str(directory)!r} is not a directory"
-    if directory.is_dir() and not os.access(directory, os.W_OK | os.X_OK):
+    if not os.access(directory, os.W_OK | os.X_OK):
         return f"the disk backup directory {str(directory)!r} is not writable"
     return ""
 
@@ -148,8 +155,8 @@ def _own_start_time(pid: int) -> int:
     /proc/<pid>/stat), 0 if /proc cannot tell: only for file names (a pid reused later gets
     other names), never a test of liveness."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            fields = stat.read()
+        with open(f"/proc/{pid}/stat", "rb") as status:
+            fields = status.read()
         return int(fields[fields.rindex(b")") + 2:].split()[19])  # after "pid (comm) ", field 3 on
     except (OSError, ValueError, IndexError):
         return 0
@@ -650,6 +657,15 @@ class DiskBackups(Generic[Hooks]):
             return self._directory
         found = from_environment() if self._environment_allowed and not self._environment_refused else None
         return found[1] if found is not None and not directory_problem(found[1]) else ""
+
+    def environment_problem(self, from_environment: Callable[[], tuple[str, str] | None]) -> str:
+        """Why the environment's directory cannot serve, naming the variable ("" where it can,
+        or where a directory was set or none is named). Changes nothing."""
+        if self._directory is not None or not self._environment_allowed:
+            return ""
+        found = from_environment()
+        problem = directory_problem(found[1]) if found is not None else ""
+        return f"{found[0]}: {problem}" if problem else ""
 
     def configured(self, from_environment: Callable[[], tuple[str, str] | None]) -> bool:
         """Whether a directory is set, or given by the environment (judged once: one that

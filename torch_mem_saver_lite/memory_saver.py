@@ -236,6 +236,7 @@ class MemorySaver:
             on_disk_bytes=on_disk,
             spilled_bytes=native.spilled_bytes() if native is not None else 0,
             disk_tier=self._disk.named_directory(self._disk_directory_from_environment),
+            disk_tier_problem=self._disk.environment_problem(self._disk_directory_from_environment),
             shared_bytes=int(figures.shared_bytes),
             ledger=figures.path.decode(errors="replace"),
             error=figures.error.decode(errors="replace"),

@@ -96,6 +96,8 @@ class HostMemoryReport:
         disk_tier: the directory what the budget cannot hold goes to (``set_disk_backup_dir``
             or ``TMSL_DISK_BACKUP_DIR``); "" where there is none, or the environment's cannot
             serve, and such pauses are refused.
+        disk_tier_problem: why the environment's directory (``TMSL_DISK_BACKUP_DIR``) cannot
+            serve, naming the variable and the directory ("" where it can, or none is named).
         shared_bytes: backups the node's processes hold once between them
             (``TMSL_SHARE_BACKUPS=1``: identical content stored once per node), counted in
             the budget once and in no holder's share.
@@ -110,4 +112,5 @@ class HostMemoryReport:
     error: str = ""
     spilled_bytes: int = 0
     disk_tier: str = ""
+    disk_tier_problem: str = ""
     shared_bytes: int = 0
