@@ -512,3 +512,48 @@ def test_a_directory_that_cannot_be_looked_at_is_a_clear_error_and_spoils_nothin
     assert first == (f"'' True TMSL_DISK_BACKUP_DIR: the disk backup directory {unusable!r} cannot be used: "
                      "File name too long (errno 36)"), result.stdout
     assert second == "b'content'"
+
+
+@pytest.fixture
+def bind_mounted(disk_dir):
+    """A bind mount of ``disk_dir``, which a test may remount read-only (as the kernel does to
+    a file system after an error)."""
+    if os.geteuid() != 0 or subprocess.run(["mount", "--version"], capture_output=True).returncode != 0:
+        pytest.skip("needs root and mount(8) for a read-only bind mount")
+    disk_dir.mkdir(parents=True, exist_ok=True)
+    mounted = disk_dir.parent / f"{disk_dir.name}-mount"
+    mounted.mkdir()
+    if subprocess.run(["mount", "--bind", str(disk_dir), str(mounted)], capture_output=True).returncode != 0:
+        pytest.skip("bind mounts are not allowed here")
+    try:
+        yield mounted
+    finally:
+        subprocess.run(["umount", str(mounted)], check=True)
+
+
+def test_a_directory_gone_read_only_fails_the_pause_clearly_and_loses_nothing(bind_mounted):
+    directory = bind_mounted
+    result = run_python(f"""
+        import subprocess
+        from host_memory import HostMemory
+        from torch_mem_saver_lite import MemorySaverError
+        from torch_mem_saver_lite.testing import HostSaver
+        saver, mem = HostSaver(), HostMemory()
+        saver.set_disk_backup_dir({str(directory)!r})
+        with saver.region("kv", enable_disk_backup=True):
+            ptr = mem.malloc(2 << 20)
+        mem.write(ptr, b"content")
+        subprocess.run(["mount", "-o", "remount,ro,bind", {str(directory)!r}], check=True)
+        try:
+            saver.pause("kv")
+            print("paused")
+        except MemorySaverError as error:
+            print("refused:", error)
+        print(saver.stats()["kv"].paused, mem.read(ptr, 7))
+    """)
+    assert result.returncode == 0, result.stderr
+    refusal, state = result.stdout.splitlines()
+    assert refusal.startswith(f"refused: disk backup of tag 'kv' (2 MiB) to {str(directory)!r} failed: "
+                              "[Errno 30] Read-only file system") and "stays resident with its content" in refusal
+    assert state == "False b'content'"
+    assert "Traceback" not in result.stderr, result.stderr  # nothing left for the exit to choke on

@@ -588,8 +588,13 @@ class TagBackup:
         if os.getpid() != self._pid:
             return
         for path in self.paths:
-            with contextlib.suppress(FileNotFoundError):  # never made (a pause cut short), or removed
+            try:
                 os.unlink(path)
+            except FileNotFoundError:  # never made (a pause cut short), or removed
+                pass
+            except OSError as error:  # a file system gone read-only, say: the caller's error stands
+                if os.path.lexists(path):
+                    logger.warning("cannot remove the disk backup file %s: %s", path, error)
         while self._held:
             os.close(self._held.popitem()[1])
 
