@@ -255,7 +255,8 @@ def test_only_cache_that_could_be_given_back_is_shown_to_the_other_processes(led
         host.pause("kept"); host.resume("kept")
         host.release_host_cache()
         host.pause("kept"); host.resume("kept")
-        print(sum(h.cached_bytes for h in saver.host_memory().holders if h.this_process), saver.host_memory().held_by_this_process)
+        report = saver.host_memory()
+        print(sum(h.cached_bytes for h in report.holders if h.this_process), report.held_by_this_process)
     """, budget="256M")
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == [str(16 * MiB), "0", str(32 * MiB)], result.stdout

@@ -669,7 +669,9 @@ class DiskBackups(Generic[Hooks]):
         if self._directory is not None or not self._environment_allowed:
             return ""
         found = from_environment()
-        problem = directory_problem(found[1]) if found is not None else ""
+        if found is None:
+            return ""
+        problem = directory_problem(found[1])
         return f"{found[0]}: {problem}" if problem else ""
 
     def configured(self, from_environment: Callable[[], tuple[str, str] | None]) -> bool:

@@ -223,7 +223,8 @@ class MemorySaver:
         this process's disk backups beside it. Starts nothing (no CUDA, no saver)."""
         figures = _lib.host_memory()
         holders = [HostMemoryHolder(entry=int(figures.holder_entry[i]), pid=int(figures.holder_pid[i]),
-                                    bytes=int(figures.holder_bytes[i]), cached_bytes=int(figures.holder_cached_bytes[i]),
+                                    bytes=int(figures.holder_bytes[i]),
+                                    cached_bytes=int(figures.holder_cached_bytes[i]),
                                     this_process=bool(figures.holder_this_process[i]))
                    for i in range(min(figures.holder_count, _lib.MAX_HOLDERS))]
         on_disk = sum(backup.bytes for backup in self._disk.backups.values() if backup.written)
