@@ -4,6 +4,7 @@ docs/ reaches a file (and heading) that exists, and the README starts with the t
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -110,3 +111,55 @@ def test_every_test_the_guarantees_name_exists():
     native = (ROOT / "tests" / "native" / "core_test.cpp").read_text()
     missing += [f"native: {name}" for name in re.findall(r"native: (\w+)", text) if name not in native]
     assert not missing, f"docs/guarantees.md names tests that do not exist: {missing}"
+
+
+def guide_snippet(heading: str) -> str:
+    """The first ```python block under a heading of docs/guide.md."""
+    text = (ROOT / "docs" / "guide.md").read_text()
+    section = text.split(f"\n### {heading}\n", 1)[1]
+    return re.search(r"^```python\n(.*?)^```", section, re.M | re.S).group(1)
+
+
+# The guide's rebuild pattern, run as written on the host backend: Engine's weights are
+# host-backend allocations, the trainer's a Python copy that each step replaces.
+REBUILD_CHILD = """
+import json, os, sys
+sys.path.insert(0, {tests!r})
+from host_memory import HostMemory
+from torch_mem_saver_lite.testing import HostSaver
+mem, saver, config, seen = HostMemory(), HostSaver(), 8 << 20, {{}}
+class Engine:
+    def __init__(self, nbytes):
+        self.ptr, self.nbytes = mem.malloc(nbytes), nbytes
+    def load_weights(self, weights):
+        mem.write(self.ptr, weights)
+class Trainer:
+    def __init__(self):
+        self.data = os.urandom(config)
+    def weights(self):
+        return self.data
+    def step(self):  # runs while the engine's weights are paused
+        self.data = os.urandom(config)
+        seen["paused"] = saver.stats()["engine_weights"].paused
+        seen["backup_while_paused"] = saver.stats()["engine_weights"].host_backup_bytes
+        seen["held_while_paused"] = saver.host_memory().held_by_this_process
+trainer = Trainer()
+exec({snippet!r})
+saver.wait_for_released_backups()
+seen["content_is_the_trainers"] = mem.read(engine.ptr, config) == trainer.data
+seen["backup_after"] = saver.stats()["engine_weights"].host_backup_bytes
+seen["held_after"] = saver.host_memory().held_by_this_process
+print(json.dumps(seen))
+"""
+
+
+def test_the_guides_rebuild_pattern_keeps_no_host_backup_and_rebuilds_the_content_bit_for_bit():
+    snippet = guide_snippet("Rebuild instead of back up")
+    assert "enable_cpu_backup=False" in snippet and "after_resume=" in snippet
+    code = REBUILD_CHILD.format(tests=str(ROOT / "tests"), snippet=snippet)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {
+        "paused": True, "backup_while_paused": 0, "held_while_paused": 0,
+        "content_is_the_trainers": True, "backup_after": 0, "held_after": 0,
+    }
