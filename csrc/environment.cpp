@@ -153,8 +153,8 @@ ProcessDefaults read_process_defaults() {
   } else {
     ok = false;
   }
-  const char* tag = getenv("TMSL_DEFAULT_TAG");
-  if (tag != nullptr) {
+  const char* tag = getenv("TMSL_DEFAULT_TAG");  // taken as it is, spaces included
+  if (tag != nullptr && *tag != '\0') {
     Status valid = check_tag(tag);
     if (!valid.ok()) {
       note(&error, "TMSL_DEFAULT_TAG: " + valid.message());

@@ -6,13 +6,8 @@ what it takes. The process defaults are read once per process, so each case runs
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
+from environment_child import defaults_in_child
 
 from torch_mem_saver_lite import InvalidArgumentError, MemorySaverError, _lib, alias
 
@@ -29,31 +24,6 @@ FLAGS = {
 # The default region's backup flags show in backup_choice (they exclude each other when both on).
 BACKUP_FLAGS = (("TMSL_DEFAULT_CPU_BACKUP", "TMS_INIT_ENABLE_CPU_BACKUP"),
                 ("TMSL_DEFAULT_DISK_BACKUP", "TMS_INIT_ENABLE_DISK_BACKUP"))
-
-CHILD = """
-import json
-from torch_mem_saver_lite import _lib
-from torch_mem_saver_lite.testing import HostSaver
-d = _lib.process_defaults()
-facts = {name: getattr(d, name) for name, _ in d._fields_ if not name.startswith(("tag", "disk"))}
-try:
-    HostSaver()._core()  # the first use
-    facts["first_use"] = "ok"
-except Exception as error:
-    facts["first_use"] = f"{type(error).__name__}: {error}"
-print(json.dumps(facts))
-"""
-
-
-def defaults_in_child(**env: str) -> dict:
-    """The process defaults a fresh process reads with these variables (and no other TMS*)."""
-    environment = {k: v for k, v in os.environ.items() if not k.startswith(("TMS_", "TMSL_"))}
-    environment.update(env)
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(CHILD)], capture_output=True, text=True,
-                            timeout=120, env=environment)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
-
 
 @pytest.mark.parametrize(("spelling", "meaning"), [("1", True), ("TRUE", True), (" True ", True), ("0", False),
                                                    ("false", False)])
@@ -85,15 +55,8 @@ def test_any_other_flag_value_is_refused_by_name_at_first_use(value, monkeypatch
         alias.variable()
 
 
-def test_both_names_of_a_setting_must_agree_and_agree_when_they_mean_the_same():
-    pairs = {**{pair: ("0", "1") for pair in [*FLAGS.values(), *BACKUP_FLAGS] if pair[1]},
-             ("TMSL_DEFAULT_CPU_BACKUP_BACKEND", "TMS_INIT_CPU_BACKUP_BACKEND"): ("pinned", "mmap"),
-             ("TMSL_DISK_BACKUP_DIR", "TMS_DISK_BACKUP_DIR"): ("/a", "/b")}
-    found = defaults_in_child(**{name: value for pair, values in pairs.items() for name, value in zip(pair, values)})
-    for (ours, theirs), (a, b) in pairs.items():
-        assert f"{ours}='{a}' and {theirs}='{b}' disagree; set one of them" in found["first_use"]
-    assert found["region_all_threads"] == 0
-
+def test_both_names_of_a_setting_agree_when_they_mean_the_same():
+    # That two different values are refused, for every pair: test_docs.py, from the guide's table.
     same = defaults_in_child(TMSL_REGION_ALL_THREADS="1", TMS_INIT_ENABLE="True",
                              TMSL_DEFAULT_CPU_BACKUP_BACKEND="mmap", TMS_INIT_CPU_BACKUP_BACKEND="MMAP")
     assert same["first_use"] == "ok" and same["region_all_threads"] == 1 and same["caches_backups"] == 0
