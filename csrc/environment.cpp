@@ -71,12 +71,9 @@ bool read_setting(const char* ours, const char* theirs, const Parser<T>& parse, 
   return ok;
 }
 
-const Parser<bool> kFlag = [](const std::string& text, bool* out) { return parse_flag(text, out); };
-const char* const kFlagTakes = "0, 1, false or true";
-
 bool read_flag(const char* ours, const char* theirs, bool* out, bool* given, std::string* error) {
   const char* name = nullptr;
-  const bool ok = read_setting(ours, theirs, kFlag, kFlagTakes, out, &name, error);
+  const bool ok = read_setting<bool>(ours, theirs, parse_flag, "0, 1, false or true", out, &name, error);
   if (given != nullptr) *given = name != nullptr;
   return ok;
 }

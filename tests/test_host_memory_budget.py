@@ -84,7 +84,7 @@ def test_the_budget_from_the_environment_is_the_nodes_and_the_api_sets_it_for_ev
     assert third.stdout.split() == [str(80 * MiB)], third.stderr
 
 
-@pytest.mark.parametrize("value", ["0", "-5", "lots", "12Q", "64GB", "1.5G", "99999999999999999999T"])
+@pytest.mark.parametrize("value", ["0", "-5", "lots", "12Q", "64GB", "1.5G", "16777216T", "99999999999999999999T"])
 def test_a_bad_budget_is_refused_by_name_at_first_use_and_no_budget_applies(ledger, value):
     result = run("""
         from torch_mem_saver_lite import MemorySaverError, _lib
