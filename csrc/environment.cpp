@@ -232,4 +232,9 @@ Status disk_backup_settings(size_t* chunk_bytes, size_t* workers) {
   return Status::Ok();
 }
 
+std::string cuda_driver_library() {
+  const char* path = getenv("TMSL_CUDA_DRIVER_LIBRARY");
+  return path != nullptr && *path != '\0' ? path : "libcuda.so.1";
+}
+
 }  // namespace tmsl

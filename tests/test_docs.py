@@ -205,6 +205,17 @@ def test_the_guide_lists_every_variable_the_code_reads_and_no_other():
     assert dict(zip(tms, tmsl)) == theirs and len(tms) == len(tmsl)  # in the same order, each with its own
 
 
+def test_the_variables_are_read_where_the_guide_says():
+    assert "The library reads them in one place (`csrc/environment.cpp`; `TMSL_HOST_LEDGER` is the" in GUIDE
+    native = {(p.name, name) for p in (ROOT / "csrc").glob("*.cpp")
+              for name in re.findall(r'getenv\("(\w+)"\)', p.read_text())}
+    assert {read for read in native if read[0] != "environment.cpp"} == {("node_ledger.cpp", "TMSL_HOST_LEDGER")}
+    python = {(p.name, name) for p in (ROOT / "torch_mem_saver_lite").glob("*.py")
+              for name in re.findall(r'os\.environ(?:\.get\(|\[)"(TMSL?_\w+)"', p.read_text())}
+    assert python == {("_lib.py", "TMSL_LIBRARY")}  # and the alias's VARIABLE, TMSL_ALIAS_TORCH_MEMORY_SAVER
+    assert 'VARIABLE = "TMSL_ALIAS_TORCH_MEMORY_SAVER"' in CODE
+
+
 def valid_pair(grammar: str, ours: str) -> tuple[str, str]:
     """Two valid values of a setting that mean different things."""
     if grammar == "0|1":
