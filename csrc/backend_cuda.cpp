@@ -14,6 +14,7 @@
 #include <mutex>
 
 #include "backend.h"
+#include "environment.h"
 
 namespace tmsl {
 namespace {
@@ -79,9 +80,8 @@ class RelaxedCapture {
 };
 
 Status load_driver(DriverApi* api) {
-  const char* path = getenv("TMSL_CUDA_DRIVER_LIBRARY");
-  if (path == nullptr || *path == '\0') path = "libcuda.so.1";
-  void* lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  const std::string path = cuda_driver_library();
+  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) {
     const char* why = dlerror();
     return Status::Error(Code::kNoDriver, std::string("no CUDA driver: cannot load ") + path +

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "abi_guard.h"
+#include "environment.h"
 #include "node_ledger.h"
 #include "tag_rules.h"
 #include "thread_region.h"
@@ -391,7 +392,7 @@ TMSL_API int tmsl_process_defaults(TmslProcessDefaults* out) {
     Status s = require(out != nullptr, "out must not be NULL");
     if (!s.ok()) return s;
     const ProcessDefaults& d = process_defaults();
-    static_assert(sizeof(out->disk_backup_dir) == kMaxDiskBackupDirBytes, "thread_region.h keeps the path within");
+    static_assert(sizeof(out->disk_backup_dir) == kMaxDiskBackupDirBytes, "environment.h keeps the path within");
     *out = TmslProcessDefaults{};
     out->region_all_threads = d.all_threads;
     out->backup_choice = static_cast<int>(d.backup);
@@ -403,7 +404,19 @@ TMSL_API int tmsl_process_defaults(TmslProcessDefaults* out) {
     memcpy(out->disk_backup_dir_variable, d.disk_backup_dir_variable.c_str(),
            std::min(d.disk_backup_dir_variable.size(), sizeof(out->disk_backup_dir_variable) - 1));
     memcpy(out->disk_backup_dir, d.disk_backup_dir.c_str(), d.disk_backup_dir.size());
+    out->share_backups = d.share_backups;
+    out->host_memory_budget = d.host_memory_budget;
     return Status::Ok();
+  });
+}
+
+TMSL_API int tmsl_disk_backup_settings(uint64_t* chunk_bytes, uint64_t* workers) {
+  return guarded([&] {
+    Status s = require(chunk_bytes != nullptr && workers != nullptr, "chunk_bytes and workers must not be NULL");
+    size_t chunk = 0, count = 0;
+    if (s.ok()) s = disk_backup_settings(&chunk, &count);
+    if (s.ok()) *chunk_bytes = chunk, *workers = count;
+    return s;
   });
 }
 

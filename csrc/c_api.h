@@ -142,9 +142,9 @@ TMSL_API int tmsl_release_lease(void* lease);
 
 // "" when the TMSL_* environment variables are valid, else what is wrong with them.
 TMSL_API const char* tmsl_process_defaults_error(void);
-// The process defaults the library read from the environment (thread_region.h lists the
-// variables), the one reader for both languages; what is wrong with them is in
-// tmsl_process_defaults_error().
+// The process defaults the library read from the environment (environment.h lists the
+// variables and their grammar), the one reader for both languages; what is wrong with them is
+// in tmsl_process_defaults_error().
 typedef struct TmslProcessDefaults {
   int region_all_threads;  // TMSL_REGION_ALL_THREADS / TMS_INIT_ENABLE
   int backup_choice;       // the default region's enable_cpu_backup choice (-1 to 3, as above)
@@ -154,8 +154,14 @@ typedef struct TmslProcessDefaults {
   char tag[TMSL_MAX_TAG_BYTES + 1];      // TMSL_DEFAULT_TAG ("default")
   char disk_backup_dir_variable[32];     // which variable named the directory ("": none)
   char disk_backup_dir[4096];            // TMSL_DISK_BACKUP_DIR / TMS_DISK_BACKUP_DIR
+  int share_backups;                     // TMSL_SHARE_BACKUPS
+  uint64_t host_memory_budget;           // TMSL_HOST_MEMORY_BUDGET (0: not set)
 } TmslProcessDefaults;
 TMSL_API int tmsl_process_defaults(TmslProcessDefaults* out);
+// The disk backup's chunk (TMSL_DISK_BACKUP_CHUNK_MB / TMS_DISK_BACKUP_CHUNK_MB, in bytes) and
+// requests in flight (TMSL_DISK_BACKUP_WORKERS), read from the environment at this call;
+// invalid_argument names a bad or disagreeing variable.
+TMSL_API int tmsl_disk_backup_settings(uint64_t* chunk_bytes, uint64_t* workers);
 // 1 when this library's cudaMalloc is the one the process calls (LD_PRELOAD in effect).
 TMSL_API int tmsl_preload_active(void);
 

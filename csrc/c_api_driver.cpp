@@ -15,6 +15,7 @@
 
 #include "abi_guard.h"
 #include "c_api.h"
+#include "environment.h"
 
 using namespace tmsl;
 
@@ -118,8 +119,7 @@ DeviceFacts device_facts(const Api& api, int index) {
 
 DriverFacts probe() {
   DriverFacts f;
-  const char* requested = getenv("TMSL_CUDA_DRIVER_LIBRARY");
-  f.requested = requested != nullptr && *requested != '\0' ? requested : "libcuda.so.1";
+  f.requested = cuda_driver_library();
   // Never closed: the backend keeps the driver loaded for the process lifetime too.
   void* lib = dlopen(f.requested.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) {

@@ -21,6 +21,7 @@
 #include <system_error>
 #include <thread>
 
+#include "environment.h"
 #include "host_limits.h"
 #include "node_store.h"
 
@@ -105,27 +106,6 @@ std::atomic<NodeLedger*> g_ledger{nullptr};
 
 }  // namespace
 
-bool NodeLedger::parse_bytes(const char* text, size_t* out) {
-  if (text == nullptr || *text < '0' || *text > '9') return false;
-  errno = 0;
-  char* end = nullptr;
-  const unsigned long long value = std::strtoull(text, &end, 10);
-  if (errno != 0) return false;
-  int shift = 0;
-  switch (*end) {
-    case '\0': break;
-    case 'K': case 'k': shift = 10; break;
-    case 'M': case 'm': shift = 20; break;
-    case 'G': case 'g': shift = 30; break;
-    case 'T': case 't': shift = 40; break;
-    default: return false;
-  }
-  if (*end != '\0' && end[1] != '\0') return false;
-  if (shift != 0 && value > (~0ULL >> shift)) return false;
-  *out = static_cast<size_t>(value << shift);
-  return true;
-}
-
 NodeLedger& NodeLedger::instance() {
   NodeLedger* ledger = g_ledger.load(std::memory_order_acquire);
   if (ledger != nullptr) return *ledger;
@@ -153,14 +133,12 @@ NodeLedger::NodeLedger() : owner_(getpid()), start_time_(start_time_of(getpid())
   // Counted whether or not this process shares: another process of the node may.
   store_ = NodeStore::directory_for(path_);
   NodeStore::collect_garbage(store_);  // chunks of processes that died
-  size_t budget_from_env = 0;
-  const char* budget_text = getenv("TMSL_HOST_MEMORY_BUDGET");
-  if (budget_text != nullptr && *budget_text != '\0' &&
-      (!parse_bytes(budget_text, &budget_from_env) || budget_from_env == 0)) {
-    error_ = std::string("TMSL_HOST_MEMORY_BUDGET='") + budget_text +
-             "' is not a size in bytes (a number above 0, optionally with K, M, G or T); no budget applies";
+  const ProcessDefaults& env = process_defaults();  // TMSL_HOST_MEMORY_BUDGET (0: not set)
+  if (!env.host_memory_budget_error.empty()) {
+    error_ = env.host_memory_budget_error + "; no budget applies";
     return;
   }
+  const size_t budget_from_env = env.host_memory_budget;
   fd_ = open_private(&error_);
   if (fd_ < 0) return;
   Status opened = status_of([&] {  // open_shared says what went wrong in error_

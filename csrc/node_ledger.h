@@ -93,9 +93,6 @@ class NodeLedger {
   // Sets the node's budget (0 is refused: use release_host_cache to hold nothing).
   Status set_budget(size_t bytes);
 
-  // A budget text ("64G", "1024", "512M") in bytes; false when it is not one.
-  static bool parse_bytes(const char* text, size_t* out);
-
  private:
   NodeLedger();
   struct Shared;

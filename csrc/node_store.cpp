@@ -16,6 +16,7 @@
 #include <map>
 #include <mutex>
 
+#include "environment.h"
 #include "node_ledger.h"
 
 namespace tmsl {
@@ -191,11 +192,7 @@ class HeldChunks {
 }  // namespace
 
 bool NodeStore::enabled() {
-  static const bool on = [] {
-    const char* value = getenv("TMSL_SHARE_BACKUPS");
-    return value != nullptr && strcmp(value, "1") == 0;
-  }();
-  return on;
+  return process_defaults().share_backups;
 }
 
 std::string NodeStore::directory_for(const std::string& ledger_path) {

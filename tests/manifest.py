@@ -20,6 +20,7 @@ LEVELS: dict[str, dict[str, str]] = {
         "test_alias_routes.py": "the routes that make `import torch_memory_saver` load us",
         "test_package.py": "what an installed package shows: version, typing, license, logging",
         "test_docs.py": "the documentation agrees with the code and with itself",
+        "test_environment.py": "every TMSL_*/TMS_* variable: one grammar per kind, refused by name at first use",
     },
     "features": {
         "test_pause_resume.py": "pause/resume semantics, on every backend",

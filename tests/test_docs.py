@@ -4,12 +4,16 @@ docs/ reaches a file (and heading) that exists, and the README starts with the t
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from environment_child import defaults_in_child, run_in_child
+
+from torch_mem_saver_lite import MemorySaver, MemorySaverError, _lib, disk_backup
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted([ROOT / "README.md", ROOT / "CHANGELOG.md", *(ROOT / "docs").glob("*.md")])
@@ -110,3 +114,253 @@ def test_every_test_the_guarantees_name_exists():
     native = (ROOT / "tests" / "native" / "core_test.cpp").read_text()
     missing += [f"native: {name}" for name in re.findall(r"native: (\w+)", text) if name not in native]
     assert not missing, f"docs/guarantees.md names tests that do not exist: {missing}"
+
+
+def guide_snippet(heading: str) -> str:
+    """The first ```python block under a heading of docs/guide.md."""
+    text = (ROOT / "docs" / "guide.md").read_text()
+    section = text.split(f"\n### {heading}\n", 1)[1]
+    return re.search(r"^```python\n(.*?)^```", section, re.M | re.S).group(1)
+
+
+# The guide's rebuild pattern, run as written on the host backend: Engine's weights are
+# host-backend allocations, the trainer's a Python copy that each step replaces.
+REBUILD_CHILD = """
+import json, os, sys
+sys.path.insert(0, {tests!r})
+from host_memory import HostMemory
+from torch_mem_saver_lite.testing import HostSaver
+mem, saver, config, seen = HostMemory(), HostSaver(), 8 << 20, {{}}
+class Engine:
+    def __init__(self, nbytes):
+        self.ptr, self.nbytes = mem.malloc(nbytes), nbytes
+    def load_weights(self, weights):
+        mem.write(self.ptr, weights)
+class Trainer:
+    def __init__(self):
+        self.data = os.urandom(config)
+    def weights(self):
+        return self.data
+    def step(self):  # runs while the engine's weights are paused
+        self.data = os.urandom(config)
+        seen["paused"] = saver.stats()["engine_weights"].paused
+        seen["backup_while_paused"] = saver.stats()["engine_weights"].host_backup_bytes
+        seen["held_while_paused"] = saver.host_memory().held_by_this_process
+trainer = Trainer()
+exec({snippet!r})
+saver.wait_for_released_backups()
+seen["content_is_the_trainers"] = mem.read(engine.ptr, config) == trainer.data
+seen["backup_after"] = saver.stats()["engine_weights"].host_backup_bytes
+seen["held_after"] = saver.host_memory().held_by_this_process
+print(json.dumps(seen))
+"""
+
+
+def test_the_guides_rebuild_pattern_keeps_no_host_backup_and_rebuilds_the_content_bit_for_bit():
+    snippet = guide_snippet("Rebuild instead of back up")
+    assert "enable_cpu_backup=False" in snippet and "after_resume=" in snippet
+    code = REBUILD_CHILD.format(tests=str(ROOT / "tests"), snippet=snippet)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {
+        "paused": True, "backup_while_paused": 0, "held_while_paused": 0,
+        "content_is_the_trainers": True, "backup_after": 0, "held_after": 0,
+    }
+
+
+# ----- every environment-variable rule and number the docs state, against the code ----------
+GUIDE = (ROOT / "docs" / "guide.md").read_text()
+CODE = "\n".join(p.read_text() for p in [*sorted((ROOT / "csrc").glob("*.[ch]*")),
+                                          *sorted((ROOT / "torch_mem_saver_lite").glob("*.py"))])
+MiB = 1 << 20
+
+
+def section(text: str, heading: str) -> str:
+    """The text under a heading, up to the next heading of its level or above."""
+    level = "#" * (len(heading) - len(heading.lstrip("#")))
+    after = text.split(f"\n{heading}\n", 1)[1]
+    return re.split(rf"\n#{{1,{len(level)}}} ", after, maxsplit=1)[0]
+
+
+def environment_table() -> dict[str, tuple[str, str, str]]:
+    """The guide's environment-variable table: our name -> (its grammar, torch_memory_saver's
+    name, what it says)."""
+    rows = re.findall(r"^\| `([A-Z_]+)(?:=([^`]*))?` \| (?:`([A-Z_]+)[^`]*`)? *\| (.*) \|$",
+                      section(GUIDE, "## Environment variables"), re.M)
+    return {ours: (grammar.replace("\\|", "|"), theirs, what) for ours, grammar, theirs, what in rows}
+
+
+def test_the_guide_lists_every_variable_the_code_reads_and_no_other():
+    table = environment_table()
+    documented = {name for ours, (_, theirs, _) in table.items() for name in (ours, theirs) if name}
+    read = set(re.findall(r'"((?:TMSL|TMS)_[A-Z0-9_]+)"', CODE))
+    assert read == documented - {"NCCL_GRAPH_REGISTER"}, (read ^ documented)
+    # migration.md names the same torch_memory_saver variables, each with its TMSL_* name.
+    theirs = {t: ours for ours, (_, t, _) in table.items() if t}
+    migration = (ROOT / "docs" / "migration.md").read_text()
+    assert set(re.findall(r"`(TMS_[A-Z_]+)`", section(migration, "### 3. Environment variables"))) == set(theirs)
+    takes = section(migration, "## What the compatibility object takes").split("; and, through", 1)[0]
+    names = re.findall(r"`(TMSL?_[A-Z_]+)`", takes.split("its environment variables", 1)[1])
+    tms, tmsl = [n for n in names if n.startswith("TMS_")], [n for n in names if n.startswith("TMSL_")]
+    assert dict(zip(tms, tmsl)) == theirs and len(tms) == len(tmsl)  # in the same order, each with its own
+
+
+def test_the_variables_are_read_where_the_guide_says():
+    assert "The library reads them in one place (`csrc/environment.cpp`; `TMSL_HOST_LEDGER` is the" in GUIDE
+    native = {(p.name, name) for p in (ROOT / "csrc").glob("*.cpp")
+              for name in re.findall(r'getenv\("(\w+)"\)', p.read_text())}
+    assert {read for read in native if read[0] != "environment.cpp"} == {("node_ledger.cpp", "TMSL_HOST_LEDGER")}
+    python = {(p.name, name) for p in (ROOT / "torch_mem_saver_lite").glob("*.py")
+              for name in re.findall(r'os\.environ(?:\.get\(|\[)"(TMSL?_\w+)"', p.read_text())}
+    assert python == {("_lib.py", "TMSL_LIBRARY")}  # and the alias's VARIABLE, TMSL_ALIAS_TORCH_MEMORY_SAVER
+    assert 'VARIABLE = "TMSL_ALIAS_TORCH_MEMORY_SAVER"' in CODE
+
+
+def valid_pair(grammar: str, ours: str) -> tuple[str, str]:
+    """Two valid values of a setting that mean different things."""
+    if grammar == "0|1":
+        return "0", "1"
+    if "|" in grammar:
+        return tuple(grammar.split("|")[:2])
+    return {"TMSL_DISK_BACKUP_DIR": ("/a", "/b"), "TMSL_DISK_BACKUP_CHUNK_MB": ("8", "256")}[ours]
+
+
+def test_both_names_of_every_setting_the_guide_pairs_must_agree():
+    pairs = {ours: (theirs, valid_pair(grammar, ours)) for ours, (grammar, theirs, _) in environment_table().items()
+             if theirs}
+    assert len(pairs) == 7
+    chunk = pairs.pop("TMSL_DISK_BACKUP_CHUNK_MB")  # read at each disk-backed pause, not once
+    said = defaults_in_child(**{name: value for ours, (theirs, values) in pairs.items()
+                                for name, value in zip((ours, theirs), values)})["first_use"]
+    assert said.startswith("MemorySaverError: ")
+    for ours, (theirs, (a, b)) in pairs.items():
+        assert f"{ours}='{a}' and {theirs}='{b}' disagree; set one of them" in said
+    said = run_in_child("""
+        from torch_mem_saver_lite import _lib
+        try:
+            _lib.disk_backup_settings()
+        except Exception as error:
+            print(error)
+        """, TMSL_DISK_BACKUP_CHUNK_MB=chunk[1][0], **{chunk[0]: chunk[1][1]})
+    assert "TMSL_DISK_BACKUP_CHUNK_MB='8' and TMS_DISK_BACKUP_CHUNK_MB='256' disagree" in said
+
+
+def test_a_bad_value_of_every_variable_read_once_raises_naming_it_at_first_use():
+    intro = section(GUIDE, "## Environment variables").split("\n|", 1)[0]
+    assert "raises `MemorySaverError` naming the variable, the value and what it takes" in intro
+    bad = {}
+    for ours, (grammar, theirs, what) in environment_table().items():
+        if grammar == "0|1":
+            bad[ours] = ("yes", "must be 0, 1, false or true")
+        elif grammar == "pinned|mmap":
+            bad[ours] = ("disk", "must be one of pinned, mmap")
+        elif "`K`/`M`/`G`/`T`" in what:
+            bad[ours] = ("64GB", "must be a size in bytes above 0")
+    assert len(bad) == 9, bad  # seven flags, the backend, the budget
+    bad.pop("TMSL_ALIAS_TORCH_MEMORY_SAVER")  # the alias's, read when torch_memory_saver is imported
+    said = defaults_in_child(**{name: value for name, (value, _) in bad.items()})["first_use"]
+    assert said.startswith("MemorySaverError: ")
+    for name, (value, takes) in bad.items():
+        assert f"{name} {takes}" in said and f"got '{value}'" in said, name
+
+
+def test_the_disk_backup_numbers_are_the_documented_range_and_default(monkeypatch):
+    table = environment_table()
+    body = section(GUIDE, "### Disk backup")
+    for name, unit in (("TMSL_DISK_BACKUP_CHUNK_MB", MiB), ("TMSL_DISK_BACKUP_WORKERS", 1)):
+        stated = re.search(r"(\d+) to (\d+) in ASCII digits, default (\d+)", table[name][2])
+        low, high, default = map(int, stated.groups())
+        assert f"`{name}`" in body and re.search(rf"`{name}`[^)]*, {low} to {high}, default {default}\)", body)
+        index = 0 if unit == MiB else 1
+        for other in ("TMSL_DISK_BACKUP_CHUNK_MB", "TMS_DISK_BACKUP_CHUNK_MB", "TMSL_DISK_BACKUP_WORKERS"):
+            monkeypatch.delenv(other, raising=False)
+        assert _lib.disk_backup_settings()[index] == default * unit
+        for accepted in (low, high):
+            monkeypatch.setenv(name, str(accepted))
+            assert _lib.disk_backup_settings()[index] == accepted * unit
+        for refused in (low - 1, high + 1):
+            monkeypatch.setenv(name, str(refused))
+            with pytest.raises(MemorySaverError, match=f"{name} must be a whole number"):
+                _lib.disk_backup_settings()
+    migration = (ROOT / "docs" / "migration.md").read_text()
+    assert "| 64 MiB by default, 4 in flight (`TMSL_DISK_BACKUP_WORKERS`) |" in migration
+    for name in ("TMSL_DISK_BACKUP_CHUNK_MB", "TMSL_DISK_BACKUP_WORKERS"):
+        monkeypatch.delenv(name, raising=False)
+    # The Python copies of the defaults (the benchmark's buffers) are the core's.
+    assert _lib.disk_backup_settings() == (disk_backup.DEFAULT_CHUNK_BYTES, disk_backup.DEFAULT_WORKERS)
+
+
+def test_the_defaults_and_limits_the_docs_state_are_the_codes(tmp_path):
+    table = environment_table()
+    # The default region's tag, and the tag rule (1 to 256 characters).
+    assert "(default `default`)" in table["TMSL_DEFAULT_TAG"][2]
+    ledger = tmp_path / "ledger"
+    said = run_in_child("""
+        import os
+        from torch_mem_saver_lite import _lib, saver
+        path = saver.host_memory().ledger
+        print(_lib.process_defaults().tag.decode(), path, os.path.getsize(path))
+        """, TMSL_HOST_LEDGER=str(ledger))
+    tag, path, size = said.split()
+    assert (tag, path, round(int(size) / 1024)) == ("default", str(ledger), 32)
+    side_effects = (ROOT / "docs" / "side-effects.md").read_text()
+    assert "32 KiB file, `/dev/shm/torch_mem_saver_lite-<uid>.v2.ledger`" in side_effects
+    assert "(default `/dev/shm/torch_mem_saver_lite-<uid>.v2.ledger`)" in table["TMSL_HOST_LEDGER"][2]
+    assert '"/dev/shm/torch_mem_saver_lite-" + std::to_string(getuid()) + ".v2.ledger"' in CODE
+    assert "1 to 256 characters" in (ROOT / "torch_mem_saver_lite" / "settings.py").read_text()
+    _lib.check_tag(("é" * 256).encode())
+    with pytest.raises(MemorySaverError, match="256"):
+        _lib.check_tag(("é" * 257).encode())
+    # The host cache: an eighth of what the process may use, at most 32 GiB; the budget: half.
+    for page in (GUIDE, (ROOT / "docs" / "side-effects.md").read_text(), (ROOT / "docs" / "migration.md").read_text()):
+        assert re.search(r"an eighth of the\s+host memory", page) and re.search(r"at\s+most 32 GiB", page)
+    assert "std::min<size_t>(memory / 8, size_t{32} << 30)" in CODE
+    assert "The budget defaults to half of the host memory" in GUIDE
+    assert "shared_->budget = host_memory_limit() / 2;" in CODE
+    # The wait for the other processes' caches: 2 s.
+    assert "waits up to 2 s for the room" in GUIDE
+    assert "kPatienceForOthers{2000}" in CODE
+    # Stored once: allocations over 64 MiB, 64 MiB at a time (the arena's range).
+    stored_once = section(GUIDE, "### Identical backups stored once per node")
+    assert "(allocations over 64 MiB)" in stored_once and "64 MiB at a time" in stored_once
+    assert "kRangeBytes = 64 << 20" in CODE and "a.host_copy.size <= HostArena::kRangeBytes" in CODE
+    assert "one file per 64 MiB chunk of content" in side_effects
+    # The disk backup's threads: as many as its workers, 4 by default.
+    assert "threads named `tmsl-disk-N` (4 by default" in side_effects
+
+
+def test_no_page_states_a_size_of_the_wheel_or_the_library():
+    # A size goes stale with every change; none is stated (the wheel's was wrong: 396 KiB, not ~200).
+    for page in PAGES:
+        if page.name == "CHANGELOG.md":
+            continue
+        for paragraph in re.split(r"\n\s*\n|\n- |\n\|", page.read_text()):  # paragraphs, items, rows
+            stated = re.search(r"\bwheel\b|library's size", paragraph) and re.search(r"\d\s*[KM]i?B\b", paragraph)
+            assert not stated, f"{page.name}: {paragraph[:200]}"
+
+
+def test_the_retention_docstring_says_what_the_default_host_cache_keeps(host_saver, mem):
+    doc = " ".join(MemorySaver.retain_cpu_backup.__doc__.split())
+    assert "freed after resume" not in doc and "host_cache_bytes" in doc
+    assert "with ``host_cache_bytes = 0`` every backup is freed" in doc
+    with host_saver.region("weights", enable_cpu_backup=True):
+        ptr = mem.malloc(4 * MiB)
+    mem.write(ptr, b"kept")
+    assert host_saver.retain_cpu_backup is False and host_saver.host_cache_bytes >= 4 * MiB
+    host_saver.pause("weights")
+    host_saver.resume("weights")
+    host_saver.wait_for_released_backups()
+    assert host_saver.stats()["weights"].host_backup_bytes == 4 * MiB  # kept by the cache, not freed
+    host_saver.host_cache_bytes = 0
+    host_saver.wait_for_released_backups()
+    assert host_saver.stats()["weights"].host_backup_bytes == 0
+
+
+def test_the_budget_docstring_names_the_four_steps_of_the_guide():
+    steps = re.findall(r"^(\d)\. ", section(GUIDE, "### The node's host-memory budget"), re.M)
+    assert steps == ["1", "2", "3", "4"]
+    doc = " ".join(MemorySaver.host_memory_budget.__doc__.split())
+    for step in ("(1) gives this process's host cache back", "(2) asks the node's other processes",
+                 "waits up to 2 s", "(3) where a disk backup directory is set, sends what still does not fit to disk",
+                 "(4) is otherwise refused (``OutOfMemoryError``) before anything is released"):
+        assert step in doc, step

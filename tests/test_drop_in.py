@@ -159,7 +159,7 @@ def test_environment_variables_take_torch_memory_savers_names():
 
 
 @pytest.mark.parametrize(("env", "message"), [
-    ({"TMS_RETAIN_CPU_BACKUP": "yes"}, "TMS_RETAIN_CPU_BACKUP must be 0 or 1, got 'yes'"),
+    ({"TMS_RETAIN_CPU_BACKUP": "yes"}, "TMS_RETAIN_CPU_BACKUP must be 0, 1, false or true, got 'yes'"),
     ({"TMS_INIT_CPU_BACKUP_BACKEND": "disk"}, "TMS_INIT_CPU_BACKUP_BACKEND must be one of pinned, mmap, got 'disk'"),
     ({"TMS_RETAIN_CPU_BACKUP": "1", "TMSL_RETAIN_CPU_BACKUP": "0"}, "disagree"),
     ({"TMS_INIT_ENABLE_DISK_BACKUP": "1", "TMS_INIT_ENABLE_CPU_BACKUP": "1"}, "exclude each other"),

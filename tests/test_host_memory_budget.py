@@ -84,12 +84,29 @@ def test_the_budget_from_the_environment_is_the_nodes_and_the_api_sets_it_for_ev
     assert third.stdout.split() == [str(80 * MiB)], third.stderr
 
 
-@pytest.mark.parametrize("value", ["0", "-5", "lots", "12Q", "99999999999999999999T"])
-def test_a_bad_budget_is_refused_with_its_name_and_no_budget_applies(ledger, value):
-    result = run("r = saver.host_memory(); print(r.budget_bytes, r.error)", budget=value)
+@pytest.mark.parametrize("value", ["0", "-5", "lots", "12Q", "64GB", "1.5G", "16777216T", "99999999999999999999T"])
+def test_a_bad_budget_is_refused_by_name_at_first_use_and_no_budget_applies(ledger, value):
+    result = run("""
+        from torch_mem_saver_lite import MemorySaverError, _lib
+        for use in (lambda: host.region("kv", enable_cpu_backup=True).__enter__(), saver.host_memory):
+            try:
+                use()
+                print("accepted")
+            except MemorySaverError as error:
+                print(error)
+        print(_lib.host_memory().active)
+    """, budget=value)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("0 TMSL_HOST_MEMORY_BUDGET="), result.stdout
-    assert "not a size in bytes" in result.stdout
+    refusal = (f"TMSL_HOST_MEMORY_BUDGET must be a size in bytes above 0: a whole number, optionally followed "
+               f"by K, M, G or T (powers of 1024), such as 64G, got '{value}'")
+    assert result.stdout.splitlines() == [refusal, refusal, "0"], result.stdout
+
+
+@pytest.mark.parametrize(("value", "nbytes"), [("65536", 65536), ("96M", 96 * MiB), ("96m", 96 * MiB),
+                                               (" 2G ", 2 << 30), ("1t", 1 << 40)])
+def test_a_budget_takes_bytes_or_a_k_m_g_t_suffix_in_any_case(ledger, value, nbytes):
+    result = run("print(saver.host_memory().budget_bytes)", budget=value)
+    assert result.stdout.split() == [str(nbytes)], result.stderr
 
 
 def test_a_file_that_is_not_a_ledger_is_named_and_left_alone(ledger):

@@ -106,8 +106,8 @@ def test_bad_environment_values_are_named_and_never_fatal():
     )
     assert result.returncode == 0, result.stderr
     assert "raised: bad environment" in result.stdout
-    assert "TMSL_REGION_ALL_THREADS must be 0 or 1, got 'maybe'" in result.stdout
-    assert "TMSL_DEFAULT_CPU_BACKUP must be 0 or 1, got '2'" in result.stdout
+    assert "TMSL_REGION_ALL_THREADS must be 0, 1, false or true, got 'maybe'" in result.stdout
+    assert "TMSL_DEFAULT_CPU_BACKUP must be 0, 1, false or true, got '2'" in result.stdout
     assert result.stderr.count("TMSL_REGION_ALL_THREADS") == 1  # warned once, no crash
 
 

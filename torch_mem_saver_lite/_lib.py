@@ -53,6 +53,8 @@ class ProcessDefaults(ctypes.Structure):
         ("tag", ctypes.c_char * (MAX_TAG_BYTES + 1)),
         ("disk_backup_dir_variable", ctypes.c_char * 32),
         ("disk_backup_dir", ctypes.c_char * 4096),
+        ("share_backups", ctypes.c_int),
+        ("host_memory_budget", ctypes.c_uint64),
     ]
 
 
@@ -153,6 +155,7 @@ _SIGNATURES = {
     "tmsl_wait_for_released_backups": ([_vp], _int),
     "tmsl_process_defaults_error": ([], ctypes.c_char_p),
     "tmsl_process_defaults": ([ctypes.POINTER(ProcessDefaults)], _int),
+    "tmsl_disk_backup_settings": ([ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64)], _int),
     "tmsl_preload_active": ([], _int),
     "tmsl_torch_malloc": ([ctypes.c_ssize_t, _int, _vp], _vp),
     "tmsl_torch_free": ([_vp, _sz, _int, _vp], None),
@@ -270,6 +273,14 @@ def process_defaults() -> ProcessDefaults:
     out = ProcessDefaults()
     check(lib().tmsl_process_defaults(ctypes.byref(out)))
     return out
+
+
+def disk_backup_settings() -> tuple[int, int]:
+    """The disk backup's (chunk bytes, requests in flight), read from the environment now;
+    InvalidArgumentError names a bad variable."""
+    chunk, workers = ctypes.c_uint64(), ctypes.c_uint64()
+    check(lib().tmsl_disk_backup_settings(ctypes.byref(chunk), ctypes.byref(workers)))
+    return chunk.value, workers.value
 
 
 def check_tag(encoded: bytes) -> None:

@@ -51,7 +51,7 @@ from .errors import MemorySaverError
 logger = logging.getLogger("torch_mem_saver_lite")
 
 MiB = 1 << 20
-DEFAULT_CHUNK_BYTES = 64 * MiB
+DEFAULT_CHUNK_BYTES = 64 * MiB  # the core's defaults (csrc/environment.h; tests/test_docs.py checks)
 DEFAULT_WORKERS = 4
 _ALIGNMENT = 4096  # O_DIRECT: buffers, offsets and lengths are multiples of the block size
 _MEMORY_FILE_SYSTEMS = {"tmpfs", "ramfs", "hugetlbfs", "devtmpfs"}
@@ -112,29 +112,6 @@ def check_directory(path: str | os.PathLike[str]) -> str:
     if problem:
         raise MemorySaverError(problem)
     return os.path.realpath(directory)
-
-
-# ----- the environment ----------------------------------------------------------------------
-def _whole_number(name: str, value: str, highest: int, unit: str) -> int:
-    # ASCII digits only: str.isdigit() also takes '²' or '⁵', which int() refuses.
-    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= highest:
-        raise MemorySaverError(f"{name} must be a whole number{unit} from 1 to {highest}, got {value!r}")
-    return int(value)
-
-
-def chunk_bytes_from_environment() -> int:
-    """TMSL_DISK_BACKUP_CHUNK_MB / TMS_DISK_BACKUP_CHUNK_MB, else 64 MiB."""
-    for name in ("TMSL_DISK_BACKUP_CHUNK_MB", "TMS_DISK_BACKUP_CHUNK_MB"):
-        value = os.environ.get(name)
-        if value:
-            return _whole_number(name, value, 4096, " of MiB") * MiB
-    return DEFAULT_CHUNK_BYTES
-
-
-def workers_from_environment() -> int:
-    """TMSL_DISK_BACKUP_WORKERS (requests in flight), else 4."""
-    value = os.environ.get("TMSL_DISK_BACKUP_WORKERS")
-    return _whole_number("TMSL_DISK_BACKUP_WORKERS", value, 64, "") if value else DEFAULT_WORKERS
 
 
 # ----- file names and stale files -----------------------------------------------------------
@@ -716,7 +693,7 @@ class DiskBackups(Generic[Hooks]):
             native().note_spill_written(current.addresses)
             return
         ranges = native().disk_allocations(tag)
-        chunk_bytes, workers = chunk_bytes_from_environment(), workers_from_environment()
+        chunk_bytes, workers = _lib.disk_backup_settings()  # read at each pause, as documented
         if current is not None:  # a pause cut short whose undo never ran
             self._drop(tag, current)
         if not ranges or self._directory is None:

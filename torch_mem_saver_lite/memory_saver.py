@@ -167,9 +167,11 @@ class MemorySaver:
 
     @property
     def retain_cpu_backup(self) -> bool:
-        """Keep host backups after resume and reuse them at the next pause (faster cycles,
-        host memory held throughout). Default False (or ``TMS_RETAIN_CPU_BACKUP`` /
-        ``TMSL_RETAIN_CPU_BACKUP``): backups are freed after resume."""
+        """Keep every host backup after resume, whatever its size, and reuse it at the next
+        pause (faster cycles, host memory held throughout). Default False (or
+        ``TMS_RETAIN_CPU_BACKUP`` / ``TMSL_RETAIN_CPU_BACKUP``): after a resume, backups stay
+        only as far as the host cache holds them (``host_cache_bytes``, on by default) and the
+        rest is freed; with ``host_cache_bytes = 0`` every backup is freed."""
         return self._settings.retain()
 
     @retain_cpu_backup.setter
@@ -205,10 +207,13 @@ class MemorySaver:
     @property
     def host_memory_budget(self) -> int:
         """The node's host-memory budget (bytes): every process of the node (or container)
-        that uses the library takes the host memory of its backups and host cache from it,
-        and a pause that would go beyond it gives this process's host cache back first, then
-        is refused before anything is released. Setting it sets it for every process of the
-        node; ``TMSL_HOST_MEMORY_BUDGET`` sets it when a process starts. Default: half of the
+        that uses the library takes the host memory of its backups and host cache from it.
+        A pause that would go beyond it (1) gives this process's host cache back, (2) asks the
+        node's other processes to give theirs back and waits up to 2 s for the room, (3) where
+        a disk backup directory is set, sends what still does not fit to disk, and (4) is
+        otherwise refused (``OutOfMemoryError``) before anything is released. Setting it sets
+        it for every process of the node; ``TMSL_HOST_MEMORY_BUDGET`` sets it when a process
+        starts (a bad value raises at first use). Default: half of the
         host memory the node's first process could use (the least of the machine's memory,
         what was available and its container's cgroup limit). ``host_memory()`` shows who
         holds what."""

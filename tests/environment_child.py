@@ -1,0 +1,48 @@
+"""A fresh Python process with only the TMSL_*/TMS_* variables a test gives it: the library
+reads them once per process, so each combination needs its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+DEFAULTS = """
+import json
+from torch_mem_saver_lite import _lib
+from torch_mem_saver_lite.testing import HostSaver
+d = _lib.process_defaults()
+facts = {name: getattr(d, name) for name, _ in d._fields_ if not name.startswith(("tag", "disk"))}
+facts["tag"] = d.tag.decode()
+try:
+    HostSaver()._core()  # the first use
+    facts["first_use"] = "ok"
+except Exception as error:
+    facts["first_use"] = f"{type(error).__name__}: {error}"
+print(json.dumps(facts))
+"""
+
+
+def clean_environment(**env: str) -> dict[str, str]:
+    """This process's environment without any TMS_*/TMSL_* variable but the tests' own ledger
+    (TMSL_HOST_LEDGER, conftest.py), plus ``env``."""
+    environment = {k: v for k, v in os.environ.items()
+                   if not k.startswith(("TMS_", "TMSL_")) or k == "TMSL_HOST_LEDGER"}
+    environment.update(env)
+    return environment
+
+
+def run_in_child(code: str, **env: str) -> str:
+    """What ``code`` prints in a fresh process with these variables (and no other TMS*)."""
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                            timeout=120, env=clean_environment(**env))
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def defaults_in_child(**env: str) -> dict:
+    """The process defaults a fresh process reads (TmslProcessDefaults' numbers and its tag)
+    and what its first use says ("ok", or the exception)."""
+    return json.loads(run_in_child(DEFAULTS, **env))
