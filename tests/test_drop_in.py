@@ -345,6 +345,40 @@ def test_the_internals_torch_memory_savers_examples_reach(host_saver, mem):
     assert dict(compat._impl._mem_pools) == {}  # the host saver routes no torch pools
 
 
+# AReaL's patch of torch_memory_saver's hook_mode, as it is applied: the class's property is
+# replaced by one whose setter writes only the dict that torch_memory_saver keeps until first use.
+AREAL_PATCH = """
+import torch_mem_saver_lite
+def _getter(self):
+    return self._impl_ctor_kwargs.get("hook_mode")
+def _setter(self, hook_mode):
+    if hasattr(self, "_impl_ctor_kwargs"):
+        self._impl_ctor_kwargs["hook_mode"] = hook_mode
+type(torch_mem_saver_lite.torch_memory_saver).hook_mode = property(_getter, _setter)
+"""
+
+
+def test_a_patched_hook_mode_setter_sets_the_mode_before_first_use():
+    # Preloaded, so that "preload" is a mode this process may take.
+    result = run(AREAL_PATCH + """
+from torch_mem_saver_lite import saver, torch_memory_saver
+torch_memory_saver.hook_mode = "preload"          # through AReaL's setter: the dict only
+print(saver.hook_mode, torch_memory_saver._impl_ctor_kwargs)
+torch_memory_saver.pause("never_used")            # first use
+print(saver.hook_mode, hasattr(torch_memory_saver, "_impl_ctor_kwargs"))
+""", LD_PRELOAD=_lib.library_path())
+    assert result.stdout.splitlines() == ["torch {'hook_mode': 'preload'}", "preload False"], result.stderr
+
+
+def test_the_hook_mode_setter_keeps_torch_memory_savers_dict_until_first_use(host_saver):
+    compat = TorchMemorySaver(host_saver)
+    compat.hook_mode = "torch"
+    assert compat._impl_ctor_kwargs.get("hook_mode") == "torch"  # Dynamo reads it there
+    compat._ensure_initialized()
+    assert not hasattr(compat, "_impl_ctor_kwargs")
+    compat.hook_mode = "torch"  # after first use: the saver's setter alone, as before
+
+
 def test_one_tag_takes_regions_with_and_without_backup_as_torch_memory_saver_does(host_saver, mem):
     compat = TorchMemorySaver(host_saver)
     with compat.region(enable_cpu_backup=True):
