@@ -7,6 +7,7 @@ import importlib.metadata
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 import torch_mem_saver_lite
-from torch_mem_saver_lite import OutOfMemoryError, _lib
+from torch_mem_saver_lite import OutOfMemoryError, _lib, alias
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
@@ -35,6 +36,53 @@ def doctor(*args: str) -> subprocess.CompletedProcess:
 def test_the_doctor_has_a_command_line():
     assert doctor("--version").stdout.strip() == f"torch_mem_saver_lite {torch_mem_saver_lite.__version__}"
     assert "--check" in doctor("--help").stdout
+
+
+# Runs the command line in a fresh interpreter and says afterwards whether torch was imported.
+WITHOUT_TORCH = """
+import runpy, sys
+sys.argv = ["torch_mem_saver_lite", *sys.argv[1:]]
+try:
+    runpy.run_module("torch_mem_saver_lite", run_name="__main__", alter_sys=True)
+except SystemExit as exit:
+    assert exit.code in (0, None), exit.code
+print("torch imported:", "torch" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("option", ["--version", "--alias-path"])
+def test_version_and_alias_path_import_no_torch(option):
+    result = subprocess.run([sys.executable, "-c", WITHOUT_TORCH, option], capture_output=True, text=True,
+                            timeout=120, cwd=ROOT.parent)
+    assert result.returncode == 0, result.stderr
+    answer, verdict = result.stdout.strip().splitlines()
+    assert verdict == "torch imported: False"
+    assert answer in (f"torch_mem_saver_lite {torch_mem_saver_lite.__version__}", alias.ALIAS_PATH)
+    assert result.stderr == ""  # not torch's NumPy warning, nor anything else
+
+
+def test_the_help_says_what_is_checked_and_what_each_exit_status_means():
+    text = doctor("--help").stdout
+    assert "what the doctor checks:" in text and "--check then allocates 64 MiB" in text
+    statuses = {line.split()[0] for line in text.split("exit status:")[1].splitlines() if line[:3].strip().isdigit()}
+    assert statuses == {"0", "1", "2"}
+    assert doctor("--no-such-option").returncode == 2  # as the help says
+
+
+@pytest.mark.parametrize("document", ["README.md", "docs/migration.md"])
+def test_the_documented_alias_line_adds_no_empty_pythonpath_entry(document):
+    # An empty entry would put the current directory on sys.path of every process.
+    commands = set(re.findall(r"export PYTHONPATH=\$\(python -m torch_mem_saver_lite --alias-path\)[^\s`]*", (ROOT / document).read_text()))
+    assert commands
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])  # `python` is ours
+    for command in commands:
+        for before in (None, "/elsewhere"):
+            shell_env = env if before is None else {**env, "PYTHONPATH": before}
+            result = subprocess.run(["bash", "-c", f'{command}\nprintf "%s" "$PYTHONPATH"'], capture_output=True,
+                                    text=True, timeout=60, env=shell_env)
+            expected = [alias.ALIAS_PATH] + ([before] if before else [])
+            assert result.stdout.split(os.pathsep) == expected, (document, command, result.stdout, result.stderr)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer without a GPU")

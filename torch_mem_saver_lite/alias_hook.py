@@ -3,8 +3,8 @@ where torch_memory_saver is installed: a meta-path finder placed first in ``sys.
 
 ``python -m torch_mem_saver_lite alias install`` writes a ``.pth`` file whose one line loads this
 file by its path at every interpreter start (``pth_line``) and calls ``activate_from_pth``. So
-this module imports only the standard library: importing torch_mem_saver_lite pulls in torch,
-which no interpreter start should pay for. Everything else about the alias is in alias.py.
+this module imports only the standard library: torch_mem_saver_lite's other modules pull in
+torch, which no interpreter start should pay for. Everything else about the alias is in alias.py.
 """
 
 from __future__ import annotations
