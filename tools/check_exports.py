@@ -43,7 +43,7 @@ def main(path: str) -> int:
         library = Path(path)
         if library.suffix == ".whl":
             with zipfile.ZipFile(library) as wheel:
-                name = next(n for n in wheel.namelist() if n.endswith(".so"))
+                name = next(n for n in wheel.namelist() if n.endswith("/libtorch_mem_saver_lite.so"))
                 library = Path(wheel.extract(name, tmp))
         symbols = exported_symbols(library)
         bad = check(library)
