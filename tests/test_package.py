@@ -148,3 +148,19 @@ def test_the_library_exports_only_the_c_abi_and_the_preload_symbols():
     # torch_memory_saver's C entry points under its names, for code that binds them by name.
     assert all(name.startswith(("tmsl_", "tms_")) for name in exported - {"cudaMalloc", "cudaFree",
                                                                           "set_memory_margin_bytes"})
+
+
+def test_the_readmes_platform_matrix_agrees_with_the_package_and_the_library():
+    rows = dict(re.findall(r"^\| (OS and CPU|Python|torch|NVIDIA driver|GPU|not supported) \| (.*) \|$",
+                           (ROOT / "README.md").read_text(), re.M))
+    assert len(rows) == 6, rows
+    pyproject = (ROOT / "pyproject.toml").read_text()  # (tomllib is Python 3.11+)
+    python_floor = re.match(r"≥ ([\d.]+)$", rows["Python"]).group(1)
+    assert re.search(rf'^requires-python = ">={re.escape(python_floor)}"$', pyproject, re.M)
+    torch_floor = re.match(r"≥ ([\d.]+), a CUDA 12 or CUDA 13 build", rows["torch"]).group(1)
+    assert re.search(rf'^dependencies = \["torch>={re.escape(torch_floor)}"\]$', pyproject, re.M)
+    abi = re.search(r"constexpr int kDriverAbiVersion = (\d+);", (ROOT / "csrc" / "backend_cuda.cpp").read_text())
+    major, minor = divmod(int(abi.group(1)), 1000)
+    assert f"CUDA ≥ {major}.{minor // 10}" in rows["NVIDIA driver"]
+    assert f"the CUDA {major}.{minor // 10} ABI" in rows["NVIDIA driver"]
+    assert "ROCm" in rows["not supported"] and "XPU" in rows["not supported"]
