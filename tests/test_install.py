@@ -78,7 +78,8 @@ def run(venv: Venv, *args: str, check: bool = True, **env: str) -> subprocess.Co
 
 def ours(site: Path) -> list[str]:
     """Every file and folder of torch_mem_saver_lite's in ``site``."""
-    return sorted(str(p.relative_to(site)) for p in site.rglob("*") if "torch_mem_saver_lite" in str(p.relative_to(site)))
+    return sorted(str(path.relative_to(site)) for path in site.rglob("*")
+                  if "torch_mem_saver_lite" in str(path.relative_to(site)))
 
 
 def test_the_wheels_library_exports_no_testing_abi(wheel):

@@ -72,7 +72,9 @@ def test_the_help_says_what_is_checked_and_what_each_exit_status_means():
 @pytest.mark.parametrize("document", ["README.md", "docs/migration.md"])
 def test_the_documented_alias_line_adds_no_empty_pythonpath_entry(document):
     # An empty entry would put the current directory on sys.path of every process.
-    commands = set(re.findall(r"export PYTHONPATH=\$\(python -m torch_mem_saver_lite --alias-path\)[^\s`]*", (ROOT / document).read_text()))
+    documented = (ROOT / document).read_text()
+    commands = set(re.findall(r"export PYTHONPATH=\$\(python -m torch_mem_saver_lite --alias-path\)[^\s`]*",
+                              documented))
     assert commands
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])  # `python` is ours

@@ -17,7 +17,6 @@ import dataclasses
 import json
 import sys
 
-
 EPILOG = """\
 what the doctor checks:
   the native library loads; the CUDA driver (libcuda.so.1) is found, its version, and each

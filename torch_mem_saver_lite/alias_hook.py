@@ -86,5 +86,5 @@ def pth_line(pth: str) -> str:
     here = os.path.abspath(__file__)
     return (f"import importlib.util as u, os; h, p = {here!r}, {pth!r}; "
             f"s = u.spec_from_file_location('_torch_mem_saver_lite_alias_hook', h) if os.path.isfile(h) else None; "
-            f"m = s and u.module_from_spec(s); "
-            f"(s.loader.exec_module(m), m.activate_from_pth(p)) if s else exec('try: os.remove(p)\\nexcept OSError: pass')")
+            f"m = s and u.module_from_spec(s); (s.loader.exec_module(m), m.activate_from_pth(p)) if s "
+            f"else exec('try: os.remove(p)\\nexcept OSError: pass')")
