@@ -6,6 +6,7 @@ Slow (a full build of the library): marked `slow`."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -32,11 +33,17 @@ class Venv:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
+    pytest.importorskip("scikit_build_core", reason="building the wheel needs the build tools (make install brings them)")
     out = tmp_path_factory.mktemp("wheel")
-    # Its own build folder (kept, so a second run only relinks), apart from the editable install's.
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-build-isolation", "--no-deps", "-w", str(out),
-                    "--config-settings", f"build-dir={ROOT / 'build' / 'test-install'}", str(ROOT)],
-                   check=True, capture_output=True, text=True, timeout=1800)
+    # Its own build folder (kept, so a second run only relinks), apart from the editable install's;
+    # one build in it at a time (test runs in parallel each build their wheel).
+    build = ROOT / "build" / "test-install"
+    build.parent.mkdir(exist_ok=True)
+    with open(f"{build}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-build-isolation", "--no-deps", "-w",
+                        str(out), "--config-settings", f"build-dir={build}", str(ROOT)],
+                       check=True, capture_output=True, text=True, timeout=1800)
     return next(out.glob("torch_mem_saver_lite-*.whl"))
 
 
