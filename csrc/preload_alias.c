@@ -6,5 +6,6 @@
    It is installed with the package (pip records it), so nothing is written there at run time. */
 
 /* miles reads the preload library's bytes for this name to learn whether it supports disk
-   backup; the library this one loads does. */
-__attribute__((used)) static const char kSupports[] = "TMS_INIT_ENABLE_DISK_BACKUP";
+   backup; the library this one loads does. Exported, so that no linker drops it as unused
+   (zig's did, with a static one). */
+__attribute__((visibility("default"))) const char tmsl_preload_alias_supports[] = "TMS_INIT_ENABLE_DISK_BACKUP";
