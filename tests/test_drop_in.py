@@ -368,6 +368,16 @@ torch_memory_saver.pause("never_used")            # first use
 print(saver.hook_mode, hasattr(torch_memory_saver, "_impl_ctor_kwargs"))
 """, LD_PRELOAD=_lib.library_path())
     assert result.stdout.splitlines() == ["torch {'hook_mode': 'preload'}", "preload False"], result.stderr
+    # Not preloaded: the first use says what is missing, and the setting stays for the next one.
+    refused = run(AREAL_PATCH + """
+from torch_mem_saver_lite import MemorySaverError, saver, torch_memory_saver
+torch_memory_saver.hook_mode = "preload"
+try:
+    torch_memory_saver.pause("never_used")
+except MemorySaverError as error:
+    print("LD_PRELOAD" in str(error), saver.hook_mode, torch_memory_saver._impl_ctor_kwargs)
+""")
+    assert refused.stdout.splitlines() == ["True torch {'hook_mode': 'preload'}"], refused.stderr
 
 
 def test_the_hook_mode_setter_keeps_torch_memory_savers_dict_until_first_use(host_saver):

@@ -209,11 +209,14 @@ class TorchMemorySaver:
     def _first_use(self) -> None:
         """What torch_memory_saver does on first use: the settings kept in
         ``_impl_ctor_kwargs`` (a patched ``hook_mode`` setter writes only there) go to the
-        saver, and the dict is gone."""
+        saver, and the dict is gone (kept where the saver refuses them, as there)."""
         with self._impl_lock:
-            pending = self.__dict__.pop("_impl_ctor_kwargs", None)
-        if pending and "hook_mode" in pending:
-            self._saver.hook_mode = pending["hook_mode"]
+            pending = self.__dict__.get("_impl_ctor_kwargs")
+            if pending is None:
+                return
+            if "hook_mode" in pending:
+                self._saver.hook_mode = pending["hook_mode"]
+            del self._impl_ctor_kwargs
 
     # ----- torch_memory_saver's API ------------------------------------------------------
     @contextlib.contextmanager
