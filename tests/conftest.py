@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from host_memory import HostMemory
-from torch_mem_saver_lite import saver
+from torch_mem_saver_lite import _lib, saver
 from torch_mem_saver_lite.disk_backup import filesystem_type
 from torch_mem_saver_lite.testing import HostSaver
 
@@ -56,6 +56,8 @@ def pytest_collection_modifyitems(config, items):
                         for name in backends.NAMES])
 def backend(request) -> Iterator[backends.Backend]:
     """Each place the core runs (tests/backends.py): a feature's promise, checked on each."""
+    if request.param == "host" and not _lib.has_testing_abi():
+        pytest.skip(_lib.NO_TESTING_ABI)
     made = backends.make(request.param)
     yield made
     made.close()
@@ -64,6 +66,8 @@ def backend(request) -> Iterator[backends.Backend]:
 @pytest.fixture
 def host_saver():
     """A saver on the host backend, 256 MiB of capacity, closed after the test."""
+    if not _lib.has_testing_abi():
+        pytest.skip(_lib.NO_TESTING_ABI)
     saver = HostSaver(capacity_bytes=256 * MiB)
     yield saver
     saver.close()

@@ -19,6 +19,7 @@ LEVELS: dict[str, dict[str, str]] = {
         "test_drop_in.py": "torch_memory_saver's signatures and behaviour; its programs, unmodified, on a GPU",
         "test_alias_routes.py": "the routes that make `import torch_memory_saver` load us",
         "test_package.py": "what an installed package shows: version, typing, license, logging",
+        "test_install.py": "the wheel built, installed in a fresh venv, used and uninstalled (slow)",
         "test_docs.py": "the documentation agrees with the code and with itself",
         "test_environment.py": "every TMSL_*/TMS_* variable: one grammar per kind, refused by name at first use",
     },

@@ -57,6 +57,15 @@ def test_torch_memory_saver_c_entry_points_over_the_process_wide_region(fake_dri
                  TMS_INIT_CPU_BACKUP_BACKEND="mmap")
 
 
+def test_deep_ep_buffers_allocated_with_the_region_turned_off_through_the_drop_in_are_not_the_savers(fake_driver):
+    # slime's and miles's calls: torch_memory_saver._impl._binary_wrapper.cdll.tms_set_interesting_region.
+    import torch
+
+    if torch.version.cuda is not None:
+        pytest.skip("needs a CPU build of torch (a CUDA build's runtime fails without a GPU)")
+    run_scenario(fake_driver, "deep_ep_buffers", TMS_INIT_ENABLE="1")
+
+
 def test_the_promises_every_backend_keeps_hold_over_the_stand_in_driver(fake_driver):
     # The `backend` fixture offers the stand-in driver only in a process that loads it.
     tests = Path(__file__).parent

@@ -345,6 +345,50 @@ def test_the_internals_torch_memory_savers_examples_reach(host_saver, mem):
     assert dict(compat._impl._mem_pools) == {}  # the host saver routes no torch pools
 
 
+# AReaL's patch of torch_memory_saver's hook_mode, as it is applied: the class's property is
+# replaced by one whose setter writes only the dict that torch_memory_saver keeps until first use.
+AREAL_PATCH = """
+import torch_mem_saver_lite
+def _getter(self):
+    return self._impl_ctor_kwargs.get("hook_mode")
+def _setter(self, hook_mode):
+    if hasattr(self, "_impl_ctor_kwargs"):
+        self._impl_ctor_kwargs["hook_mode"] = hook_mode
+type(torch_mem_saver_lite.torch_memory_saver).hook_mode = property(_getter, _setter)
+"""
+
+
+def test_a_patched_hook_mode_setter_sets_the_mode_before_first_use():
+    # Preloaded, so that "preload" is a mode this process may take.
+    result = run(AREAL_PATCH + """
+from torch_mem_saver_lite import saver, torch_memory_saver
+torch_memory_saver.hook_mode = "preload"          # through AReaL's setter: the dict only
+print(saver.hook_mode, torch_memory_saver._impl_ctor_kwargs)
+torch_memory_saver.pause("never_used")            # first use
+print(saver.hook_mode, hasattr(torch_memory_saver, "_impl_ctor_kwargs"))
+""", LD_PRELOAD=_lib.library_path())
+    assert result.stdout.splitlines() == ["torch {'hook_mode': 'preload'}", "preload False"], result.stderr
+    # Not preloaded: the first use says what is missing, and the setting stays for the next one.
+    refused = run(AREAL_PATCH + """
+from torch_mem_saver_lite import MemorySaverError, saver, torch_memory_saver
+torch_memory_saver.hook_mode = "preload"
+try:
+    torch_memory_saver.pause("never_used")
+except MemorySaverError as error:
+    print("LD_PRELOAD" in str(error), saver.hook_mode, torch_memory_saver._impl_ctor_kwargs)
+""")
+    assert refused.stdout.splitlines() == ["True torch {'hook_mode': 'preload'}"], refused.stderr
+
+
+def test_the_hook_mode_setter_keeps_torch_memory_savers_dict_until_first_use(host_saver):
+    compat = TorchMemorySaver(host_saver)
+    compat.hook_mode = "torch"
+    assert compat._impl_ctor_kwargs.get("hook_mode") == "torch"  # Dynamo reads it there
+    compat._ensure_initialized()
+    assert not hasattr(compat, "_impl_ctor_kwargs")
+    compat.hook_mode = "torch"  # after first use: the saver's setter alone, as before
+
+
 def test_one_tag_takes_regions_with_and_without_backup_as_torch_memory_saver_does(host_saver, mem):
     compat = TorchMemorySaver(host_saver)
     with compat.region(enable_cpu_backup=True):
@@ -358,18 +402,54 @@ def test_one_tag_takes_regions_with_and_without_backup_as_torch_memory_saver_doe
     assert mem.read(kept, 4) == b"kept" and mem.read(lost, 4) == bytes(4)
 
 
-def test_the_preload_library_is_found_where_frameworks_look_beside_the_alias_package():
-    # slime and AReaL build LD_PRELOAD from the folder that holds the torch_memory_saver package.
-    result = run("""
-        import os
-        from torch_mem_saver_lite import _lib, alias
+# How frameworks find torch_memory_saver's preload library beside the package: slime and AReaL
+# by its exact name, others by a glob (the CUDA major's name first); miles then reads the file's
+# bytes to learn whether it supports disk backup.
+PRELOAD_PROBES = ["torch_memory_saver_hook_mode_preload.abi3.so", "torch_memory_saver_hook_mode_preload*.so",
+                  "torch_memory_saver_hook_mode_preload_cu13*.so", "torch_memory_saver_hook_mode_preload_cu12*.so"]
+
+
+@pytest.mark.parametrize("probe", PRELOAD_PROBES)
+def test_the_preload_library_is_found_where_frameworks_look_beside_the_alias_package(probe):
+    found = run(f"""
+        import glob, os
+        from torch_mem_saver_lite import alias
         alias.enable()
         import torch_memory_saver
-        beside = os.path.dirname(os.path.dirname(torch_memory_saver.__file__))
-        path = os.path.join(beside, "torch_memory_saver_hook_mode_preload.abi3.so")
-        print(os.path.realpath(path) == os.path.realpath(_lib.library_path()))
+        matches = sorted(glob.glob(os.path.join(os.path.dirname(torch_memory_saver.__file__), "..", {probe!r})))
+        with open(matches[0], "rb") as library:
+            print(matches[0])
+            print(b"TMS_INIT_ENABLE_DISK_BACKUP" in library.read())   # miles's check for disk backup
     """)
-    assert result.stdout.strip() == "True", result.stdout + result.stderr
+    path, supports_disk_backup = found.stdout.split()
+    assert supports_disk_backup == "True", found.stderr
+    # Preloaded, it is our library that answers cudaMalloc, the one copy ctypes loads too.
+    preloaded = run("""
+        from torch_mem_saver_lite import _lib
+        with open("/proc/self/maps") as maps:
+            copies = {line.split()[-1] for line in maps if line.rstrip().endswith("libtorch_mem_saver_lite.so")}
+        print(_lib.lib().tmsl_preload_active(), copies == {_lib.library_path()})
+    """, LD_PRELOAD=path)
+    assert preloaded.stdout.split() == ["1", "True"], preloaded.stderr
+
+
+def test_get_cpu_backup_with_zero_copy_shares_the_backup_through_the_drop_in(host_saver, mem):
+    compat = TorchMemorySaver(host_saver)
+    with compat.region("w", enable_cpu_backup=True):
+        ptr = mem.malloc(2 * MiB)
+    content = os.urandom(2 * MiB)
+    mem.write(ptr, content)
+    device_view = host_saver_tensor(ptr)
+    compat.pause("w")
+    shared = compat.get_cpu_backup(device_view, zero_copy=True)
+    again = compat.get_cpu_backup(device_view, zero_copy=True)
+    copied = compat.get_cpu_backup(device_view)
+    assert bytes(shared.numpy()) == bytes(copied.numpy()) == content
+    assert shared.data_ptr() == again.data_ptr() != copied.data_ptr()  # the backup's memory itself, not a copy
+    assert shared.data_ptr() != ptr
+    compat.resume("w")
+    assert mem.read(ptr, 2 * MiB) == content
+    assert len(bytes(shared.numpy())) == 2 * MiB  # still readable after the resume (it holds the memory)
 
 
 def test_mmap_memory_goes_back_at_resume_also_when_paused_with_cached_memory(host_saver, mem):

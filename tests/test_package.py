@@ -7,6 +7,7 @@ import importlib.metadata
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 import torch_mem_saver_lite
-from torch_mem_saver_lite import OutOfMemoryError, _lib
+from torch_mem_saver_lite import OutOfMemoryError, _lib, alias
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
@@ -35,6 +36,55 @@ def doctor(*args: str) -> subprocess.CompletedProcess:
 def test_the_doctor_has_a_command_line():
     assert doctor("--version").stdout.strip() == f"torch_mem_saver_lite {torch_mem_saver_lite.__version__}"
     assert "--check" in doctor("--help").stdout
+
+
+# Runs the command line in a fresh interpreter and says afterwards whether torch was imported.
+WITHOUT_TORCH = """
+import runpy, sys
+sys.argv = ["torch_mem_saver_lite", *sys.argv[1:]]
+try:
+    runpy.run_module("torch_mem_saver_lite", run_name="__main__", alter_sys=True)
+except SystemExit as exit:
+    assert exit.code in (0, None), exit.code
+print("torch imported:", "torch" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("option", ["--version", "--alias-path"])
+def test_version_and_alias_path_import_no_torch(option):
+    result = subprocess.run([sys.executable, "-c", WITHOUT_TORCH, option], capture_output=True, text=True,
+                            timeout=120, cwd=ROOT.parent)
+    assert result.returncode == 0, result.stderr
+    answer, verdict = result.stdout.strip().splitlines()
+    assert verdict == "torch imported: False"
+    assert answer in (f"torch_mem_saver_lite {torch_mem_saver_lite.__version__}", alias.ALIAS_PATH)
+    assert result.stderr == ""  # not torch's NumPy warning, nor anything else
+
+
+def test_the_help_says_what_is_checked_and_what_each_exit_status_means():
+    text = doctor("--help").stdout
+    assert "what the doctor checks:" in text and "--check then allocates 64 MiB" in text
+    statuses = {line.split()[0] for line in text.split("exit status:")[1].splitlines() if line[:3].strip().isdigit()}
+    assert statuses == {"0", "1", "2"}
+    assert doctor("--no-such-option").returncode == 2  # as the help says
+
+
+@pytest.mark.parametrize("document", ["README.md", "docs/migration.md"])
+def test_the_documented_alias_line_adds_no_empty_pythonpath_entry(document):
+    # An empty entry would put the current directory on sys.path of every process.
+    documented = (ROOT / document).read_text()
+    commands = set(re.findall(r"export PYTHONPATH=\$\(python -m torch_mem_saver_lite --alias-path\)[^\s`]*",
+                              documented))
+    assert commands
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])  # `python` is ours
+    for command in commands:
+        for before in (None, "/elsewhere"):
+            shell_env = env if before is None else {**env, "PYTHONPATH": before}
+            result = subprocess.run(["bash", "-c", f'{command}\nprintf "%s" "$PYTHONPATH"'], capture_output=True,
+                                    text=True, timeout=60, env=shell_env)
+            expected = [alias.ALIAS_PATH] + ([before] if before else [])
+            assert result.stdout.split(os.pathsep) == expected, (document, command, result.stdout, result.stderr)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer without a GPU")
@@ -91,7 +141,8 @@ def test_a_refused_allocation_is_logged_as_a_warning(caplog):
 def test_the_library_exports_only_the_c_abi_and_the_preload_symbols():
     # A preloaded library exporting C++ template instances could rebind them process-wide.
     library = _lib.library_path()
-    result = subprocess.run([sys.executable, str(ROOT / "tools" / "check_exports.py"), library],
+    testing = ["--testing"] if _lib.has_testing_abi() else []
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "check_exports.py"), *testing, library],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     exported = set(result.stdout.split(": ", 1)[1].split(", "))
@@ -99,3 +150,19 @@ def test_the_library_exports_only_the_c_abi_and_the_preload_symbols():
     # torch_memory_saver's C entry points under its names, for code that binds them by name.
     assert all(name.startswith(("tmsl_", "tms_")) for name in exported - {"cudaMalloc", "cudaFree",
                                                                           "set_memory_margin_bytes"})
+
+
+def test_the_readmes_platform_matrix_agrees_with_the_package_and_the_library():
+    rows = dict(re.findall(r"^\| (OS and CPU|Python|torch|NVIDIA driver|GPU|not supported) \| (.*) \|$",
+                           (ROOT / "README.md").read_text(), re.M))
+    assert len(rows) == 6, rows
+    pyproject = (ROOT / "pyproject.toml").read_text()  # (tomllib is Python 3.11+)
+    python_floor = re.match(r"≥ ([\d.]+)$", rows["Python"]).group(1)
+    assert re.search(rf'^requires-python = ">={re.escape(python_floor)}"$', pyproject, re.M)
+    torch_floor = re.match(r"≥ ([\d.]+), a CUDA 12 or CUDA 13 build", rows["torch"]).group(1)
+    assert re.search(rf'^dependencies = \["torch>={re.escape(torch_floor)}"\]$', pyproject, re.M)
+    abi = re.search(r"constexpr int kDriverAbiVersion = (\d+);", (ROOT / "csrc" / "backend_cuda.cpp").read_text())
+    major, minor = divmod(int(abi.group(1)), 1000)
+    assert f"CUDA ≥ {major}.{minor // 10}" in rows["NVIDIA driver"]
+    assert f"the CUDA {major}.{minor // 10} ABI" in rows["NVIDIA driver"]
+    assert "ROCm" in rows["not supported"] and "XPU" in rows["not supported"]

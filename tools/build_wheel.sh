@@ -11,7 +11,7 @@ out=${2:-dist}
 glibc=2.28
 python=${PYTHON:-python3}
 tools=build/wheel-tools
-raw=build/wheel-raw-$arch
+raw=build/wheel-$arch-raw
 
 [ -x $tools/bin/python ] || $python -m venv $tools
 # zig compiles its C++ runtime on first use; keep that cache with the build, not in $HOME.
@@ -25,15 +25,21 @@ for lang in cc c++; do
   chmod +x $tools/bin/zig-$lang-$arch
 done
 
-rm -rf "$raw" && mkdir -p "$out"
-# No toolkit on the path: cuda.h must come from the pip package.
-env -u CUDA_HOME -u CUDA_PATH PATH="$(echo "$PATH" | tr ':' '\n' | grep -v cuda | paste -sd:)" \
-  CC=$PWD/$tools/bin/zig-cc-$arch CXX=$PWD/$tools/bin/zig-c++-$arch \
-  _PYTHON_HOST_PLATFORM=linux-$arch \
-  SKBUILD_BUILD_DIR=build/wheel-cmake-$arch SKBUILD_CMAKE_ARGS="-DCMAKE_SYSTEM_PROCESSOR=$arch" \
-  $tools/bin/python -m build --wheel --outdir "$raw" . > build/wheel-build-$arch.log 2>&1 \
-  || { tail -40 build/wheel-build-$arch.log; exit 1; }
-grep -o 'cuda.h from .*' build/wheel-build-$arch.log | head -1
+# build_raw NAME TESTING_ABI: a wheel into build/NAME-raw (its log build/NAME.log), compiled by zig.
+build_raw() {
+  rm -rf build/$1-raw
+  # No toolkit on the path: cuda.h must come from the pip package.
+  env -u CUDA_HOME -u CUDA_PATH PATH="$(echo "$PATH" | tr ':' '\n' | grep -v cuda | paste -sd:)" \
+    CC=$PWD/$tools/bin/zig-cc-$arch CXX=$PWD/$tools/bin/zig-c++-$arch \
+    _PYTHON_HOST_PLATFORM=linux-$arch \
+    SKBUILD_BUILD_DIR=build/$1-cmake SKBUILD_CMAKE_ARGS="-DCMAKE_SYSTEM_PROCESSOR=$arch;-DTMSL_TESTING_ABI=$2" \
+    $tools/bin/python -m build --wheel --outdir build/$1-raw . > build/$1.log 2>&1 \
+    || { tail -40 build/$1.log; exit 1; }
+}
+
+mkdir -p "$out"
+build_raw wheel-$arch OFF
+grep -o 'cuda.h from .*' build/wheel-$arch.log | head -1
 
 # auditwheel picks the oldest glibc the symbols allow (manylinux_2_27 today) and checks that
 # nothing outside the manylinux policy is linked; it refuses a wheel that needs more.
@@ -45,3 +51,12 @@ minor=$(basename "$wheel" | sed -n "s/.*manylinux_2_\([0-9]*\)_$arch.whl/\1/p")
 [ "$minor" -le "${glibc#2.}" ] || { echo "needs glibc 2.$minor, more than $glibc"; exit 1; }
 $python tools/check_exports.py "$wheel"
 echo "$wheel: $(du -k "$wheel" | cut -f1) KiB"
+
+# Its twin with the testing ABI (CMakeLists.txt: TMSL_TESTING_ABI), built the same way from the
+# same sources, never shipped: tools/test_wheel.sh puts it in the installed library's place for
+# the host tests, which need HostSaver.
+build_raw wheel-testing-$arch ON
+$python -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract("torch_mem_saver_lite/libtorch_mem_saver_lite.so", sys.argv[2])' \
+  build/wheel-testing-$arch-raw/*.whl build/wheel-testing-$arch
+$python tools/check_exports.py --testing build/wheel-testing-$arch/torch_mem_saver_lite/libtorch_mem_saver_lite.so > /dev/null
+echo "testing twin: build/wheel-testing-$arch/torch_mem_saver_lite/libtorch_mem_saver_lite.so"

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Install a built wheel into a fresh venv, with torch at the lowest version the package
-# declares (pyproject.toml's floor), and run the host tests against that install.
+# declares (pyproject.toml's floor), check its library as shipped (it loads and exports no
+# testing ABI), then run the host tests against that install with the library's testing twin
+# (tools/build_wheel.sh builds it: the same sources and compiler, plus the testing ABI the host
+# tests' HostSaver needs) in the installed library's place.
 #   tools/test_wheel.sh path/to/torch_mem_saver_lite-*.whl [torch requirement]
 # The floor's torch on PyPI is its CUDA build: about 7 GB installed plus 4 GB of downloads
 # (12 GB asked for, a little to spare).
@@ -13,6 +16,9 @@ wheel=$(realpath "$1")
 floor=$(sed -n 's/^dependencies = \["torch>=\([0-9.]*\)"\]/\1/p' pyproject.toml)
 torch_req=${2:-torch==$floor.0}
 venv=$PWD/build/wheel-venv
+arch=$(basename "$wheel" .whl | sed 's/.*_\(x86_64\|aarch64\)$/\1/')
+twin=$PWD/build/wheel-testing-$arch/torch_mem_saver_lite/libtorch_mem_saver_lite.so
+[ -f "$twin" ] || { echo "wheel-test: no testing twin at $twin: build the wheel with tools/build_wheel.sh" >&2; exit 1; }
 needs_gb=${WHEEL_TEST_NEEDS_GB:-12}
 
 rm -rf $venv && mkdir -p build
@@ -38,9 +44,15 @@ $venv/bin/python -m pip install -q --no-cache-dir --disable-pip-version-check "$
 import torch, torch_mem_saver_lite as t, torch_mem_saver_lite._lib as lib
 assert "site-packages" in t.__file__, t.__file__
 print(f"torch {torch.__version__}; torch_mem_saver_lite {t.__version__} from {t.__file__}")
+lib.lib()
+assert not lib.has_testing_abi(), "the wheel ships the testing ABI"
 print("library:", lib.library_path())')
+installed=$(cd / && $venv/bin/python -c 'import torch_mem_saver_lite._lib as lib; print(lib.library_path())')
+${PYTHON:-python3} tools/check_exports.py "$installed" > /dev/null
+cp "$twin" "$installed"
 # pytest's console script does not put the working directory on sys.path either, and
-# PYTHONSAFEPATH keeps it off for the Python processes the tests start.
-PYTHONSAFEPATH=1 $venv/bin/pytest -q -p no:cacheprovider -m "not gpu" tests
+# PYTHONSAFEPATH keeps it off for the Python processes the tests start. The slow tests build
+# this checkout themselves (the make test run has them).
+PYTHONSAFEPATH=1 $venv/bin/pytest -q -p no:cacheprovider -m "not gpu and not slow" tests
 # The venv is gigabytes and nothing reuses it.
 rm -rf $venv

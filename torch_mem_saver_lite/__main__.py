@@ -7,6 +7,7 @@ each GPU and verifies it; ``--json`` prints the same as JSON.
 ``alias install|remove|status`` manages the .pth hook that makes ``import torch_memory_saver``
 load torch_mem_saver_lite in this environment, also where torch_memory_saver is installed
 (torch_mem_saver_lite.alias); ``--alias-path`` prints the alias folder for PYTHONPATH.
+``--version`` and ``--alias-path`` import no torch (they answer in a fraction of a second).
 """
 
 from __future__ import annotations
@@ -16,11 +17,29 @@ import dataclasses
 import json
 import sys
 
+EPILOG = """\
+what the doctor checks:
+  the native library loads; the CUDA driver (libcuda.so.1) is found, its version, and each
+  GPU's virtual memory management support, as the library itself asks; the library's CUDA
+  backend starts; torch is a CUDA build and sees the GPUs; the node's host-memory budget can
+  be read. It also shows what holds each GPU's memory. --check then allocates 64 MiB in a
+  backed-up region on each GPU, pauses it (the device's free memory must rise by it), resumes
+  it and compares every byte.
+
+exit status:
+  0  ready: nothing is missing (and with --check, every GPU's check passed); also --version,
+     --alias-path and the alias commands when they did what was asked
+  1  GPU use is impossible here (the findings say what is missing), a --check failed, or the
+     alias hook could not be written or removed
+  2  the command line was not understood
+"""
+
 
 def main(argv: list[str] | None = None) -> int:
-    from . import __version__
+    from . import __version__  # the package loads its torch-using names on first use only
 
-    parser = argparse.ArgumentParser(prog="torch_mem_saver_lite", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="torch_mem_saver_lite", description=__doc__.splitlines()[0],
+                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
     parser.add_argument("--check", action="store_true",
                         help="allocate, pause, resume and verify a small region on each GPU")
@@ -36,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
                               help="install the hook, remove it, or show which routes are in place")
     args = parser.parse_args(argv)
     if args.alias_path:
-        from .alias import ALIAS_PATH
+        from .alias_hook import ALIAS_PATH  # standard library only: no torch
 
         print(ALIAS_PATH)
         return 0

@@ -1,5 +1,5 @@
-"""Loads the native library with ctypes and wraps its C ABI (csrc/c_api.h, and the
-testing ABI of csrc/c_api_testing.h).
+"""Loads the native library with ctypes and wraps its C ABI (csrc/c_api.h, and, where the
+library was built with it, the testing ABI of csrc/c_api_testing.h).
 
 ``NativeSaver`` is a thin, typed view of one saver handle; every failed call becomes
 an exception from ``errors``.
@@ -101,7 +101,7 @@ class TagFigures(ctypes.Structure):
         ("last_pause_seconds", ctypes.c_double),
         ("last_resume_seconds", ctypes.c_double),
     ]
-# Every function of csrc/c_api.h and csrc/c_api_testing.h (test_abi.py checks the two agree).
+# Every function of csrc/c_api.h (test_abi.py checks the two agree).
 _SIGNATURES = {
     "tmsl_status_names": ([], ctypes.c_char_p),
     "tmsl_take_allocation_failure": ([], _int),
@@ -111,8 +111,6 @@ _SIGNATURES = {
     "tmsl_default_host_cache_bytes": ([ctypes.POINTER(_sz)], _int),
     "tmsl_host_memory": ([ctypes.POINTER(HostMemoryFigures)], _int),
     "tmsl_set_host_memory_budget": ([_sz], _int),
-    "tmsl_create_host_saver": ([_sz, _sz, ctypes.POINTER(_vp)], _int),
-    "tmsl_destroy_saver": ([_vp], _int),
     "tmsl_enter_region": ([_vp, ctypes.c_char_p, _int], _int),
     "tmsl_set_thread_region": ([_vp, ctypes.c_char_p, _int], _int),
     "tmsl_set_poison_on_resume": ([_vp, _int], _int),
@@ -125,8 +123,6 @@ _SIGNATURES = {
          ctypes.POINTER(_int), ctypes.POINTER(_int), _sz, ctypes.POINTER(_sz)],
         _int,
     ),
-    "tmsl_malloc": ([_vp, _sz, _int, ctypes.c_char_p, _int, ctypes.POINTER(_vp)], _int),
-    "tmsl_free": ([_vp, _vp, _vp], _int),
     "tmsl_pause": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
     "tmsl_resume": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
     "tmsl_prepare_backups": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
@@ -138,8 +134,6 @@ _SIGNATURES = {
     "tmsl_check_tag": ([ctypes.c_char_p, _sz], _int),
     "tmsl_lease_backup": ([_vp, _vp, _sz, ctypes.POINTER(_vp), ctypes.POINTER(_vp)], _int),
     "tmsl_release_lease": ([_vp], _int),
-    "tmsl_inject_fault": ([_vp, ctypes.c_char_p, ctypes.c_long, ctypes.c_long], _int),
-    "tmsl_host_memory_limit": ([ctypes.c_char_p, ctypes.POINTER(_sz)], _int),
     "tmsl_last_error_code": ([], _int),
     "tmsl_last_error_message": ([], ctypes.c_char_p),
     "tmsl_last_error_oom": (
@@ -180,6 +174,22 @@ _SIGNATURES = {
 }
 
 
+# Every function of csrc/c_api_testing.h: in the library of a source checkout's (editable)
+# install, not in a wheel's (CMakeLists.txt, TMSL_TESTING_ABI). Bound where the library has them.
+_TESTING_SIGNATURES = {
+    "tmsl_create_host_saver": ([_sz, _sz, ctypes.POINTER(_vp)], _int),
+    "tmsl_destroy_saver": ([_vp], _int),
+    "tmsl_malloc": ([_vp, _sz, _int, ctypes.c_char_p, _int, ctypes.POINTER(_vp)], _int),
+    "tmsl_free": ([_vp, _vp, _vp], _int),
+    "tmsl_inject_fault": ([_vp, ctypes.c_char_p, ctypes.c_long, ctypes.c_long], _int),
+    "tmsl_host_memory_limit": ([ctypes.c_char_p, ctypes.POINTER(_sz)], _int),
+}
+NO_TESTING_ABI = (
+    "this libtorch_mem_saver_lite.so has no testing ABI (csrc/c_api_testing.h), which wheels leave out; "
+    "HostSaver and the host tests need a library built with it: `pip install -e .` from a source checkout "
+    "(or a build with -DTMSL_TESTING_ABI=ON, pointed to by TMSL_LIBRARY)")
+
+
 def _candidate_paths() -> list[Path]:
     paths = []
     if os.environ.get("TMSL_LIBRARY"):
@@ -215,7 +225,8 @@ def lib() -> ctypes.CDLL:
     path = library_path()
     try:
         handle = ctypes.CDLL(path)
-        for name, (argtypes, restype) in _SIGNATURES.items():
+        testing = {name: types for name, types in _TESTING_SIGNATURES.items() if hasattr(handle, name)}
+        for name, (argtypes, restype) in {**_SIGNATURES, **testing}.items():
             function = getattr(handle, name)
             function.argtypes = argtypes
             function.restype = restype
@@ -226,6 +237,11 @@ def lib() -> ctypes.CDLL:
             "or point it at the libtorch_mem_saver_lite.so this package built"
         ) from None
     return handle
+
+
+def has_testing_abi() -> bool:
+    """Whether the loaded library has the testing ABI (HostSaver's)."""
+    return hasattr(lib(), "tmsl_create_host_saver")
 
 
 @functools.cache
@@ -359,6 +375,8 @@ class NativeSaver:
 
     @classmethod
     def host(cls, capacity_bytes: int, granularity_bytes: int) -> NativeSaver:
+        if not has_testing_abi():
+            raise MemorySaverError(NO_TESTING_ABI)
         handle = _vp()
         check(lib().tmsl_create_host_saver(capacity_bytes, granularity_bytes, ctypes.byref(handle)))
         return cls(handle.value)

@@ -97,28 +97,35 @@ def check_import() -> None:
 
 
 # Where torch_memory_saver's wheel puts its preload library: beside the package folder.
-# slime and AReaL build LD_PRELOAD from dirname(dirname(torch_memory_saver.__file__)) + this.
-PRELOAD_LIBRARY_NAME = "torch_memory_saver_hook_mode_preload.abi3.so"
+# slime and AReaL build LD_PRELOAD from dirname(dirname(torch_memory_saver.__file__)) + the first
+# name; other code globs for the CUDA major's (torch_memory_saver_hook_mode_preload_cu13*.so).
+PRELOAD_LIBRARY_NAMES = ("torch_memory_saver_hook_mode_preload.abi3.so",
+                         "torch_memory_saver_hook_mode_preload_cu12.abi3.so",
+                         "torch_memory_saver_hook_mode_preload_cu13.abi3.so")
 
 
-def link_preload_library() -> Path | None:
-    """Make ``PRELOAD_LIBRARY_NAME`` beside the alias package a link to our library, so code
-    that looks for torch_memory_saver's preload library as a file finds ours. Returns the
-    link, or None where the alias folder cannot be written (the lookup then fails there as
-    it would without the file)."""
+def link_preload_library() -> list[Path]:
+    """The files named ``PRELOAD_LIBRARY_NAMES`` beside the alias package, so code that looks
+    for torch_memory_saver's preload library as a file finds ours. An installed package ships
+    them (CMakeLists.txt: small libraries that load ours; pip records and removes them). A
+    source checkout installed in editable mode has none: there each missing name becomes a
+    link to our library, in the checkout, never in site-packages. Returns the files there
+    are (none where the alias folder cannot be written)."""
     from . import _lib
 
-    link = Path(ALIAS_PATH) / PRELOAD_LIBRARY_NAME
-    target = _lib.library_path()
-    try:
-        if link.is_symlink() and os.readlink(link) == target:
-            return link
-        staged = link.with_name(f".{link.name}.{os.getpid()}")
-        os.symlink(target, staged)
-        os.replace(staged, link)  # atomic: a concurrent import sees the old link or the new one
-    except OSError:
-        return None
-    return link
+    found = []
+    for name in PRELOAD_LIBRARY_NAMES:
+        link = Path(ALIAS_PATH) / name
+        shipped = link.is_file() and not link.is_symlink()
+        if not shipped and not (link.is_symlink() and os.readlink(link) == _lib.library_path()):
+            try:
+                staged = link.with_name(f".{name}.{os.getpid()}")
+                os.symlink(_lib.library_path(), staged)
+                os.replace(staged, link)  # atomic: a concurrent import sees the old link or the new one
+            except OSError:
+                continue
+        found.append(link)
+    return found
 
 
 def enable(override: bool = False) -> None:

@@ -3,8 +3,8 @@ where torch_memory_saver is installed: a meta-path finder placed first in ``sys.
 
 ``python -m torch_mem_saver_lite alias install`` writes a ``.pth`` file whose one line loads this
 file by its path at every interpreter start (``pth_line``) and calls ``activate_from_pth``. So
-this module imports only the standard library: importing torch_mem_saver_lite pulls in torch,
-which no interpreter start should pay for. Everything else about the alias is in alias.py.
+this module imports only the standard library: torch_mem_saver_lite's other modules pull in
+torch, which no interpreter start should pay for. Everything else about the alias is in alias.py.
 """
 
 from __future__ import annotations
@@ -79,9 +79,12 @@ def activate_from_pth(pth: str) -> None:
 
 
 def pth_line(pth: str) -> str:
-    """The line of the .pth file at ``pth``: load this file by its path and activate the hook;
-    nothing at all once this file is gone (torch_mem_saver_lite uninstalled)."""
+    """The line of the .pth file at ``pth``: load this file by its path and activate the hook.
+    Once this file is gone (torch_mem_saver_lite uninstalled without ``alias remove`` first),
+    the line deletes its own .pth file at the next interpreter start (pip removes only what it
+    installed), quietly where it cannot."""
     here = os.path.abspath(__file__)
-    return (f"import importlib.util as u, os; s = u.spec_from_file_location('_torch_mem_saver_lite_alias_hook', "
-            f"{here!r}) if os.path.isfile({here!r}) else None; m = s and u.module_from_spec(s); "
-            f"s and (s.loader.exec_module(m), m.activate_from_pth({pth!r}))")
+    return (f"import importlib.util as u, os; h, p = {here!r}, {pth!r}; "
+            f"s = u.spec_from_file_location('_torch_mem_saver_lite_alias_hook', h) if os.path.isfile(h) else None; "
+            f"m = s and u.module_from_spec(s); (s.loader.exec_module(m), m.activate_from_pth(p)) if s "
+            f"else exec('try: os.remove(p)\\nexcept OSError: pass')")

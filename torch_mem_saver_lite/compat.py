@@ -12,7 +12,8 @@ torch_memory_saver lacks (``stats``, ``paused``, ...) are ``saver``'s, served he
 there. Code that reaches into torch_memory_saver's internals, as its own example programs do,
 finds ``_ensure_initialized()`` and an ``_impl`` with the native library under
 ``_binary_wrapper.cdll`` (its ``tms_*`` entry points), the region pools under ``_mem_pools``
-and ``_with_region_config``.
+and ``_with_region_config``; until first use, ``_impl_ctor_kwargs``, the settings waiting for
+it (frameworks patch the ``hook_mode`` setter to write there).
 """
 
 from __future__ import annotations
@@ -200,6 +201,22 @@ class TorchMemorySaver:
         self._saver = saver
         self._impl_instance: _Impl | None = None
         self._impl_lock = threading.Lock()
+        # torch_memory_saver keeps the settings for its first use here and deletes the dict at
+        # that use. AReaL patches the hook_mode setter to write only here, and only while it
+        # exists; Dynamo reads hook_mode from it. So: the same dict, read at first use.
+        self._impl_ctor_kwargs: dict[str, Any] = {}
+
+    def _first_use(self) -> None:
+        """What torch_memory_saver does on first use: the settings kept in
+        ``_impl_ctor_kwargs`` (a patched ``hook_mode`` setter writes only there) go to the
+        saver, and the dict is gone (kept where the saver refuses them, as there)."""
+        with self._impl_lock:
+            pending = self.__dict__.get("_impl_ctor_kwargs")
+            if pending is None:
+                return
+            if "hook_mode" in pending:
+                self._saver.hook_mode = pending["hook_mode"]
+            del self._impl_ctor_kwargs
 
     # ----- torch_memory_saver's API ------------------------------------------------------
     @contextlib.contextmanager
@@ -207,6 +224,7 @@ class TorchMemorySaver:
                cpu_backup_backend: str | None = None) -> Iterator[None]:
         """Allocations on this thread inside the block are pauseable under ``tag``; each keeps
         this region's backup settings (``saver.region`` has the details)."""
+        self._first_use()
         with self._saver.region(tag, enable_cpu_backup=enable_cpu_backup, enable_disk_backup=enable_disk_backup,
                                 cpu_backup_backend=cpu_backup_backend):
             yield
@@ -218,6 +236,7 @@ class TorchMemorySaver:
                    cpu_backup_backend: str | None = None) -> Iterator[None]:
         """Like ``torch.cuda.graph``, with the graph's memory pauseable under ``tag``
         (default ``"default"``, as in torch_memory_saver); ``saver.cuda_graph`` has the details."""
+        self._first_use()
         with self._saver.cuda_graph(cuda_graph, pool=pool, stream=stream, capture_error_mode=capture_error_mode,
                                     tag=tag, enable_cpu_backup=enable_cpu_backup,
                                     cpu_backup_backend=cpu_backup_backend):
@@ -226,6 +245,7 @@ class TorchMemorySaver:
     @contextlib.contextmanager
     def disable(self) -> Iterator[None]:
         """Allocations on this thread inside the block are ordinary (``saver.disable``)."""
+        self._first_use()
         with self._saver.disable():
             yield
 
@@ -246,12 +266,14 @@ class TorchMemorySaver:
 
     def pause(self, tag: str | Sequence[str] | None = None) -> None:
         """Like ``saver.pause``; a tag no region has used is skipped, as torch_memory_saver does."""
+        self._first_use()
         names = self._known(tag)
         if names != []:
             self._saver.pause(names)
 
     def resume(self, tag: str | Sequence[str] | None = None) -> None:
         """Like ``saver.resume``; a tag no region has used is skipped."""
+        self._first_use()
         names = self._known(tag)
         if names != []:
             self._saver.resume(names)
@@ -269,6 +291,9 @@ class TorchMemorySaver:
     @hook_mode.setter
     def hook_mode(self, mode: str) -> None:
         self._saver.hook_mode = mode
+        with self._impl_lock:
+            if "_impl_ctor_kwargs" in self.__dict__:  # before first use: where torch_memory_saver keeps it
+                self._impl_ctor_kwargs["hook_mode"] = mode
 
     @property
     def memory_margin_bytes(self) -> int:
@@ -291,10 +316,12 @@ class TorchMemorySaver:
     def get_cpu_backup(self, x: torch.Tensor, zero_copy: bool = False) -> torch.Tensor | None:
         """The host copy of a backed-up tensor (``saver.get_cpu_backup``): while paused, or
         while resident when retention kept it."""
+        self._first_use()
         return self._saver.get_cpu_backup(x, zero_copy=zero_copy)
 
     def set_disk_backup_dir(self, path: str | os.PathLike[str] | None) -> None:
         """The directory disk backups go to (``saver.set_disk_backup_dir``)."""
+        self._first_use()
         self._saver.set_disk_backup_dir(path)
 
     # ----- torch_memory_saver's internals that code reaches --------------------------------
@@ -305,6 +332,7 @@ class TorchMemorySaver:
 
     @property
     def _impl(self) -> _Impl:
+        self._first_use()
         with self._impl_lock:
             if self._impl_instance is None:
                 self._saver._core()

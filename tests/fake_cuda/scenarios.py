@@ -210,5 +210,43 @@ def tms_entry_points() -> None:
     print("ok")
 
 
+def deep_ep_buffers() -> None:
+    """slime and miles around DeepEP's buffers: through torch_memory_saver's
+    ``_impl._binary_wrapper.cdll``, turn the thread's region off, allocate (cudaMalloc: not the
+    saver's, so never paused), turn it back on; the region keeps its tag and backup settings,
+    and the saver serves the next allocation again."""
+    from torch_mem_saver_lite import torch_memory_saver
+
+    cdll = torch_memory_saver._impl._binary_wrapper.cdll
+    cdll.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+
+    def malloc(nbytes: int) -> tuple[int, int]:
+        out = ctypes.c_void_p()
+        return cdll.cudaMalloc(ctypes.byref(out), nbytes), out.value
+
+    cdll.tms_set_current_tag(b"weights")
+    cdll.tms_set_enable_cpu_backup(True)
+    assert cdll.tms_get_interesting_region()
+    rc, weights = malloc(4 * MiB)
+    assert rc == 0 and used() == 4 * MiB
+    data = fill(weights, 4 * MiB, 3)
+
+    cdll.tms_set_interesting_region(False)
+    assert not cdll.tms_get_interesting_region()
+    rc, _ = malloc(8 * MiB)  # DeepEP's buffer: the CUDA runtime's (none here, so its error), never ours
+    assert rc != 0 and used() == 4 * MiB and torch_memory_saver.stats()["weights"].allocations == 1
+    cdll.tms_set_interesting_region(True)
+
+    assert cdll.tms_get_interesting_region()
+    assert (cdll.tms_get_current_tag(), cdll.tms_get_enable_cpu_backup()) == (b"weights", True)
+    rc, more = malloc(2 * MiB)
+    assert rc == 0 and used() == 6 * MiB and torch_memory_saver.stats()["weights"].allocations == 2
+    torch_memory_saver.pause("weights")
+    assert used() == 0
+    torch_memory_saver.resume("weights")
+    assert read(weights, 4 * MiB) == data
+    print("ok")
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]]()
