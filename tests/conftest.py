@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from host_memory import HostMemory
+from interrupts import sigint_raises
 from torch_mem_saver_lite import saver
 from torch_mem_saver_lite.disk_backup import filesystem_type
 from torch_mem_saver_lite.testing import HostSaver
@@ -50,6 +51,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _sigint_raises() -> Iterator[None]:
+    """Ctrl-C raises in every test (and in the programs it starts) even where the test
+    session was started with SIGINT ignored, as a background job is (tests/interrupts.py)."""
+    with sigint_raises():
+        yield
 
 
 @pytest.fixture(params=[pytest.param(name, marks=[pytest.mark.gpu] if name == "cuda" else [])
