@@ -37,11 +37,24 @@ if torch.cuda.is_available():
 
 
 # The tests' processes share a host-memory ledger of their own, not the user's (node_ledger.h),
-# removed when the session ends.
+# removed when the session ends. Each pytest-xdist worker (make test) has its own beside it:
+# tests set the budget and read the holdings, which another worker's tests would change.
 if "TMSL_HOST_LEDGER" not in os.environ:
     _ledger_dir = tempfile.mkdtemp(prefix="ledger-")
     os.environ["TMSL_HOST_LEDGER"] = os.path.join(_ledger_dir, "host-memory.ledger")
     atexit.register(shutil.rmtree, _ledger_dir, True)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["TMSL_HOST_LEDGER"] += "." + os.environ["PYTEST_XDIST_WORKER"]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (make test): a worker per core, at most 4 (each holds torch and the tests'
+    buffers); none where there is a GPU, whose tests measure the device's free memory, which
+    a test in another worker would change."""
+    if torch.cuda.is_available():
+        return 0
+    return min(len(os.sched_getaffinity(0)), 4)
 
 
 def pytest_collection_modifyitems(config, items):
