@@ -112,6 +112,7 @@ def test_the_no_gpu_message_points_a_cpu_build_of_torch_to_a_cuda_one(cuda_build
         cuda_build is None)
 
 
+@pytest.mark.slow  # minutes on 2 cores
 def test_learning_loop_learns_to_count_on_the_cpu(tmp_path):
     """The tiny preset learns the counting task from chance (0.1) to near 1.0.
 
@@ -206,8 +207,9 @@ def test_make_run_installs_the_package_with_the_examples_extra_alone():
     if shutil.which("make") is None:
         pytest.skip("needs make")
     root = EXAMPLES.parent
-    dry = subprocess.run(["make", "-n", "run", f"PYTHON={sys.executable}"], cwd=root, capture_output=True,
-                         text=True, timeout=120, check=True).stdout.splitlines()
+    alone = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}  # not a sub-make
+    dry = subprocess.run(["make", "-n", "--no-print-directory", "run", f"PYTHON={sys.executable}"], cwd=root,
+                         capture_output=True, text=True, timeout=120, check=True, env=alone).stdout.splitlines()
     editable = [line for line in dry if "pip install" in line and " -e " in line]
     assert len(editable) == 1 and editable[0].endswith(' -e ".[examples]"'), dry
     assert not any(tool in line for line in dry for tool in ("pytest", "hypothesis", "cuda-python", "[test")), dry
