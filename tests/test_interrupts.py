@@ -285,8 +285,9 @@ def test_ctrl_c_tests_pass_in_a_session_started_with_sigint_ignored():
     runners) starts with SIGINT ignored: the tests that interrupt still get their
     KeyboardInterrupt, from a real SIGINT and from interrupted_at (tests/interrupts.py)."""
     here = Path(__file__).resolve()
+    hooks = here.parent / "test_host_hooks.py"
     chosen = [f"{here}::test_a_real_sigint_inside_a_deferred_block_is_raised_when_the_block_ends",
-              f"{here.parent / 'test_host_hooks.py'}::test_a_ctrl_c_anywhere_in_paused_leaves_every_tags_hooks_balanced"]
+              f"{hooks}::test_a_ctrl_c_anywhere_in_paused_leaves_every_tags_hooks_balanced"]
     ignoring = ["sh", "-c", 'trap "" INT; exec "$0" "$@"']  # exec keeps SIGINT ignored, as a background job has it
     result = subprocess.run([*ignoring, sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *chosen],
                             cwd=here.parents[1], capture_output=True, text=True, timeout=600, start_new_session=True)
