@@ -1,4 +1,5 @@
-# `make run` runs the main job, `make test` the tests; both install the package first.
+# `make run` runs the main job; `make test` the tests (slow ones aside), `make test-slow` the
+# slow tests and the native core under sanitizers (CI runs both); each installs the package first.
 PYTHON ?= python3
 SYSTEM_PYTHON := $(PYTHON)
 
@@ -19,20 +20,31 @@ CMAKE = $(shell command -v cmake || $(PYTHON) -c 'import cmake, os; print(os.pat
 SANITIZE_asan := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 SANITIZE_tsan := -fsanitize=thread
 
-.PHONY: install run test lint sanitize sanitize-asan sanitize-tsan wheel wheel-test
+.PHONY: install run test test-slow lint sanitize sanitize-asan sanitize-tsan wheel wheel-test
 
 $(CURDIR)/.venv/bin/python:
 	$(SYSTEM_PYTHON) -m venv --system-site-packages .venv
 
+# The package in editable mode with the extras the target needs: the example's alone (its
+# plots and progress bar) for make run, the test tools too otherwise.
+EXTRAS = test,examples
+run: EXTRAS = examples
+
 install: $(VENV)
 	$(PIP) $(BUILD_TOOLS)
-	$(PIP) --no-build-isolation -e ".[test,examples]"
+	$(PIP) --no-build-isolation -e ".[$(EXTRAS)]"
 
 run: install
 	$(PYTHON) examples/rl_example.py
 
-test: install sanitize
-	$(PYTHON) -m pytest -q tests
+# In parallel (pytest-xdist; tests/conftest.py picks the number of workers: one per core up
+# to 4 without a GPU, none with one). Tests marked `slow` are make test-slow's.
+PYTEST = $(PYTHON) -m pytest -q -n auto --dist worksteal
+test: install
+	$(PYTEST) -m "not slow" tests
+
+test-slow: install sanitize
+	$(PYTEST) -m slow tests
 
 # ruff over the Python code and mypy over the package (settings in pyproject.toml).
 lint: install

@@ -60,6 +60,18 @@ def reexec_with_preload() -> None:
     os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 
+def no_gpu_message(cuda_build: str | None) -> str:
+    """What a run without a usable GPU says; `cuda_build` is torch.version.cuda (None for a
+    CPU build of torch, which never sees a GPU, driver or not)."""
+    message = ("no CUDA GPU available: the RL example needs an NVIDIA GPU and its driver "
+               "(run `python -m torch_mem_saver_lite` to see what is missing)")
+    if cuda_build is None:
+        message += (f"\nthis torch ({torch.__version__}) is a CPU build: install a CUDA build, e.g. "
+                    "`pip install --force-reinstall torch --index-url https://download.pytorch.org/whl/cu128` "
+                    "(https://pytorch.org/get-started/locally/ lists the others)")
+    return message
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Colocated RL with torch_mem_saver_lite")
     parser.add_argument("--preset", choices=["tiny", "default"], default="default")
@@ -80,8 +92,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> int:
     args = parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("no CUDA GPU available: the RL example needs an NVIDIA GPU and its driver "
-              "(run `python -m torch_mem_saver_lite` to see what is missing)", file=sys.stderr)
+        print(no_gpu_message(torch.version.cuda), file=sys.stderr)
         return 1
     if args.device == "cpu":
         args.no_saver = True

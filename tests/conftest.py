@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from host_memory import HostMemory
+from interrupts import sigint_raises
 from torch_mem_saver_lite import _lib, saver
 from torch_mem_saver_lite.disk_backup import filesystem_type
 from torch_mem_saver_lite.testing import HostSaver
@@ -36,11 +37,24 @@ if torch.cuda.is_available():
 
 
 # The tests' processes share a host-memory ledger of their own, not the user's (node_ledger.h),
-# removed when the session ends.
+# removed when the session ends. Each pytest-xdist worker (make test) has its own beside it:
+# tests set the budget and read the holdings, which another worker's tests would change.
 if "TMSL_HOST_LEDGER" not in os.environ:
     _ledger_dir = tempfile.mkdtemp(prefix="ledger-")
     os.environ["TMSL_HOST_LEDGER"] = os.path.join(_ledger_dir, "host-memory.ledger")
     atexit.register(shutil.rmtree, _ledger_dir, True)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["TMSL_HOST_LEDGER"] += "." + os.environ["PYTEST_XDIST_WORKER"]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (make test): a worker per core, at most 4 (each holds torch and the tests'
+    buffers); none where there is a GPU, whose tests measure the device's free memory, which
+    a test in another worker would change."""
+    if torch.cuda.is_available():
+        return 0
+    return min(len(os.sched_getaffinity(0)), 4)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -50,6 +64,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _sigint_raises() -> Iterator[None]:
+    """Ctrl-C raises in every test (and in the programs it starts) even where the test
+    session was started with SIGINT ignored, as a background job is (tests/interrupts.py)."""
+    with sigint_raises():
+        yield
 
 
 @pytest.fixture(params=[pytest.param(name, marks=[pytest.mark.gpu] if name == "cuda" else [])

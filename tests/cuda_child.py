@@ -15,6 +15,7 @@ MODES = ["torch", "preload"]
 SETUP = """
 import os, signal, sys, threading, time, warnings
 warnings.simplefilter("ignore", DeprecationWarning)
+signal.signal(signal.SIGINT, signal.default_int_handler)  # raises even if started with SIGINT ignored
 import torch
 from torch_mem_saver_lite import MemorySaverError, saver
 saver.hook_mode = {mode!r}

@@ -6,13 +6,34 @@ raises Ctrl-C there only, never in the disk backup's worker threads."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
+import threading
+from collections.abc import Iterator
 
 from torch_mem_saver_lite import disk_backup, disk_tier, memory_saver, regions, transitions
 
 LIBRARY_FILES = (memory_saver.__file__, regions.__file__, transitions.__file__, disk_backup.__file__,
                  disk_tier.__file__)
+
+
+@contextlib.contextmanager
+def sigint_raises() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt in the block, as in a foreground shell. A background
+    job of a non-interactive shell (`setsid make test &`, nohup, some CI runners) starts with
+    SIGINT ignored, which its children inherit: there a real SIGINT would do nothing at all.
+    conftest.py puts every test inside this block; interrupted_at enters it too, for the
+    programs the tests start."""
+    previous = signal.getsignal(signal.SIGINT)
+    swap = not callable(previous) and threading.current_thread() is threading.main_thread()
+    if swap:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if swap:
+            signal.signal(signal.SIGINT, previous)
 
 
 def _inside_finalizer(frame) -> bool:
@@ -27,7 +48,8 @@ def interrupted_at(k: int, body, files=LIBRARY_FILES) -> bool:
     """Run body() with a KeyboardInterrupt raised at the k-th line the library executes
     (the lines of ``files``); True if it was raised (False: body finished before line k)."""
     for _ in range(5):
-        outcome = _run_interrupted_at(k, body, files)
+        with sigint_raises():
+            outcome = _run_interrupted_at(k, body, files)
         if outcome is not None:
             return outcome
     raise AssertionError(f"the interrupt at line {k} was swallowed by a finalizer five times in a row")

@@ -301,6 +301,7 @@ print("done", cycles, refused, flush=True)
 """
 
 
+@pytest.mark.slow  # half a minute and more on 2 cores
 def test_processes_racing_pauses_never_hold_more_than_the_budget_and_a_killed_ones_share_comes_back(ledger):
     budget = 80 * MiB  # each process's backups take 32 MiB: two fit at once, not three
     victim = start(CYCLER.format(byte=99, seconds=60), budget=str(budget))

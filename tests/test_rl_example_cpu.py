@@ -91,13 +91,28 @@ def run_example(*args: str, **env: str) -> subprocess.CompletedProcess:
                           text=True, timeout=600, env={**os.environ, **env})
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a GPU")
 def test_example_without_a_gpu_says_so_and_fails():
-    result = run_example("--preset", "tiny")
-    assert result.returncode == 1
-    assert "no CUDA GPU available" in result.stderr
+    """No GPU visible (none on the machine, or hidden as here): it says so and exits 1, and
+    with a CPU build of torch (torch.version.cuda is None) says how to get a CUDA one."""
+    result = run_example("--preset", "tiny", CUDA_VISIBLE_DEVICES="")
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "no CUDA GPU available: the RL example needs an NVIDIA GPU" in result.stderr
+    assert ("is a CPU build: install a CUDA build" in result.stderr) == (torch.version.cuda is None), result.stderr
+    assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("cuda_build", [None, "12.8"])
+def test_the_no_gpu_message_points_a_cpu_build_of_torch_to_a_cuda_one(cuda_build, monkeypatch):
+    monkeypatch.setenv("NCCL_GRAPH_REGISTER", "0")  # what importing the example sets, undone after the test
+    import rl_example
+
+    message = rl_example.no_gpu_message(cuda_build)
+    assert message.startswith("no CUDA GPU available")
+    assert ("pip install --force-reinstall torch --index-url https://download.pytorch.org/whl/cu" in message) == (
+        cuda_build is None)
+
+
+@pytest.mark.slow  # minutes on 2 cores
 def test_learning_loop_learns_to_count_on_the_cpu(tmp_path):
     """The tiny preset learns the counting task from chance (0.1) to near 1.0.
 
@@ -182,3 +197,20 @@ def test_the_memory_plot_shows_the_first_steps_with_a_host_memory_panel_against_
     path = tmp_path / "memory.png"
     memory_plot(samples, host, 32 * GiB, spans, 80 * GiB, 118 * GiB, GiB, "test", path)
     assert path.stat().st_size > 10_000 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_make_run_installs_the_package_with_the_examples_extra_alone():
+    """`make run` installs what the example needs (the package and its `examples` extra:
+    plots, a progress bar), none of the test tools, and then runs the example."""
+    import shutil
+
+    if shutil.which("make") is None:
+        pytest.skip("needs make")
+    root = EXAMPLES.parent
+    alone = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}  # not a sub-make
+    dry = subprocess.run(["make", "-n", "--no-print-directory", "run", f"PYTHON={sys.executable}"], cwd=root,
+                         capture_output=True, text=True, timeout=120, check=True, env=alone).stdout.splitlines()
+    editable = [line for line in dry if "pip install" in line and " -e " in line]
+    assert len(editable) == 1 and editable[0].endswith(' -e ".[examples]"'), dry
+    assert not any(tool in line for line in dry for tool in ("pytest", "hypothesis", "cuda-python", "[test")), dry
+    assert dry[-1].endswith("python examples/rl_example.py"), dry  # the venv's python where make made one
