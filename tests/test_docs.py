@@ -202,7 +202,7 @@ def test_the_guide_lists_every_variable_the_code_reads_and_no_other():
     takes = section(migration, "## What the compatibility object takes").split("; and, through", 1)[0]
     names = re.findall(r"`(TMSL?_[A-Z_]+)`", takes.split("its environment variables", 1)[1])
     tms, tmsl = [n for n in names if n.startswith("TMS_")], [n for n in names if n.startswith("TMSL_")]
-    assert dict(zip(tms, tmsl)) == theirs and len(tms) == len(tmsl)  # in the same order, each with its own
+    assert len(tms) == len(tmsl) and dict(zip(tms, tmsl, strict=True)) == theirs  # in the same order, each with its own
 
 
 def test_the_variables_are_read_where_the_guide_says():
@@ -231,7 +231,7 @@ def test_both_names_of_every_setting_the_guide_pairs_must_agree():
     assert len(pairs) == 7
     chunk = pairs.pop("TMSL_DISK_BACKUP_CHUNK_MB")  # read at each disk-backed pause, not once
     said = defaults_in_child(**{name: value for ours, (theirs, values) in pairs.items()
-                                for name, value in zip((ours, theirs), values)})["first_use"]
+                                for name, value in zip((ours, theirs), values, strict=True)})["first_use"]
     assert said.startswith("MemorySaverError: ")
     for ours, (theirs, (a, b)) in pairs.items():
         assert f"{ours}='{a}' and {theirs}='{b}' disagree; set one of them" in said
@@ -249,7 +249,7 @@ def test_a_bad_value_of_every_variable_read_once_raises_naming_it_at_first_use()
     intro = section(GUIDE, "## Environment variables").split("\n|", 1)[0]
     assert "raises `MemorySaverError` naming the variable, the value and what it takes" in intro
     bad = {}
-    for ours, (grammar, theirs, what) in environment_table().items():
+    for ours, (grammar, _theirs, what) in environment_table().items():
         if grammar == "0|1":
             bad[ours] = ("yes", "must be 0, 1, false or true")
         elif grammar == "pinned|mmap":

@@ -41,7 +41,7 @@ mkdir -p "$out"
 build_raw wheel-$arch OFF
 grep -o 'cuda.h from .*' build/wheel-$arch.log | head -1
 
-# auditwheel picks the oldest glibc the symbols allow (manylinux_2_27 today) and checks that
+# auditwheel picks the oldest glibc the symbols allow (manylinux_2_24 today) and checks that
 # nothing outside the manylinux policy is linked; it refuses a wheel that needs more.
 rm -f "$out"/torch_mem_saver_lite-*_$arch.whl
 PATH=$PWD/$tools/bin:$PATH $tools/bin/auditwheel repair --plat auto -w "$out" "$raw"/*.whl 2>&1 | tail -1
