@@ -34,7 +34,7 @@ def c_type(text: str):
     return C_TYPES[text]
 
 
-def declared(headers: tuple[str, ...] = ("c_api.h", "c_api_testing.h")) -> dict[str, tuple[list, object]]:
+def declared(headers: tuple[str, ...] = ("api/c_api.h", "api/c_api_testing.h")) -> dict[str, tuple[list, object]]:
     functions = {}
     for header in headers:
         for result, name, args in DECLARATION.findall((CSRC / header).read_text()):
@@ -54,8 +54,8 @@ def test_the_ctypes_table_matches_the_headers_function_by_function():
     headers = declared()
     # driver_info binds the driver query itself; every other function is in _lib's table.
     signatures = {**_lib._SIGNATURES, **driver_info.SIGNATURES}
-    assert set(declared(("c_api.h",))) == set(signatures), (set(declared(("c_api.h",))) ^ set(signatures))
-    assert set(declared(("c_api_testing.h",))) == set(_lib._TESTING_SIGNATURES)
+    assert set(declared(("api/c_api.h",))) == set(signatures), (set(declared(("api/c_api.h",))) ^ set(signatures))
+    assert set(declared(("api/c_api_testing.h",))) == set(_lib._TESTING_SIGNATURES)
     signatures.update(_lib._TESTING_SIGNATURES)
     for name, (argtypes, restype) in headers.items():
         mine_args, mine_result = signatures[name]
@@ -68,7 +68,7 @@ def test_the_ctypes_table_matches_the_headers_function_by_function():
 def built_headers() -> tuple[str, ...]:
     """The headers whose functions the loaded library has: the testing ABI's only where it was
     built with it (editable installs; wheels leave it out)."""
-    return ("c_api.h", "c_api_testing.h") if _lib.has_testing_abi() else ("c_api.h",)
+    return ("api/c_api.h", "api/c_api_testing.h") if _lib.has_testing_abi() else ("api/c_api.h",)
 
 
 def test_the_library_exports_every_declared_function():
@@ -88,7 +88,7 @@ def test_the_library_exports_exactly_the_declared_functions():
 
 
 def test_status_codes_come_from_the_one_list_in_status_h():
-    listed = re.findall(r'X\((k\w+), "(\w+)"\)', (CSRC / "status.h").read_text())
+    listed = re.findall(r'X\((k\w+), "(\w+)"\)', (CSRC / "platform" / "status.h").read_text())
     assert _lib.status_names() == tuple(text for _, text in listed)
     assert _lib.status_names()[0] == "ok"
     assert set(_lib._EXCEPTIONS) <= set(_lib.status_names())

@@ -1,4 +1,4 @@
-"""The CUDA backend (csrc/backend_cuda.cpp) without a GPU: the process-wide saver loads
+"""The CUDA backend (csrc/platform/backend_cuda.cpp) without a GPU: the process-wide saver loads
 tests/fake_cuda/fake_libcuda.c, a stand-in for libcuda over host memory, through
 TMSL_CUDA_DRIVER_LIBRARY. Each scenario runs in a fresh process (the driver is loaded once
 per process) and asserts what it promises (tests/fake_cuda/scenarios.py). The GPU tests

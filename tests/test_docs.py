@@ -170,7 +170,7 @@ def test_the_guides_rebuild_pattern_keeps_no_host_backup_and_rebuilds_the_conten
 
 # ----- every environment-variable rule and number the docs state, against the code ----------
 GUIDE = (ROOT / "docs" / "guide.md").read_text()
-CODE = "\n".join(p.read_text() for p in [*sorted((ROOT / "csrc").glob("*.[ch]*")),
+CODE = "\n".join(p.read_text() for p in [*sorted((ROOT / "csrc").rglob("*.[ch]*")),
                                           *sorted((ROOT / "torch_mem_saver_lite").glob("*.py"))])
 MiB = 1 << 20
 
@@ -206,8 +206,8 @@ def test_the_guide_lists_every_variable_the_code_reads_and_no_other():
 
 
 def test_the_variables_are_read_where_the_guide_says():
-    assert "The library reads them in one place (`csrc/environment.cpp`; `TMSL_HOST_LEDGER` is the" in GUIDE
-    native = {(p.name, name) for p in (ROOT / "csrc").glob("*.cpp")
+    assert "The library reads them in one place (`csrc/platform/environment.cpp`; `TMSL_HOST_LEDGER` is the" in GUIDE
+    native = {(p.name, name) for p in (ROOT / "csrc").rglob("*.cpp")
               for name in re.findall(r'getenv\("(\w+)"\)', p.read_text())}
     assert {read for read in native if read[0] != "environment.cpp"} == {("node_ledger.cpp", "TMSL_HOST_LEDGER")}
     python = {(p.name, name) for p in (ROOT / "torch_mem_saver_lite").glob("*.py")

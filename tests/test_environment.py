@@ -1,4 +1,4 @@
-"""Every TMSL_*/TMS_* variable is read in one place (csrc/environment.cpp) with one grammar
+"""Every TMSL_*/TMS_* variable is read in one place (csrc/platform/environment.cpp) with one grammar
 per kind: flags take 0, 1, false or true in any case, whole numbers ASCII digits within their
 range, sizes a whole number with an optional K, M, G or T; anything else, and two names of one
 setting that disagree, is a MemorySaverError at first use naming the variable, the value and

@@ -1,11 +1,11 @@
-"""Check that a built library exports only what csrc/exports.map allows.
+"""Check that a built library exports only what csrc/api/exports.map allows.
 
     python tools/check_exports.py [--testing] LIBRARY.so|WHEEL.whl
 
 Lists the library's defined dynamic symbols (binutils' nm) and exits 1, naming them, if any
 falls outside the version script's global patterns: a preloaded library that exported C++
 standard-library symbols could change which definitions the rest of the process binds to.
-The testing ABI's functions (csrc/c_api_testing.h) are refused too, unless ``--testing`` says
+The testing ABI's functions (csrc/api/c_api_testing.h) are refused too, unless ``--testing`` says
 the library was built with them (editable installs; a wheel's library never is).
 """
 
@@ -19,7 +19,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-EXPORTS_MAP = Path(__file__).resolve().parents[1] / "csrc" / "exports.map"
+EXPORTS_MAP = Path(__file__).resolve().parents[1] / "csrc" / "api" / "exports.map"
 TESTING_HEADER = EXPORTS_MAP.with_name("c_api_testing.h")
 
 
@@ -36,7 +36,7 @@ def exported_symbols(library: Path) -> list[str]:
 
 
 def testing_functions() -> set[str]:
-    """The functions csrc/c_api_testing.h declares."""
+    """The functions csrc/api/c_api_testing.h declares."""
     return set(re.findall(r"TMSL_API\s+[\w\s\*]+?\b(\w+)\s*\(", TESTING_HEADER.read_text()))
 
 

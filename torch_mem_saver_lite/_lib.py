@@ -1,5 +1,5 @@
-"""Loads the native library with ctypes and wraps its C ABI (csrc/c_api.h, and, where the
-library was built with it, the testing ABI of csrc/c_api_testing.h).
+"""Loads the native library with ctypes and wraps its C ABI (csrc/api/c_api.h, and, where the
+library was built with it, the testing ABI of csrc/api/c_api_testing.h).
 
 ``NativeSaver`` is a thin, typed view of one saver handle; every failed call becomes
 an exception from ``errors``.
@@ -25,7 +25,7 @@ from .errors import (
 
 LIBRARY_FILE = "libtorch_mem_saver_lite.so"
 
-# The exception for each status code, by the code's name in csrc/status.h (the library
+# The exception for each status code, by the code's name in csrc/platform/status.h (the library
 # reports the names in code order: tmsl_status_names). Others: MemorySaverError.
 _EXCEPTIONS = {
     "invalid_argument": InvalidArgumentError,
@@ -101,7 +101,7 @@ class TagFigures(ctypes.Structure):
         ("last_pause_seconds", ctypes.c_double),
         ("last_resume_seconds", ctypes.c_double),
     ]
-# Every function of csrc/c_api.h (test_abi.py checks the two agree).
+# Every function of csrc/api/c_api.h (test_abi.py checks the two agree).
 _SIGNATURES = {
     "tmsl_status_names": ([], ctypes.c_char_p),
     "tmsl_take_allocation_failure": ([], _int),
@@ -174,7 +174,7 @@ _SIGNATURES = {
 }
 
 
-# Every function of csrc/c_api_testing.h: in the library of a source checkout's (editable)
+# Every function of csrc/api/c_api_testing.h: in the library of a source checkout's (editable)
 # install, not in a wheel's (CMakeLists.txt, TMSL_TESTING_ABI). Bound where the library has them.
 _TESTING_SIGNATURES = {
     "tmsl_create_host_saver": ([_sz, _sz, ctypes.POINTER(_vp)], _int),
@@ -185,7 +185,7 @@ _TESTING_SIGNATURES = {
     "tmsl_host_memory_limit": ([ctypes.c_char_p, ctypes.POINTER(_sz)], _int),
 }
 NO_TESTING_ABI = (
-    "this libtorch_mem_saver_lite.so has no testing ABI (csrc/c_api_testing.h), which wheels leave out; "
+    "this libtorch_mem_saver_lite.so has no testing ABI (csrc/api/c_api_testing.h), which wheels leave out; "
     "HostSaver and the host tests need a library built with it: `pip install -e .` from a source checkout "
     "(or a build with -DTMSL_TESTING_ABI=ON, pointed to by TMSL_LIBRARY)")
 

@@ -51,7 +51,7 @@ from .errors import MemorySaverError
 logger = logging.getLogger("torch_mem_saver_lite")
 
 MiB = 1 << 20
-DEFAULT_CHUNK_BYTES = 64 * MiB  # the core's defaults (csrc/environment.h; tests/test_docs.py checks)
+DEFAULT_CHUNK_BYTES = 64 * MiB  # the core's defaults (csrc/platform/environment.h; tests/test_docs.py checks)
 DEFAULT_WORKERS = 4
 _ALIGNMENT = 4096  # O_DIRECT: buffers, offsets and lengths are multiples of the block size
 _MEMORY_FILE_SYSTEMS = {"tmpfs", "ramfs", "hugetlbfs", "devtmpfs"}

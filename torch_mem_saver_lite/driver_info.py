@@ -12,7 +12,7 @@ from typing import Any
 
 from . import _lib
 
-# The ctypes signature of the function this module binds (csrc/c_api.h; test_abi.py checks it).
+# The ctypes signature of the function this module binds (csrc/api/c_api.h; test_abi.py checks it).
 SIGNATURES: dict[str, tuple[list[Any], Any]] = {
     "tmsl_driver_info_json": ([ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)], ctypes.c_int),
 }

@@ -2,7 +2,7 @@
 
 - Argument checks: each raises TypeError/ValueError naming the argument and what it takes.
 - The process defaults from the environment, as the native library read them (it is the one
-  reader for both languages; csrc/environment.h lists the variables and their grammar). Each has our
+  reader for both languages; csrc/platform/environment.h lists the variables and their grammar). Each has our
   ``TMSL_*`` name and torch_memory_saver's ``TMS_*`` name, with the same meaning; both set to
   different values is an error.
 - ``Settings``: the values a program sets before the core exists, applied to the core once

@@ -1,4 +1,4 @@
-"""The node's host-memory ledger read from its file, outside the library (csrc/node_ledger.cpp's
+"""The node's host-memory ledger read from its file, outside the library (csrc/node/node_ledger.cpp's
 layout: magic, budget, the pressure word, then per process pid, start time, held and cached
 bytes), so a reader may follow any ledger whatever its own process opened."""
 

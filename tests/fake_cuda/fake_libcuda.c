@@ -1,5 +1,5 @@
 // A stand-in for libcuda.so.1, for tests on machines without a GPU: the CUDA backend
-// (csrc/backend_cuda.cpp) loads it when TMSL_CUDA_DRIVER_LIBRARY names it, and runs its real
+// (csrc/platform/backend_cuda.cpp) loads it when TMSL_CUDA_DRIVER_LIBRARY names it, and runs its real
 // code over it. "Device memory" is host memory: a physical allocation is a memfd, mapping it
 // maps the file at the reserved address, and unmapping puts an inaccessible reservation
 // back, so a test can write and read it, see the pages go when it is released, and compare

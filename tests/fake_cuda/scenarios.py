@@ -3,7 +3,7 @@
     TMSL_CUDA_DRIVER_LIBRARY=fake_libcuda.so python scenarios.py NAME
 
 Each asserts what it promises and prints "ok" last. The saver is the process-wide one, on
-the CUDA backend (csrc/backend_cuda.cpp), as torch_mem_saver_lite uses it on a GPU; the
+the CUDA backend (csrc/platform/backend_cuda.cpp), as torch_mem_saver_lite uses it on a GPU; the
 "device memory" is the fake's host memory, so it can be written, read and seen released.
 """
 

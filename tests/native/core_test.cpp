@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "../../csrc/c_api_testing.h"
+#include "../../csrc/api/c_api_testing.h"
 
 namespace {
 
@@ -298,7 +298,7 @@ void threads_allocate_and_free_while_another_tag_cycles() {
   CHECK(errors == 0);
 }
 
-// The CUDA backend (csrc/backend_cuda.cpp) over tests/fake_cuda, host memory standing in
+// The CUDA backend (csrc/platform/backend_cuda.cpp) over tests/fake_cuda, host memory standing in
 // for a GPU: threads whose allocations are the device's first use (its context looked up
 // once, then read without a lock), then a pause and a resume of them all.
 void cuda_backend_over_the_fake_driver() {

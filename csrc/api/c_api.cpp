@@ -1,0 +1,422 @@
+#include "api/c_api.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include "api/abi_guard.h"
+#include "platform/environment.h"
+#include "node/node_ledger.h"
+#include "platform/tag_rules.h"
+#include "core/thread_region.h"
+
+using namespace tmsl;
+
+namespace {
+
+thread_local bool t_allocation_failed = false;
+
+Status backup_choice(int value, BackupChoice* out) {
+  if (value < -1 || value > kMaxBackupChoice) {
+    return Status::Error(Code::kInvalidArgument,
+                         "the backup choice must be -1 (not given), 0 (off), 1 (on), 2 (on, host memory given "
+                         "back at resume) or 3 (disk)");
+  }
+  *out = static_cast<BackupChoice>(value);
+  return Status::Ok();
+}
+
+// The thread region for (saver, tag, backup), argument checks included.
+Status region_for(void* handle, const char* tag, int enable_cpu_backup, ThreadRegion* out, SaverRef* saver) {
+  Status s = live_saver(handle, saver);
+  if (s.ok()) s = check_tag(tag);
+  if (s.ok()) s = backup_choice(enable_cpu_backup, &out->backup);
+  if (!s.ok()) return s;
+  out->saver = reinterpret_cast<SaverHandle>(handle);
+  out->tag = tag;
+  return Status::Ok();
+}
+
+Status tag_selection(const char* const* tags, int ntags, TagSelection* out) {
+  out->all = ntags < 0;
+  if (ntags > 0 && tags == nullptr) return Status::Error(Code::kInvalidArgument, "tags must not be NULL");
+  for (int i = 0; i < ntags; ++i) {
+    Status s = check_tag(tags[i]);
+    if (!s.ok()) return s;
+    out->tags.insert(tags[i]);
+  }
+  return Status::Ok();
+}
+
+// pause or resume over the named tags (ntags < 0: all).
+int on_tags(void* handle, const char* const* tags, int ntags,
+            Status (Saver::*operation)(const TagSelection&)) {
+  return on_saver(handle, [&](Saver& saver) {
+    TagSelection selection;
+    Status s = tag_selection(tags, ntags, &selection);
+    return s.ok() ? (saver.*operation)(selection) : s;
+  });
+}
+
+}  // namespace
+
+namespace tmsl {
+void note_allocation_failure(const Status& status) {
+  set_last_error(status);
+  t_allocation_failed = true;
+}
+}  // namespace tmsl
+
+TMSL_API const char* tmsl_status_names(void) { return status_code_names(); }
+
+TMSL_API int tmsl_last_error_code(void) { return static_cast<int>(last_error().code); }
+
+TMSL_API const char* tmsl_last_error_message(void) { return last_error().message().c_str(); }
+
+TMSL_API void tmsl_last_error_oom(const char** tag, size_t* bytes_needed, size_t* bytes_free,
+                                  int* device) {
+  const OomDetail& oom = last_error().oom();
+  if (tag != nullptr) *tag = oom.tag.c_str();
+  if (bytes_needed != nullptr) *bytes_needed = oom.bytes_needed;
+  if (bytes_free != nullptr) *bytes_free = oom.bytes_free;
+  if (device != nullptr) *device = oom.device;
+}
+
+TMSL_API int tmsl_take_allocation_failure(void) {
+  const bool failed = t_allocation_failed;
+  t_allocation_failed = false;
+  return failed ? 1 : 0;
+}
+
+TMSL_API int tmsl_check_process(void) {
+  return guarded([] { return in_forked_child() ? forked_child_error() : Status::Ok(); });
+}
+
+TMSL_API int tmsl_existing_default_saver(void** out) {
+  return guarded([&] {
+    Status s = require(out != nullptr, "out must not be NULL");
+    if (s.ok()) *out = reinterpret_cast<void*>(existing_default_saver());
+    return s;
+  });
+}
+
+TMSL_API int tmsl_default_host_cache_bytes(size_t* out) {
+  return guarded([&] {
+    Status s = require(out != nullptr, "out must not be NULL");
+    if (s.ok()) *out = Saver::default_host_cache_bytes();
+    return s;
+  });
+}
+
+TMSL_API int tmsl_host_memory(TmslHostMemory* out) {
+  return guarded([&] {
+    Status s = require(out != nullptr, "out must not be NULL");
+    if (!s.ok()) return s;
+    const NodeLedger::Figures f = NodeLedger::instance().figures();
+    *out = TmslHostMemory{};
+    out->active = f.active ? 1 : 0;
+    out->budget_bytes = f.budget;
+    out->held_by_this_process = f.held_here;
+    out->held_by_others = f.held_by_others;
+    out->shared_bytes = f.shared;
+    out->holder_count = f.holders.size();
+    for (size_t i = 0; i < f.holders.size() && i < TMSL_MAX_HOLDERS; ++i) {
+      out->holder_pid[i] = f.holders[i].pid;
+      out->holder_bytes[i] = f.holders[i].bytes;
+      out->holder_cached_bytes[i] = f.holders[i].cached;
+      out->holder_entry[i] = f.holders[i].entry;
+      out->holder_this_process[i] = f.holders[i].this_process ? 1 : 0;
+    }
+    snprintf(out->path, sizeof(out->path), "%s", f.path.c_str());
+    snprintf(out->error, sizeof(out->error), "%s", f.error.c_str());
+    return s;
+  });
+}
+
+TMSL_API int tmsl_set_host_memory_budget(size_t bytes) {
+  return guarded([&] { return NodeLedger::instance().set_budget(bytes); });
+}
+
+TMSL_API int tmsl_default_saver(void** out) {
+  return guarded([&] {
+    Status s = require(out != nullptr, "out must not be NULL");
+    SaverHandle handle = 0;
+    if (s.ok()) s = default_saver(&handle);
+    if (s.ok()) *out = reinterpret_cast<void*>(handle);
+    return s;
+  });
+}
+
+TMSL_API int tmsl_enter_region(void* handle, const char* tag, int enable_cpu_backup) {
+  return guarded([&] {
+    ThreadRegion region;
+    SaverRef saver;
+    Status s = region_for(handle, tag, enable_cpu_backup, &region, &saver);
+    if (s.ok()) s = saver->enter_tag(region.tag, region.backup);
+    if (s.ok()) thread_region() = std::move(region);
+    return s;
+  });
+}
+
+TMSL_API int tmsl_set_thread_region(void* handle, const char* tag, int enable_cpu_backup) {
+  return guarded([&] {
+    ThreadRegion region;  // saver == NULL: back to the process defaults
+    Status s;
+    if (handle != nullptr) {
+      // No liveness check: restoring the region of a saver closed meanwhile must not fail;
+      // allocations in it are refused with a clear error instead.
+      s = check_tag(tag);
+      if (s.ok()) s = backup_choice(enable_cpu_backup, &region.backup);
+      if (!s.ok()) return s;
+      region.saver = reinterpret_cast<SaverHandle>(handle);
+      region.tag = tag;
+    }
+    thread_region() = std::move(region);
+    return s;
+  });
+}
+
+TMSL_API int tmsl_disable_thread_region(void) {
+  return guarded([] {
+    ThreadRegion region;
+    region.explicit_none = true;
+    thread_region() = std::move(region);
+    return Status::Ok();
+  });
+}
+
+TMSL_API int tmsl_note_graph_capture(void) {
+  return guarded([] {
+    const ThreadRegion& region = effective_region();
+    SaverRef saver = find_saver(region.saver);
+    return saver ? saver->mark_graph_memory(region.tag) : Status::Ok();
+  });
+}
+
+TMSL_API int tmsl_pause(void* handle, const char* const* tags, int ntags) {
+  return on_tags(handle, tags, ntags, &Saver::pause);
+}
+
+TMSL_API int tmsl_resume(void* handle, const char* const* tags, int ntags) {
+  return on_tags(handle, tags, ntags, &Saver::resume);
+}
+
+TMSL_API int tmsl_prepare_backups(void* handle, const char* const* tags, int ntags) {
+  return on_tags(handle, tags, ntags, &Saver::prepare_backups);
+}
+
+TMSL_API int tmsl_mark_spill(void* handle, const char* const* tags, int ntags, int everything, size_t* bytes) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = require(bytes != nullptr, "bytes must not be NULL");
+    TagSelection selection;
+    if (s.ok()) s = tag_selection(tags, ntags, &selection);
+    return s.ok() ? saver.mark_spill(selection, everything != 0, bytes) : s;
+  });
+}
+
+TMSL_API int tmsl_note_spill_written(void* handle, const uint64_t* addresses, size_t count) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = require(addresses != nullptr || count == 0, "addresses must not be NULL");
+    return s.ok() ? saver.note_spill_written(std::vector<uintptr_t>(addresses, addresses + count)) : s;
+  });
+}
+
+TMSL_API int tmsl_unmark_spill(void* handle, const char* const* tags, int ntags) {
+  return on_tags(handle, tags, ntags, &Saver::unmark_spill);
+}
+
+TMSL_API int tmsl_spilled_bytes(void* handle, size_t* bytes) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = require(bytes != nullptr, "bytes must not be NULL");
+    if (s.ok()) *bytes = saver.spilled_bytes();
+    return s;
+  });
+}
+
+TMSL_API int tmsl_tag_state(void* handle, const char* tag, int* state) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = require(tag != nullptr && state != nullptr, "tag and state must not be NULL");
+    if (!s.ok()) return s;
+    TagInfo info;
+    *state = !saver.tag_info(tag, &info) ? 0 : info.paused ? 2 : 1;
+    return Status::Ok();
+  });
+}
+
+TMSL_API int tmsl_set_tag_caches_backups(void* handle, const char* tag, int caches) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = check_tag(tag);
+    if (s.ok()) s = require(caches == 0 || caches == 1, "caches must be 0 or 1");
+    return s.ok() ? saver.set_caches_backups(tag, caches == 1) : s;
+  });
+}
+
+TMSL_API int tmsl_tag_allocations(void* handle, const char* tag, uint64_t* addresses, uint64_t* sizes,
+                                  int* devices, int* choices, size_t capacity, size_t* count) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = require(tag != nullptr && count != nullptr, "tag and count must not be NULL");
+    if (s.ok() && capacity > 0) {
+      s = require(addresses != nullptr && sizes != nullptr && devices != nullptr && choices != nullptr,
+                  "addresses, sizes, devices and choices must not be NULL when capacity > 0");
+    }
+    if (!s.ok()) return s;
+    std::vector<Saver::Range> ranges = saver.allocations_of(tag);
+    *count = ranges.size();
+    for (size_t i = 0; i < ranges.size() && i < capacity; ++i) {
+      addresses[i] = ranges[i].va;
+      sizes[i] = ranges[i].size;
+      devices[i] = ranges[i].device;
+      choices[i] = static_cast<int>(ranges[i].choice);
+    }
+    return Status::Ok();
+  });
+}
+
+TMSL_API int tmsl_set_memory_margin(void* handle, size_t bytes) {
+  return on_saver(handle, [&](Saver& saver) {
+    saver.set_memory_margin(bytes);
+    return Status::Ok();
+  });
+}
+
+TMSL_API int tmsl_set_retain_backups(void* handle, int retain) {
+  return on_saver(handle, [&](Saver& saver) {
+    saver.set_retain_backups(retain != 0);
+    return Status::Ok();
+  });
+}
+
+TMSL_API int tmsl_set_host_cache_bytes(void* handle, size_t bytes) {
+  return on_saver(handle, [&](Saver& saver) {
+    saver.set_host_cache_bytes(bytes);
+    return Status::Ok();
+  });
+}
+
+TMSL_API int tmsl_get_host_cache_bytes(void* handle, size_t* out) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = require(out != nullptr, "out must not be NULL");
+    if (s.ok()) *out = saver.host_cache_bytes();
+    return s;
+  });
+}
+
+TMSL_API int tmsl_release_host_cache(void* handle) {
+  return on_saver(handle, [&](Saver& saver) {
+    saver.release_host_cache();
+    return Status::Ok();
+  });
+}
+
+TMSL_API int tmsl_set_poison_on_resume(void* handle, int poison) {
+  return on_saver(handle, [&](Saver& saver) {
+    saver.set_poison_on_resume(poison != 0);
+    return Status::Ok();
+  });
+}
+
+TMSL_API int tmsl_get_poison_on_resume(void* handle, int* out) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = require(out != nullptr, "out must not be NULL");
+    if (s.ok()) *out = saver.poison_on_resume() ? 1 : 0;
+    return s;
+  });
+}
+
+TMSL_API int tmsl_wait_for_released_backups(void* handle) {
+  return on_saver(handle, [&](Saver& saver) {
+    saver.wait_for_released_backups();
+    return Status::Ok();
+  });
+}
+
+static_assert(kMaxTagBytes == TMSL_MAX_TAG_BYTES, "c_api.h and tag_rules.h name one limit");
+
+TMSL_API int tmsl_tag_figures(void* handle, TmslTagFigures* out, size_t capacity, size_t* count) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = require(count != nullptr && (out != nullptr || capacity == 0), "count (and out, with a capacity) "
+                                                                              "must not be NULL");
+    if (!s.ok()) return s;
+    const std::vector<TagFigures> figures = saver.figures();
+    *count = figures.size();
+    for (size_t i = 0; i < figures.size() && i < capacity; ++i) {
+      const TagFigures& f = figures[i];
+      TmslTagFigures& o = out[i];
+      const size_t n = std::min(f.tag.size(), static_cast<size_t>(TMSL_MAX_TAG_BYTES));  // the rule keeps it within
+      memcpy(o.tag, f.tag.data(), n);
+      o.tag[n] = '\0';
+      o.device = f.device;
+      o.paused = f.info.paused;
+      o.graph_memory = f.info.graph_memory;
+      o.backs_up = f.backs_up;
+      o.allocations = f.allocations;
+      o.reserved_bytes = f.reserved;
+      o.resident_bytes = f.resident;
+      o.paused_bytes = f.paused_bytes;
+      o.host_backup_bytes = f.host_backup;
+      o.last_pause_seconds = f.info.last_pause_seconds;
+      o.last_resume_seconds = f.info.last_resume_seconds;
+    }
+    return Status::Ok();
+  });
+}
+
+TMSL_API int tmsl_check_tag(const char* tag, size_t length) {
+  return guarded([&] { return check_tag(tag, length); });
+}
+
+TMSL_API int tmsl_lease_backup(void* handle, const void* ptr, size_t nbytes, const void** host, void** lease) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = require(host != nullptr && lease != nullptr, "host and lease must not be NULL");
+    HostBuffer buffer;
+    if (s.ok()) s = saver.lease_backup(reinterpret_cast<uintptr_t>(ptr), nbytes, host, &buffer);
+    if (s.ok()) *lease = buffer ? new HostBuffer(std::move(buffer)) : nullptr;
+    return s;
+  });
+}
+
+TMSL_API int tmsl_release_lease(void* lease) {
+  return guarded([&] {
+    // In a forked child the arena (its threads, its page-locking) is the parent's: leave it.
+    if (!in_forked_child()) delete static_cast<HostBuffer*>(lease);  // the last reference frees it
+    return Status::Ok();
+  });
+}
+
+TMSL_API const char* tmsl_process_defaults_error(void) {
+  return process_defaults().error.c_str();
+}
+
+TMSL_API int tmsl_process_defaults(TmslProcessDefaults* out) {
+  return guarded([&] {
+    Status s = require(out != nullptr, "out must not be NULL");
+    if (!s.ok()) return s;
+    const ProcessDefaults& d = process_defaults();
+    static_assert(sizeof(out->disk_backup_dir) == kMaxDiskBackupDirBytes, "environment.h keeps the path within");
+    *out = TmslProcessDefaults{};
+    out->region_all_threads = d.all_threads;
+    out->backup_choice = static_cast<int>(d.backup);
+    out->caches_backups = d.caches_backups;
+    out->poison_on_resume = d.poison_on_resume;
+    out->retain_backups = d.retain_backups;
+    // The tag rule, the two variable names and the path limit keep these within their arrays.
+    memcpy(out->tag, d.tag.c_str(), std::min(d.tag.size(), sizeof(out->tag) - 1));
+    memcpy(out->disk_backup_dir_variable, d.disk_backup_dir_variable.c_str(),
+           std::min(d.disk_backup_dir_variable.size(), sizeof(out->disk_backup_dir_variable) - 1));
+    memcpy(out->disk_backup_dir, d.disk_backup_dir.c_str(), d.disk_backup_dir.size());
+    out->share_backups = d.share_backups;
+    out->host_memory_budget = d.host_memory_budget;
+    return Status::Ok();
+  });
+}
+
+TMSL_API int tmsl_disk_backup_settings(uint64_t* chunk_bytes, uint64_t* workers) {
+  return guarded([&] {
+    Status s = require(chunk_bytes != nullptr && workers != nullptr, "chunk_bytes and workers must not be NULL");
+    size_t chunk = 0, count = 0;
+    if (s.ok()) s = disk_backup_settings(&chunk, &count);
+    if (s.ok()) *chunk_bytes = chunk, *workers = count;
+    return s;
+  });
+}
+

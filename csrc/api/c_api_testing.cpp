@@ -1,0 +1,65 @@
+#include "api/c_api_testing.h"
+
+#include "node/host_limits.h"
+
+#include <unistd.h>
+
+#include "api/abi_guard.h"
+#include "platform/tag_rules.h"
+
+using namespace tmsl;
+
+TMSL_API int tmsl_create_host_saver(size_t capacity_bytes, size_t granularity_bytes, void** out) {
+  return guarded([&] {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    Status s = require(out != nullptr, "out must not be NULL");
+    if (s.ok()) {
+      s = require(granularity_bytes > 0 && granularity_bytes % page == 0,
+                  "host granularity must be a positive multiple of the page size");
+    }
+    SaverHandle handle = 0;
+    if (s.ok()) s = add_saver(std::make_unique<Saver>(make_host_backend(capacity_bytes, granularity_bytes)), &handle);
+    if (s.ok()) *out = reinterpret_cast<void*>(handle);
+    return s;
+  });
+}
+
+TMSL_API int tmsl_destroy_saver(void* handle) {
+  return guarded([&] {
+    return in_forked_child() ? forked_child_error() : remove_saver(reinterpret_cast<SaverHandle>(handle));
+  });
+}
+
+TMSL_API int tmsl_malloc(void* handle, size_t size, int device, const char* tag,
+                         int enable_cpu_backup, void** out) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = check_tag(tag);
+    if (s.ok()) s = require(out != nullptr, "out must not be NULL");
+    if (s.ok()) s = require(enable_cpu_backup >= -1 && enable_cpu_backup <= kMaxBackupChoice,
+                                  "enable_cpu_backup must be a backup choice from -1 to 3 (c_api.h)");
+    if (!s.ok()) return s;
+    uintptr_t va = 0;
+    s = saver.allocate(size, device, tag, static_cast<BackupChoice>(enable_cpu_backup), &va);
+    if (s.ok()) *out = reinterpret_cast<void*>(va);
+    return s;
+  });
+}
+
+TMSL_API int tmsl_free(void* handle, void* ptr, void* stream) {
+  return on_saver(handle, [&](Saver& saver) { return saver.free(reinterpret_cast<uintptr_t>(ptr), stream); });
+}
+
+TMSL_API int tmsl_inject_fault(void* handle, const char* operation, long after_calls, long times) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = require(operation != nullptr, "operation must not be NULL");
+    return s.ok() ? inject_host_fault(saver.backend(), operation, after_calls, times) : s;
+  });
+}
+
+TMSL_API int tmsl_host_memory_limit(const char* root, size_t* out) {
+  return guarded([&] {
+    Status s = require(root != nullptr && out != nullptr, "root and out must not be NULL");
+    if (s.ok()) *out = host_memory_limit(root);
+    return s;
+  });
+}

@@ -1,0 +1,21 @@
+// The testing ABI: host-backend savers (the core's life cycle on Linux memory, for CI),
+// direct allocation without torch, and fault injection. torch_mem_saver_lite.testing is
+// its Python side; conventions as in c_api.h.
+#pragma once
+
+#include "api/c_api.h"
+
+TMSL_API int tmsl_create_host_saver(size_t capacity_bytes, size_t granularity_bytes, void** out);
+TMSL_API int tmsl_destroy_saver(void* saver);
+
+TMSL_API int tmsl_malloc(void* saver, size_t size, int device, const char* tag,
+                         int enable_cpu_backup, void** out);
+TMSL_API int tmsl_free(void* saver, void* ptr, void* stream);
+
+// Host backend only: the `after_calls`-th next call of `operation` fails, and the
+// `times` - 1 calls after it.
+TMSL_API int tmsl_inject_fault(void* saver, const char* operation, long after_calls, long times);
+
+// The host memory limit the host cache's default budget is an eighth of (host_limits.h), read
+// under `root` (a fake /proc and /sys/fs/cgroup tree in tests; "" for the real ones).
+TMSL_API int tmsl_host_memory_limit(const char* root, size_t* out);

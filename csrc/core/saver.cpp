@@ -1,0 +1,788 @@
+#include "core/saver.h"
+
+#include "core/copy_marks.h"
+#include "core/mapping.h"
+#include "node/node_ledger.h"
+#include "node/node_store.h"
+#include "platform/tag_rules.h"
+
+
+#include <algorithm>
+#include <cstdio>
+#include <stdexcept>
+
+namespace tmsl {
+namespace {
+
+Status with_context(Status s, const std::string& context) {
+  if (!s.ok()) s.set_message(context + ": " + s.message());
+  return s;
+}
+
+// For the calls on every allocation's path: no string is built unless there is an error.
+Status with_context(Status s, const char* context) { return s.ok() ? s : with_context(std::move(s), std::string(context)); }
+
+}  // namespace
+
+Saver::Saver(std::unique_ptr<Backend> backend) : backend_(std::move(backend)), mappings_(*backend_) {
+  NodeLedger::instance().on_pressure(this, [this] { give_cache_back_on_request(); });
+}
+
+Saver::~Saver() {
+  closing_.store(true);
+  background_.wait_idle();  // no preparation may be walking the table below
+  NodeLedger::instance().forget(this);  // nor a request of another process
+  for (auto& entry : table_) {
+    Allocation& a = entry.second;
+    mappings_.discard(a.device, a.va, a.size, a.state == State::kActive ? std::move(a.physical) : Pieces());
+  }
+  mappings_.retry();
+}
+
+namespace {
+Status tag_paused_error(const std::string& tag) {
+  return Status::Error(Code::kTagPaused, "tag '" + tag + "' is paused; resume it before allocating in it (a new "
+                                         "tensor could be placed in its released memory)");
+}
+
+// The tag-wide host-backup choice an explicit region choice stands for (kAuto: none).
+BackupChoice host_backup_of(BackupChoice choice) {
+  switch (choice) {
+    case BackupChoice::kOn:
+    case BackupChoice::kOnUncached: return BackupChoice::kOn;
+    case BackupChoice::kOff:
+    case BackupChoice::kDisk: return BackupChoice::kOff;  // no host copy asked for
+    case BackupChoice::kAuto: break;
+  }
+  return BackupChoice::kAuto;
+}
+}  // namespace
+
+Status Saver::admit_name(const std::string& tag, TagInfo** entry, bool* is_new) {
+  auto [it, added] = tags_.try_emplace(tag);
+  if (added) {
+    // Every way in (torch_memory_saver's tms_set_current_tag included) meets the one rule.
+    Status valid = check_tag(tag.data(), tag.size());
+    if (!valid.ok()) {
+      tags_.erase(it);
+      return valid;
+    }
+  }
+  *entry = &it->second;
+  if (is_new != nullptr) *is_new = added;
+  return Status::Ok();
+}
+
+Status Saver::admit(const std::string& tag, BackupChoice backup, TagInfo** entry) {
+  TagInfo* found = nullptr;
+  bool is_new = false;
+  Status s = admit_name(tag, &found, &is_new);
+  if (!s.ok()) return s;
+  TagInfo& info = *found;
+  if (entry != nullptr) *entry = &info;
+  if (!is_new && info.paused) return tag_paused_error(tag);
+  // Each allocation keeps its own region's choice; the tag keeps the first explicit one, for
+  // the regions of it that give none.
+  if (info.backup == BackupChoice::kAuto) info.backup = host_backup_of(backup);
+  return Status::Ok();
+}
+
+Status Saver::enter_tag(const std::string& tag, BackupChoice backup) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return admit(tag, backup);
+}
+
+Status Saver::mark_graph_memory(const std::string& tag) {
+  std::lock_guard<std::mutex> lock(mu_);
+  TagInfo* info = nullptr;
+  Status s = admit_name(tag, &info);
+  if (s.ok()) info->graph_memory = true;
+  return s;
+}
+
+bool Saver::tag_info(const std::string& tag, TagInfo* out) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = tags_.find(tag);
+  if (it == tags_.end()) return false;
+  *out = it->second;
+  return true;
+}
+
+Status Saver::set_caches_backups(const std::string& tag, bool caches) {
+  std::lock_guard<std::mutex> lock(mu_);
+  TagInfo* info = nullptr;
+  Status s = admit_name(tag, &info);  // enters the tag, as a region would
+  if (s.ok()) info->caches_backups = caches;
+  return s;
+}
+
+std::vector<Saver::Range> Saver::allocations_of(const std::string& tag) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Range> out;
+  for (const auto& entry : table_) {
+    const Allocation& a = entry.second;
+    if (a.tag == tag) out.push_back(Range{a.va, a.size, a.device, a.effective_choice()});
+  }
+  return out;
+}
+
+bool Saver::has_choice(const TagSelection& selection, BackupChoice choice) {
+  std::lock_guard<std::mutex> lock(mu_);
+  bool found = false;
+  for_each_selected(selection, [&](const Allocation& a) { found = found || a.effective_choice() == choice; });
+  return found;
+}
+
+Status Saver::check_known(const TagSelection& selection) const {
+  for (const std::string& tag : selection.tags) {
+    if (selection.all || tags_.count(tag) != 0) continue;
+    std::string known;
+    for (const auto& entry : tags_) known += (known.empty() ? "'" : ", '") + entry.first + "'";
+    return Status::Error(Code::kInvalidArgument,
+                         "unknown tag '" + tag + "': no region has used it; known tags: " +
+                             (known.empty() ? "none yet" : "[" + known + "]"));
+  }
+  return Status::Ok();
+}
+
+void Saver::set_paused(const TagSelection& selection, bool paused) {
+  for (auto& entry : tags_) {
+    if (selection.matches(entry.first)) entry.second.paused = paused;
+  }
+}
+
+Status Saver::allocate(size_t size, int device, const std::string& tag, BackupChoice backup,
+                       uintptr_t* va) {
+  if (size == 0) return Status::Error(Code::kInvalidArgument, "allocation size must be > 0");
+  TagInfo* tag_info = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Status s = admit(tag, backup, &tag_info);
+    if (!s.ok()) return s;
+  }
+  // Built only on error: formatting it for every allocation cost more than a map lookup.
+  auto where = [&] {
+    return "allocating " + format_bytes(size) + " in region '" + tag + "' on device " + std::to_string(device);
+  };
+  size_t granularity = 0;
+  Status s = backend_->granularity(device, &granularity);
+  if (!s.ok()) return with_context(s, where());
+  if (size > SIZE_MAX - granularity) {
+    return Status::Error(Code::kInvalidArgument, where() + ": size too large");
+  }
+  const size_t rounded = (size + granularity - 1) / granularity * granularity;
+
+  // An out-of-memory error, reserving or mapping, carries the figures the user needs.
+  auto explain = [&](Status failed) {
+    if (failed.code == Code::kOutOfMemory) {
+      size_t free_bytes = 0, total = 0;
+      backend_->memory_info(device, &free_bytes, &total);
+      failed.set_oom({tag, rounded, free_bytes, device});
+      failed.set_message(failed.message() + "; " + format_bytes(free_bytes) + " free");
+    }
+    return with_context(failed, where());
+  };
+  // Made before anything is reserved or mapped, so that nothing below allocates host
+  // memory outside the guarded recording step (its one handle is held inline).
+  Allocation fresh;
+  fresh.tag = tag;
+  fresh.tag_info = tag_info;
+  fresh.choice = backup;
+  uintptr_t address = 0;
+  s = backend_->reserve(device, rounded, granularity, &address);
+  if (!s.ok()) return explain(s);
+  PhysicalHandle physical = 0;
+  Orphan orphan;
+  s = map_physical(*backend_, device, address, rounded, margin_bytes_.load(), &physical, &orphan);
+  if (!s.ok()) {
+    orphan.range = true;  // the range goes back too, once nothing is mapped in it
+    if (orphan.physical != 0) mappings_.adopt(orphan);
+    else mappings_.discard(device, address, rounded, Pieces());
+    return explain(s);
+  }
+
+  fresh.va = address;
+  fresh.size = rounded;
+  fresh.requested = size;
+  fresh.device = device;
+  fresh.physical.piece_bytes = rounded;
+  fresh.physical.handles.push_back(physical);
+  // Recording it can run out of host memory: then it is given up whole, not left half known.
+  bool refused = false;
+  Status recorded = status_of([&] {
+    index_.insert(address);
+    return Status::Ok();
+  });
+  if (recorded.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    recorded = status_of([&] {
+      // A pause of the tag may have begun since admit(): it would not cover this one.
+      refused = tag_info->paused;
+      if (refused) return Status::Ok();
+      if (!table_.try_emplace(address, std::move(fresh)).second) {
+        throw std::logic_error("address " + format_address(address) + " recorded twice");
+      }
+      return Status::Ok();
+    });
+    if (!recorded.ok() || refused) index_.erase(address);
+  }
+  if (refused || !recorded.ok()) {
+    mappings_.discard(device, address, rounded, std::move(fresh.physical));
+    return refused ? tag_paused_error(tag) : with_context(recorded, where());
+  }
+  *va = address;
+  return Status::Ok();
+}
+
+Status Saver::free(uintptr_t va, void* stream) {
+  Table::node_type node;  // the allocation, out of the table: this call's alone
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      auto it = table_.find(va);
+      if (it == table_.end()) {
+        return Status::Error(Code::kInvalidArgument,
+                             "free of " + format_address(va) +
+                                 ": not an allocation of torch_mem_saver_lite (freed twice, or "
+                                 "made by another allocator)");
+      }
+      State state = it->second.state;
+      if (state == State::kActive || state == State::kPaused) {
+        node = table_.extract(it);
+        index_.erase(va);
+        break;
+      }
+      settled_.wait(lock);  // a pause or resume is working on it
+    }
+  }
+  Allocation& a = node.mapped();
+  Status first;
+  auto keep_first = [&first](Status s) {
+    if (first.ok() && !s.ok()) first = std::move(s);
+  };
+  if (a.state == State::kActive) {
+    // Work queued on the stream may still use the memory; other streams are the caller's
+    // business (torch waits for their events before it frees a block).
+    keep_first(backend_->synchronize_stream(a.device, stream));
+  }
+  keep_first(mappings_.discard(a.device, a.va, a.size, a.state == State::kActive ? std::move(a.physical) : Pieces()));
+  if (a.host_copy) {
+    // Its host memory may be the last of an arena: unpinned and unmapped in the background.
+    std::vector<HostBuffer> let_go;
+    let_go.push_back(std::move(a.host_copy));
+    background_.release(std::move(let_go));
+  }
+  mappings_.retry();
+  if (first.ok()) return first;
+  return with_context(first, "freeing " + format_address(va) + " (tag '" + a.tag + "')");
+}
+
+std::vector<Saver::Allocation*> Saver::claim(const TagSelection& selection, State from,
+                                             State to) {
+  std::vector<Allocation*> batch;
+  batch.reserve(table_.size());
+  auto take = [&](Allocation& a) {
+    if (a.state != from) return;
+    a.state = to;
+    // A pause releases memory marked for the disk tier only if its file was written for it.
+    if (a.disk_marked && !a.spill_written && from == State::kActive) a.disk_marked = false;
+    a.backup = a.backs_up();
+    batch.push_back(&a);
+  };
+  for_each_selected(selection, take);
+  return batch;
+}
+
+void Saver::settle(const std::vector<Allocation*>& batch, size_t done, State done_state,
+                   State rest_state, std::vector<HostBuffer>* backups, bool drop_backups) {
+  std::vector<HostBuffer> let_go;
+  // Copies of "mmap" allocations: their host memory is given back before the resume
+  // returns, as that backend promises (the process's RSS falls at once).
+  std::vector<HostBuffer> free_now;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      Allocation& a = *batch[i];
+      a.state = i < done ? done_state : rest_state;
+      // A pause that let it be resident: its undo removes the file written for it. (After a
+      // resume the file stays until the read-back succeeded: unmark_spill.)
+      if (backups != nullptr && a.state == State::kActive) a.spill_written = false;
+      if (i >= done) continue;
+      if (backups != nullptr) {
+        if (a.host_copy) let_go.push_back(std::move(a.host_copy));
+        a.host_copy = std::move((*backups)[i]);
+        a.retained = false;
+      } else if (a.host_copy && (drop_backups || !cached_after_resume(a, done_state))) {
+        if (a.host_copy.arena->has_shared()) shared_copy_dropped_.store(true);
+        bool uncached = done_state == State::kActive && a.choice == BackupChoice::kOnUncached;
+        (uncached ? free_now : let_go).push_back(std::move(a.host_copy));
+        a.retained = false;
+      } else if (done_state == State::kActive) {
+        a.retained = a.host_copy && retain_backups_.load();
+      }
+    }
+  }
+  if (backups != nullptr) {
+    for (HostBuffer& unused : *backups) {
+      if (unused) let_go.push_back(std::move(unused));
+    }
+  }
+  settled_.notify_all();  // first: nothing below may keep a waiting free asleep
+  background_.release(std::move(let_go));
+  free_now.clear();
+}
+
+// Batches hold runs of one device and one tag: a set is asked only when the value changes.
+std::set<int> Saver::devices_of(const std::vector<Allocation*>& batch) {
+  std::set<int> devices;
+  int last = -1;
+  for (const Allocation* a : batch) {
+    if (a->device != last) devices.insert(last = a->device);
+  }
+  return devices;
+}
+
+void Saver::note_tags(const std::vector<Allocation*>& batch, std::set<std::string>* tags) {
+  const std::string* last = nullptr;
+  for (const Allocation* a : batch) {
+    if (last == nullptr || *last != a->tag) tags->insert(*(last = &a->tag));
+  }
+}
+
+Status Saver::synchronize_devices(const std::vector<Allocation*>& batch) {
+  for (int device : devices_of(batch)) {
+    Status s = backend_->synchronize_device(device);
+    if (!s.ok()) return with_context(s, "waiting for device " + std::to_string(device));
+  }
+  return Status::Ok();
+}
+
+Status Saver::wait_copies(const std::vector<Allocation*>& batch) {
+  Status first;
+  for (int device : devices_of(batch)) {
+    Status s = backend_->wait_copies(device);
+    if (first.ok() && !s.ok()) first = s;
+  }
+  return first;
+}
+
+std::string Saver::describe(const std::vector<Allocation*>& batch) {
+  std::set<std::string> tags;
+  size_t bytes = 0;
+  for (const Allocation* a : batch) {
+    tags.insert("'" + a->tag + "'");
+    bytes += a->size;
+  }
+  std::string names;
+  for (const std::string& tag : tags) names += (names.empty() ? "" : ", ") + tag;
+  return "tag" + std::string(tags.size() > 1 ? "s " : " ") + names + " (" + format_bytes(bytes) + ")";
+}
+
+Status Saver::pause(const TagSelection& selection) {
+  Status s;
+  {
+    ForegroundOp op(*this);
+    const auto started = std::chrono::steady_clock::now();
+    std::set<std::string> moved;
+    s = pause_locked(selection, &moved);
+    if (s.ok()) note_duration(moved, started, &TagInfo::last_pause_seconds);
+    publish_cache();
+  }
+  if (s.ok() && NodeStore::enabled()) background_.run([this] { share_paused_backups(); });
+  return s;
+}
+
+Status Saver::resume(const TagSelection& selection) {
+  Status s;
+  std::set<std::string> moved;
+  {
+    ForegroundOp op(*this);
+    const auto started = std::chrono::steady_clock::now();
+    s = resume_locked(selection, &moved);
+    if (s.ok()) note_duration(moved, started, &TagInfo::last_resume_seconds);
+    publish_cache();
+  }
+  // A shared copy is dropped at resume (it is never written again): host memory for the
+  // next pause is set aside in the background, as before a first pause, where the cache's
+  // budget has room, so that pause runs at the link's speed too. After the operation lock
+  // is let go: without a background thread the preparation runs here and takes it.
+  if (s.ok() && shared_copy_dropped_.exchange(false)) prepare_backups(TagSelection{false, moved});
+  return s;
+}
+
+void Saver::note_duration(const std::set<std::string>& tags, std::chrono::steady_clock::time_point started,
+                          double TagInfo::*field) {
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const std::string& tag : tags) {
+    auto it = tags_.find(tag);
+    if (it != tags_.end()) it->second.*field = seconds;
+  }
+}
+
+Status Saver::pause_locked(const TagSelection& selection, std::set<std::string>* moved) {
+  mappings_.retry();
+  std::vector<Allocation*> batch;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Status s = check_known(selection);
+    if (!s.ok()) return s;
+    set_paused(selection, true);  // from here on new allocations in these tags are refused
+    batch = claim(selection, State::kActive, State::kPausing);
+  }
+  note_tags(batch, moved);
+  if (batch.empty()) return Status::Ok();
+  // Allocations without a backup first: they are released while the others' copies run.
+  std::stable_partition(batch.begin(), batch.end(), [](const Allocation* a) { return !a->backup; });
+  std::vector<HostBuffer> backups(batch.size());
+  CopyMarks copies(*backend_, batch.size(), devices_of(batch));
+  size_t done = 0;
+  bool releasing = false;  // batch[done] has begun to be released: it can no longer stay resident
+  // Whatever happens in here (an exception too), the batch is settled below.
+  Status s = status_of([&] {
+    // Kernels still queued may read or write these pages.
+    Status r = synchronize_devices(batch);
+    if (!r.ok()) {
+      return with_context(r, "pausing " + describe(batch) + ": everything stays resident with its content, "
+                             "call pause again");
+    }
+    // Every copy is queued before anything is released, so a failure to queue one (no
+    // host memory, say) leaves everything resident. Then each allocation goes as soon as
+    // its own copies have landed: releasing overlaps the copies of the ones after it.
+    r = queue_backups(batch, &backups, &copies);
+    while (r.ok() && done < batch.size()) {
+      r = copies.wait(done);
+      if (!r.ok()) {
+        return with_context(r, "pausing " + describe(batch) + ": copying backups to the host failed; " +
+                                   (done == 0 ? std::string("everything stays resident with its content")
+                                              : "what was copied is paused with its backup, the rest stays "
+                                                "resident with its content") +
+                                   ", call pause again");
+      }
+      releasing = false;
+      r = release_physical(*batch[done], &releasing);
+      if (r.ok() || releasing) {
+        ++done;
+        releasing = false;
+      }
+    }
+    return r;
+  });
+  if (releasing) ++done;  // an exception escaped midway: what is left of it went to orphans
+  copies.finish();  // also after an error: copies in flight still write into the host memory
+  if (!s.ok() && done == 0) backups.assign(batch.size(), HostBuffer());  // nothing released: none kept
+  settle(batch, done, State::kPaused, State::kActive, &backups, false);
+  if (!s.ok()) {
+    // A tag stays paused only where some of its memory was released.
+    std::lock_guard<std::mutex> lock(mu_);
+    std::set<std::string> released;
+    for (const auto& entry : table_) {
+      if (entry.second.state == State::kPaused) released.insert(entry.second.tag);
+    }
+    for (auto& entry : tags_) {
+      if (selection.matches(entry.first)) entry.second.paused = released.count(entry.first) != 0;
+    }
+  }
+  return s;
+}
+
+Status Saver::queue_backups(const std::vector<Allocation*>& batch, std::vector<HostBuffer>* backups,
+                            CopyMarks* copies) {
+  // One arena for every backup that has no retained host memory of the right size, and one
+  // more for those of "mmap" allocations: their memory goes back at resume, which an arena
+  // shared with copies that stay cached would prevent.
+  auto uncached = [](const Allocation& a) { return a.choice == BackupChoice::kOnUncached; };
+  std::vector<size_t> needed[2];  // sizes of the new buffers, in batch order: cached, uncached
+  int arena_device = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const Allocation& a = *batch[i];
+    if (!a.backup) continue;
+    if (a.host_copy && a.host_copy.size == a.backup_bytes() && !a.host_copy.arena->has_shared()) {
+      (*backups)[i] = a.host_copy;  // retained from the last cycle: reused
+      a.host_copy.arena->note_use();
+    } else {
+      needed[uncached(a)].push_back(a.backup_bytes());
+      arena_device = a.device;
+    }
+  }
+  for (int group = 0; group < 2; ++group) {
+    if (needed[group].empty()) continue;
+    std::shared_ptr<HostArena> arena;
+    if (group == 0) {
+      std::lock_guard<std::mutex> lock(mu_);
+      arena = recycle_cache(arena_device, needed[group]);
+    }
+    Status s = arena ? Status::Ok() : HostArena::create(backend_, arena_device, needed[group], &arena);
+    while (s.code == Code::kOutOfMemory) {
+      // Over the node's budget (or out of host memory): the host cache gives way first, one
+      // arena at a time, least recently used first, until this one fits.
+      std::vector<HostBuffer> let_go;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        let_go = take_cache(1);
+      }
+      if (let_go.empty()) break;
+      let_go.clear();  // freed here, at once: the retry needs their bytes back
+      s = HostArena::create(backend_, arena_device, needed[group], &arena);
+    }
+    if (s.code == Code::kOutOfMemory) {
+      // Then the other processes' caches, when they give them back in time.
+      size_t bytes = 0;
+      for (size_t size : needed[group]) bytes += size;
+      if (NodeLedger::instance().ask_others_for(bytes, kPatienceForOthers)) {
+        s = HostArena::create(backend_, arena_device, needed[group], &arena);
+      }
+    }
+    if (!s.ok()) {
+      size_t bytes = 0;
+      for (const auto& sizes : needed) {
+        for (size_t size : sizes) bytes += size;
+      }
+      return with_context(s, "pausing " + describe(batch) + ": no host memory for " + format_bytes(bytes) +
+                                 " of backups; everything stays resident with its content, call pause "
+                                 "again once host memory is free");
+    }
+    for (size_t i = 0, k = 0; i < batch.size(); ++i) {
+      if (batch[i]->backup && !(*backups)[i] && uncached(*batch[i]) == (group == 1)) {
+        (*backups)[i] = HostBuffer{arena, arena->buffer_offset(k++), batch[i]->backup_bytes()};
+      }
+    }
+  }
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const Allocation& a = *batch[i];
+    if (!(*backups)[i]) continue;
+    copies->begin();
+    Status s = (*backups)[i].for_each_part([&](char* host, size_t at, size_t n) {
+      return backend_->copy_to_host_async(a.device, host, a.va + at, n);
+    });
+    if (s.ok()) s = copies->mark(i, a.device);
+    if (!s.ok()) {
+      return with_context(s, "pausing " + describe(batch) + ": copying backups to the host failed; everything "
+                                 "stays resident with its content, call pause again");
+    }
+  }
+  return Status::Ok();
+}
+
+Status Saver::release_physical(Allocation& a, bool* unmapped) {
+  Status s = mappings_.take_down(a.device, a.va, a.size, a.physical, unmapped);
+  if (s.ok()) return s;
+  const std::string where = "pausing tag '" + a.tag + "' (" + format_bytes(a.size) + " at " +
+                            format_address(a.va) + " on device " + std::to_string(a.device) + ")";
+  return with_context(s, *unmapped ? where : where + "; it stays resident with its content");
+}
+
+Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>* moved) {
+  mappings_.retry();
+  std::vector<Allocation*> batch;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Status s = check_known(selection);
+    if (!s.ok()) return s;
+    batch = claim(selection, State::kPaused, State::kResuming);
+    note_tags(batch, moved);
+    if (batch.empty()) {
+      set_paused(selection, false);
+      return Status::Ok();
+    }
+  }
+  size_t done = 0;
+  // Whatever happens in here (an exception too), what was mapped is rolled back below.
+  Status s = status_of([&] {
+    // Each piece's copy is queued as soon as it is mapped, so mapping the next piece
+    // overlaps it.
+    Status r;
+    while (r.ok() && done < batch.size()) {
+      Allocation& a = *batch[done];
+      if (a.physical.empty() && mappings_.mapped_in(a.device, a.va, a.size)) {
+        // Mapping over it would be refused by the driver, or (host backend) later undone
+        // by the orphan's own unmap.
+        r = Status::Error(Code::kDriverError, "memory at " + format_address(a.va) + " (tag '" + a.tag +
+                                                  "') that an earlier unmap failed on is still mapped");
+      }
+      if (r.ok() && a.physical.empty()) r = plan_pieces(a);
+      if (r.ok()) r = map_next_piece(a);
+      if (r.ok()) r = restore(a, a.physical.handles.size() - 1);
+      if (r.ok() && a.physical.handles.size() == a.physical.count(a.size)) ++done;
+    }
+    Status waited = wait_copies(batch);
+    return r.ok() ? with_context(waited, "restoring backups") : r;
+  });
+  if (!s.ok()) {
+    // Whatever happens in here too, the batch is settled below: a free waiting on it wakes.
+    s = status_of([&] {
+      wait_copies(batch);  // the memory must not be unmapped under a running copy
+      for (size_t i = 0; i < batch.size() && i <= done; ++i) {  // batch[done]: the pieces mapped so far
+        mappings_.take_down(batch[i]->device, batch[i]->va, batch[i]->size, batch[i]->physical);
+      }
+      if (s.code == Code::kOutOfMemory && done < batch.size()) return out_of_memory_on_resume(batch, *batch[done], s);
+      return with_context(s, "resuming " + describe(batch) + " failed; everything it covered stays paused with "
+                                 "its backups kept, call resume again");
+    });
+    settle(batch, 0, State::kActive, State::kPaused, nullptr, false);
+    return s;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    set_paused(selection, false);
+  }
+  bool keep = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    keep = keeps_backups(batch);
+  }
+  settle(batch, batch.size(), State::kActive, State::kPaused, nullptr, !keep);
+  return Status::Ok();
+}
+
+Status Saver::plan_pieces(Allocation& a) {
+  Pieces& pieces = a.physical;
+  pieces.piece_bytes = a.size;
+  const size_t wanted = backend_->resume_piece_bytes(a.device);
+  if (a.host_copy && a.size > wanted) {
+    size_t granularity = 0;
+    Status s = backend_->granularity(a.device, &granularity);
+    if (!s.ok()) return with_context(s, "resuming tag '" + a.tag + "' at " + format_address(a.va));
+    pieces.piece_bytes = std::max(granularity, wanted / granularity * granularity);
+  }
+  pieces.handles.reserve(pieces.count(a.size));  // so that recording a mapped piece cannot throw
+  return Status::Ok();
+}
+
+Status Saver::map_next_piece(Allocation& a) {
+  Pieces& pieces = a.physical;
+  const size_t k = pieces.handles.size();
+  const uintptr_t at = a.va + pieces.offset(k);
+  const size_t bytes = pieces.length(k, a.size);
+  PhysicalHandle physical = 0;
+  Orphan orphan;
+  Status s = map_physical(*backend_, a.device, at, bytes, margin_bytes_.load(), &physical, &orphan);
+  if (orphan.physical != 0) mappings_.adopt(orphan);
+  if (s.code == Code::kOutOfMemory) return s;  // the caller explains what the resume needed
+  if (!s.ok()) return with_context(s, "resuming tag '" + a.tag + "' at " + format_address(at));
+  pieces.handles.push_back(physical);
+  return Status::Ok();
+}
+
+Status Saver::restore(const Allocation& a, size_t k) {
+  const size_t from = a.physical.offset(k), end = from + a.physical.length(k, a.size);
+  // The backup covers [0, host_copy.size); the rest of the piece has no content to restore.
+  const size_t copied_end = a.host_copy ? std::min(end, std::max(from, a.host_copy.size)) : from;
+  if (copied_end > from) {
+    Status s = a.host_copy.for_each_part(from, copied_end - from, [&](char* host, size_t at, size_t n) {
+      return backend_->copy_from_host_async(a.device, a.va + at, host, n);
+    });
+    if (!s.ok()) return with_context(s, "restoring backups");
+  }
+  if (copied_end == end || !poison_on_resume_.load()) return Status::Ok();
+  return with_context(backend_->fill_async(a.device, a.va + copied_end, end - copied_end, kPoisonByte),
+                      "poisoning resumed memory");
+}
+
+Status Saver::out_of_memory_on_resume(const std::vector<Allocation*>& batch,
+                                      const Allocation& failed, const Status& cause) {
+  size_t needed = 0;
+  for (const Allocation* a : batch) {
+    if (a->device == failed.device) needed += a->size;
+  }
+  size_t free_bytes = 0, total = 0;
+  backend_->memory_info(failed.device, &free_bytes, &total);
+  Status s = Status::Error(
+      Code::kOutOfMemory,
+      "cannot resume tag '" + failed.tag + "' on device " + std::to_string(failed.device) +
+          ": this resume needs " + format_bytes(needed) + " there and " + format_bytes(free_bytes) +
+          " is free (" + cause.message() + "). Everything it covered stays paused" +
+          " with its backups kept; free memory and call resume again.");
+  s.set_oom({failed.tag, needed, free_bytes, failed.device});
+  return s;
+}
+
+std::vector<TagFigures> Saver::figures() const {
+  std::map<std::pair<std::string, int>, TagFigures> per;  // (tag, device)
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& entry : table_) {
+    const Allocation& a = entry.second;
+    TagFigures& f = per[{a.tag, a.device}];
+    f.allocations += 1;
+    f.reserved += a.size;
+    f.backs_up = f.backs_up || a.backs_up();
+    // An allocation mid-pause still holds its memory; one mid-resume does not yet.
+    bool resident = a.state == State::kActive || a.state == State::kPausing;
+    (resident ? f.resident : f.paused_bytes) += a.size;
+    if (a.state != State::kPausing && a.host_copy) f.host_backup += a.host_copy.size;  // retained copies count too
+  }
+  std::vector<TagFigures> out;
+  out.reserve(per.size() + tags_.size());
+  auto next = per.begin();
+  for (const auto& entry : tags_) {  // both in tag order
+    const bool has_allocations = next != per.end() && next->first.first == entry.first;
+    if (!has_allocations) out.push_back(TagFigures{entry.first, -1, 0, 0, 0, 0, 0, false, entry.second});
+    for (; next != per.end() && next->first.first == entry.first; ++next) {
+      TagFigures f = next->second;
+      f.tag = entry.first;
+      f.device = next->first.second;
+      f.info = entry.second;
+      out.push_back(std::move(f));
+    }
+  }
+  for (TagFigures& f : out) f.backs_up = f.backs_up || f.info.backs_up();
+  return out;
+}
+
+const Saver::Allocation* Saver::containing(uintptr_t address) const {
+  auto it = table_.upper_bound(address);
+  if (it == table_.begin()) return nullptr;
+  --it;
+  const Allocation& a = it->second;
+  return address < a.va + a.size ? &a : nullptr;
+}
+
+Status Saver::lease_backup(uintptr_t address, size_t nbytes, const void** host, HostBuffer* lease) {
+  // Not while a pause or resume copies: making a backup one registration re-registers it.
+  ForegroundOp op(*this);
+  HostBuffer backup;
+  uintptr_t start = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Allocation* a = containing(address);
+    if (a == nullptr || nbytes > a->va + a->size - address) {
+      return Status::Error(Code::kInvalidArgument,
+                           "memory at " + format_address(address) +
+                               " was not allocated inside a region (or has been freed)");
+    }
+    if (a->disk_marked && a->state == State::kPaused) {
+      return Status::Error(Code::kInvalidArgument,
+                           "the backup of tag '" + a->tag + "' at " + format_address(a->va) +
+                               " is in a disk file, not host memory: the node's host-memory budget could not "
+                               "hold it at its pause (saver.host_memory()); read it once resumed");
+    }
+    if (!a->backs_up() && !a->host_copy) {
+      return Status::Error(Code::kInvalidArgument,
+                           "tag '" + a->tag +
+                               "' keeps no CPU backup: enter its region with enable_cpu_backup=True");
+    }
+    // Resident, a copy kept by the cache is stale; one kept by retention is handed out, as
+    // torch_memory_saver does (its content is that of the last pause).
+    if (a->state == State::kPaused || a->retained) backup = a->host_copy;
+    start = a->va;
+  }
+  *host = nullptr;
+  *lease = HostBuffer();
+  if (!backup) return Status::Ok();
+  if (address - start > backup.size || nbytes > backup.size - (address - start)) {
+    return Status::Error(Code::kInvalidArgument,
+                         format_bytes(nbytes) + " at " + format_address(address) + " run past the " +
+                             format_bytes(backup.size) + " backed up of the allocation at " + format_address(start) +
+                             " (a backup holds the bytes that were asked for, not the rest of the last granule)");
+  }
+  // Users copy from it with torch in one piece, which must not cross registrations. Off mu_:
+  // re-registering gigabytes must not stall allocations and frees; op_mu_ keeps the backup
+  // paused, and the copy of the buffer keeps its memory alive even if it is freed meanwhile.
+  Status s = backup.arena->register_as_one(backup.offset, backup.size);
+  if (!s.ok()) return with_context(s, "page-locking the backup at " + format_address(start) + " as one range");
+  *host = backup.data() + (address - start);
+  *lease = std::move(backup);
+  return Status::Ok();
+}
+
+}  // namespace tmsl

@@ -1,0 +1,402 @@
+// The saver core: a table of the allocations made inside regions, keyed by virtual
+// address, and the pause/resume operations over them. Backend-agnostic; thread-safe.
+//
+// Locking: `mu_` guards the table and every allocation's state; it is never held across
+// backend calls. Pause and resume run one at a time (`op_mu_`); they mark the allocations
+// they work on as pausing/resuming, and a free of such an allocation waits until the
+// operation has settled it (`settled_`). Frees and allocations of other memory proceed.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/address_index.h"
+#include "platform/backend.h"
+#include "platform/backup_choice.h"
+#include "tiers/backup.h"
+#include "core/mapping.h"
+#include "platform/status.h"
+
+namespace tmsl {
+
+class CopyMarks;
+
+
+// What poison-on-resume writes into every byte: 0xFF.. is NaN in every float format.
+constexpr unsigned char kPoisonByte = 0xFF;
+
+// What the saver knows of one tag: its catalogue entry, created by the first region or
+// allocation that names it.
+struct TagInfo {
+  // The first explicit host-backup choice (kOn or kOff; kAuto until one): what its regions
+  // that give none follow.
+  BackupChoice backup = BackupChoice::kAuto;
+  bool graph_memory = false;  // a CUDA graph was captured into it
+  bool paused = false;        // paused and not resumed since
+  // Whether backups may stay in the host cache after a resume ("pinned"); false ("mmap"):
+  // host memory comes back at every resume unless retain_backups is set.
+  bool caches_backups = true;
+  // Wall time of the last successful pause / resume call that released / restored memory of
+  // the tag (the whole call, every tag it moved together); negative until there was one.
+  double last_pause_seconds = -1;
+  double last_resume_seconds = -1;
+  bool backs_up() const {
+    return backup == BackupChoice::kOn || (backup == BackupChoice::kAuto && graph_memory);
+  }
+};
+
+// What one tag holds on one device (device -1: a tag with no allocation), with the tag's
+// own facts repeated on each of its devices.
+struct TagFigures {
+  std::string tag;
+  int device = -1;
+  size_t allocations = 0, reserved = 0, resident = 0, paused_bytes = 0, host_backup = 0;
+  bool backs_up = false;  // a pause copies some of it to host memory
+  TagInfo info;
+};
+
+// Which tags a pause or resume covers: all of them, or the ones named.
+struct TagSelection {
+  bool all = true;
+  std::set<std::string> tags;
+  bool matches(const std::string& tag) const { return all || tags.count(tag) != 0; }
+};
+
+class Saver {
+ public:
+  explicit Saver(std::unique_ptr<Backend> backend);
+  // Gives back everything still held, paused or not.
+  ~Saver();
+
+  Backend& backend() { return *backend_; }
+
+  // Checks that `tag` may take new allocations (it is not paused), and enters it in the
+  // catalogue with its first explicit backup choice.
+  Status enter_tag(const std::string& tag, BackupChoice backup);
+  // Records that a CUDA graph is being captured while a region of `tag` is open: from now
+  // on a pause backs the tag up unless it was entered with an explicit kOff.
+  Status mark_graph_memory(const std::string& tag);
+  // The tag's catalogue entry; false when no region or allocation has named it.
+  bool tag_info(const std::string& tag, TagInfo* out) const;
+  // Whether the tag's backups may stay in the host cache after a resume (see TagInfo).
+  Status set_caches_backups(const std::string& tag, bool caches);
+
+  // The tag's allocations (address, size, device, the choice of the region that made it),
+  // in address order.
+  struct Range {
+    uintptr_t va;
+    size_t size;
+    int device;
+    BackupChoice choice;
+  };
+  std::vector<Range> allocations_of(const std::string& tag) const;
+  // Whether an allocation of the tags `selection` covers was made with `choice`.
+  bool has_choice(const TagSelection& selection, BackupChoice choice);
+
+  // Admits the allocation as enter_tag does, then reserves and maps it.
+  Status allocate(size_t size, int device, const std::string& tag, BackupChoice backup, uintptr_t* va);
+  // Frees an allocation, paused or not. `stream` is the stream the memory was last used
+  // on (torch passes it); only that stream is waited for, never the whole device.
+  Status free(uintptr_t va, void* stream);
+
+  // Waits for the devices' outstanding work, queues the copies of backed-up allocations to
+  // pinned host memory (all of them, before anything is released), then unmaps and
+  // releases the physical memory: allocations without backup at once, the others each as
+  // soon as its own copy has landed. The VA stays reserved. Already paused allocations are
+  // skipped. On error, every allocation is either still active with its content or paused
+  // with a complete backup.
+  Status pause(const TagSelection& selection);
+  // Maps fresh physical memory at the same addresses and restores backed-up content (each
+  // allocation's copy queued as soon as it is mapped);
+  // with poison on, memory without a backup is filled with 0xFF bytes (NaN as floats).
+  // All or nothing: on error (out of memory, say) whatever this call mapped is unmapped
+  // again and everything it covered stays paused, backups intact; a later call can succeed.
+  // Backups are freed in the background afterwards unless retention is on.
+  Status resume(const TagSelection& selection);
+
+  // Sets host memory aside, in the background, for the backups the next pause of
+  // `selection` will take: for every resident allocation of a tag that is backed up and may
+  // keep its backups cached, that has none yet, provided they all fit in the host cache
+  // beside what it holds already. That pause then copies at once, instead of waiting for
+  // fresh host memory to be faulted in and page-locked. Best effort: when the memory cannot
+  // be had now, the pause takes it itself. Named tags no region has used are skipped.
+  Status prepare_backups(const TagSelection& selection);
+
+  // The disk tier behind the node's host-memory budget; the Python side writes and reads the
+  // files, as for regions with disk backup. mark_spill marks backed-up resident allocations
+  // of `selection` that would need new host memory at their next pause as disk-backed (their
+  // effective choice is kDisk), largest first, until the rest fits in the node's budget with
+  // the other processes' host caches and this one's (less what this pause reuses) given
+  // back; with `everything`, all of them. Marks left on resident allocations of `selection`
+  // are judged afresh first. *bytes: the size of what it marked (what the files hold).
+  // A pause releases a marked allocation without a host copy only once note_spill_written
+  // said its file holds its content, during that very pause (the mark is dropped, and it is
+  // backed up to host memory, otherwise): nothing depends on the Python side running its
+  // hooks. unmark_spill drops the marks of the resident allocations of `selection` (after a
+  // resume has read their files back, or a failed pause).
+  Status mark_spill(const TagSelection& selection, bool everything, size_t* bytes);
+  Status note_spill_written(const std::vector<uintptr_t>& addresses);
+  Status unmark_spill(const TagSelection& selection);
+  // Bytes of paused allocations whose content a spill sent to disk.
+  size_t spilled_bytes() const;
+
+  // Returns once the work handed to the background has run: backups freed, host memory
+  // asked for by prepare_backups faulted in and page-locked.
+  void wait_for_released_backups() { background_.wait_idle(); }
+
+  // {"<tag>": {"allocations": n, "reserved_bytes": n, "resident_bytes": n,
+  //            "paused_bytes": n, "host_backup_bytes": n, "paused": b, "graph_memory": b,
+  //            "backs_up": b}, ...} for every tag in the catalogue
+  // Per tag and device, in tag order then device order.
+  std::vector<TagFigures> figures() const;
+
+  // For [address, address + nbytes) inside one backed-up allocation: *host points at its
+  // copy while paused (page-locked as one range, so one CUDA copy may cover it), nullptr
+  // while resident. Waits for a pause or resume in progress.
+  // *lease holds the copy's host memory: it stays valid while the lease lives, whatever
+  // resumes and frees happen meanwhile.
+  Status lease_backup(uintptr_t address, size_t nbytes, const void** host, HostBuffer* lease);
+
+  // Whether va is the start of one of this saver's allocations; takes no saver-wide lock.
+  bool owns(uintptr_t va) const { return index_.contains(va); }
+
+  // Free device memory an allocation or a resume must leave behind (0: none). Checked
+  // before each physical allocation, so the saver never takes the last bytes another
+  // engine on the GPU counts on.
+  void set_memory_margin(size_t bytes) { margin_bytes_.store(bytes); }
+  // Keep host backups after a successful resume and reuse them at the next pause, so a
+  // pause/resume cycle stops paying for host allocation.
+  void set_retain_backups(bool retain) { retain_backups_.store(retain); }
+  bool retain_backups() const { return retain_backups_.load(); }
+  // The host cache: after a resume, its backups stay (page-locked, ready for the next pause
+  // of the same memory) as long as all that is kept this way fits in `bytes`; 0 = none.
+  // Without it every pause would fault in and page-lock new host memory, at a fraction of
+  // the link's speed. Retention (above) keeps backups whatever their size.
+  // A lowered budget applies at once to what the cache holds already: whole arenas of
+  // resident allocations' copies are let go (least recently used first; retained ones stay)
+  // until the rest fits.
+  void set_host_cache_bytes(size_t bytes);
+  size_t host_cache_bytes() const { return host_cache_bytes_.load(); }
+  // Frees the host memory kept for resident allocations (the cache, retained backups).
+  void release_host_cache();
+  // The default cache budget: an eighth of the host memory this process may use (the least
+  // of the machine's memory, what is available and its container's limit), at most 32 GiB.
+  static size_t default_host_cache_bytes();
+  // Fill resumed memory that has no backup with 0xFF bytes, so code that wrongly reads
+  // discarded content sees NaN instead of plausible leftovers (a debugging aid).
+  void set_poison_on_resume(bool poison) { poison_on_resume_.store(poison); }
+  bool poison_on_resume() const { return poison_on_resume_.load(); }
+
+ private:
+  enum class State { kActive, kPausing, kPaused, kResuming };
+
+  struct Allocation {
+    uintptr_t va = 0;
+    size_t size = 0;  // reserved = mapped bytes, a multiple of the granularity
+    size_t requested = 0;  // the bytes asked for: what a backup holds (rounded to whole pages)
+    int device = 0;
+    std::string tag;
+    TagInfo* tag_info = nullptr;  // its tag's entry in tags_ (never erased), read under mu_
+    BackupChoice choice = BackupChoice::kAuto;  // its region's
+    // Marked for the disk tier (mark_spill), and whether its file holds its content
+    // (note_spill_written; false again once a pause ends with it resident, and once
+    // unmark_spill or the next mark_spill judges it afresh).
+    bool disk_marked = false;
+    bool spill_written = false;
+    BackupChoice effective_choice() const { return disk_marked ? BackupChoice::kDisk : choice; }
+    bool backup = false;  // whether the pause that claimed it copies it out (backs_up())
+    // Whether its host copy outlived a resume because backups were retained: such a copy is
+    // handed out while resident too (torch_memory_saver's retain_cpu_backup).
+    bool retained = false;
+    State state = State::kActive;
+    // Written only by the pause/resume that has claimed the allocation (state kPausing or
+    // kResuming) or under mu_.
+    Pieces physical;      // while active; mid-resume, the pieces mapped so far
+    HostBuffer host_copy;  // while paused with backup (or retained)
+    // The bytes a backup holds: what was asked for, to whole host pages; the rest of the
+    // last granule was never the caller's.
+    size_t backup_bytes() const { return std::min(size, (requested + kPageBytes - 1) / kPageBytes * kPageBytes); }
+    static constexpr size_t kPageBytes = 4096;
+    // Whether a pause copies it to host memory: its own choice, else its tag's.
+    bool backs_up() const {
+      switch (effective_choice()) {
+        case BackupChoice::kOn:
+        case BackupChoice::kOnUncached: return true;
+        case BackupChoice::kOff:
+        case BackupChoice::kDisk: return false;
+        case BackupChoice::kAuto: break;
+      }
+      return tag_info->backs_up();
+    }
+  };
+
+  // Checks that every tag `selection` names is in the catalogue; needs mu_.
+  Status check_known(const TagSelection& selection) const;
+  // The catalogue check behind enter_tag and allocate, giving the tag's entry; needs mu_.
+  Status admit(const std::string& tag, BackupChoice backup, TagInfo** entry = nullptr);
+  // The tag's catalogue entry, entered if new once its name meets the tag rule; needs mu_.
+  Status admit_name(const std::string& tag, TagInfo** entry, bool* is_new = nullptr);
+  // Marks the allocations in `from` state that match `selection` as `to`, each with its
+  // tag's backup decision, under the lock.
+  std::vector<Allocation*> claim(const TagSelection& selection, State from, State to);
+  // Calls visit(a) for every allocation of the tags `selection` covers; needs mu_.
+  template <typename Visit>
+  void for_each_selected(const TagSelection& selection, Visit&& visit);
+  // Sets the paused flag of the tags `selection` covers; needs mu_.
+  void set_paused(const TagSelection& selection, bool paused);
+  // pause / resume under op_mu_, naming the tags whose memory they moved; the public calls
+  // time them.
+  Status pause_locked(const TagSelection& selection, std::set<std::string>* moved);
+  Status resume_locked(const TagSelection& selection, std::set<std::string>* moved);
+  void note_duration(const std::set<std::string>& tags, std::chrono::steady_clock::time_point started,
+                     double TagInfo::*field);
+  // Moves claimed allocations [0, done) to `done_state` and the rest to `rest_state`, then
+  // wakes frees waiting on them. With `backups` (a pause), batch[i < done] takes
+  // backups[i] as its host copy; with `drop_backups` (a resume), batch[i < done] gives its
+  // host copy up. Whatever is let go is freed in the background.
+  void settle(const std::vector<Allocation*>& batch, size_t done, State done_state,
+              State rest_state, std::vector<HostBuffer>* backups, bool drop_backups);
+  static std::set<int> devices_of(const std::vector<Allocation*>& batch);
+  // Adds the tags of a batch's allocations to *tags.
+  static void note_tags(const std::vector<Allocation*>& batch, std::set<std::string>* tags);
+  Status synchronize_devices(const std::vector<Allocation*>& batch);
+  // Queues the copy of every backed-up allocation of the batch into host memory, marking
+  // the end of each allocation's copies in `copies`.
+  Status queue_backups(const std::vector<Allocation*>& batch, std::vector<HostBuffer>* backups,
+                       CopyMarks* copies);
+  // Queues the copy of a's host copy back into its piece k (freshly mapped), or the piece's
+  // poisoning.
+  Status restore(const Allocation& a, size_t k);
+  Status wait_copies(const std::vector<Allocation*>& batch);
+  Status release_physical(Allocation& a, bool* unmapped);
+  // Whether a resume of `batch` keeps its backups: retention on, or they fit in the cache
+  // beside what it already keeps. Needs mu_.
+  bool keeps_backups(const std::vector<Allocation*>& batch) const;
+  // Host memory the cache holds: every arena a resident allocation keeps a copy in, counted
+  // whole (an arena stays while any buffer of it is kept), and those of `more`. Needs mu_.
+  size_t cached_bytes(const std::vector<const HostBuffer*>& more) const;
+  // Takes the copies out of whole cached arenas, least recently used first, until at least
+  // `bytes` are let go or none is left (retained copies stay); the caller frees them. Needs
+  // mu_, and op_mu_ so that no pause is reusing them.
+  std::vector<HostBuffer> take_cache(size_t bytes);
+  // A cached arena a pause needing buffers of exactly `sizes` on `device` takes instead of
+  // fresh host memory, when the cache has no room for both (it would keep only the older
+  // copy): the least recently used one that fits exactly, its allocations' copies dropped
+  // (stale anyway: they are resident; a pause that fails lets the arena go). Null when none,
+  // and when the copies would be shared (the resume drops those, so the cache gains nothing).
+  // Needs mu_, and op_mu_ as take_cache.
+  std::shared_ptr<HostArena> recycle_cache(int device, const std::vector<size_t>& sizes);
+  // Whole cached arenas (every copy in them a resident allocation's, none retained), least
+  // recently used first, with the allocations keeping copies there. Needs mu_.
+  std::vector<std::pair<HostArena*, std::vector<Allocation*>>> cached_arenas();
+  // Tells the node's ledger how much host cache this saver could give back. Takes mu_.
+  void publish_cache();
+  // Another process of the node needs the room: gives the whole host cache back, unless a
+  // pause or resume of this saver is under way (the ledger asks again shortly).
+  void give_cache_back_on_request();
+  // How long a pause refused for want of room waits for the other processes' caches.
+  static constexpr std::chrono::milliseconds kPatienceForOthers{2000};
+  // Offers the large paused backups to the node's store (node_store.h), range by range, on
+  // the background thread after a pause.
+  void share_paused_backups();
+  // prepare_backups' work, on the background thread: takes the tags asked for so far,
+  // prepares them, and waits until their host memory is ready.
+  void prepare_pending();
+  // Sets the arenas up and hands their buffers out; returns them.
+  std::vector<std::shared_ptr<HostArena>> prepare_backups_now(const TagSelection& selection);
+  // Whether `a`, settling into `state`, may keep its host copy: not after a resume of an
+  // "mmap" tag, unless backups are retained. Under mu_.
+  bool cached_after_resume(const Allocation& a, State state) const;
+  // "tag 'kv' (2.00 GiB)" or "tags 'kv', 'weights' (...)": what a pause or resume covered.
+  static std::string describe(const std::vector<Allocation*>& batch);
+  // Chooses how a resume maps `a`: in pieces of the backend's resume piece size when it has
+  // a backup to copy in and is larger than one, in one piece otherwise.
+  Status plan_pieces(Allocation& a);
+  // Maps fresh memory for the next piece of `a` not yet mapped.
+  Status map_next_piece(Allocation& a);
+  Status out_of_memory_on_resume(const std::vector<Allocation*>& batch, const Allocation& failed,
+                                 const Status& cause);
+  const Allocation* containing(uintptr_t address) const;  // needs mu_
+
+  // Counts a caller waiting for something the sharing pass may hold up, for its lifetime.
+  class Waiting {
+   public:
+    explicit Waiting(std::atomic<int>& count) : count_(count) { count_++; }
+    ~Waiting() { count_--; }
+    Waiting(const Waiting&) = delete;
+    Waiting& operator=(const Waiting&) = delete;
+
+   private:
+    std::atomic<int>& count_;
+  };
+  // op_mu_ taken for a caller's operation (pause, resume, a lease, a cache change): the
+  // background sharing pass, which takes it range by range, makes way for it.
+  class ForegroundOp {
+   public:
+    explicit ForegroundOp(Saver& saver) : saver_(saver) {
+      Waiting waiting(saver_.foreground_waiting_);
+      saver_.op_mu_.lock();
+    }
+    ~ForegroundOp() { saver_.op_mu_.unlock(); }
+    ForegroundOp(const ForegroundOp&) = delete;
+    ForegroundOp& operator=(const ForegroundOp&) = delete;
+
+   private:
+    Saver& saver_;
+  };
+
+  std::shared_ptr<Backend> backend_;  // shared with host arenas, which leases may keep alive
+  std::mutex op_mu_;
+  std::atomic<int> foreground_waiting_{0};  // operations waiting for op_mu_ (ForegroundOp)
+  std::atomic<bool> cache_wanted_{false};   // another process asked for this one's cache meanwhile
+  std::atomic<bool> shared_copy_dropped_{false};  // a resume let a shared copy go (Saver::resume)
+  mutable std::mutex mu_;
+  std::condition_variable settled_;
+  // Allocations by base address, held in place: pointers to them stay valid until erased.
+  using Table = std::map<uintptr_t, Allocation>;
+  Table table_;
+  // The tag catalogue, under mu_. Entries are never erased: allocations point at theirs.
+  std::map<std::string, TagInfo> tags_;
+  Mappings mappings_;  // every take-down and its orphans; after backend_, which it uses
+  AddressIndex index_;
+  std::atomic<size_t> margin_bytes_{0};
+  std::atomic<bool> retain_backups_{false};
+  std::atomic<size_t> host_cache_bytes_{default_host_cache_bytes()};
+  std::atomic<bool> poison_on_resume_{false};
+  std::atomic<size_t> published_cache_{0};  // what the node's ledger was last told
+  std::atomic<bool> any_marked_{false};  // some allocation is marked by mark_spill
+  std::atomic<bool> closing_{false};  // the saver is going: background preparation stops
+  // Tags whose host memory is to be prepared, and whether a task to do it is queued.
+  std::mutex prepare_mu_;
+  TagSelection prepare_pending_{false, {}};
+  bool prepare_queued_ = false;
+  BackgroundWork background_;  // declared after backend_: freeing backups uses it
+};
+
+// One walk in address order, as torch_memory_saver's pause does. A per-tag index cost every
+// allocation a heap node and a tree insertion and removal (bench_core_overhead.py) to spare a
+// pause a compare per allocation of other tags.
+template <typename Visit>
+void Saver::for_each_selected(const TagSelection& selection, Visit&& visit) {
+  const TagInfo* last = nullptr;  // a tag's allocations often lie together: its answer is kept
+  bool selected = selection.all;
+  for (auto& entry : table_) {
+    Allocation& a = entry.second;
+    if (!selection.all && a.tag_info != last) {
+      last = a.tag_info;
+      selected = selection.matches(a.tag);
+    }
+    if (selected) visit(a);
+  }
+}
+
+}  // namespace tmsl

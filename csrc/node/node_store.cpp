@@ -1,0 +1,317 @@
+#include "node/node_store.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "platform/environment.h"
+#include "node/node_ledger.h"
+
+namespace tmsl {
+
+bool private_to_this_user(const struct stat& st) {
+  return st.st_uid == geteuid() && (st.st_mode & 022) == 0;
+}
+
+namespace {
+
+// The store's directory, opened and trusted only if it is this user's and nobody else may
+// write it: /dev/shm is every user's, and another one could plant a store or chunks. Every
+// use goes through the descriptor, never the path again. -1: none (or not trusted).
+class StoreDirectory {
+ public:
+  StoreDirectory(const std::string& path, bool create) {
+    if (path.empty()) return;
+    if (create && mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) return;
+    fd_ = open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st {};
+    if (fd_ >= 0 && (fstat(fd_, &st) != 0 || !private_to_this_user(st))) {
+      close(fd_);
+      fd_ = -1;
+    }
+  }
+  ~StoreDirectory() {
+    if (fd_ >= 0) close(fd_);
+  }
+  StoreDirectory(const StoreDirectory&) = delete;
+  StoreDirectory& operator=(const StoreDirectory&) = delete;
+  int fd() const { return fd_; }
+
+  // Calls visit(name) for each entry but "." and "..".
+  template <typename Visit>
+  void each(Visit&& visit) const {
+    const int listing = fd_ < 0 ? -1 : dup(fd_);
+    DIR* dir = listing < 0 ? nullptr : fdopendir(listing);
+    if (dir == nullptr) {
+      if (listing >= 0) close(listing);
+      return;
+    }
+    rewinddir(dir);
+    while (const dirent* entry = readdir(dir)) {
+      if (strcmp(entry->d_name, ".") != 0 && strcmp(entry->d_name, "..") != 0) visit(entry->d_name);
+    }
+    closedir(dir);
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// A chunk is trusted only as this user's read-only regular file.
+bool trusted_chunk(const struct stat& st) {
+  return S_ISREG(st.st_mode) && private_to_this_user(st) && (st.st_mode & 0200) == 0;
+}
+
+// Opens chunk `name` of the store without following links or blocking (a FIFO planted there
+// must not hang anyone); -1 unless it is a trusted chunk.
+int open_chunk(int directory, const char* name) {
+  const int fd = openat(directory, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  struct stat st {};
+  if (fd >= 0 && (fstat(fd, &st) != 0 || !trusted_chunk(st))) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Removes chunk `name` (open at `fd`) if no other process holds it. (Converting a shared
+// lock is not atomic, and a refusal leaves none: callers are letting the chunk go.)
+void unlink_if_unheld(int directory, int fd, const char* name) {
+  struct stat open_file {}, named {};
+  if (flock(fd, LOCK_EX | LOCK_NB) == 0 && fstat(fd, &open_file) == 0 && open_file.st_nlink > 0 &&
+      fstatat(directory, name, &named, AT_SYMLINK_NOFOLLOW) == 0 && named.st_ino == open_file.st_ino &&
+      named.st_dev == open_file.st_dev) {
+    unlinkat(directory, name, 0);
+  }
+}
+
+// A shared lock without waiting long: one held exclusively is being removed by its last holder.
+bool shared_lock(int fd) {
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    if (flock(fd, LOCK_SH | LOCK_NB) == 0) return true;
+    if (errno != EWOULDBLOCK && errno != EINTR) return false;
+    usleep(1000);
+  }
+  return false;
+}
+
+Status write_all(int fd, const char* data, size_t size) {
+  for (size_t done = 0; done < size;) {
+    const ssize_t n = pwrite(fd, data + done, size - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return errno_status("writing a shared backup chunk", n < 0 ? errno : EIO);
+    done += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+// The chunks this process holds (descriptor -> path). At exit each is removed if nobody else
+// holds it: the process-wide saver is never destroyed, and its chunks would stay in memory.
+// A forked child closes its copies at once: they would keep the parent's chunks alive.
+class HeldChunks {
+ public:
+  HeldChunks() {
+    std::atexit([] { instance().let_go_all(); });
+    // The map is locked across a fork, so the child finds it whole.
+    pthread_atfork([] { instance().mu_.lock(); }, [] { instance().mu_.unlock(); },
+                   [] { instance().forget_in_child(); });
+  }
+  static HeldChunks& instance() {
+    static HeldChunks* chunks = new HeldChunks();  // never destroyed: used at exit
+    return *chunks;
+  }
+  // False once the process is exiting: the caller lets the chunk go itself.
+  bool add(int fd, const std::string& path) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (exiting_) return false;
+    paths_[fd] = path;
+    return true;
+  }
+  // The chunk's path, taken off the list; false when it was let go of already (at exit).
+  bool take(int fd, std::string* path) {
+    if (in_forked_child()) return false;  // closed when the child started
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = paths_.find(fd);
+    if (it == paths_.end()) return false;
+    *path = std::move(it->second);
+    paths_.erase(it);
+    return true;
+  }
+
+ private:
+  // At exit: each chunk nobody else holds is removed; the descriptors are left to the kernel
+  // (a background thread may still be using one), and nobody closes them from now on.
+  void let_go_all() {
+    if (in_forked_child()) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    exiting_ = true;
+    for (const auto& entry : paths_) with_directory(entry.second, [&](int directory, const char* name) {
+      unlink_if_unheld(directory, entry.first, name);
+    });
+    paths_.clear();
+  }
+  // In a forked child (the map locked by the fork): its copies of the descriptors closed.
+  void forget_in_child() {
+    for (const auto& entry : paths_) close(entry.first);
+    paths_.clear();
+    mu_.unlock();
+  }
+
+  std::mutex mu_;
+  std::map<int, std::string> paths_;
+  bool exiting_ = false;
+
+ public:
+  // Removes the chunk if nobody else holds it, and closes fd.
+  static void let_go(int fd, const std::string& path) {
+    with_directory(path, [&](int directory, const char* name) { unlink_if_unheld(directory, fd, name); });
+    close(fd);
+  }
+  // Calls use(directory fd, name) for a chunk's path, if its directory is trusted.
+  template <typename Use>
+  static void with_directory(const std::string& path, Use&& use) {
+    const size_t slash = path.rfind('/');
+    if (slash == std::string::npos) return;
+    StoreDirectory directory(path.substr(0, slash), false);
+    if (directory.fd() >= 0) use(directory.fd(), path.c_str() + slash + 1);
+  }
+};
+
+}  // namespace
+
+bool NodeStore::enabled() {
+  return process_defaults().share_backups;
+}
+
+std::string NodeStore::directory_for(const std::string& ledger_path) {
+  return ledger_path.empty() ? std::string() : ledger_path + ".store";
+}
+
+size_t NodeStore::bytes_in(const std::string& path) {
+  StoreDirectory directory(path, false);
+  size_t bytes = 0;
+  directory.each([&](const char* name) {
+    struct stat st {};
+    // The memory a trusted chunk takes (a sparse file planted there takes none).
+    if (fstatat(directory.fd(), name, &st, AT_SYMLINK_NOFOLLOW) == 0 && trusted_chunk(st)) {
+      bytes += static_cast<size_t>(st.st_blocks) * 512;
+    }
+  });
+  return bytes;
+}
+
+uint64_t content_hash(const char* data, size_t size) {
+  // Four independent lanes over 8-byte words (the loads and multiplies overlap), then mixed.
+  constexpr uint64_t kPrime = 0x9E3779B97F4A7C15ULL;
+  uint64_t lane[4] = {size, ~size, kPrime, 0};
+  size_t at = 0;
+  for (; at + 32 <= size; at += 32) {
+    for (int i = 0; i < 4; ++i) {
+      uint64_t word;
+      memcpy(&word, data + at + 8 * i, 8);
+      lane[i] = (lane[i] ^ word) * kPrime;
+      lane[i] ^= lane[i] >> 29;
+    }
+  }
+  uint64_t h = lane[0] ^ (lane[1] * 3) ^ (lane[2] * 5) ^ (lane[3] * 7);
+  for (; at < size; ++at) h = (h ^ static_cast<unsigned char>(data[at])) * kPrime;
+  h ^= h >> 31;
+  h *= kPrime;
+  return h ^ (h >> 29);
+}
+
+Status NodeStore::share(const char* data, size_t size, int* fd, std::string* chunk_path) {
+  const std::string path = directory_for(NodeLedger::instance().path());
+  StoreDirectory directory(path, true);
+  if (directory.fd() < 0) {
+    return Status::Error(Code::kHostError, "the shared backup store " + path +
+                                               " is not a directory of this user that only it may write");
+  }
+  char name[64];
+  snprintf(name, sizeof(name), "%016llx-%zu", static_cast<unsigned long long>(content_hash(data, size)), size);
+  const std::string named_path = path + "/" + name;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    int chunk = openat(directory.fd(), name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (chunk >= 0) {
+      struct stat st {};
+      if (!shared_lock(chunk) || fstat(chunk, &st) != 0 || st.st_nlink == 0) {
+        close(chunk);  // being removed by its last holder: look again
+        continue;
+      }
+      if (!trusted_chunk(st)) {
+        close(chunk);
+        return Status::Error(Code::kHostError, "the shared backup chunk " + named_path +
+                                                   " is not this user's read-only file");
+      }
+      void* mapped = st.st_size == static_cast<off_t>(size)
+                         ? mmap(nullptr, size, PROT_READ, MAP_SHARED, chunk, 0) : MAP_FAILED;
+      const bool same = mapped != MAP_FAILED && memcmp(mapped, data, size) == 0;
+      if (mapped != MAP_FAILED) munmap(mapped, size);
+      if (!same) {
+        close(chunk);
+        return Status::Error(Code::kHostError, "the shared backup chunk " + named_path + " holds other bytes");
+      }
+    } else {
+      if (errno != ENOENT) return errno_status("opening the shared backup chunk " + named_path, errno);
+      // A new chunk: its bytes are the node's budget's while it is being made, and the
+      // store's (which the ledger counts) once it has its name.
+      Status s = NodeLedger::instance().reserve(size);
+      if (!s.ok()) return s;
+      chunk = openat(directory.fd(), ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+      if (chunk < 0) s = errno_status("making a shared backup chunk in " + path, errno);
+      if (s.ok() && ftruncate(chunk, static_cast<off_t>(size)) != 0) s = errno_status("sizing a chunk", errno);
+      if (s.ok()) s = write_all(chunk, data, size);
+      if (s.ok() && fchmod(chunk, 0400) != 0) s = errno_status("making a shared backup chunk read-only", errno);
+      if (s.ok() && flock(chunk, LOCK_SH) != 0) s = errno_status("holding a shared backup chunk", errno);
+      char link[64];
+      snprintf(link, sizeof(link), "/proc/self/fd/%d", chunk);
+      const bool linked = s.ok() && linkat(AT_FDCWD, link, directory.fd(), name, AT_SYMLINK_FOLLOW) == 0;
+      const int error = errno;
+      NodeLedger::instance().give_back(size);
+      if (!linked) {
+        if (chunk >= 0) close(chunk);
+        if (!s.ok()) return s;
+        if (error != EEXIST) return errno_status("naming the shared backup chunk " + named_path, error);
+        continue;  // another process published the same bytes first: take theirs
+      }
+    }
+    if (!HeldChunks::instance().add(chunk, named_path)) {  // the process is exiting
+      HeldChunks::let_go(chunk, named_path);
+      return Status::Error(Code::kHostError, "the process is exiting: backups are not shared");
+    }
+    *fd = chunk;
+    *chunk_path = named_path;
+    return Status::Ok();
+  }
+  return Status::Error(Code::kHostError, "the shared backup chunk " + named_path + " kept changing; kept a private copy");
+}
+
+void NodeStore::release(int fd) {
+  std::string path;
+  if (HeldChunks::instance().take(fd, &path)) HeldChunks::let_go(fd, path);
+}
+
+void NodeStore::collect_garbage(const std::string& path) {
+  StoreDirectory directory(path, false);
+  directory.each([&](const char* name) {
+    const int chunk = open_chunk(directory.fd(), name);
+    if (chunk >= 0) {
+      unlink_if_unheld(directory.fd(), chunk, name);
+      close(chunk);
+    }
+  });
+}
+
+}  // namespace tmsl

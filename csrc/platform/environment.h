@@ -1,0 +1,73 @@
+// The one reader of the TMSL_*/TMS_* variables, for both languages (Python reads the result
+// through tmsl_process_defaults and tmsl_disk_backup_settings), with one grammar per kind:
+//   flag         0, 1, false or true, in any case
+//   whole number ASCII digits within the setting's range
+//   size         a whole number of bytes above 0, optionally followed by K, M, G or T
+//                (powers of 1024, in any case): 65536, 512M, 64G
+//   choice       one of the setting's names, in any case
+// Surrounding spaces are ignored and an empty value counts as unset. A setting that also has
+// a torch_memory_saver name (TMS_*) is read from whichever is set; both set to different
+// values is an error. A bad value is never fatal: it is kept as an error naming the
+// variable, the value and what it takes, which Python raises at first use.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "platform/backup_choice.h"
+#include "platform/status.h"
+
+namespace tmsl {
+
+// The grammar itself (false: not of that form).
+bool parse_flag(const std::string& text, bool* out);
+bool parse_whole_number(const std::string& text, size_t* out);
+bool parse_size(const std::string& text, size_t* out);
+
+constexpr size_t kMaxDiskBackupDirBytes = 4096;  // with its NUL: what TmslProcessDefaults holds
+
+// Read once, at first use:
+//   TMSL_REGION_ALL_THREADS / TMS_INIT_ENABLE (flag)   every thread allocates in a region
+//                               unless told otherwise
+//   TMSL_DEFAULT_TAG=<tag>      that region's tag (default "default")
+//   TMSL_DEFAULT_CPU_BACKUP / TMS_INIT_ENABLE_CPU_BACKUP (flag)   its backup setting (unset:
+//                               back up graph memory only)
+//   TMSL_DEFAULT_DISK_BACKUP / TMS_INIT_ENABLE_DISK_BACKUP (flag)   its content goes to disk
+//                               at a pause instead (kDisk)
+//   TMSL_DEFAULT_CPU_BACKUP_BACKEND / TMS_INIT_CPU_BACKUP_BACKEND (pinned|mmap)   the backend
+//                               of backed-up regions that name none; with mmap the default
+//                               region's choice is kOnUncached
+//   TMSL_POISON_ON_RESUME (flag)   savers start with poison on resume turned on
+//   TMSL_RETAIN_CPU_BACKUP / TMS_RETAIN_CPU_BACKUP (flag)   keep host backups after a resume
+//   TMSL_DISK_BACKUP_DIR / TMS_DISK_BACKUP_DIR (path)   where disk backups go; checked where used
+//   TMSL_SHARE_BACKUPS (flag)   identical large backups are stored once per node
+//   TMSL_HOST_MEMORY_BUDGET (size)   the node's host-memory budget, set when the ledger opens
+// A bad value leaves the default regions off and is kept in `error`.
+struct ProcessDefaults {
+  bool all_threads = false;
+  std::string tag = "default";
+  BackupChoice backup = BackupChoice::kAuto;
+  bool caches_backups = true;  // the default backend is "pinned"
+  bool poison_on_resume = false;
+  bool retain_backups = false;
+  std::string disk_backup_dir_variable;  // the variable that named it ("": none did)
+  std::string disk_backup_dir;
+  bool share_backups = false;
+  size_t host_memory_budget = 0;  // 0: not set
+  std::string host_memory_budget_error;  // what is wrong with it ("": nothing); also in `error`
+  std::string error;
+};
+const ProcessDefaults& process_defaults();
+
+// Read at each call (each disk-backed pause): TMSL_DISK_BACKUP_CHUNK_MB /
+// TMS_DISK_BACKUP_CHUNK_MB (whole number of MiB, 1 to 4096, default 64) and
+// TMSL_DISK_BACKUP_WORKERS (whole number, 1 to 64, default 4). kInvalidArgument names a bad one.
+constexpr size_t kDefaultDiskChunkMiB = 64, kMaxDiskChunkMiB = 4096;
+constexpr size_t kDefaultDiskWorkers = 4, kMaxDiskWorkers = 64;
+Status disk_backup_settings(size_t* chunk_bytes, size_t* workers);
+
+// The CUDA driver library to open: TMSL_CUDA_DRIVER_LIBRARY, else libcuda.so.1 (read at each
+// call: the CUDA backend and the driver probe each open it once).
+std::string cuda_driver_library();
+
+}  // namespace tmsl

@@ -1,0 +1,451 @@
+#include "tiers/backup.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <new>
+#include <system_error>
+
+#include "node/node_ledger.h"
+#include "node/node_store.h"
+
+namespace tmsl {
+namespace {
+
+// At process exit the driver is torn down while these threads may be inside it (faulting in
+// or page-locking memory set aside a moment before, unpinning a backup): an exit handler
+// stops them at their next step and waits, briefly, until none is inside.
+std::atomic<bool> g_exiting{false};
+std::mutex g_live_mu;
+std::condition_variable g_live_changed;
+int g_live = 0;  // threads doing arena or background work right now
+
+void stop_background_threads_at_exit() {
+  g_exiting.store(true);
+  if (in_forked_child()) return;  // the parent's threads are not here to wait for
+  std::unique_lock<std::mutex> lock(g_live_mu);
+  g_live_changed.wait_for(lock, std::chrono::seconds(5), [] { return g_live == 0; });
+}
+
+// Counts the calling thread as live for its lifetime; registers the exit handler once.
+class Live {
+ public:
+  Live() {
+    static const bool registered = std::atexit(stop_background_threads_at_exit) == 0;
+    (void)registered;
+    std::lock_guard<std::mutex> lock(g_live_mu);
+    ++g_live;
+  }
+  ~Live() {
+    std::lock_guard<std::mutex> lock(g_live_mu);
+    --g_live;
+    g_live_changed.notify_all();
+  }
+  Live(const Live&) = delete;
+  Live& operator=(const Live&) = delete;
+};
+
+constexpr size_t kRangeAlignment = 2 << 20;  // huge-page aligned: no page is in two ranges
+constexpr size_t kBufferAlignment = 4096;
+
+size_t round_up(size_t n, size_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+// Background work has nobody to report to: a task says what went wrong its own way (a
+// failed preparation just leaves the next pause to take host memory itself).
+void run_quietly(const std::function<void()>& task) {
+  try {
+    task();
+  } catch (...) {
+  }
+}
+
+// A forked child gets none of an arena's pages (each new mapping over it is marked again): its
+// savers refuse every call, and pages it kept would be memory the node's ledger counts as the
+// parent's alone.
+void keep_from_children(void* at, size_t size) { madvise(at, size, MADV_DONTFORK); }
+
+// Maps fresh private memory over [at, at + size) and fills it from the chunk open at `fd`.
+bool private_copy(char* at, size_t size, int fd) {
+  if (mmap(at, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED) return false;
+  keep_from_children(at, size);
+  return pread(fd, at, size, 0) == static_cast<ssize_t>(size);
+}
+
+size_t fault_in_workers(size_t pieces) {
+  // One core is left to the thread that page-locks and the one that copies.
+  size_t cores = std::max<size_t>(1, std::thread::hardware_concurrency());
+  return std::min<size_t>({pieces, std::max<size_t>(1, cores - 1), 15});
+}
+
+}  // namespace
+
+Status HostArena::create(std::shared_ptr<Backend> backend, int device, const std::vector<size_t>& buffer_sizes,
+                         std::shared_ptr<HostArena>* out) {
+  std::shared_ptr<HostArena> arena(new HostArena(std::move(backend), device, buffer_sizes));
+  Status budget = NodeLedger::instance().reserve(arena->used_);
+  if (!budget.ok()) return budget;
+  arena->reserved_ = true;
+  arena->note_use();
+  void* p = mmap(nullptr, arena->size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    return errno_status("cannot allocate " + format_bytes(arena->size_) + " of host memory for backups", errno);
+  }
+  madvise(p, arena->size_, MADV_HUGEPAGE);  // advisory: a kernel without THP still works
+  keep_from_children(p, arena->size_);
+  arena->data_ = static_cast<char*>(p);
+  HostArena* a = arena.get();
+  auto start = [&](void (HostArena::*work)()) {
+    try {
+      arena->workers_.emplace_back([a, work] { (a->*work)(); });
+      return true;
+    } catch (const std::exception&) {
+      return false;  // a thread, memory or address-space limit: the caller does that part itself
+    }
+  };
+  // Room for every thread first: a vector that failed to grow after the registrar started
+  // would leave it waiting for pages nobody faults in.
+  const size_t faulters = fault_in_workers(arena->pieces_.size());
+  arena->workers_.reserve(faulters + 1);
+  const bool registrar = start(&HostArena::page_lock);
+  size_t faulting = 0;
+  while (faulting < faulters && start(&HostArena::fault_in)) ++faulting;
+  if (faulting == 0) arena->fault_in();
+  if (!registrar) arena->page_lock();
+  *out = std::move(arena);
+  return Status::Ok();
+}
+
+HostArena::HostArena(std::shared_ptr<Backend> backend, int device, const std::vector<size_t>& buffer_sizes)
+    : backend_(std::move(backend)), device_(device), buffer_sizes_(buffer_sizes) {
+  // Buffers in order. Small ones share a range until it has kRangeBytes; a larger one starts
+  // a range and is cut into ranges of kRangeBytes, and the buffer after it starts a new one.
+  bool range_full = true;
+  for (size_t size : buffer_sizes) {
+    const bool large = size > kRangeBytes;
+    if (range_full || large) start_range(round_up(size_, kRangeAlignment));
+    const size_t offset = size_;
+    buffer_offsets_.push_back(offset);
+    for (size_t at = kRangeBytes; large && at < size; at += kRangeBytes) {
+      ranges_.back().size = kRangeBytes;
+      start_range(offset + at);
+    }
+    size_ = round_up(offset + size, kBufferAlignment);
+    ranges_.back().size = size_ - ranges_.back().start;
+    range_full = large || ranges_.back().size >= kRangeBytes;
+  }
+  for (size_t r = 0; r < ranges_.size(); ++r) {
+    for (size_t at = 0; at < ranges_[r].size; at += kPieceBytes) {
+      pieces_.push_back(Piece{r, ranges_[r].start + at, std::min(kPieceBytes, ranges_[r].size - at)});
+      ++ranges_[r].pieces_left;
+    }
+  }
+  ranges_left_ = ranges_.size();
+  for (const Range& range : ranges_) used_ += range.size;
+}
+
+bool HostArena::fits_exactly(int device, const std::vector<size_t>& buffer_sizes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return device == device_ && buffer_sizes == buffer_sizes_ && !leased_ && shared_ranges_.load() == 0;
+}
+
+void HostArena::start_range(size_t at) {
+  ranges_.emplace_back();
+  ranges_.back().start = at;
+  size_ = at;
+}
+
+void HostArena::note_use() {
+  static std::atomic<uint64_t> uses{0};
+  last_use_.store(++uses);
+}
+
+bool HostArena::stopping() const { return stopping_.load() || g_exiting.load(); }
+
+void HostArena::fault_in() {
+  Live live;
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  // Pieces are taken in order, so the first ranges are ready first.
+  for (size_t p = next_piece_++; p < pieces_.size() && !stopping(); p = next_piece_++) {
+    const Piece& piece = pieces_[p];
+    // Faulting the pages in here, in parallel, is much faster than inside the registration.
+    for (size_t off = 0; off < piece.size; off += page) data_[piece.start + off] = 0;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--ranges_[piece.range].pieces_left == 0) changed_.notify_all();
+  }
+  if (stopping()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    changed_.notify_all();  // the registrar and wait_prepared stop waiting for pages
+  }
+}
+
+void HostArena::page_lock() {
+  Live live;
+  // One thread, in order: registrations on many threads at once run slower in the driver.
+  for (Range& range : ranges_) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      changed_.wait(lock, [&] { return range.pieces_left == 0 || stopping(); });
+      if (stopping()) {
+        changed_.notify_all();
+        return;
+      }
+    }
+    // A failure is not final: the range's first copy tries again (for_each_part).
+    const bool registered = range.size != 0 && backend_->register_host(device_, data_ + range.start, range.size, false).ok();
+    std::lock_guard<std::mutex> lock(mu_);
+    range.registered = registered;
+    range.done = true;
+    --ranges_left_;
+    changed_.notify_all();
+  }
+}
+
+void HostArena::wait_prepared() {
+  std::unique_lock<std::mutex> lock(mu_);
+  changed_.wait(lock, [&] { return ranges_left_ == 0 || stopping(); });
+}
+
+size_t HostArena::range_index(size_t offset) const {
+  auto after = std::upper_bound(ranges_.begin(), ranges_.end(), offset,
+                                [](size_t at, const Range& r) { return at < r.start; });
+  return static_cast<size_t>(after - ranges_.begin()) - 1;
+}
+
+Status HostArena::for_each_part(size_t offset, size_t size, const std::function<Status(size_t, size_t)>& part) {
+  for (size_t at = offset, end = offset + size; at < end;) {
+    size_t range_end = 0;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      Range& range = ranges_[range_index(at)];
+      changed_.wait(lock, [&] { return range.done; });
+      if (!range.registered && range.size != 0) {
+        // Its page-locking failed (prepared in the background, perhaps long before), or it
+        // lost it when register_as_one failed to put it back: try again now.
+        Status s = backend_->register_host(device_, data_ + range.start, range.size, range.shared_fd >= 0);
+        // A shared range the driver cannot page-lock read-only is made private again.
+        if (!s.ok() && range.shared_fd >= 0 && unshare(range).ok()) {
+          s = backend_->register_host(device_, data_ + range.start, range.size, false);
+        }
+        if (!s.ok()) return s;
+        range.registered = true;
+      }
+      range_end = range.start + range.size;
+    }
+    if (range_end <= at) return Status::Error(Code::kHostError, "a backup lies outside its host memory ranges");
+    const size_t n = std::min(end, range_end) - at;
+    Status s = part(at, n);
+    if (!s.ok()) return s;
+    at += n;
+  }
+  return Status::Ok();
+}
+
+Status HostArena::register_as_one(size_t offset, size_t size) {
+  if (size == 0) return Status::Ok();
+  std::unique_lock<std::mutex> lock(mu_);
+  changed_.wait(lock, [&] { return ranges_left_ == 0; });
+  leased_ = true;
+  const size_t first = range_index(offset), last = range_index(offset + size - 1);
+  for (size_t r = first; r <= last; ++r) {
+    // A user may write what is leased: shared ranges become private first.
+    if (ranges_[r].shared_fd < 0) continue;
+    if (ranges_[r].registered) ranges_[r].registered = !backend_->unregister_host(device_, data_ + ranges_[r].start).ok();
+    Status s = ranges_[r].registered ? Status::Error(Code::kHostError, "a shared backup range stayed page-locked")
+                                     : unshare(ranges_[r]);
+    if (!s.ok()) return s;
+  }
+  if (first == last && (ranges_[first].registered || ranges_[first].size == 0)) return Status::Ok();
+  // A large buffer's ranges hold nothing else: unregister them, register the span once.
+  // (One range whose page-locking failed earlier is page-locked here too.)
+  const size_t start = ranges_[first].start, end = ranges_[last].start + ranges_[last].size;
+  for (size_t r = first; r <= last; ++r) {
+    if (ranges_[r].registered) ranges_[r].registered = !backend_->unregister_host(device_, data_ + ranges_[r].start).ok();
+  }
+  Status s = backend_->register_host(device_, data_ + start, end - start, false);
+  if (!s.ok()) {
+    // Back as it was, so the copies range by range still work; a range that cannot be
+    // page-locked again now is tried again by the next copy (for_each_part).
+    for (size_t r = first; r <= last; ++r) {
+      if (!ranges_[r].registered) {
+        ranges_[r].registered =
+            backend_->register_host(device_, data_ + ranges_[r].start, ranges_[r].size, ranges_[r].shared_fd >= 0).ok();
+      }
+    }
+    return s;
+  }
+  ranges_[first].size = end - start;
+  ranges_[first].registered = true;
+  ranges_.erase(ranges_.begin() + static_cast<std::ptrdiff_t>(first) + 1,
+                ranges_.begin() + static_cast<std::ptrdiff_t>(last) + 1);
+  return Status::Ok();
+}
+
+HostArena::~HostArena() {
+  {
+    // Nobody holds a buffer of it any more: memory not yet prepared is not needed.
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_.store(true);
+  }
+  changed_.notify_all();
+  for (std::thread& worker : workers_) worker.join();
+  for (const Range& range : ranges_) {
+    if (range.registered) backend_->unregister_host(device_, data_ + range.start);
+  }
+  if (data_ != nullptr) munmap(data_, size_);
+  for (const Range& range : ranges_) {
+    if (range.shared_fd >= 0) NodeStore::release(range.shared_fd);
+  }
+  if (reserved_) NodeLedger::instance().give_back(used_ - shared_bytes_.load());
+}
+
+Status HostArena::unshare(Range& range) {
+  const bool reserve = range.counted && reserved_;  // its bytes were given back when it was shared
+  if (reserve) {
+    Status s = NodeLedger::instance().reserve(range.size);
+    if (!s.ok()) return s;
+  }
+  char* at = data_ + range.start;
+  // Fresh private memory in its place, filled from the chunk (which holds the same bytes);
+  // should that fail, the chunk is mapped there again.
+  const bool back = private_copy(at, range.size, range.shared_fd);
+  if (!back) {
+    const int error = errno;
+    if (mmap(at, range.size, PROT_READ, MAP_SHARED | MAP_FIXED, range.shared_fd, 0) != MAP_FAILED) {
+      keep_from_children(at, range.size);
+    }
+    if (reserve) NodeLedger::instance().give_back(range.size);
+    return errno_status("making a shared backup range private again", error);
+  }
+  NodeStore::release(range.shared_fd);
+  range.shared_fd = -1;
+  shared_ranges_--;
+  if (range.counted) shared_bytes_ -= range.size;
+  range.counted = false;
+  return Status::Ok();
+}
+
+std::vector<size_t> HostArena::ranges_within(size_t offset, size_t size) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<size_t> within;
+  for (size_t r = 0; r < ranges_.size(); ++r) {
+    if (ranges_[r].start >= offset && ranges_[r].start + ranges_[r].size <= offset + size) within.push_back(r);
+  }
+  return within;
+}
+
+Status HostArena::share_range(size_t index) {
+  std::unique_lock<std::mutex> lock(mu_);
+  changed_.wait(lock, [&] { return ranges_left_ == 0 || stopping(); });
+  if (index >= ranges_.size() || leased_ || stopping()) return Status::Ok();
+  Range& range = ranges_[index];
+  if (range.shared_fd >= 0 || !range.done || range.size == 0) return Status::Ok();
+  char* at = data_ + range.start;
+  int fd = -1;
+  std::string path;  // (named in the store; the descriptor is what this arena keeps)
+  Status s = NodeStore::share(at, range.size, &fd, &path);
+  if (!s.ok()) return s;
+  if (range.registered) range.registered = !backend_->unregister_host(device_, at).ok();
+  if (range.registered) {  // still page-locked: its pages cannot be replaced
+    NodeStore::release(fd);
+    return Status::Error(Code::kHostError, "a backup range could not be unpinned to be shared");
+  }
+  // The chunk holds the same bytes: mapped over the range, the range's own pages go back.
+  if (mmap(at, range.size, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+    // The range may be gone: its bytes come back from the chunk, into fresh private memory.
+    const int error = errno;
+    const bool back = private_copy(at, range.size, fd);
+    NodeStore::release(fd);
+    return back ? errno_status("mapping a shared backup chunk", error)
+                : Status::Error(Code::kHostError, "a backup range lost its mapping and could not be read back");
+  }
+  range.shared_fd = fd;
+  shared_ranges_++;
+  keep_from_children(at, range.size);  // the ledger counts the chunk once
+  range.registered = backend_->register_host(device_, at, range.size, true).ok();
+  if (!range.registered) {
+    // A driver that cannot page-lock it read-only: private again now, while its bytes are
+    // still this process's in the budget (a resume must never need room to copy it back).
+    Status back = unshare(range);
+    if (back.ok()) range.registered = backend_->register_host(device_, at, range.size, false).ok();
+    return back.ok() ? Status::Error(Code::kHostError, "read-only page-locking refused: the range stays private")
+                     : back;
+  }
+  range.counted = true;
+  shared_bytes_ += range.size;
+  if (reserved_) NodeLedger::instance().give_back(range.size);
+  return Status::Ok();
+}
+
+BackgroundWork::BackgroundWork() {
+  try {
+    worker_ = std::thread([this] { loop(); });
+  } catch (const std::system_error&) {
+    // No thread to be had (a thread limit): run() works on the caller's thread.
+  }
+}
+
+BackgroundWork::~BackgroundWork() {
+  if (!worker_.joinable()) return;
+  if (in_forked_child()) {
+    worker_.detach();  // it exists only in the parent; never wait for it here
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  worker_.join();
+}
+
+void BackgroundWork::run(std::function<void()> task) {
+  if (worker_.joinable() && !in_forked_child()) {
+    try {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(task));
+      changed_.notify_all();
+      return;
+    } catch (const std::bad_alloc&) {
+      // No room in the queue: done here instead.
+    }
+  }
+  run_quietly(task);  // there is no background thread to do it
+}
+
+void BackgroundWork::release(std::vector<HostBuffer> buffers) {
+  if (buffers.empty()) return;
+  // The last reference to an arena frees it where the task runs.
+  run([batch = std::move(buffers)]() mutable { batch.clear(); });
+}
+
+void BackgroundWork::wait_idle() {
+  if (!worker_.joinable() || in_forked_child()) return;  // nothing is ever queued then
+  std::unique_lock<std::mutex> lock(mu_);
+  changed_.wait(lock, [this] { return !busy_ && (queue_.empty() || g_exiting.load()); });
+}
+
+void BackgroundWork::loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    changed_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty() || g_exiting.load()) return;  // stopping, nothing left; or the process is ending
+    std::function<void()> task = std::move(queue_.front());
+    queue_.pop_front();
+    busy_ = true;
+    lock.unlock();
+    {
+      Live live;
+      run_quietly(task);
+      task = nullptr;  // what it captured goes here, before the queue counts as idle
+    }
+    lock.lock();
+    busy_ = false;
+    changed_.notify_all();
+  }
+}
+
+}  // namespace tmsl

@@ -1,0 +1,178 @@
+// Host memory that holds the content of paused allocations.
+//
+// A pause takes one HostArena for all the backups it needs and carves it into one
+// HostBuffer per allocation; so does Saver::prepare_backups, ahead of the first pause, in
+// the background. The arena is page-locked in ranges of about kRangeBytes, each
+// one registration: small buffers are packed into a range, a larger buffer gets ranges of
+// its own. Worker threads fault the pages in, 64 MiB at a time and with transparent huge
+// pages, while one more thread page-locks the ranges in order as their pages arrive; a copy
+// starts as soon as its range is ready, so preparing host memory overlaps the transfers and
+// no large backup waits for all of its memory to be page-locked first.
+//
+// One CUDA copy may not cross from one registration into the next (the driver answers
+// "invalid value"), so copies go range by range (for_each_part), and a buffer users copy
+// from with torch (get_cpu_backup(zero_copy=True)) is first made one registration
+// (register_as_one). An arena lives as long as any buffer cut from it; once none is left,
+// its workers stop early.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "platform/backend.h"
+#include "platform/status.h"
+
+namespace tmsl {
+
+class HostArena {
+ public:
+  // Size of a page-locked range: small enough that the first copies start early, large
+  // enough that registrations stay few (a range of packed small buffers may reach twice this).
+  static constexpr size_t kRangeBytes = 64 << 20;
+  // Pages are faulted in by the workers in pieces of at most this size.
+  static constexpr size_t kPieceBytes = 64 << 20;
+
+  // Maps memory for buffers of the given sizes and starts preparing it; fails with
+  // Code::kOutOfMemory when the host cannot provide it.
+  // The arena shares the backend: a backup leased out may outlive its saver.
+  static Status create(std::shared_ptr<Backend> backend, int device, const std::vector<size_t>& buffer_sizes,
+                       std::shared_ptr<HostArena>* out);
+  ~HostArena();  // waits for its workers, unregisters, unmaps
+  HostArena(const HostArena&) = delete;
+  HostArena& operator=(const HostArena&) = delete;
+
+  char* data() const { return data_; }
+  size_t size() const { return size_; }
+  // The bytes its buffers occupy: the mapping less the gaps that align a large buffer's
+  // ranges, which are never touched. What the node's budget and the host cache count.
+  size_t used_bytes() const { return used_; }
+  // Returns once every range is faulted in and page-locked (or has failed to be).
+  void wait_prepared();
+  size_t buffer_offset(size_t i) const { return buffer_offsets_[i]; }
+  // When a pause last took buffers of it (a count, not a time): the host cache gives the
+  // least recently used arenas back first.
+  uint64_t last_use() const { return last_use_.load(); }
+  void note_use();
+  // Calls part(offset, size) for each piece of [offset, offset + size) that lies in one
+  // registration, in order, each once it is page-locked; stops at the first error.
+  Status for_each_part(size_t offset, size_t size, const std::function<Status(size_t, size_t)>& part);
+  // Makes [offset, offset + size), a buffer's span, one registration, so that a single copy
+  // may cover it. Waits until the whole arena is prepared. No for_each_part may run on any
+  // buffer of the arena meanwhile (the saver serializes both under its operation lock).
+  // Shared ranges in the span are made private first (node_store.h): a lease may be written.
+  Status register_as_one(size_t offset, size_t size);
+
+  // Sharing with the node's other processes (node_store.h). The ranges lying wholly in
+  // [offset, offset + size): what share_range takes.
+  std::vector<size_t> ranges_within(size_t offset, size_t size);
+  // Puts range `index` in the node's store: its bytes are compared with (or published as) a
+  // chunk there, then the chunk's file is mapped read-only in its place, at the same
+  // address, and its own memory goes back to the node. Only while nothing copies into it or
+  // leases it (the saver's operation lock, a paused backup); the content is never changed.
+  Status share_range(size_t index);
+  // Whether any range is shared: its memory must never be written (no later pause reuses it).
+  bool has_shared() const { return shared_ranges_.load() != 0; }
+  // Whether a pause needing buffers of exactly these sizes, in this order, on this device may
+  // take this arena as it is: nothing shared and nothing ever leased (a user may hold it).
+  bool fits_exactly(int device, const std::vector<size_t>& buffer_sizes);
+
+ private:
+  struct Range {
+    size_t start = 0;
+    size_t size = 0;
+    size_t pieces_left = 0;
+    bool done = false;
+    bool registered = false;  // false once done: page-locking failed, tried again at its copy
+    int shared_fd = -1;       // a chunk of the node's store mapped here, read-only
+    bool counted = false;     // its bytes given back to the node's budget (the store counts them)
+  };
+  struct Piece {
+    size_t range;
+    size_t start;
+    size_t size;
+  };
+
+  HostArena(std::shared_ptr<Backend> backend, int device, const std::vector<size_t>& buffer_sizes);
+  void start_range(size_t at);
+  void fault_in();         // a worker: faults pieces in, in order
+  void page_lock();        // the registrar: page-locks each range, in order, once its pages are in
+  size_t range_index(size_t offset) const;  // the range holding offset; mu_ held
+  // A shared range made private again (its bytes read from its chunk; taken from the budget
+  // again if they had been given back). mu_ held.
+  Status unshare(Range& range);
+  bool stopping() const;  // the arena is going, or the process is ending
+
+  const std::shared_ptr<Backend> backend_;
+  const int device_;
+  char* data_ = nullptr;
+  size_t size_ = 0;
+  size_t used_ = 0;
+  const std::vector<size_t> buffer_sizes_;
+  std::vector<size_t> buffer_offsets_;
+  std::vector<Range> ranges_;
+  std::vector<Piece> pieces_;
+  std::atomic<size_t> next_piece_{0};
+  std::atomic<bool> stopping_{false};  // the arena is going: workers stop early
+  std::atomic<uint64_t> last_use_{0};
+  bool reserved_ = false;  // its bytes are taken from the node's budget (node_ledger.h)
+  std::atomic<size_t> shared_bytes_{0};  // of them, in the node's store now (given back)
+  std::atomic<int> shared_ranges_{0};    // ranges mapping a chunk of the store
+  bool leased_ = false;  // register_as_one ran: a user may hold its memory; never shared
+  size_t ranges_left_ = 0;  // not yet done
+  std::mutex mu_;
+  std::condition_variable changed_;
+  std::vector<std::thread> workers_;
+};
+
+// One allocation's backup: a slice of an arena.
+struct HostBuffer {
+  std::shared_ptr<HostArena> arena;
+  size_t offset = 0;
+  size_t size = 0;
+
+  explicit operator bool() const { return arena != nullptr; }
+  char* data() const { return arena->data() + offset; }
+  // part(host, offset in the buffer, size) for each piece of [from, from + bytes) in the
+  // buffer that lies in one registration, once it is page-locked, in order.
+  Status for_each_part(size_t from, size_t bytes, const std::function<Status(char*, size_t, size_t)>& part) const {
+    return arena->for_each_part(offset + from, bytes,
+                                [&](size_t at, size_t n) { return part(data() + at - offset, at - offset, n); });
+  }
+  Status for_each_part(const std::function<Status(char*, size_t, size_t)>& part) const {
+    return for_each_part(0, size, part);
+  }
+};
+
+// Work done off the caller's thread, one task at a time in order: freeing backups
+// (unpinning and unmapping gigabytes takes a good part of a second that a resume need not
+// wait for) and setting host memory aside for the backups of a tag just allocated.
+class BackgroundWork {
+ public:
+  BackgroundWork();
+  ~BackgroundWork();  // runs what is queued, then stops
+  // Runs `task` on the background thread; on the caller's thread when there is none (a
+  // thread limit, a forked child).
+  void run(std::function<void()> task);
+  // Frees the buffers in the background.
+  void release(std::vector<HostBuffer> buffers);
+  void wait_idle();  // returns once everything handed over has run
+
+ private:
+  void loop();
+  std::mutex mu_;
+  std::condition_variable changed_;
+  std::deque<std::function<void()>> queue_;
+  bool busy_ = false;
+  bool stopping_ = false;
+  std::thread worker_;
+};
+
+}  // namespace tmsl
