@@ -65,6 +65,7 @@ def sequence(tool_name: str, hook_mode: str, workloads: list[str], total: int, c
         alloc_ms = timed(allocate)
         for i, tensor in enumerate(tensors):
             tensor.fill_(i % 251)
+        del tensor  # only `tensors` may hold them: release() must free every segment
         sums = [checksum(t) for t in tensors]
         nbytes = sum(t.nbytes for t in tensors)
         for cycle in range(1, cycles + 1):
