@@ -6,13 +6,14 @@ turn does: pause speed in any process history, and the first allocation after ba
 
 In one fresh process per tool and hook mode: for each workload in turn, allocate it with
 backup, pause and resume it --cycles times with no rollout between the allocation and the first
-pause (the engine pauses at once), check its content bit for bit, free it; then allocate
-4096 x 2 MiB without backup and time that first allocation (what the background host work that
-the backed-up workloads left behind may slow), and pause/resume it. The host cache is our
+pause (the engine pauses at once) and check its content bit for bit; it stays allocated while
+the next workloads run (as the models and caches of a program that loads, serves and trains in
+turn do), so the host cache fills with the first workloads' memory. Then allocate 4096 x 2 MiB
+without backup and time that first allocation (what the background host work that the
+backed-up workloads left behind may slow), and pause/resume it. The host cache is our
 default capped at --cache-gib (16): on a host larger than 128 GiB the default cache (an eighth
 of the host) would hold every workload, which is not the case this measures. torch_memory_saver
-runs the same sequence side by side where it is importable (installed, or in --tms-path); it
-cannot free a region, so its workloads stay allocated.
+runs the same sequence side by side where it is importable (installed, or in --tms-path).
 
 Targets (issue 33): every workload's pause with backup in cycles 2+ >= 90 % of the pinned link,
 cycle 1 >= 25 GB/s, resume cycles 2+ >= 90 %; the first allocation without backup <= 1.2 x
@@ -53,7 +54,7 @@ def sequence(tool_name: str, hook_mode: str, workloads: list[str], total: int, c
     if tool_name == "ours":
         tool.default_cache = min(tool.default_cache, cache_bytes)
     tool.configure(False, None)
-    rows = []
+    rows, kept = [], []
     for workload in workloads:
         tag = f"b2b-{workload}"
         tensors: list[torch.Tensor] = []
@@ -77,7 +78,7 @@ def sequence(tool_name: str, hook_mode: str, workloads: list[str], total: int, c
         content_ok = sums == [checksum(t) for t in tensors]
         for row in rows[-cycles:]:
             row["content_ok"] = content_ok
-        tool.release(tag, tensors)
+        kept.append((tag, tensors))
     # The first allocation without backup after all that backed-up work.
     tag, plain = "b2b-plain", []
 
@@ -93,7 +94,8 @@ def sequence(tool_name: str, hook_mode: str, workloads: list[str], total: int, c
         rows.append(dict(tool=tool.name, hook_mode=hook_mode, workload="many_small", variant="none", cycle=cycle,
                          bytes=sum(t.nbytes for t in plain), alloc_ms=alloc_ms, pause_ms=pause_ms,
                          resume_ms=resume_ms, content_ok=True))
-    tool.release(tag, plain)
+    for tag, tensors in [*kept, (tag, plain)]:
+        tool.release(tag, tensors)
     return rows
 
 
