@@ -57,6 +57,34 @@ TMSL_API int tmsl_inject_fault(void* handle, const char* operation, long after_c
   });
 }
 
+TMSL_API int tmsl_tiers_figures(void* handle, size_t* pooled_bytes, size_t* fresh_arenas, size_t* deferrals,
+                                size_t* waiting) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = require(pooled_bytes != nullptr && fresh_arenas != nullptr && deferrals != nullptr && waiting != nullptr,
+                       "out pointers must not be NULL");
+    if (!s.ok()) return s;
+    BackupTiers& tiers = saver.tiers();
+    *pooled_bytes = tiers.pool().bytes();
+    *fresh_arenas = tiers.fresh_arenas();
+    *deferrals = tiers.gate().deferrals();
+    *waiting = tiers.gate().waiting();
+    return s;
+  });
+}
+
+TMSL_API int tmsl_hold_foreground(void* handle, int hold) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = require(hold == 0 || hold == 1, "hold must be 0 or 1");
+    if (!s.ok()) return s;
+    if (hold == 1) {
+      saver.tiers().gate().enter();
+    } else {
+      saver.tiers().gate().leave();
+    }
+    return s;
+  });
+}
+
 TMSL_API int tmsl_host_memory_limit(const char* root, size_t* out) {
   return guarded([&] {
     Status s = require(root != nullptr && out != nullptr, "root and out must not be NULL");

@@ -32,6 +32,9 @@ namespace tmsl {
 
 class CopyMarks;
 
+// The refusal of an allocation in a paused tag (tag_catalogue.cpp).
+Status tag_paused_error(const std::string& tag);
+
 
 // What poison-on-resume writes into every byte: 0xFF.. is NaN in every float format.
 constexpr unsigned char kPoisonByte = 0xFF;

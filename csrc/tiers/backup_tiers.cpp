@@ -65,6 +65,7 @@ Status BackupTiers::host_memory(const std::vector<CopyRequest>& requests, bool u
         std::unique_ptr<HostArena> made;
         Status s = HostArena::create(backend_, budget_, gate_, urgent, device, fresh, &made);
         if (!s.ok()) return s;  // what the pool gave goes back to it
+        fresh_arenas_++;
         std::shared_ptr<HostArena> arena = pool_.track(std::move(made), cacheable == 1);
         for (size_t k = 0, j = 0; k < sizes.size(); ++k) {
           if (!buffers[k]) buffers[k] = HostBuffer{arena, arena->buffer_offset(j++), sizes[k]};

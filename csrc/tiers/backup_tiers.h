@@ -72,6 +72,9 @@ class BackupTiers {
   // the spill sends to the disk tier. `everything`: all of it.
   size_t spill_shortfall(size_t need, size_t cache_given_back, bool everything);
 
+  // How many fresh arenas host_memory made (the pool served the rest): what tests observe.
+  size_t fresh_arenas() const { return fresh_arenas_.load(); }
+
   // How long a pause refused for want of room waits for the other processes' caches.
   static constexpr std::chrono::milliseconds kPatienceForOthers{2000};
 
@@ -79,6 +82,7 @@ class BackupTiers {
   std::shared_ptr<Backend> backend_;
   HostBudget& budget_;
   std::atomic<size_t> cache_bytes_{default_cache_bytes()};
+  std::atomic<size_t> fresh_arenas_{0};
   ForegroundGate gate_;
   BackgroundWork background_;  // after the gate: its tasks wait on it
   HostPool pool_;              // after the background work: it frees there
