@@ -27,6 +27,7 @@ LEVELS: dict[str, dict[str, str]] = {
         "test_pause_resume.py": "pause/resume semantics, on every backend",
         "test_backup_memory.py": "CPU backups' content and host memory, on every backend",
         "test_host_prepared_backups.py": "host memory set aside ahead of the first pause",
+        "test_host_memory_pool.py": "host memory as a pool any pause takes; background host work gives way",
         "test_host_memory_budget.py": "one host-memory budget for the node's processes, never exceeded",
         "test_host_shared_backups.py": "identical backups stored once per node (TMSL_SHARE_BACKUPS)",
         "test_host_memory_limit.py": "the host cache's default budget from the memory this process may use",

@@ -19,7 +19,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTING_FUNCTIONS = ("tmsl_create_host_saver", "tmsl_destroy_saver", "tmsl_malloc", "tmsl_free",
-                     "tmsl_inject_fault", "tmsl_host_memory_limit")
+                     "tmsl_inject_fault", "tmsl_host_memory_limit", "tmsl_tiers_figures", "tmsl_hold_foreground")
 
 pytestmark = pytest.mark.slow
 

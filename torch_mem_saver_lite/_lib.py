@@ -183,6 +183,8 @@ _TESTING_SIGNATURES = {
     "tmsl_free": ([_vp, _vp, _vp], _int),
     "tmsl_inject_fault": ([_vp, ctypes.c_char_p, ctypes.c_long, ctypes.c_long], _int),
     "tmsl_host_memory_limit": ([ctypes.c_char_p, ctypes.POINTER(_sz)], _int),
+    "tmsl_tiers_figures": ([_vp] + [ctypes.POINTER(_sz)] * 4, _int),
+    "tmsl_hold_foreground": ([_vp, _int], _int),
 }
 NO_TESTING_ABI = (
     "this libtorch_mem_saver_lite.so has no testing ABI (csrc/api/c_api_testing.h), which wheels leave out; "

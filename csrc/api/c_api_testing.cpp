@@ -1,4 +1,5 @@
 #include "api/c_api_testing.h"
+#include "api/node_budget.h"
 
 #include "node/host_limits.h"
 
@@ -18,7 +19,7 @@ TMSL_API int tmsl_create_host_saver(size_t capacity_bytes, size_t granularity_by
                   "host granularity must be a positive multiple of the page size");
     }
     SaverHandle handle = 0;
-    if (s.ok()) s = add_saver(std::make_unique<Saver>(make_host_backend(capacity_bytes, granularity_bytes)), &handle);
+    if (s.ok()) s = add_saver(std::make_unique<Saver>(make_host_backend(capacity_bytes, granularity_bytes), node_budget()), &handle);
     if (s.ok()) *out = reinterpret_cast<void*>(handle);
     return s;
   });
@@ -53,6 +54,34 @@ TMSL_API int tmsl_inject_fault(void* handle, const char* operation, long after_c
   return on_saver(handle, [&](Saver& saver) {
     Status s = require(operation != nullptr, "operation must not be NULL");
     return s.ok() ? inject_host_fault(saver.backend(), operation, after_calls, times) : s;
+  });
+}
+
+TMSL_API int tmsl_tiers_figures(void* handle, size_t* pooled_bytes, size_t* fresh_arenas, size_t* deferrals,
+                                size_t* waiting) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = require(pooled_bytes != nullptr && fresh_arenas != nullptr && deferrals != nullptr && waiting != nullptr,
+                       "out pointers must not be NULL");
+    if (!s.ok()) return s;
+    BackupTiers& tiers = saver.tiers();
+    *pooled_bytes = tiers.pool().bytes();
+    *fresh_arenas = tiers.fresh_arenas();
+    *deferrals = tiers.gate().deferrals();
+    *waiting = tiers.gate().waiting();
+    return s;
+  });
+}
+
+TMSL_API int tmsl_hold_foreground(void* handle, int hold) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = require(hold == 0 || hold == 1, "hold must be 0 or 1");
+    if (!s.ok()) return s;
+    if (hold == 1) {
+      saver.tiers().gate().enter();
+    } else {
+      saver.tiers().gate().leave();
+    }
+    return s;
   });
 }
 

@@ -19,3 +19,11 @@ TMSL_API int tmsl_inject_fault(void* saver, const char* operation, long after_ca
 // The host memory limit the host cache's default budget is an eighth of (host_limits.h), read
 // under `root` (a fake /proc and /sys/fs/cgroup tree in tests; "" for the real ones).
 TMSL_API int tmsl_host_memory_limit(const char* root, size_t* out);
+// The backup tiers (tiers/backup_tiers.h) as tests observe them: the bytes in the pool of
+// page-locked host memory, how many fresh host arenas were made, how many times background
+// host work gave way to the foreground, and how many background steps are waiting now.
+TMSL_API int tmsl_tiers_figures(void* saver, size_t* pooled_bytes, size_t* fresh_arenas, size_t* deferrals,
+                                size_t* waiting);
+// hold 1: the saver's foreground counts as busy (as during an allocation or a pause) until
+// a call with hold 0, so a test can watch what background host work does meanwhile.
+TMSL_API int tmsl_hold_foreground(void* saver, int hold);

@@ -2,9 +2,6 @@
 
 #include "core/copy_marks.h"
 #include "core/mapping.h"
-#include "node/node_ledger.h"
-#include "node/node_store.h"
-#include "platform/tag_rules.h"
 
 
 #include <algorithm>
@@ -24,14 +21,15 @@ Status with_context(Status s, const char* context) { return s.ok() ? s : with_co
 
 }  // namespace
 
-Saver::Saver(std::unique_ptr<Backend> backend) : backend_(std::move(backend)), mappings_(*backend_) {
-  NodeLedger::instance().on_pressure(this, [this] { give_cache_back_on_request(); });
+Saver::Saver(std::unique_ptr<Backend> backend, HostBudget& budget)
+    : backend_(std::move(backend)), mappings_(*backend_), tiers_(backend_, budget) {
+  budget.on_pressure(this, [this] { give_cache_back_on_request(); });
 }
 
 Saver::~Saver() {
   closing_.store(true);
-  background_.wait_idle();  // no preparation may be walking the table below
-  NodeLedger::instance().forget(this);  // nor a request of another process
+  tiers_.background().wait_idle();  // no preparation may be walking the table below
+  tiers_.budget().forget(this);  // nor a request of another process
   for (auto& entry : table_) {
     Allocation& a = entry.second;
     mappings_.discard(a.device, a.va, a.size, a.state == State::kActive ? std::move(a.physical) : Pieces());
@@ -39,120 +37,9 @@ Saver::~Saver() {
   mappings_.retry();
 }
 
-namespace {
-Status tag_paused_error(const std::string& tag) {
-  return Status::Error(Code::kTagPaused, "tag '" + tag + "' is paused; resume it before allocating in it (a new "
-                                         "tensor could be placed in its released memory)");
-}
-
-// The tag-wide host-backup choice an explicit region choice stands for (kAuto: none).
-BackupChoice host_backup_of(BackupChoice choice) {
-  switch (choice) {
-    case BackupChoice::kOn:
-    case BackupChoice::kOnUncached: return BackupChoice::kOn;
-    case BackupChoice::kOff:
-    case BackupChoice::kDisk: return BackupChoice::kOff;  // no host copy asked for
-    case BackupChoice::kAuto: break;
-  }
-  return BackupChoice::kAuto;
-}
-}  // namespace
-
-Status Saver::admit_name(const std::string& tag, TagInfo** entry, bool* is_new) {
-  auto [it, added] = tags_.try_emplace(tag);
-  if (added) {
-    // Every way in (torch_memory_saver's tms_set_current_tag included) meets the one rule.
-    Status valid = check_tag(tag.data(), tag.size());
-    if (!valid.ok()) {
-      tags_.erase(it);
-      return valid;
-    }
-  }
-  *entry = &it->second;
-  if (is_new != nullptr) *is_new = added;
-  return Status::Ok();
-}
-
-Status Saver::admit(const std::string& tag, BackupChoice backup, TagInfo** entry) {
-  TagInfo* found = nullptr;
-  bool is_new = false;
-  Status s = admit_name(tag, &found, &is_new);
-  if (!s.ok()) return s;
-  TagInfo& info = *found;
-  if (entry != nullptr) *entry = &info;
-  if (!is_new && info.paused) return tag_paused_error(tag);
-  // Each allocation keeps its own region's choice; the tag keeps the first explicit one, for
-  // the regions of it that give none.
-  if (info.backup == BackupChoice::kAuto) info.backup = host_backup_of(backup);
-  return Status::Ok();
-}
-
-Status Saver::enter_tag(const std::string& tag, BackupChoice backup) {
-  std::lock_guard<std::mutex> lock(mu_);
-  return admit(tag, backup);
-}
-
-Status Saver::mark_graph_memory(const std::string& tag) {
-  std::lock_guard<std::mutex> lock(mu_);
-  TagInfo* info = nullptr;
-  Status s = admit_name(tag, &info);
-  if (s.ok()) info->graph_memory = true;
-  return s;
-}
-
-bool Saver::tag_info(const std::string& tag, TagInfo* out) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = tags_.find(tag);
-  if (it == tags_.end()) return false;
-  *out = it->second;
-  return true;
-}
-
-Status Saver::set_caches_backups(const std::string& tag, bool caches) {
-  std::lock_guard<std::mutex> lock(mu_);
-  TagInfo* info = nullptr;
-  Status s = admit_name(tag, &info);  // enters the tag, as a region would
-  if (s.ok()) info->caches_backups = caches;
-  return s;
-}
-
-std::vector<Saver::Range> Saver::allocations_of(const std::string& tag) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::vector<Range> out;
-  for (const auto& entry : table_) {
-    const Allocation& a = entry.second;
-    if (a.tag == tag) out.push_back(Range{a.va, a.size, a.device, a.effective_choice()});
-  }
-  return out;
-}
-
-bool Saver::has_choice(const TagSelection& selection, BackupChoice choice) {
-  std::lock_guard<std::mutex> lock(mu_);
-  bool found = false;
-  for_each_selected(selection, [&](const Allocation& a) { found = found || a.effective_choice() == choice; });
-  return found;
-}
-
-Status Saver::check_known(const TagSelection& selection) const {
-  for (const std::string& tag : selection.tags) {
-    if (selection.all || tags_.count(tag) != 0) continue;
-    std::string known;
-    for (const auto& entry : tags_) known += (known.empty() ? "'" : ", '") + entry.first + "'";
-    return Status::Error(Code::kInvalidArgument,
-                         "unknown tag '" + tag + "': no region has used it; known tags: " +
-                             (known.empty() ? "none yet" : "[" + known + "]"));
-  }
-  return Status::Ok();
-}
-
-void Saver::set_paused(const TagSelection& selection, bool paused) {
-  for (auto& entry : tags_) {
-    if (selection.matches(entry.first)) entry.second.paused = paused;
-  }
-}
-
 Status Saver::allocate(size_t size, int device, const std::string& tag, BackupChoice backup,
                        uintptr_t* va) {
+  ForegroundGate::Active active(tiers_.gate());  // background host work gives way
   if (size == 0) return Status::Error(Code::kInvalidArgument, "allocation size must be > 0");
   TagInfo* tag_info = nullptr;
   {
@@ -235,6 +122,7 @@ Status Saver::allocate(size_t size, int device, const std::string& tag, BackupCh
 }
 
 Status Saver::free(uintptr_t va, void* stream) {
+  ForegroundGate::Active active(tiers_.gate());
   Table::node_type node;  // the allocation, out of the table: this call's alone
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -270,7 +158,7 @@ Status Saver::free(uintptr_t va, void* stream) {
     // Its host memory may be the last of an arena: unpinned and unmapped in the background.
     std::vector<HostBuffer> let_go;
     let_go.push_back(std::move(a.host_copy));
-    background_.release(std::move(let_go));
+    tiers_.background().release(std::move(let_go));
   }
   mappings_.retry();
   if (first.ok()) return first;
@@ -328,7 +216,7 @@ void Saver::settle(const std::vector<Allocation*>& batch, size_t done, State don
     }
   }
   settled_.notify_all();  // first: nothing below may keep a waiting free asleep
-  background_.release(std::move(let_go));
+  tiers_.background().release(std::move(let_go));
   free_now.clear();
 }
 
@@ -388,7 +276,7 @@ Status Saver::pause(const TagSelection& selection) {
     if (s.ok()) note_duration(moved, started, &TagInfo::last_pause_seconds);
     publish_cache();
   }
-  if (s.ok() && NodeStore::enabled()) background_.run([this] { share_paused_backups(); });
+  if (s.ok() && tiers_.budget().shares_backups()) tiers_.background().run([this] { share_paused_backups(); });
   return s;
 }
 
@@ -488,71 +376,72 @@ Status Saver::pause_locked(const TagSelection& selection, std::set<std::string>*
 
 Status Saver::queue_backups(const std::vector<Allocation*>& batch, std::vector<HostBuffer>* backups,
                             CopyMarks* copies) {
-  // One arena for every backup that has no retained host memory of the right size, and one
-  // more for those of "mmap" allocations: their memory goes back at resume, which an arena
-  // shared with copies that stay cached would prevent.
-  auto uncached = [](const Allocation& a) { return a.choice == BackupChoice::kOnUncached; };
-  std::vector<size_t> needed[2];  // sizes of the new buffers, in batch order: cached, uncached
-  int arena_device = 0;
+  // Where each copy goes: the host memory it kept from its last cycle, else the tiers' (the
+  // pool, fresh memory). "mmap" copies get memory of their own: it goes back at resume.
+  std::vector<CopyRequest> requests(batch.size());
+  std::vector<size_t> cached_sizes;
+  int cached_device = 0;
+  size_t bytes = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     const Allocation& a = *batch[i];
-    if (!a.backup) continue;
-    if (a.host_copy && a.host_copy.size == a.backup_bytes() && !a.host_copy.arena->has_shared()) {
-      (*backups)[i] = a.host_copy;  // retained from the last cycle: reused
+    CopyRequest& r = requests[i];
+    r.device = a.device;
+    r.bytes = a.backup_bytes();
+    r.cacheable = a.choice != BackupChoice::kOnUncached;
+    r.tier = !a.backup ? Tier::kNone : a.host_copy && a.host_copy.size == r.bytes && !a.host_copy.arena->has_shared()
+                                           ? Tier::kKept : Tier::kHost;
+    if (r.tier == Tier::kKept) {
+      (*backups)[i] = a.host_copy;  // retained or cached from the last cycle: reused
       a.host_copy.arena->note_use();
-    } else {
-      needed[uncached(a)].push_back(a.backup_bytes());
-      arena_device = a.device;
+    } else if (r.tier == Tier::kHost) {
+      bytes += r.bytes;
+      if (r.cacheable) {
+        cached_sizes.push_back(r.bytes);
+        cached_device = a.device;
+      }
     }
   }
-  for (int group = 0; group < 2; ++group) {
-    if (needed[group].empty()) continue;
-    std::shared_ptr<HostArena> arena;
-    if (group == 0) {
+  if (!cached_sizes.empty()) {
+    // A full cache's arena of exactly this shape comes back to the pool, which hands it on.
+    std::vector<HostBuffer> recycled;
+    {
       std::lock_guard<std::mutex> lock(mu_);
-      arena = recycle_cache(arena_device, needed[group]);
+      recycled = recycle_cache(cached_device, cached_sizes);
+      tiers_.note_kept(cached_bytes({}));
     }
-    Status s = arena ? Status::Ok() : HostArena::create(backend_, arena_device, needed[group], &arena);
+  }
+  Status s = tiers_.host_memory(requests, true, backups);
+  if (s.code == Code::kOutOfMemory) {
+    // Over the node's budget (or out of host memory): the pool and the host cache give way
+    // first, freed here, at once (the retry needs their bytes back), least recently used first.
+    HostPool::FreeNow now(tiers_.pool());
+    tiers_.note_kept(SIZE_MAX, true);
+    s = tiers_.host_memory(requests, true, backups);
     while (s.code == Code::kOutOfMemory) {
-      // Over the node's budget (or out of host memory): the host cache gives way first, one
-      // arena at a time, least recently used first, until this one fits.
       std::vector<HostBuffer> let_go;
       {
         std::lock_guard<std::mutex> lock(mu_);
         let_go = take_cache(1);
       }
       if (let_go.empty()) break;
-      let_go.clear();  // freed here, at once: the retry needs their bytes back
-      s = HostArena::create(backend_, arena_device, needed[group], &arena);
+      let_go.clear();
+      s = tiers_.host_memory(requests, true, backups);
     }
-    if (s.code == Code::kOutOfMemory) {
-      // Then the other processes' caches, when they give them back in time.
-      size_t bytes = 0;
-      for (size_t size : needed[group]) bytes += size;
-      if (NodeLedger::instance().ask_others_for(bytes, kPatienceForOthers)) {
-        s = HostArena::create(backend_, arena_device, needed[group], &arena);
-      }
-    }
-    if (!s.ok()) {
-      size_t bytes = 0;
-      for (const auto& sizes : needed) {
-        for (size_t size : sizes) bytes += size;
-      }
-      return with_context(s, "pausing " + describe(batch) + ": no host memory for " + format_bytes(bytes) +
-                                 " of backups; everything stays resident with its content, call pause "
-                                 "again once host memory is free");
-    }
-    for (size_t i = 0, k = 0; i < batch.size(); ++i) {
-      if (batch[i]->backup && !(*backups)[i] && uncached(*batch[i]) == (group == 1)) {
-        (*backups)[i] = HostBuffer{arena, arena->buffer_offset(k++), batch[i]->backup_bytes()};
-      }
-    }
+  }
+  // Then the other processes' caches, when they give them back in time.
+  if (s.code == Code::kOutOfMemory && tiers_.budget().ask_others_for(bytes, BackupTiers::kPatienceForOthers)) {
+    s = tiers_.host_memory(requests, true, backups);
+  }
+  if (!s.ok()) {
+    return with_context(s, "pausing " + describe(batch) + ": no host memory for " + format_bytes(bytes) +
+                               " of backups; everything stays resident with its content, call pause "
+                               "again once host memory is free");
   }
   for (size_t i = 0; i < batch.size(); ++i) {
     const Allocation& a = *batch[i];
     if (!(*backups)[i]) continue;
     copies->begin();
-    Status s = (*backups)[i].for_each_part([&](char* host, size_t at, size_t n) {
+    s = (*backups)[i].for_each_part([&](char* host, size_t at, size_t n) {
       return backend_->copy_to_host_async(a.device, host, a.va + at, n);
     });
     if (s.ok()) s = copies->mark(i, a.device);
@@ -695,94 +584,6 @@ Status Saver::out_of_memory_on_resume(const std::vector<Allocation*>& batch,
           " with its backups kept; free memory and call resume again.");
   s.set_oom({failed.tag, needed, free_bytes, failed.device});
   return s;
-}
-
-std::vector<TagFigures> Saver::figures() const {
-  std::map<std::pair<std::string, int>, TagFigures> per;  // (tag, device)
-  std::lock_guard<std::mutex> lock(mu_);
-  for (const auto& entry : table_) {
-    const Allocation& a = entry.second;
-    TagFigures& f = per[{a.tag, a.device}];
-    f.allocations += 1;
-    f.reserved += a.size;
-    f.backs_up = f.backs_up || a.backs_up();
-    // An allocation mid-pause still holds its memory; one mid-resume does not yet.
-    bool resident = a.state == State::kActive || a.state == State::kPausing;
-    (resident ? f.resident : f.paused_bytes) += a.size;
-    if (a.state != State::kPausing && a.host_copy) f.host_backup += a.host_copy.size;  // retained copies count too
-  }
-  std::vector<TagFigures> out;
-  out.reserve(per.size() + tags_.size());
-  auto next = per.begin();
-  for (const auto& entry : tags_) {  // both in tag order
-    const bool has_allocations = next != per.end() && next->first.first == entry.first;
-    if (!has_allocations) out.push_back(TagFigures{entry.first, -1, 0, 0, 0, 0, 0, false, entry.second});
-    for (; next != per.end() && next->first.first == entry.first; ++next) {
-      TagFigures f = next->second;
-      f.tag = entry.first;
-      f.device = next->first.second;
-      f.info = entry.second;
-      out.push_back(std::move(f));
-    }
-  }
-  for (TagFigures& f : out) f.backs_up = f.backs_up || f.info.backs_up();
-  return out;
-}
-
-const Saver::Allocation* Saver::containing(uintptr_t address) const {
-  auto it = table_.upper_bound(address);
-  if (it == table_.begin()) return nullptr;
-  --it;
-  const Allocation& a = it->second;
-  return address < a.va + a.size ? &a : nullptr;
-}
-
-Status Saver::lease_backup(uintptr_t address, size_t nbytes, const void** host, HostBuffer* lease) {
-  // Not while a pause or resume copies: making a backup one registration re-registers it.
-  ForegroundOp op(*this);
-  HostBuffer backup;
-  uintptr_t start = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    const Allocation* a = containing(address);
-    if (a == nullptr || nbytes > a->va + a->size - address) {
-      return Status::Error(Code::kInvalidArgument,
-                           "memory at " + format_address(address) +
-                               " was not allocated inside a region (or has been freed)");
-    }
-    if (a->disk_marked && a->state == State::kPaused) {
-      return Status::Error(Code::kInvalidArgument,
-                           "the backup of tag '" + a->tag + "' at " + format_address(a->va) +
-                               " is in a disk file, not host memory: the node's host-memory budget could not "
-                               "hold it at its pause (saver.host_memory()); read it once resumed");
-    }
-    if (!a->backs_up() && !a->host_copy) {
-      return Status::Error(Code::kInvalidArgument,
-                           "tag '" + a->tag +
-                               "' keeps no CPU backup: enter its region with enable_cpu_backup=True");
-    }
-    // Resident, a copy kept by the cache is stale; one kept by retention is handed out, as
-    // torch_memory_saver does (its content is that of the last pause).
-    if (a->state == State::kPaused || a->retained) backup = a->host_copy;
-    start = a->va;
-  }
-  *host = nullptr;
-  *lease = HostBuffer();
-  if (!backup) return Status::Ok();
-  if (address - start > backup.size || nbytes > backup.size - (address - start)) {
-    return Status::Error(Code::kInvalidArgument,
-                         format_bytes(nbytes) + " at " + format_address(address) + " run past the " +
-                             format_bytes(backup.size) + " backed up of the allocation at " + format_address(start) +
-                             " (a backup holds the bytes that were asked for, not the rest of the last granule)");
-  }
-  // Users copy from it with torch in one piece, which must not cross registrations. Off mu_:
-  // re-registering gigabytes must not stall allocations and frees; op_mu_ keeps the backup
-  // paused, and the copy of the buffer keeps its memory alive even if it is freed meanwhile.
-  Status s = backup.arena->register_as_one(backup.offset, backup.size);
-  if (!s.ok()) return with_context(s, "page-locking the backup at " + format_address(start) + " as one range");
-  *host = backup.data() + (address - start);
-  *lease = std::move(backup);
-  return Status::Ok();
 }
 
 }  // namespace tmsl

@@ -1,0 +1,138 @@
+"""Host memory as a pool (tiers/host_pool.h): page-locked memory that a free or a resume lets
+go serves the next pause of any tag and any shape, within the host cache's budget; and
+background host work (setting memory aside, page-locking it, freeing it) gives way to the
+foreground (tiers/foreground_gate.h), checked by what the library counts, never by timing."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+
+from host_memory import rss_anon_bytes
+from torch_mem_saver_lite import _lib
+
+MiB = 1 << 20
+
+
+def tiers(saver) -> dict[str, int]:
+    out = [ctypes.c_size_t() for _ in range(4)]
+    _lib.check(_lib.lib().tmsl_tiers_figures(saver._core().handle, *(ctypes.byref(v) for v in out)))
+    return dict(zip(("pooled", "fresh_arenas", "deferrals", "waiting"), (v.value for v in out), strict=True))
+
+
+def hold_foreground(saver, hold: bool) -> None:
+    _lib.check(_lib.lib().tmsl_hold_foreground(saver._core().handle, int(hold)))
+
+
+def workload(saver, mem, tag: str, sizes: list[int]) -> tuple[list[int], list[bytes]]:
+    with saver.region(tag, enable_cpu_backup=True):
+        ptrs = [mem.malloc(n) for n in sizes]
+    contents = [os.urandom(n) for n in sizes]
+    for ptr, data in zip(ptrs, contents, strict=True):
+        mem.write(ptr, data)
+    return ptrs, contents
+
+
+def test_pauses_of_other_tags_and_shapes_after_a_free_take_no_new_host_memory(host_saver, mem):
+    # Three 48 MiB workloads back to back, as a program that loads, serves and trains in turn:
+    # the first's host memory, freed, serves the others' pauses, carved to their shapes.
+    host_saver.host_cache_bytes = 128 * MiB
+    host_saver.release_host_cache()
+    shapes = {"one": [48 * MiB], "weights": [5 * MiB + 4096 * k for k in range(9)], "blocks": [2 * MiB] * 24}
+    fresh_after_first = None
+    before = rss_anon_bytes()
+    for tag, sizes in shapes.items():
+        ptrs, contents = workload(host_saver, mem, tag, sizes)
+        host_saver.wait_for_released_backups()  # memory set aside as the region closed, if any
+        for _ in range(2):
+            host_saver.pause(tag)
+            assert host_saver.stats()[tag].host_backup_bytes >= sum(sizes)
+            host_saver.resume(tag)
+            assert [mem.read(p, len(d)) for p, d in zip(ptrs, contents, strict=True)] == contents
+        if fresh_after_first is None:
+            fresh_after_first = tiers(host_saver)["fresh_arenas"]
+        else:
+            assert tiers(host_saver)["fresh_arenas"] == fresh_after_first, f"{tag}: new host memory was made"
+        for ptr in ptrs:
+            mem.free(ptr)
+        del contents  # the test's own copies
+        host_saver.wait_for_released_backups()
+        assert tiers(host_saver)["pooled"] >= sum(sizes)  # the freed copies' memory, pooled at once
+        # Host memory really bounded: one workload's worth, not one per workload.
+        assert rss_anon_bytes() - before < 48 * MiB + 16 * MiB
+    host_saver.release_host_cache()
+    assert tiers(host_saver)["pooled"] == 0
+    assert rss_anon_bytes() - before < 16 * MiB, "release_host_cache left the pool's memory"
+
+
+def test_the_pool_keeps_no_more_than_the_cache_budget(host_saver, mem):
+    host_saver.host_cache_bytes = 32 * MiB
+    host_saver.release_host_cache()
+    before = rss_anon_bytes()
+    ptrs, contents = workload(host_saver, mem, "big", [48 * MiB])
+    del contents  # more than the budget: not set aside
+    host_saver.pause("big")
+    host_saver.resume("big")
+    for ptr in ptrs:
+        mem.free(ptr)
+    host_saver.wait_for_released_backups()
+    assert tiers(host_saver)["pooled"] == 0
+    assert rss_anon_bytes() - before < 16 * MiB, "memory over the cache's budget was kept"
+    host_saver.host_cache_bytes = 64 * MiB
+    ptrs, contents = workload(host_saver, mem, "small", [24 * MiB])
+    del contents
+    host_saver.pause("small")
+    host_saver.resume("small")
+    for ptr in ptrs:
+        mem.free(ptr)
+    host_saver.wait_for_released_backups()
+    assert 24 * MiB <= tiers(host_saver)["pooled"] <= 64 * MiB
+    host_saver.host_cache_bytes = 16 * MiB  # lowered: applied to the pool at once
+    host_saver.wait_for_released_backups()
+    assert tiers(host_saver)["pooled"] == 0
+    assert rss_anon_bytes() - before < 16 * MiB
+
+
+def wait_until(condition, what: str) -> None:
+    deadline = time.monotonic() + 60  # a safety net against a hang, not a timing assertion
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
+
+
+def test_background_host_work_waits_while_the_foreground_works(host_saver, mem):
+    host_saver.host_cache_bytes = 128 * MiB
+    host_saver.release_host_cache()
+    deferred = tiers(host_saver)["deferrals"]
+    hold_foreground(host_saver, True)  # as if an allocation or a pause were under way
+    try:
+        with host_saver.region("weights", enable_cpu_backup=True):
+            mem.malloc(64 * MiB)  # leaving the region sets host memory aside in the background
+            before = rss_anon_bytes()
+        # The background thread reached the gate and waits there: no page faulted in yet.
+        wait_until(lambda: tiers(host_saver)["waiting"] > 0, "the background work never reached the gate")
+        assert tiers(host_saver)["deferrals"] > deferred
+        assert rss_anon_bytes() - before < 8 * MiB
+    finally:
+        hold_foreground(host_saver, False)
+    host_saver.wait_for_released_backups()
+    assert host_saver.stats()["weights"].host_backup_bytes == 64 * MiB  # set aside once the foreground was quiet
+    assert tiers(host_saver)["waiting"] == 0
+    assert rss_anon_bytes() - before >= 64 * MiB  # faulted in now
+
+
+def test_a_pause_does_not_wait_for_the_gate_it_holds(host_saver, mem):
+    # Memory set aside for a tag whose pause comes while the foreground is busy: the pause
+    # needs it, so its preparation stops giving way.
+    host_saver.host_cache_bytes = 128 * MiB
+    host_saver.release_host_cache()
+    hold_foreground(host_saver, True)
+    try:
+        ptrs, contents = workload(host_saver, mem, "kv", [32 * MiB, 8 * MiB])
+        wait_until(lambda: tiers(host_saver)["waiting"] > 0, "the background work never reached the gate")
+        host_saver.pause("kv")
+        host_saver.resume("kv")
+        assert [mem.read(p, len(d)) for p, d in zip(ptrs, contents, strict=True)] == contents
+    finally:
+        hold_foreground(host_saver, False)
