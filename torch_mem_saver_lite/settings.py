@@ -16,7 +16,7 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from . import _lib
 from .errors import InvalidArgumentError, MemorySaverError
@@ -46,6 +46,22 @@ def check_tag(tag: object) -> str:
     except InvalidArgumentError as error:
         raise InvalidArgumentError(f"{error} ({tag[:40]!r}{'...' if len(tag) > 40 else ''})") from None
     return tag
+
+
+def check_selection(tag: object) -> list[str] | None:
+    """A pause/resume selection (a tag, a list of tags, None for every tag) as a list (None
+    for every tag), each tag checked with the one rule (the C ABI would stop at a NUL)."""
+    if tag is None:
+        return None
+    if isinstance(tag, str):
+        names = [tag]
+    elif isinstance(tag, (list, tuple, set, frozenset)):
+        names = list(tag)
+    else:
+        raise TypeError(f"tag must be a str, a list of str or None, got {type(tag).__name__}")
+    for name in names:
+        check_tag(name)
+    return names
 
 
 def check_bool(value: object, name: str) -> bool:
@@ -149,6 +165,13 @@ class Settings:
         """TMS_INIT_CPU_BACKUP_BACKEND / TMSL_DEFAULT_CPU_BACKUP_BACKEND for backed-up regions
         that name no backend: False for "mmap", else None (the default, "pinned")."""
         return None if self.environment().default_caches_backups else False
+
+    @staticmethod
+    def forward(native: _lib.NativeSaver | None, setter: Callable[[_lib.NativeSaver, Any], None], value: Any) -> None:
+        """A setting just changed: the core takes it at once where it exists (else ``apply``
+        hands it over when it is made)."""
+        if native is not None:
+            setter(native, value)
 
     def apply(self, native: _lib.NativeSaver) -> None:
         """Give a new core what was set before it existed."""
