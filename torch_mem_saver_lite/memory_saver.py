@@ -199,9 +199,7 @@ class MemorySaver:
         native = self._core(create=False)
         if native is not None:
             return native.poison_on_resume()
-        if self._settings.poison_on_resume is not None:
-            return self._settings.poison_on_resume
-        return bool(_lib.process_defaults().poison_on_resume)
+        return self._settings.poison()
 
     @poison_on_resume.setter
     def poison_on_resume(self, poison: bool) -> None:
