@@ -69,7 +69,7 @@ constexpr size_t kDefaultDiskWorkers = 4, kMaxDiskWorkers = 64;
 Status disk_backup_settings(size_t* chunk_bytes, size_t* workers);
 
 // The CUDA driver library to open: TMSL_CUDA_DRIVER_LIBRARY, else libcuda.so.1 (read at each
-// call: the CUDA backend and the driver probe each open it once).
+// call; driver.h, the one loader, asks it each time it opens the driver).
 std::string cuda_driver_library();
 
 }  // namespace tmsl
