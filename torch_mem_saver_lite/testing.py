@@ -28,8 +28,9 @@ class HostSaver(MemorySaver):
             capacity_bytes: physical bytes it may hold at once (0 = no limit).
             granularity_bytes: allocation rounding, a multiple of the page size.
         """
-        self._platform = hook_modes.HostPlatform(check_bytes(capacity_bytes, "capacity_bytes"),
-                                                 check_bytes(granularity_bytes, "granularity_bytes"))
+        self._host = hook_modes.HostPlatform(check_bytes(capacity_bytes, "capacity_bytes"),
+                                             check_bytes(granularity_bytes, "granularity_bytes"))
+        self._platform = self._host
         super().__init__()
 
     def inject_fault(self, operation: str, after_calls: int = 1, times: int = 1) -> None:
@@ -45,4 +46,4 @@ class HostSaver(MemorySaver):
             for backup in disk_backups:  # their files' space
                 backup.close()
             native, self._native = self._native, None
-            self._platform.close(native)
+            self._host.close(native)
