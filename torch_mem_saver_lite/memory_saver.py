@@ -489,11 +489,12 @@ class MemorySaver:
         enter and leave such a block together, and no collective may run on them inside it.
         """
         names = check_selection(tag)
-        native = self._core_for(names)
+        _lib.check_process()  # a forked child is refused before anything else is asked
         release = check_bool(release_leftovers, "release_leftovers")
         if process_groups is not None and not release:
             raise ValueError("process_groups is only used with release_leftovers=True")
         groups = nccl_suspend.check_groups(process_groups)  # bad input refused before anything is paused
+        native = self._core_for(names)
         active = paused_block.active_tags(native, names)
         # What was suspended before the block stays suspended after it, like tags paused before.
         suspended_before = nccl_suspend.suspended_names()
