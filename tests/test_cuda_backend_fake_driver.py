@@ -102,3 +102,33 @@ def test_reads_on_a_fresh_process_never_start_the_cuda_driver(fake_driver):
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines() == ["reads {} True False", "setting 1048576 False", "core True 1048576"], \
         result.stdout
+
+
+def test_the_devices_holding_a_context_are_the_ones_the_backend_used_as_the_driver_says(fake_driver, tmp_path):
+    # breakdown's question, asked through the library's one driver loader: none before the
+    # backend touched a device, then exactly the device it allocated on.
+    code = """if True:
+        from torch_mem_saver_lite import _lib, driver_info
+        print("before", driver_info.devices_with_context())
+        native = _lib.NativeSaver.process_wide()
+        print("core", driver_info.devices_with_context())
+        address = native.malloc(4 << 20, 1, "t", False)
+        print("after", driver_info.devices_with_context(), address is not None)
+    """
+    env = {**os.environ, "TMSL_CUDA_DRIVER_LIBRARY": fake_driver, "FAKE_CUDA_DEVICES": "3"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == ["before []", "core []", "after [1] True"], result.stdout
+
+    missing = str(tmp_path / "libcuda-missing.so")
+    code = """if True:
+        from torch_mem_saver_lite import driver_info
+        from torch_mem_saver_lite.errors import DriverNotFoundError
+        try:
+            driver_info.devices_with_context()
+        except DriverNotFoundError as error:
+            print(error)
+    """
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "TMSL_CUDA_DRIVER_LIBRARY": missing})
+    assert result.stdout.startswith(f"cannot load {missing}"), result.stdout + result.stderr

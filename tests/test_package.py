@@ -161,7 +161,7 @@ def test_the_readmes_platform_matrix_agrees_with_the_package_and_the_library():
     assert re.search(rf'^requires-python = ">={re.escape(python_floor)}"$', pyproject, re.M)
     torch_floor = re.match(r"≥ ([\d.]+), a CUDA 12 or CUDA 13 build", rows["torch"]).group(1)
     assert re.search(rf'^dependencies = \["torch>={re.escape(torch_floor)}"\]$', pyproject, re.M)
-    abi = re.search(r"constexpr int kDriverAbiVersion = (\d+);", (ROOT / "csrc" / "platform" / "backend_cuda.cpp").read_text())
+    abi = re.search(r"constexpr int kDriverAbiVersion = (\d+);", (ROOT / "csrc" / "platform" / "driver.h").read_text())
     major, minor = divmod(int(abi.group(1)), 1000)
     assert f"CUDA ≥ {major}.{minor // 10}" in rows["NVIDIA driver"]
     assert f"the CUDA {major}.{minor // 10} ABI" in rows["NVIDIA driver"]

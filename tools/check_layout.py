@@ -49,7 +49,8 @@ def problems() -> list[str]:
             found.append(f"{unit}: not in a layer folder ({', '.join(LAYERS)})")
     for unit, edges in sorted(graph.items()):
         for target in sorted(edges):
-            if layer(unit) in LAYERS and layer(target) in LAYERS and LAYERS.index(layer(target)) < LAYERS.index(layer(unit)):
+            known = layer(unit) in LAYERS and layer(target) in LAYERS
+            if known and LAYERS.index(layer(target)) < LAYERS.index(layer(unit)):
                 found.append(f"upward arrow: {unit} includes {target}")
     # Circles: a depth-first walk that meets a unit still on its path.
     state: dict[str, int] = {}

@@ -301,9 +301,19 @@ def disk_backup_settings() -> tuple[int, int]:
     return chunk.value, workers.value
 
 
+_ACCEPTED_TAGS: set[bytes] = set()  # tags the core's rule accepted: a rule that never changes
+_MAX_ACCEPTED_TAGS = 4096
+
+
 def check_tag(encoded: bytes) -> None:
-    """The core's tag rule (InvalidArgumentError saying which part is broken)."""
+    """The core's tag rule (InvalidArgumentError saying which part is broken). A tag it
+    accepted once is not asked about again: a pause or resume of known tags crosses into
+    the library only for the operation itself."""
+    if encoded in _ACCEPTED_TAGS:
+        return
     check(lib().tmsl_check_tag(encoded, len(encoded)))
+    if len(_ACCEPTED_TAGS) < _MAX_ACCEPTED_TAGS:
+        _ACCEPTED_TAGS.add(encoded)
 
 
 def check_process() -> None:

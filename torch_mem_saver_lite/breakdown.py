@@ -13,8 +13,6 @@ counts in unknown.
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -22,7 +20,8 @@ from typing import Any
 
 import torch
 
-from . import nccl_suspend
+from . import driver_info, nccl_suspend
+from .errors import MemorySaverError
 
 _MiB = 1 << 20
 
@@ -92,8 +91,6 @@ def check_device(device: object) -> int:
     if isinstance(device, bool) or not (device is None or isinstance(device, (int, str, torch.device))):
         raise TypeError(f"device must be None, an int, a 'cuda:k' string or a torch.device, got {device!r}")
     if not torch.cuda.is_available():
-        from .errors import MemorySaverError
-
         raise MemorySaverError(f"torch {torch.__version__} sees no CUDA GPU: there is no device memory to break down")
     if device is None:
         return int(torch.cuda.current_device())
@@ -112,27 +109,15 @@ def check_device(device: object) -> int:
     return int(index)
 
 
-@functools.lru_cache(maxsize=1)
-def _driver() -> Any:
-    try:
-        return ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return None
-
-
 def devices_in_use() -> list[int]:
-    """The devices this process has a CUDA context on (asking does not create one)."""
+    """The devices this process has a CUDA context on (asking does not create one), as the
+    native library's driver loader says (the current device where it cannot)."""
     if not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return []
-    driver, found = _driver(), []
-    if driver is None:
-        return [int(torch.cuda.current_device())]
-    for index in range(torch.cuda.device_count()):
-        handle, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
-        if driver.cuDeviceGet(ctypes.byref(handle), index) != 0:
-            continue
-        if driver.cuDevicePrimaryCtxGetState(handle, ctypes.byref(flags), ctypes.byref(active)) == 0 and active.value:
-            found.append(index)
+    try:
+        found = driver_info.devices_with_context()
+    except MemorySaverError:
+        found = []
     return found or [int(torch.cuda.current_device())]
 
 

@@ -30,6 +30,7 @@ import torch
 
 from . import _lib
 from .memory_saver import MemorySaver
+from .regions import Region, pushed
 from .settings import check_tag
 
 P = ParamSpec("P")
@@ -188,8 +189,13 @@ class _Impl:
                             enable_disk_backup: bool = False) -> Iterator[None]:
         """The thread's allocations go to ``tag`` with these settings, without a torch pool
         of their own (torch_memory_saver's native configuration alone)."""
+        # No tag checks beyond the rule, as there; an allocation in a paused tag is still refused.
         choice = self._saver._region_choice(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
-        with self._saver._native_region(check_tag(tag), choice):
+        tag = check_tag(tag)
+        native = self._saver._enter()
+        if choice == _lib.CHOICE_DISK:
+            self._saver._back_up_to_disk(tag)  # its hooks write the content out at a pause
+        with pushed(Region(native, tag, choice, checked=False)):
             yield
 
 

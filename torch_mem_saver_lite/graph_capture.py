@@ -1,18 +1,23 @@
-"""What pauseable CUDA graphs need from the process, each done once: every capture tells the
-saver that the capturing thread's region holds graph memory (a patch of
-``CUDAGraph.capture_begin``), and NCCL's graph buffer registration is off
-(``NCCL_GRAPH_REGISTER=0``). Both are listed in docs/side-effects.md."""
+"""Pauseable CUDA graphs: ``saver.cuda_graph``'s capture into the tag's pool, and what it
+needs from the process, each done once: every capture tells the saver that the capturing
+thread's region holds graph memory (a patch of ``CUDAGraph.capture_begin``), and NCCL's graph
+buffer registration is off (``NCCL_GRAPH_REGISTER=0``). Both are listed in
+docs/side-effects.md."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 from . import _lib
 from .errors import MemorySaverError
+from .regions import Region, prepare_quietly, pushed
+from .settings import check_backend, check_backup
 
 
 def capturing() -> bool:
@@ -53,3 +58,35 @@ def turn_off_nccl_graph_registration() -> None:
             "torch.distributed.init_process_group"
         )
     os.environ["NCCL_GRAPH_REGISTER"] = "0"
+
+
+def backup_of(enable_cpu_backup: object, cpu_backup_backend: object,
+              default_caches: Callable[[], bool | None]) -> tuple[bool | None, bool | None]:
+    """A graph pool's backup setting, checked, and whether its backups may stay in the host
+    cache (None: not said; backed up unless ``enable_cpu_backup=False``, so the environment's
+    backend applies then)."""
+    backup = check_backup(enable_cpu_backup)
+    caches = check_backend(cpu_backup_backend, backup)
+    if caches is None and backup is not False:
+        caches = default_caches()
+    return backup, caches
+
+
+@contextlib.contextmanager
+def captured(native: _lib.NativeSaver, pools: Any, mode: Any, tag: str, backup: bool | None, caches: bool | None,
+             cuda_graph: torch.cuda.CUDAGraph, pool: Any, stream: Any, capture_error_mode: str) -> Iterator[None]:
+    """``torch.cuda.graph`` inside a region of ``tag`` (no torch route: the capture names the
+    pool), into the tag's pool as the hook mode says (``pools``: the saver's TorchPools)."""
+    choice = _lib.backup_choice(backup, caches is not False)
+    entry = Region(native, tag, choice)
+    turn_off_nccl_graph_registration()
+    tag_pool = pools.pool(tag, torch.cuda.current_device(), choice).id
+    pool = mode.capture_pool(pool, tag_pool)
+    with pushed(entry):
+        if caches is not None and backup is None:  # an explicit choice says it per allocation
+            native.set_caches_backups(tag, caches)
+        _lib.note_graph_capture()  # the tag is graph memory even if the capture allocates nothing
+        with torch.cuda.graph(cuda_graph, pool=pool, stream=stream, capture_error_mode=capture_error_mode):
+            yield
+    if backup is not False:
+        prepare_quietly(native, tag)

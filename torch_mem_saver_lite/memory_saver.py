@@ -3,79 +3,36 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
-import logging
 import os
 import threading
-import time
 import warnings
-import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 
-from . import _lib, breakdown, disk_tier, graph_capture, hook_modes, leftovers, nccl_suspend
+from . import (
+    _lib,
+    breakdown,
+    cpu_backup,
+    disk_tier,
+    graph_capture,
+    hook_modes,
+    leftovers,
+    nccl_suspend,
+    paused_block,
+    transition_log,
+)
 from .breakdown import MemoryBreakdown
 from .disk_backup import DiskBackups
-from .errors import DriverNotFoundError, InvalidArgumentError, MemorySaverError
+from .errors import InvalidArgumentError, MemorySaverError
 from .hooks import TorchPools
 from .leftovers import LeftoverReport
-from .preload import check_preload_ready
-from .regions import Region, Undo, disable_pool, pushed, retire_pool
-from .settings import (
-    EnvironmentDefaults,
-    Settings,
-    backup_choice,
-    check_backend,
-    check_backup,
-    check_bool,
-    check_bytes,
-    check_tag,
-)
-from .stats import HostMemoryHolder, HostMemoryReport, TagStats
+from .regions import Region, Undo, prepare_quietly, pushed, refusals_explained, retire_pool
+from .settings import Settings, backup_choice, check_bool, check_bytes, check_selection, check_tag
+from .stats import HostMemoryReport, TagStats, host_memory_report
 from .transitions import Hook, TagHooks, Transitions
-
-logger = logging.getLogger("torch_mem_saver_lite")
-_GiB = 1 << 30
-
-
-def _log_transition(what: str, before: dict, after: dict, seconds: float) -> None:
-    """One INFO line for a pause or resume: the tags it changed, bytes, time and speed."""
-    changed = sorted(t for t, v in after.items() if v["paused"] != before.get(t, {}).get("paused", False))
-    if not changed:
-        return
-    moved = sum(after[t]["reserved_bytes"] for t in changed)
-    copied = sum((after if what == "pause" else before)[t]["host_backup_bytes"] for t in changed)
-    host = _lib.host_memory()
-    logger.info("%s %s: %.2f GiB of device memory %s, %.2f GiB %s host memory, in %.1f ms (%.1f GB/s); "
-                "node host memory %.2f of %.2f GiB held (this process %.2f)",
-                what, changed, moved / _GiB, "released" if what == "pause" else "mapped again",
-                copied / _GiB, "backed up to" if what == "pause" else "restored from", seconds * 1e3,
-                copied / seconds / 1e9 if copied and seconds > 0 else 0.0,
-                (host.held_by_this_process + host.held_by_others) / _GiB, host.budget_bytes / _GiB,
-                host.held_by_this_process / _GiB)
-
-
-def _logged(what: str, native: _lib.NativeSaver, operation: Callable[[list[str] | None], None],
-            names: list[str] | None) -> None:
-    """native.pause/resume(names) under a profiler range, logged at INFO when that is on
-    (the figures cost a table walk, so only then)."""
-    with torch.profiler.record_function(f"torch_mem_saver_lite.{what}"):
-        if not logger.isEnabledFor(logging.INFO):
-            operation(names)
-            return
-        before = native.stats()
-        start = time.perf_counter()
-        operation(names)
-        _log_transition(what, before, native.stats(), time.perf_counter() - start)
-
-def _prepare_quietly(native: _lib.NativeSaver, tag: str) -> None:
-    """Have host memory for the tag's backups set aside in the background, for its first
-    pause. Best effort: a saver closed inside the block, say, just skips it."""
-    with contextlib.suppress(MemorySaverError):
-        native.prepare_backups([tag])
 
 
 class MemorySaver:
@@ -91,7 +48,7 @@ class MemorySaver:
     access, which ends the CUDA context. Resume before touching paused memory.
     """
 
-    _platform = hook_modes.CUDA  # what the memory is (the testing host saver: HOST)
+    _platform: hook_modes.Platform = hook_modes.CUDA  # what the memory is (HostSaver: its own)
 
     _process_wide: MemorySaver | None = None
     _process_wide_lock = threading.Lock()
@@ -107,7 +64,8 @@ class MemorySaver:
     def __init__(self) -> None:
         if "_transitions" in self.__dict__:
             return  # MemorySaver() again: the process-wide saver, set up already
-        self._native: _lib.NativeSaver | None = None
+        self._native: _lib.NativeSaver | None = None  # the core, once made or found: _core()
+        self._disk_tier_used = False  # a pause ran the budget's disk tier: spill marks may exist
         self._mode = hook_modes.TORCH
         self._lock = threading.RLock()
         self._pools: TorchPools | None = None
@@ -140,19 +98,13 @@ class MemorySaver:
         # Libraries assign it at import (Megatron-Core "torch") or at start-up (AReaL, slime's
         # preloaded workers "preload"); whichever comes second must not break the other's
         # import, nor split one process between two hooks: the mode in use is kept, loudly.
-        if self._pools is not None or (self._native is not None and self._native.stats()):
+        native = self._core(create=False)
+        if self._pools is not None or (native is not None and native.stats()):
             warnings.warn(f"torch_mem_saver_lite: hook_mode stays {self._mode.name!r}, which regions have "
                           f"used already; the assignment of {mode!r} is ignored (set it before the first "
                           "region)", RuntimeWarning, stacklevel=2)
             return
-        if mode == "torch" and _lib.lib().tmsl_preload_active():
-            warnings.warn("torch_mem_saver_lite: hook_mode stays 'preload': this process runs with the "
-                          "library preloaded, which serves every allocation; the assignment of 'torch' "
-                          "is ignored", RuntimeWarning, stacklevel=2)
-            return
-        if mode == "preload":
-            check_preload_ready()
-        self._mode = hook_modes.MODES[mode]
+        self._mode = hook_modes.chosen(self._mode, mode)
 
     @property
     def memory_margin_bytes(self) -> int:
@@ -162,8 +114,7 @@ class MemorySaver:
     @memory_margin_bytes.setter
     def memory_margin_bytes(self, nbytes: int) -> None:
         self._settings.memory_margin_bytes = check_bytes(nbytes, "memory_margin_bytes")
-        if self._native is not None:
-            self._native.set_memory_margin(nbytes)
+        self._settings.forward(self._core(create=False), _lib.NativeSaver.set_memory_margin, nbytes)
 
     @property
     def retain_cpu_backup(self) -> bool:
@@ -177,8 +128,7 @@ class MemorySaver:
     @retain_cpu_backup.setter
     def retain_cpu_backup(self, retain: bool) -> None:
         self._settings.retain_cpu_backup = check_bool(retain, "retain_cpu_backup")
-        if self._native is not None:
-            self._native.set_retain_backups(retain)
+        self._settings.forward(self._core(create=False), _lib.NativeSaver.set_retain_backups, retain)
 
     @property
     def host_cache_bytes(self) -> int:
@@ -192,7 +142,7 @@ class MemorySaver:
         process may use (the least of the machine's memory, what is available at start and its
         container's cgroup limit), at most 32 GiB; 0 turns the cache off. Lowering it gives
         back at once what no longer fits. ``release_host_cache()`` frees what it holds."""
-        native = self._created_core()
+        native = self._core(create=False)
         if native is not None:
             return native.host_cache_bytes()
         chosen = self._settings.host_cache_bytes
@@ -201,8 +151,7 @@ class MemorySaver:
     @host_cache_bytes.setter
     def host_cache_bytes(self, nbytes: int) -> None:
         self._settings.host_cache_bytes = check_bytes(nbytes, "host_cache_bytes")
-        if self._native is not None:
-            self._native.set_host_cache_bytes(nbytes)
+        self._settings.forward(self._core(create=False), _lib.NativeSaver.set_host_cache_bytes, nbytes)
 
     @property
     def host_memory_budget(self) -> int:
@@ -226,32 +175,18 @@ class MemorySaver:
     def host_memory(self) -> HostMemoryReport:
         """The node's host-memory budget, what this process and the others hold of it, and
         this process's disk backups beside it. Starts nothing (no CUDA, no saver)."""
-        figures = _lib.host_memory()
-        holders = [HostMemoryHolder(entry=int(figures.holder_entry[i]), pid=int(figures.holder_pid[i]),
-                                    bytes=int(figures.holder_bytes[i]),
-                                    cached_bytes=int(figures.holder_cached_bytes[i]),
-                                    this_process=bool(figures.holder_this_process[i]))
-                   for i in range(min(figures.holder_count, _lib.MAX_HOLDERS))]
-        on_disk = sum(backup.bytes for backup in self._disk.backups.values() if backup.written)
-        native = self._created_core()
-        return HostMemoryReport(
-            budget_bytes=int(figures.budget_bytes) if figures.active else 0,
-            held_by_this_process=int(figures.held_by_this_process),
-            held_by_others=int(figures.held_by_others),
-            holders=holders,
-            on_disk_bytes=on_disk,
+        native = self._core(create=False)
+        return host_memory_report(
+            _lib.host_memory(), _lib.MAX_HOLDERS,
+            on_disk_bytes=sum(backup.bytes for backup in self._disk.backups.values() if backup.written),
             spilled_bytes=native.spilled_bytes() if native is not None else 0,
             disk_tier=self._disk.named_directory(self._disk_directory_from_environment),
-            disk_tier_problem=self._disk.environment_problem(self._disk_directory_from_environment),
-            shared_bytes=int(figures.shared_bytes),
-            ledger=figures.path.decode(errors="replace"),
-            error=figures.error.decode(errors="replace"),
-        )
+            disk_tier_problem=self._disk.environment_problem(self._disk_directory_from_environment))
 
     def release_host_cache(self) -> None:
         """Free the host memory the cache (and retention) keeps for resident memory; the
         next pause prepares new host memory again."""
-        native = self._created_core()
+        native = self._core(create=False)
         if native is not None:
             native.release_host_cache()
             native.wait_for_released_backups()
@@ -261,45 +196,46 @@ class MemorySaver:
         """Debugging aid: fill resumed memory that has no backup with 0xFF bytes (NaN in every
         float format, -1 as integers), so code that wrongly relies on discarded content fails
         visibly instead of reading leftovers. Default: off, or ``TMSL_POISON_ON_RESUME=1``."""
-        if self._native is not None:
-            return self._native.poison_on_resume()
-        if self._settings.poison_on_resume is not None:
-            return self._settings.poison_on_resume
-        return bool(_lib.process_defaults().poison_on_resume)
+        native = self._core(create=False)
+        if native is not None:
+            return native.poison_on_resume()
+        return self._settings.poison()
 
     @poison_on_resume.setter
     def poison_on_resume(self, poison: bool) -> None:
         self._settings.poison_on_resume = check_bool(poison, "poison_on_resume")
-        if self._native is not None:
-            self._native.set_poison_on_resume(poison)
+        self._settings.forward(self._core(create=False), _lib.NativeSaver.set_poison_on_resume, poison)
 
     @property
     def enabled(self) -> bool:
         """Always True (torch_memory_saver compatibility)."""
         return True
 
-    def _create_native(self) -> _lib.NativeSaver:
-        return _lib.NativeSaver.process_wide()
+    @overload
+    def _core(self, create: Literal[True] = True) -> _lib.NativeSaver: ...
+    @overload
+    def _core(self, create: bool) -> _lib.NativeSaver | None: ...
 
-    def _core(self) -> _lib.NativeSaver:
+    def _core(self, create: bool = True) -> _lib.NativeSaver | None:
+        """The native core: the one way to it. ``create``: made at first use (the CUDA saver
+        starts the driver; DriverNotFoundError without one). Else only if it exists already (made
+        by a region, or by the allocation hooks of a preloaded process), so reads never start
+        the driver: None otherwise. Handed the settings and the environment's region defaults
+        before it is published: a setting that fails fails every first use."""
+        native = self._native
+        if native is not None:
+            return native
         with self._lock:
             if self._native is None:
+                native = self._platform.make_core(self) if create else self._platform.find_core()
+                if native is None:
+                    return None
                 env = self._settings.environment()
-                native = self._create_native()
                 self._settings.apply(native)
-                # Before the core is published: a setting that fails fails every first use.
-                self._apply_default_region_settings(native, env)
+                self._platform.default_region(native, env.default_tag, env.default_caches_backups,
+                                              env.default_disk_backup, self._back_up_to_disk)
                 self._native = native
             return self._native
-
-    def _apply_default_region_settings(self, native: _lib.NativeSaver, env: EnvironmentDefaults) -> None:
-        """The preload-mode process region's backup backend and disk backup (environment)."""
-        if not self._platform.routes_torch:
-            return
-        if not env.default_caches_backups:
-            native.set_caches_backups(env.default_tag, False)
-        if env.default_disk_backup:
-            self._back_up_to_disk(env.default_tag)
 
     # ----- regions -------------------------------------------------------------------
     @contextlib.contextmanager
@@ -335,40 +271,24 @@ class MemorySaver:
         check_tag(tag)
         if disk:
             self._disk_directory_or_raise()
-        route = self._torch_pools().route(tag, choice) if self._platform.routes_torch else None
+        route = self._platform.route(self._torch_pools, tag, choice)
         _lib.take_allocation_failure()  # only failures inside this block are explained below
         with pushed(Region(native, tag, choice, route)):
             if disk:  # only once the tag has taken the region
                 self._back_up_to_disk(tag)
-            if self._platform.routes_torch and graph_capture.capturing():
+            if self._platform.capturing():
                 _lib.note_graph_capture()  # entered inside a capture: graph memory too
-            try:
+            with refusals_explained(tag):
                 yield
-            except RuntimeError as error:
-                # torch reports a refused allocation as its own error; say why it was refused.
-                if not isinstance(error, MemorySaverError) and _lib.take_allocation_failure():
-                    cause = _lib.last_error()
-                    logger.warning("an allocation in tag %r was refused: %s", tag, cause)
-                    raise error from cause
-                raise
         if choice in (_lib.CHOICE_ON, _lib.CHOICE_ON_UNCACHED):
-            _prepare_quietly(native, tag)
+            prepare_quietly(native, tag)
 
     def _enter(self) -> _lib.NativeSaver:
         """Checks shared by region() and cuda_graph(); returns the native saver."""
         _lib.check_process()
-        if self._platform.routes_torch and not torch.cuda.is_available():
-            raise MemorySaverError(
-                f"torch {torch.__version__} sees no CUDA GPU, so there is nothing to route into "
-                "a region; run `python -m torch_mem_saver_lite` to see what is missing"
-            )
-        self._mode.check_ready()
-        if self._platform.routes_torch:
-            graph_capture.note_graph_captures()
+        self._platform.before_region(self._mode)
         native = self._core()
-        if self._platform.routes_torch and torch.cuda.is_available() and not graph_capture.capturing():
-            # The CUDA context's size, measured once per device (memory_breakdown).
-            breakdown.record_baseline(torch.cuda.current_device(), native)
+        self._platform.core_entered(native)
         return native
 
     @contextlib.contextmanager
@@ -398,26 +318,10 @@ class MemorySaver:
         Turns NCCL's graph buffer registration off for the process (``NCCL_GRAPH_REGISTER=0``),
         or raises if NCCL is already initialized without it.
         """
-        caches = check_backend(cpu_backup_backend, check_backup(enable_cpu_backup))
-        if caches is None and enable_cpu_backup is not False:
-            caches = self._settings.default_caches()
-        native = self._enter()
-        backup = check_backup(enable_cpu_backup)
-        choice = _lib.backup_choice(backup, caches is not False)
-        entry = Region(native, check_tag(tag), choice)  # no torch route
-        graph_capture.turn_off_nccl_graph_registration()
-        pools = self._torch_pools()
-        tag_pool = pools.pool(tag, torch.cuda.current_device(), choice).id
-        pool = self._mode.capture_pool(pool, tag_pool)
-        with pushed(entry):
-            if caches is not None and backup is None:  # an explicit choice says it per allocation
-                native.set_caches_backups(tag, caches)
-            _lib.note_graph_capture()  # the tag is graph memory even if the capture allocates nothing
-            with torch.cuda.graph(cuda_graph, pool=pool, stream=stream,
-                                  capture_error_mode=capture_error_mode):
-                yield
-        if enable_cpu_backup is not False:
-            _prepare_quietly(native, tag)
+        backup, caches = graph_capture.backup_of(enable_cpu_backup, cpu_backup_backend, self._settings.default_caches)
+        with graph_capture.captured(self._enter(), self._torch_pools(), self._mode, check_tag(tag), backup, caches,
+                                    cuda_graph, pool, stream, capture_error_mode):
+            yield
 
     @contextlib.contextmanager
     def disable(self) -> Iterator[None]:
@@ -429,10 +333,7 @@ class MemorySaver:
         otherwise hand out cached blocks of the enclosing region's pool, or, in preload mode
         with a process-wide region (``TMS_INIT_ENABLE=1``), of the default pool, which a
         pause may have released. Tensors made inside stay valid after the block."""
-        route = None
-        if self._platform.routes_torch and torch.cuda.is_available():
-            device = torch.cuda.current_device()
-            route = (device, disable_pool(device))
+        route = self._platform.disable_route()
         try:
             with pushed(Region(None, route=route)):
                 yield
@@ -445,16 +346,6 @@ class MemorySaver:
         return backup_choice(enable_cpu_backup, enable_disk_backup, cpu_backup_backend,
                              self._settings.default_caches)
 
-    def _native_region(self, tag: str, choice: int) -> contextlib.AbstractContextManager[None]:
-        """The thread's allocations go to ``tag`` with backup ``choice`` natively, with no torch
-        pool of their own and without the tag checks, as torch_memory_saver's configuration
-        (the compat object's ``_impl._with_region_config``); an allocation in a paused tag is
-        still refused."""
-        native = self._enter()
-        if choice == _lib.CHOICE_DISK:
-            self._back_up_to_disk(tag)  # its hooks write the content out at a pause
-        return pushed(Region(native, tag, choice, checked=False))
-
     def _torch_pools(self) -> TorchPools:
         with self._lock:
             if self._pools is None:
@@ -462,44 +353,14 @@ class MemorySaver:
             return self._pools
 
     # ----- pause / resume --------------------------------------------------------------
-    def _selection(self, tag: str | Sequence[str] | None) -> list[str] | None:
-        if tag is None:
-            return None
-        if isinstance(tag, str):
-            names = [tag]
-        elif isinstance(tag, (list, tuple, set, frozenset)):
-            names = list(tag)
-        else:
-            raise TypeError(f"tag must be a str, a list of str or None, got {type(tag).__name__}")
-        for name in names:
-            check_tag(name)  # the one rule, on the whole tag (the C ABI would stop at a NUL)
-        return names
-
-    def _existing_core(self) -> _lib.NativeSaver | None:
-        """The core, also when only the allocation hooks have used it so far (preload
-        defaults); None where there is none to be had (no CUDA driver)."""
-        if self._native is None:
-            try:
-                return self._core()
-            except DriverNotFoundError:
-                return None
-        return self._native
-
-    def _created_core(self) -> _lib.NativeSaver | None:
-        """The core if it exists already (made by a region, or by the allocation hooks in a
-        preloaded process), else None: reads use this, so they never start the CUDA driver."""
-        if self._native is None and self._find_native() is None:
-            return None
-        return self._existing_core()
-
-    def _find_native(self) -> _lib.NativeSaver | None:
-        """The native saver if one exists already; creates nothing."""
-        return _lib.NativeSaver.existing_process_wide()
-
-    def _native_for(self, names: list[str] | None) -> _lib.NativeSaver | None:
-        """The native saver for a pause/resume of ``names``; None when there is none (then
-        naming a tag is an error, as the core would say)."""
-        native = self._existing_core()
+    def _core_for(self, names: list[str] | None) -> _lib.NativeSaver | None:
+        """The core for a pause/resume of ``names`` (after refusing a forked child, before
+        any lock is taken); None when there is none, where naming a tag is an error, as the
+        core would say."""
+        _lib.check_process()
+        native = self._core(create=False)
+        if native is None:
+            self._platform.check_usable()
         if native is None and names:
             raise InvalidArgumentError(f"unknown tag {names[0]!r}: no region has used it; known tags: none yet")
         return native
@@ -512,16 +373,21 @@ class MemorySaver:
         tag does nothing. Hooks registered for a tag run before its memory is released. On
         failure every allocation is either still resident or paused with a full backup.
         """
-        names = self._selection(tag)
-        _lib.check_process()  # a forked child is refused before any lock is taken
-        native = self._native_for(names)
+        names = check_selection(tag)
+        native = self._core_for(names)
         if native is None:
             return
         self._refuse_during_capture("pause")
         self._close_restored_disk_backups()  # read back by an earlier resume: stale now
-        disk_tier.pause(native, names, self._disk, self._disk_directory_from_environment, self._lock,
-                        lambda native_pause: self._transitions.pause(
-                            native, names, functools.partial(_logged, "pause", native, native_pause, names)))
+        with torch.profiler.record_function("torch_mem_saver_lite.pause"):
+            if not self._disk_tier_used and not self._disk.configured(self._disk_directory_from_environment):
+                # No directory, no marks: the selection's hooks around one native call.
+                self._transitions.pause(native, names, transition_log.wrap("pause", native, native.pause))
+                return
+            self._disk_tier_used = True
+            disk_tier.pause(native, names, self._disk, self._disk_directory_from_environment, self._lock,
+                            lambda native_pause: self._transitions.pause(
+                                native, names, transition_log.wrap("pause", native, native_pause)))
 
     def resume(self, tag: str | Sequence[str] | None = None) -> None:
         """Give the tag(s) (None: every tag) device memory again, at the same addresses.
@@ -531,22 +397,21 @@ class MemorySaver:
         not there; then everything this call covered stays paused with its backups and a
         later ``resume`` can succeed. A hook that raises leaves the call's tags paused again.
         """
-        names = self._selection(tag)
-        _lib.check_process()  # a forked child is refused before any lock is taken
-        native = self._native_for(names)
+        names = check_selection(tag)
+        native = self._core_for(names)
         if native is None:
             return
         self._refuse_during_capture("resume")
         try:
-            self._transitions.resume(native, names,
-                                     functools.partial(_logged, "resume", native, native.resume, names))
+            with torch.profiler.record_function("torch_mem_saver_lite.resume"):
+                self._transitions.resume(native, names, transition_log.wrap("resume", native, native.resume))
         finally:
             # Also after a Ctrl-C: a read-back it cut short is finished here, before the caller
             # can touch the memory.
             self._close_restored_disk_backups()
-            native.unmark_spill(names)  # read back: backed up to host memory again from the next pause
+            if self._disk_tier_used:
+                native.unmark_spill(names)  # read back: backed up to host memory again from the next pause
 
-    # ----- hooks ---------------------------------------------------------------------------
     # ----- disk backup -------------------------------------------------------------------
     def set_disk_backup_dir(self, path: str | os.PathLike[str] | None) -> None:
         """The directory (on a real disk; created if needed) that disk backups go to, and
@@ -576,7 +441,7 @@ class MemorySaver:
         if not self._disk_backups:
             return  # nothing to close: no lock to wait for
         with self._transitions.held():
-            self._disk.close_restored(self._native)
+            self._disk.close_restored(self._core(create=False))
 
     def register_hooks(self, tag: str, before_pause: Hook | None = None,
                        after_resume: Hook | None = None) -> Callable[[], None]:
@@ -607,7 +472,7 @@ class MemorySaver:
     def _refuse_during_capture(self, what: str) -> None:
         # Synchronizing or remapping while a graph captures would break the capture. (Callers
         # refused a forked child first, before CUDA is asked anything.)
-        if self._platform.routes_torch and graph_capture.capturing():
+        if self._platform.capturing():
             raise MemorySaverError(f"cannot {what} while a CUDA graph is being captured on this "
                                    f"thread's stream; {what} before or after the capture")
 
@@ -623,22 +488,17 @@ class MemorySaver:
         gives its LeftoverReport (else None). Every rank of the NCCL groups concerned must
         enter and leave such a block together, and no collective may run on them inside it.
         """
-        names = self._selection(tag)
-        _lib.check_process()  # a forked child is refused before any lock is taken
+        names = check_selection(tag)
+        _lib.check_process()  # a forked child is refused before anything else is asked
         release = check_bool(release_leftovers, "release_leftovers")
         if process_groups is not None and not release:
             raise ValueError("process_groups is only used with release_leftovers=True")
         groups = nccl_suspend.check_groups(process_groups)  # bad input refused before anything is paused
-        native = self._native_for(names)
-        states = {} if native is None else {
-            t: native.tag_state(t) for t in (names if names is not None else list(native.stats()))}
-        unknown = [t for t, state in states.items() if state == _lib.TAG_UNKNOWN]
-        if unknown and native is not None:  # (no native saver: no states, none unknown)
-            native.pause(unknown)  # raises the core's "unknown tag" error; changes nothing
-        active = [t for t, state in states.items() if state == _lib.TAG_ACTIVE]
+        native = self._core_for(names)
+        active = paused_block.active_tags(native, names)
         # What was suspended before the block stays suspended after it, like tags paused before.
         suspended_before = nccl_suspend.suspended_names()
-        undo = Undo(functools.partial(self._resume_despite_interrupts, active,
+        undo = Undo(functools.partial(paused_block.resume_despite_interrupts, self.resume, active,
                                        suspended_before if release else None))
         try:
             self.pause(active)
@@ -646,29 +506,6 @@ class MemorySaver:
             yield report
         finally:
             undo()
-
-    def _resume_despite_interrupts(self, tags: list[str], suspended_before: set[str] | None = None
-                                   ) -> BaseException | None:
-        """restore_leftovers of what was not suspended before (when ``suspended_before`` is
-        given), then resume(tags); a step cut short by Ctrl-C is done again (both are
-        idempotent), and the interrupt returned for the caller to raise. A failed restore
-        still resumes the tags, then raises."""
-        interrupt: BaseException | None = None
-        failure: Exception | None = None
-        for _ in range(16):
-            try:
-                if suspended_before is not None and failure is None:
-                    try:
-                        leftovers.restore(nccl_suspend.suspended_names() - suspended_before)
-                    except Exception as error:  # noqa: BLE001 - raised once the tags are resumed
-                        failure = error
-                self.resume(tags)
-                break
-            except KeyboardInterrupt as error:
-                interrupt = interrupt or error
-        if failure is not None:
-            raise failure
-        return interrupt
 
     # ----- leftovers outside regions -------------------------------------------------------
     def release_leftovers(self, process_groups: Any = None, cublas_workspaces: bool = False) -> LeftoverReport:
@@ -697,9 +534,8 @@ class MemorySaver:
 
     def _release_leftovers(self, groups: list[Any] | None, cublas_workspaces: bool = False) -> LeftoverReport:
         _lib.check_process()
-        if self._platform.routes_torch and torch.cuda.is_available():
-            self._refuse_during_capture("release leftovers")
-        return leftovers.release(self._pools, self._existing_core(), self._platform.routes_torch, groups,
+        self._refuse_during_capture("release leftovers")
+        return leftovers.release(self._pools, self._core(create=False), self._platform.routes_torch, groups,
                                  cublas_workspaces)
 
     def restore_leftovers(self) -> None:
@@ -712,16 +548,15 @@ class MemorySaver:
         """What holds the memory of ``device`` (None: the current one): CUDA context, torch's
         caching allocator outside regions, NCCL communicators, the saver's tags, unknown.
         The first call (or the first region) on a device measures its CUDA context."""
-        if not self._platform.routes_torch:
-            raise MemorySaverError("memory_breakdown describes GPU memory; this saver manages host memory")
+        self._platform.check_breakdown()
         index = breakdown.check_device(device)
-        return breakdown.breakdown(index, self._existing_core())
+        return breakdown.breakdown(index, self._core(create=False))
 
     # ----- inspection ------------------------------------------------------------------
     def stats(self) -> dict[str, TagStats]:
         """Per tag: allocations, reserved, resident, paused and host backup bytes, and
         whether the tag is paused, holds graph memory and is backed up at a pause."""
-        native = self._created_core()
+        native = self._core(create=False)
         values = native.stats() if native is not None else {}
         return {tag: TagStats.from_native(tag_values) for tag, tag_values in sorted(values.items())}
 
@@ -735,25 +570,7 @@ class MemorySaver:
         tensor lives, but after the next resume it no longer follows the device tensor
         (and with a host cache or retention a later pause may write over it).
         """
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"get_cpu_backup needs a torch.Tensor, got {type(x).__name__}")
-        if not x.is_contiguous():
-            raise ValueError("get_cpu_backup needs a contiguous tensor; pass the tensor it views")
-        nbytes = x.numel() * x.element_size()
-        if nbytes == 0:
-            return torch.empty(x.shape, dtype=x.dtype)
-        zero_copy = check_bool(zero_copy, "zero_copy")
-        leased = self._core().lease_backup(x.data_ptr(), nbytes)
-        if leased is None:
-            return None
-        host, lease = leased
-        buffer = (ctypes.c_uint8 * nbytes).from_address(host)
-        # The lease keeps the host memory alive for as long as the buffer is (torch.frombuffer
-        # holds the buffer for the tensor's life), so a resume or free on another thread can
-        # never unmap it under a reader.
-        weakref.finalize(buffer, _lib.release_lease, lease)
-        cpu = torch.frombuffer(buffer, dtype=torch.uint8).view(x.dtype).view(x.shape)
-        return cpu if zero_copy else cpu.clone()
+        return cpu_backup.leased(self._core, x, zero_copy)
 
     def empty_cache(self, tag: str) -> None:
         """Free the memory ``tag``'s pool caches for tensors that no longer exist.
@@ -774,6 +591,6 @@ class MemorySaver:
         A resume returns as soon as the content is back on the device and frees its host
         memory on a background thread; call this before measuring host memory.
         """
-        native = self._created_core()
+        native = self._core(create=False)
         if native is not None:
             native.wait_for_released_backups()

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import threading
 from collections.abc import Callable, Iterator
 
 import torch
 
 from . import _lib, interrupts
+from .errors import MemorySaverError
 from .hooks import Route, begin_route, end_route, release_route
+
+logger = logging.getLogger("torch_mem_saver_lite")
 
 # Regions nest per thread, across savers: one stack of Region entries a thread.
 _thread = threading.local()
@@ -183,3 +187,24 @@ def pushed(entry: Region) -> Iterator[None]:
         undo()
         if _parked_pools and not _routed_threads:
             retire_pool(None)
+
+
+@contextlib.contextmanager
+def refusals_explained(tag: str) -> Iterator[None]:
+    """torch reports an allocation the saver refused as its own error: chained to the saver's,
+    which says why (the caller cleared the thread's failure mark before the region)."""
+    try:
+        yield
+    except RuntimeError as error:
+        if not isinstance(error, MemorySaverError) and _lib.take_allocation_failure():
+            cause = _lib.last_error()
+            logger.warning("an allocation in tag %r was refused: %s", tag, cause)
+            raise error from cause
+        raise
+
+
+def prepare_quietly(native: _lib.NativeSaver, tag: str) -> None:
+    """Have host memory for the tag's backups set aside in the background, for its first
+    pause. Best effort: a saver closed inside the block, say, just skips it."""
+    with contextlib.suppress(MemorySaverError):
+        native.prepare_backups([tag])

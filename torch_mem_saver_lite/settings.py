@@ -16,7 +16,7 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from . import _lib
 from .errors import InvalidArgumentError, MemorySaverError
@@ -46,6 +46,22 @@ def check_tag(tag: object) -> str:
     except InvalidArgumentError as error:
         raise InvalidArgumentError(f"{error} ({tag[:40]!r}{'...' if len(tag) > 40 else ''})") from None
     return tag
+
+
+def check_selection(tag: object) -> list[str] | None:
+    """A pause/resume selection (a tag, a list of tags, None for every tag) as a list (None
+    for every tag), each tag checked with the one rule (the C ABI would stop at a NUL)."""
+    if tag is None:
+        return None
+    if isinstance(tag, str):
+        names = [tag]
+    elif isinstance(tag, (list, tuple, set, frozenset)):
+        names = list(tag)
+    else:
+        raise TypeError(f"tag must be a str, a list of str or None, got {type(tag).__name__}")
+    for name in names:
+        check_tag(name)
+    return names
 
 
 def check_bool(value: object, name: str) -> bool:
@@ -97,6 +113,7 @@ def backup_choice(enable_cpu_backup: object, enable_disk_backup: object, cpu_bac
 @dataclass(frozen=True)
 class EnvironmentDefaults:
     retain_cpu_backup: bool
+    poison_on_resume: bool
     disk_backup_dir: tuple[str, str] | None  # (variable, path): checked when first used
     default_tag: str  # the tag of the preload-mode process region
     default_caches_backups: bool  # False: the default backend is "mmap"
@@ -113,6 +130,7 @@ def read_environment() -> EnvironmentDefaults:
     variable = d.disk_backup_dir_variable.decode()
     return EnvironmentDefaults(
         retain_cpu_backup=bool(d.retain_backups),
+        poison_on_resume=bool(d.poison_on_resume),
         disk_backup_dir=(variable, os.fsdecode(d.disk_backup_dir)) if variable else None,
         default_tag=d.tag.decode(),
         default_caches_backups=bool(d.caches_backups),
@@ -145,15 +163,27 @@ class Settings:
     def retain(self) -> bool:
         return self.retain_cpu_backup if self.retain_cpu_backup is not None else self.environment().retain_cpu_backup
 
+    def poison(self) -> bool:
+        """Before the core exists: what it will start with."""
+        return self.poison_on_resume if self.poison_on_resume is not None else self.environment().poison_on_resume
+
     def default_caches(self) -> bool | None:
         """TMS_INIT_CPU_BACKUP_BACKEND / TMSL_DEFAULT_CPU_BACKUP_BACKEND for backed-up regions
         that name no backend: False for "mmap", else None (the default, "pinned")."""
         return None if self.environment().default_caches_backups else False
 
+    @staticmethod
+    def forward(native: _lib.NativeSaver | None, setter: Callable[[_lib.NativeSaver, Any], None], value: Any) -> None:
+        """A setting just changed: the core takes it at once where it exists (else ``apply``
+        hands it over when it is made)."""
+        if native is not None:
+            setter(native, value)
+
     def apply(self, native: _lib.NativeSaver) -> None:
         """Give a new core what was set before it existed."""
         native.set_memory_margin(self.memory_margin_bytes)
-        native.set_retain_backups(self.retain())
+        if self.retain_cpu_backup is not None:  # else the environment's, which the core started with
+            native.set_retain_backups(self.retain_cpu_backup)
         if self.poison_on_resume is not None:
             native.set_poison_on_resume(self.poison_on_resume)
         if self.host_cache_bytes is not None:

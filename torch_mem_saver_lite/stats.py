@@ -114,3 +114,17 @@ class HostMemoryReport:
     disk_tier: str = ""
     disk_tier_problem: str = ""
     shared_bytes: int = 0
+
+
+def host_memory_report(figures: Any, max_holders: int, **ours: Any) -> HostMemoryReport:
+    """The report from the library's figures (``_lib.HostMemoryFigures``) and this process's
+    own (``on_disk_bytes``, ``spilled_bytes``, ``disk_tier``, ``disk_tier_problem``)."""
+    holders = [HostMemoryHolder(entry=int(figures.holder_entry[i]), pid=int(figures.holder_pid[i]),
+                                bytes=int(figures.holder_bytes[i]), cached_bytes=int(figures.holder_cached_bytes[i]),
+                                this_process=bool(figures.holder_this_process[i]))
+               for i in range(min(figures.holder_count, max_holders))]
+    return HostMemoryReport(budget_bytes=int(figures.budget_bytes) if figures.active else 0,
+                            held_by_this_process=int(figures.held_by_this_process),
+                            held_by_others=int(figures.held_by_others), holders=holders,
+                            shared_bytes=int(figures.shared_bytes), ledger=figures.path.decode(errors="replace"),
+                            error=figures.error.decode(errors="replace"), **ours)

@@ -14,25 +14,13 @@ pluggable allocator calls it) inside its regions.
 
 from __future__ import annotations
 
-import contextlib
-import weakref
-
-from . import _lib, hook_modes
-from .errors import MemorySaverError
+from . import hook_modes
 from .memory_saver import MemorySaver
 from .settings import check_bytes
 
 
-def _destroy(native: _lib.NativeSaver) -> None:
-    # Also at interpreter exit and in a forked child, where the core refuses: nothing to say then.
-    with contextlib.suppress(MemorySaverError):
-        native.destroy()
-
-
 class HostSaver(MemorySaver):
     """A MemorySaver over host memory; ``close()`` it when done."""
-
-    _platform = hook_modes.HOST
 
     def __init__(self, capacity_bytes: int = 0, granularity_bytes: int = 2 << 20):
         """
@@ -40,21 +28,10 @@ class HostSaver(MemorySaver):
             capacity_bytes: physical bytes it may hold at once (0 = no limit).
             granularity_bytes: allocation rounding, a multiple of the page size.
         """
+        self._host = hook_modes.HostPlatform(check_bytes(capacity_bytes, "capacity_bytes"),
+                                             check_bytes(granularity_bytes, "granularity_bytes"))
+        self._platform = self._host
         super().__init__()
-        self._options = (check_bytes(capacity_bytes, "capacity_bytes"),
-                         check_bytes(granularity_bytes, "granularity_bytes"))
-        self._closed = False
-
-    def _create_native(self) -> _lib.NativeSaver:
-        if self._closed:
-            raise MemorySaverError("this HostSaver has been closed; make a new one")
-        native = _lib.NativeSaver.host(*self._options)
-        # Dropped without close(): its memory and its registry slot are still given back.
-        self._finalizer = weakref.finalize(self, _destroy, native)
-        return native
-
-    def _find_native(self) -> _lib.NativeSaver | None:
-        return self._native  # a host saver exists only once this object made it
 
     def inject_fault(self, operation: str, after_calls: int = 1, times: int = 1) -> None:
         """Make the ``after_calls``-th next call of the backend's ``operation`` (``"map"``,
@@ -65,11 +42,8 @@ class HostSaver(MemorySaver):
     def close(self) -> None:
         """Free everything the saver holds; it cannot be used afterwards."""
         with self._lock:
-            self._closed = True
             disk_backups, self._disk_backups = list(self._disk_backups.values()), {}
             for backup in disk_backups:  # their files' space
                 backup.close()
-            if self._native is not None:
-                self._finalizer.detach()
-                native, self._native = self._native, None
-                native.destroy()
+            native, self._native = self._native, None
+            self._host.close(native)

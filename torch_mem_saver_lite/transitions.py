@@ -139,11 +139,12 @@ class Transitions:
         return self._lock
 
     # ----- transitions ---------------------------------------------------------------------
-    def pause(self, native: _lib.NativeSaver, names: list[str] | None, do_pause: Callable[[], None]) -> None:
+    def pause(self, native: _lib.NativeSaver, names: list[str] | None,
+              do_pause: Callable[[list[str] | None], None]) -> None:
         """Run the before_pause hooks of the selected tags that are active, then
-        ``do_pause()`` (the native pause of ``names``)."""
+        ``do_pause(names)`` (the native pause)."""
         if not self._hooked(names):
-            do_pause()  # no hooks involved: no lock
+            do_pause(names)  # no hooks involved: no lock
             return
         with self._lock:
             self._refuse_busy(names)
@@ -161,7 +162,7 @@ class Transitions:
                     for hooks in self._of(tag):
                         _step(hooks.before_pause, functools.partial(self._ran_before_pause, ran, tag, hooks))
                     self._busy.discard(tag)
-                _step(do_pause, functools.partial(done.__setitem__, 0, True))
+                _step(functools.partial(do_pause, names), functools.partial(done.__setitem__, 0, True))
             except BaseException:
                 self._busy.difference_update(started)
                 if done[0]:
@@ -179,11 +180,12 @@ class Transitions:
                         self._owing.pop(tag, None)
                 raise
 
-    def resume(self, native: _lib.NativeSaver, names: list[str] | None, do_resume: Callable[[], None]) -> None:
-        """``do_resume()`` (the native resume of ``names``), then the after_resume hooks of
-        the selected tags that owe them and are active."""
+    def resume(self, native: _lib.NativeSaver, names: list[str] | None,
+               do_resume: Callable[[list[str] | None], None]) -> None:
+        """``do_resume(names)`` (the native resume), then the after_resume hooks of the
+        selected tags that owe them and are active."""
         if not self._hooked(names):
-            do_resume()  # no hooks involved: no lock
+            do_resume(names)  # no hooks involved: no lock
             return
         with self._lock:
             self._refuse_busy(names)
@@ -198,7 +200,7 @@ class Transitions:
             while True:
                 try:
                     if not resumed[0]:
-                        _step(do_resume, functools.partial(resumed.__setitem__, 0, True))
+                        _step(functools.partial(do_resume, names), functools.partial(resumed.__setitem__, 0, True))
                     while position < len(order):
                         tag = order[position]
                         if left is None:

@@ -173,6 +173,12 @@ TMSL_API int tmsl_preload_active(void);
 // "error"}]}; null where not known. A missing driver is reported there, not as a failure.
 TMSL_API int tmsl_driver_info_json(char* buf, size_t capacity, size_t* length);
 
+// The devices (indices, ascending) on which this process holds a primary CUDA context, asked
+// of the driver without making one: *count is how many there are, of which the first
+// `capacity` are written to `devices`. None before any context exists. kNoDriver without a
+// usable driver.
+TMSL_API int tmsl_devices_with_context(int* devices, size_t capacity, size_t* count);
+
 // torch_memory_saver's C entry points under its names (tms_compat.cpp), for code that binds
 // them with ctypes. They act on the process-wide saver and the calling thread's region
 // (its "configuration"). tms_pause/tms_resume: tag NULL = every tag, a tag no region has used

@@ -1,11 +1,9 @@
-// tmsl_driver_info_json: what the CUDA driver says about itself and its GPUs, asked the way the
-// CUDA backend asks (dlopen of libcuda.so.1 or $TMSL_CUDA_DRIVER_LIBRARY, entry points through
-// cuGetProcAddress at the CUDA 12.0 ABI), so the doctor states only facts this library checked.
-// It creates no context: cuInit and per-device queries only.
+// What the CUDA driver says, opened by the one loader the CUDA backend uses too
+// (platform/driver.h), so the doctor and the breakdown state only facts this library checked:
+// tmsl_driver_info_json (the driver and its GPUs) and tmsl_devices_with_context (which devices
+// hold a primary context). Neither creates a context: cuInit and per-device queries only.
 #include <cuda.h>
 #include <cudaTypedefs.h>
-#include <dlfcn.h>
-#include <link.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -15,13 +13,11 @@
 
 #include "api/abi_guard.h"
 #include "api/c_api.h"
-#include "platform/environment.h"
+#include "platform/driver.h"
 
 using namespace tmsl;
 
 namespace {
-
-constexpr int kDriverAbiVersion = 12000;  // as backend_cuda.cpp asks
 
 struct DeviceFacts {
   int vmm = -1;  // CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED; -1: not known
@@ -59,17 +55,9 @@ std::string failed(const Api& api, const char* what, CUresult result) {
 }
 
 // Resolves every entry point; the names of those missing, else "".
-std::string resolve(void* lib, Api* api) {
-  auto get_proc = reinterpret_cast<PFN_cuGetProcAddress_v12000>(dlsym(lib, "cuGetProcAddress_v2"));
-  if (get_proc == nullptr) return "cuGetProcAddress_v2 (a driver for CUDA 12.0 or newer is needed)";
+std::string resolve(const DriverLibrary& driver, Api* api) {
   std::string missing;
-  auto one = [&](const char* symbol, auto* field) {
-    void* fn = nullptr;
-    CUdriverProcAddressQueryResult found;
-    if (get_proc(symbol, &fn, kDriverAbiVersion, CU_GET_PROC_ADDRESS_DEFAULT, &found) != CUDA_SUCCESS) fn = nullptr;
-    if (fn == nullptr) missing += std::string(missing.empty() ? "" : ", ") + symbol;
-    *field = reinterpret_cast<std::remove_reference_t<decltype(*field)>>(fn);
-  };
+  auto one = [&](const char* symbol, auto* field) { driver.resolve(symbol, field, &missing); };
   one("cuGetErrorName", &api->cuGetErrorName);
   one("cuDriverGetVersion", &api->cuDriverGetVersion);
   one("cuInit", &api->cuInit);
@@ -119,20 +107,20 @@ DeviceFacts device_facts(const Api& api, int index) {
 
 DriverFacts probe() {
   DriverFacts f;
-  f.requested = cuda_driver_library();
-  // Never closed: the backend keeps the driver loaded for the process lifetime too.
-  void* lib = dlopen(f.requested.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (lib == nullptr) {
-    const char* why = dlerror();
-    f.error = "cannot load " + f.requested + " (" + (why ? why : "unknown reason") + ")";
+  DriverLibrary driver;
+  Status opened = DriverLibrary::open(&driver);
+  f.requested = driver.requested();
+  f.path = driver.path();
+  f.loaded = !f.path.empty();
+  if (!opened.ok()) {
+    // The missing entry point is named as the others would be.
+    f.error = f.loaded ? "the CUDA driver lacks entry points: cuGetProcAddress_v2 (a driver for CUDA 12.0 or newer "
+                         "is needed)"
+                       : opened.message();
     return f;
   }
-  f.loaded = true;
-  struct link_map* map = nullptr;
-  f.path = dlinfo(lib, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr && map->l_name != nullptr ? map->l_name
-                                                                                                  : f.requested;
   Api api;
-  std::string missing = resolve(lib, &api);
+  std::string missing = resolve(driver, &api);
   if (!missing.empty()) {
     f.error = "the CUDA driver lacks entry points: " + missing;
     return f;
@@ -180,6 +168,40 @@ TMSL_API int tmsl_driver_info_json(char* buf, size_t capacity, size_t* length) {
     std::string json = to_json(probe());
     *length = json.size();
     if (buf != nullptr && capacity > json.size()) memcpy(buf, json.c_str(), json.size() + 1);
+    return s;
+  });
+}
+
+TMSL_API int tmsl_devices_with_context(int* devices, size_t capacity, size_t* count) {
+  return guarded([&] {
+    Status s = require(count != nullptr && (devices != nullptr || capacity == 0),
+                       "count must not be NULL, nor devices with a capacity");
+    if (!s.ok()) return s;
+    DriverLibrary driver;
+    s = DriverLibrary::open(&driver);
+    if (!s.ok()) return s;
+    PFN_cuDeviceGetCount_v2000 get_count = nullptr;
+    PFN_cuDeviceGet_v2000 get_device = nullptr;
+    PFN_cuDevicePrimaryCtxGetState_v7000 get_state = nullptr;
+    std::string missing;
+    driver.resolve("cuDeviceGetCount", &get_count, &missing);
+    driver.resolve("cuDeviceGet", &get_device, &missing);
+    driver.resolve("cuDevicePrimaryCtxGetState", &get_state, &missing);
+    if (!missing.empty()) return Status::Error(Code::kNoDriver, "the CUDA driver lacks entry points: " + missing);
+    int total = 0;
+    *count = 0;
+    // Before cuInit (nobody made a context yet) the count fails: no device has one.
+    if (get_count(&total) != CUDA_SUCCESS) return s;
+    for (int i = 0; i < total; ++i) {
+      CUdevice device = 0;
+      unsigned int flags = 0;
+      int active = 0;
+      if (get_device(&device, i) != CUDA_SUCCESS || get_state(device, &flags, &active) != CUDA_SUCCESS || !active) {
+        continue;
+      }
+      if (*count < capacity) devices[*count] = i;
+      ++*count;
+    }
     return s;
   });
 }

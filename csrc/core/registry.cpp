@@ -68,6 +68,14 @@ Status publish(Registry& r, Saver* saver, SaverHandle* out, bool permanent = fal
                        "too many savers (at most 64 at once): close() the ones no longer needed");
 }
 
+// The environment's defaults a new saver starts with (TMSL_POISON_ON_RESUME,
+// TMSL_RETAIN_CPU_BACKUP): the library owns them, so a saver the hooks made has them too.
+void take_process_defaults(Saver* saver) {
+  const ProcessDefaults& d = process_defaults();
+  saver->set_poison_on_resume(d.poison_on_resume);
+  saver->set_retain_backups(d.retain_backups);
+}
+
 }  // namespace
 
 Status default_saver(BudgetSource budget, SaverHandle* out) {
@@ -82,7 +90,7 @@ Status default_saver(BudgetSource budget, SaverHandle* out) {
     Status s = make_cuda_backend(&backend);
     if (!s.ok()) return s;
     auto saver = std::make_unique<Saver>(std::move(backend), budget());
-    saver->set_poison_on_resume(process_defaults().poison_on_resume);
+    take_process_defaults(saver.get());
     // Unpublished, the hooks could not find its allocations to free them.
     SaverHandle handle = 0;
     s = publish(r, saver.get(), &handle, /*permanent=*/true);
@@ -97,7 +105,7 @@ Status default_saver(BudgetSource budget, SaverHandle* out) {
 SaverHandle existing_default_saver() { return registry().process_wide.load(std::memory_order_acquire); }
 
 Status add_saver(std::unique_ptr<Saver> saver, SaverHandle* out) {
-  saver->set_poison_on_resume(process_defaults().poison_on_resume);
+  take_process_defaults(saver.get());
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   Status s = publish(r, saver.get(), out);

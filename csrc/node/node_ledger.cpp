@@ -16,14 +16,13 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <system_error>
 #include <thread>
 
 #include "platform/environment.h"
 #include "node/host_limits.h"
 #include "node/node_store.h"
+#include "node/process_identity.h"
 
 namespace tmsl {
 
@@ -31,21 +30,6 @@ namespace {
 
 constexpr uint64_t kMagic = 0x746d736c6c656432ULL;  // "tmslled2": the layout below
 constexpr size_t kSlots = 1024;                      // processes of one node at once
-
-// When a process started (clock ticks since boot, /proc/<pid>/stat field 22): with the pid it
-// names the process, so a pid reused by a new process is not taken for the old one. 0: gone.
-uint64_t start_time_of(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-  const size_t name_end = text.rfind(')');  // the command name may hold spaces and parentheses
-  if (name_end == std::string::npos) return 0;
-  std::istringstream fields(text.substr(name_end + 2));
-  std::string field;
-  for (int i = 3; i <= 22 && fields >> field; ++i) {
-    if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
-  }
-  return 0;
-}
 
 // The layout's version is in the name: processes of different library versions each keep a
 // ledger of their own rather than misread one another's.
@@ -55,9 +39,8 @@ std::string default_path() {
 
 }  // namespace
 
-// A process owns its slot while it holds a POSIX record lock on the slot's bytes: the kernel
-// drops it when the process dies (kill -9, a zombie included), a forked child does not inherit
-// it, and it is seen across PID namespaces that share the file, where /proc is not.
+// A process owns its slot while it holds its record lock on the slot's bytes
+// (process_identity.h: the node's one liveness check).
 struct NodeLedger::Slot {
   int32_t pid;  // for people reading who holds what; the lock says who is alive
   uint32_t unused;
@@ -127,13 +110,12 @@ void NodeLedger::leave_after_fork() {
   fd_ = -1;
 }
 
-NodeLedger::NodeLedger() : owner_(getpid()), start_time_(start_time_of(getpid())) {
-  const char* named = getenv("TMSL_HOST_LEDGER");
-  path_ = named != nullptr && *named != '\0' ? named : default_path();
+NodeLedger::NodeLedger() : owner_(getpid()), start_time_(process_start_time(getpid())) {
+  const ProcessDefaults& env = process_defaults();  // TMSL_HOST_LEDGER, TMSL_HOST_MEMORY_BUDGET (0: not set)
+  path_ = env.host_ledger.empty() ? default_path() : env.host_ledger;
   // Counted whether or not this process shares: another process of the node may.
   store_ = NodeStore::directory_for(path_);
   NodeStore::collect_garbage(store_);  // chunks of processes that died
-  const ProcessDefaults& env = process_defaults();  // TMSL_HOST_MEMORY_BUDGET (0: not set)
   if (!env.host_memory_budget_error.empty()) {
     error_ = env.host_memory_budget_error + "; no budget applies";
     return;
@@ -299,13 +281,7 @@ Status NodeLedger::locked(Body&& body) {
 }
 
 bool NodeLedger::alive(size_t index) const {
-  struct flock probe {};
-  probe.l_type = F_WRLCK;
-  probe.l_whence = SEEK_SET;
-  probe.l_start = static_cast<off_t>(offsetof(Shared, slots) + index * sizeof(Slot));
-  probe.l_len = sizeof(Slot);
-  if (fcntl(fd_, F_GETLK, &probe) != 0) return true;  // cannot tell: keep its share
-  return probe.l_type != F_UNLCK;
+  return range_held(fd_, static_cast<off_t>(offsetof(Shared, slots) + index * sizeof(Slot)), sizeof(Slot));
 }
 
 bool NodeLedger::nobody_alive() const {
@@ -320,12 +296,9 @@ NodeLedger::Slot* NodeLedger::my_slot() {
   forget_dead_processes();
   for (size_t i = 0; i < kSlots; ++i) {
     if (shared_->slots[i].pid != 0) continue;
-    struct flock own {};
-    own.l_type = F_WRLCK;
-    own.l_whence = SEEK_SET;
-    own.l_start = static_cast<off_t>(offsetof(Shared, slots) + i * sizeof(Slot));
-    own.l_len = sizeof(Slot);
-    if (fcntl(fd_, F_SETLK, &own) != 0) continue;  // still someone's, or no lock to be had
+    if (!claim_range(fd_, static_cast<off_t>(offsetof(Shared, slots) + i * sizeof(Slot)), sizeof(Slot))) {
+      continue;  // still someone's, or no lock to be had
+    }
     shared_->slots[i] = Slot{owner_, 0, start_time_, 0, 0};
     slot_ = static_cast<int>(i);
     return &shared_->slots[i];

@@ -1,12 +1,9 @@
 // CUDA backend: the driver's virtual memory management API, opened at run time.
 //
-// The library links neither libcuda nor libcudart: it dlopen()s libcuda.so.1 when the
-// backend is first created and resolves each entry point with cuGetProcAddress at the
-// CUDA 12.0 ABI, so one binary loads on machines without a GPU and works with drivers
-// and torch builds of CUDA 12 and 13 alike.
+// The driver is opened when the backend is first created, through the one loader
+// (platform/driver.h: libcuda at run time, entry points at the CUDA 12.0 ABI).
 #include <cuda.h>
 #include <cudaTypedefs.h>
-#include <dlfcn.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -14,13 +11,10 @@
 #include <mutex>
 
 #include "platform/backend.h"
-#include "platform/environment.h"
+#include "platform/driver.h"
 
 namespace tmsl {
 namespace {
-
-// The ABI version every entry point is requested at; its signatures are the ones below.
-constexpr int kDriverAbiVersion = 12000;
 
 struct DriverApi {
   PFN_cuGetErrorName_v6000 cuGetErrorName = nullptr;
@@ -80,31 +74,15 @@ class RelaxedCapture {
 };
 
 Status load_driver(DriverApi* api) {
-  const std::string path = cuda_driver_library();
-  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (lib == nullptr) {
-    const char* why = dlerror();
-    return Status::Error(Code::kNoDriver, std::string("no CUDA driver: cannot load ") + path +
-                                              " (" + (why ? why : "unknown reason") +
-                                              "); install the NVIDIA driver or run on a GPU machine");
+  DriverLibrary driver;
+  Status opened = DriverLibrary::open(&driver);
+  if (!opened.ok() && driver.path().empty()) {
+    return Status::Error(Code::kNoDriver, "no CUDA driver: " + opened.message() +
+                                              "; install the NVIDIA driver or run on a GPU machine");
   }
-  auto get_proc = reinterpret_cast<PFN_cuGetProcAddress_v12000>(dlsym(lib, "cuGetProcAddress_v2"));
-  if (get_proc == nullptr) {
-    return Status::Error(Code::kNoDriver,
-                         "the CUDA driver is too old: cuGetProcAddress_v2 is missing; a driver "
-                         "for CUDA 12.0 or newer is needed");
-  }
+  if (!opened.ok()) return opened;
   std::string missing;
-  auto resolve = [&](const char* symbol, auto* field) {
-    void* fn = nullptr;
-    CUdriverProcAddressQueryResult found;
-    if (get_proc(symbol, &fn, kDriverAbiVersion, CU_GET_PROC_ADDRESS_DEFAULT, &found) !=
-            CUDA_SUCCESS ||
-        fn == nullptr) {
-      missing += std::string(missing.empty() ? "" : ", ") + symbol;
-    }
-    *field = reinterpret_cast<std::remove_reference_t<decltype(*field)>>(fn);
-  };
+  auto resolve = [&](const char* symbol, auto* field) { driver.resolve(symbol, field, &missing); };
   resolve("cuGetErrorName", &api->cuGetErrorName);
   resolve("cuGetErrorString", &api->cuGetErrorString);
   resolve("cuInit", &api->cuInit);

@@ -169,6 +169,8 @@ ProcessDefaults read_process_defaults() {
     note(&error, d.host_memory_budget_error);
     ok = false;
   }
+  const char* ledger = getenv("TMSL_HOST_LEDGER");  // a path, taken as it is
+  if (ledger != nullptr) d.host_ledger = ledger;
   if (!ok) d.all_threads = false;
   return d;
 }

@@ -42,6 +42,7 @@ constexpr size_t kMaxDiskBackupDirBytes = 4096;  // with its NUL: what TmslProce
 //   TMSL_DISK_BACKUP_DIR / TMS_DISK_BACKUP_DIR (path)   where disk backups go; checked where used
 //   TMSL_SHARE_BACKUPS (flag)   identical large backups are stored once per node
 //   TMSL_HOST_MEMORY_BUDGET (size)   the node's host-memory budget, set when the ledger opens
+//   TMSL_HOST_LEDGER (path)     the ledger file the node's processes share ("": the default)
 // A bad value leaves the default regions off and is kept in `error`.
 struct ProcessDefaults {
   bool all_threads = false;
@@ -55,6 +56,7 @@ struct ProcessDefaults {
   bool share_backups = false;
   size_t host_memory_budget = 0;  // 0: not set
   std::string host_memory_budget_error;  // what is wrong with it ("": nothing); also in `error`
+  std::string host_ledger;  // "": the default file (node_ledger.cpp)
   std::string error;
 };
 const ProcessDefaults& process_defaults();
@@ -67,7 +69,7 @@ constexpr size_t kDefaultDiskWorkers = 4, kMaxDiskWorkers = 64;
 Status disk_backup_settings(size_t* chunk_bytes, size_t* workers);
 
 // The CUDA driver library to open: TMSL_CUDA_DRIVER_LIBRARY, else libcuda.so.1 (read at each
-// call: the CUDA backend and the driver probe each open it once).
+// call; driver.h, the one loader, asks it each time it opens the driver).
 std::string cuda_driver_library();
 
 }  // namespace tmsl

@@ -149,9 +149,19 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t* bytes, int device) {
   return kSuccess;
 }
 
+static atomic_int g_retained[MAX_DEVICES];  // primary contexts retained (made), per device
+
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* context, int device) {
   if (device < 0 || device >= g_devices) return kInvalidDevice;
   *context = &g_contexts[device];
+  atomic_store(&g_retained[device], 1);
+  return kSuccess;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxGetState(int device, unsigned* flags, int* active) {
+  if (device < 0 || device >= g_devices) return kInvalidDevice;
+  *flags = 0;
+  *active = atomic_load(&g_retained[device]);
   return kSuccess;
 }
 
@@ -351,6 +361,7 @@ static const struct {
     {"cuDeviceGetName", (void*)cuDeviceGetName},
     {"cuDeviceTotalMem", (void*)cuDeviceTotalMem_v2},
     {"cuDevicePrimaryCtxRetain", (void*)cuDevicePrimaryCtxRetain},
+    {"cuDevicePrimaryCtxGetState", (void*)cuDevicePrimaryCtxGetState},
     {"cuCtxPushCurrent", (void*)cuCtxPushCurrent},
     {"cuCtxPopCurrent", (void*)cuCtxPopCurrent},
     {"cuCtxGetCurrent", (void*)cuCtxGetCurrent},

@@ -1,0 +1,27 @@
+// Who a process is and whether it still lives: the one owner of both for the node's files.
+//
+// Identity: a pid with its start time (clock ticks after boot, /proc/<pid>/stat field 22), so a
+// pid reused by a new process is not taken for the old one.
+// Liveness: a process lives while it holds its POSIX record lock on a range of a shared file.
+// The kernel drops it when the process dies (kill -9, a zombie included), a forked child does
+// not inherit it, and it is seen across PID namespaces that share the file, where /proc is not.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+
+namespace tmsl {
+
+// When `pid` started; 0 when it is gone or /proc cannot tell.
+uint64_t process_start_time(pid_t pid);
+
+// Takes the record lock on [start, start + length) of `fd` for this process without waiting;
+// false while another process holds it (or no lock can be had).
+bool claim_range(int fd, off_t start, off_t length);
+
+// Whether a live process holds the record lock on that range; true when it cannot be told
+// (a share is never taken from a process that may be alive).
+bool range_held(int fd, off_t start, off_t length);
+
+}  // namespace tmsl
