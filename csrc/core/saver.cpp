@@ -296,6 +296,7 @@ std::vector<Saver::Allocation*> Saver::claim(const TagSelection& selection, Stat
 void Saver::settle(const std::vector<Allocation*>& batch, size_t done, State done_state,
                    State rest_state, std::vector<HostBuffer>* backups, bool drop_backups) {
   std::vector<HostBuffer> let_go;
+  std::vector<std::shared_ptr<DiskFile>> files_let_go;  // removed off the lock
   // Copies of "mmap" allocations: their host memory is given back before the resume
   // returns, as that backend promises (the process's RSS falls at once).
   std::vector<HostBuffer> free_now;
@@ -307,6 +308,12 @@ void Saver::settle(const std::vector<Allocation*>& batch, size_t done, State don
       // A pause that let it be resident: its undo removes the file written for it. (After a
       // resume the file stays until the read-back succeeded: unmark_spill.)
       if (backups != nullptr && a.state == State::kActive) a.spill_written = false;
+      // Resident again (a resume, or a pause that let it stay): its file is done with.
+      if (a.state == State::kActive && a.disk_file) {
+        files_let_go.push_back(std::move(a.disk_file));
+        a.disk_tier.reset();
+        if (backups == nullptr && disk_) a.disk_marked = a.spill_written = false;  // host backups from the next pause
+      }
       if (i >= done) continue;
       if (backups != nullptr) {
         if (a.host_copy) let_go.push_back(std::move(a.host_copy));
@@ -330,6 +337,7 @@ void Saver::settle(const std::vector<Allocation*>& batch, size_t done, State don
   settled_.notify_all();  // first: nothing below may keep a waiting free asleep
   background_.release(std::move(let_go));
   free_now.clear();
+  files_let_go.clear();
 }
 
 // Batches hold runs of one device and one tag: a set is asked only when the value changes.
@@ -385,6 +393,10 @@ Status Saver::pause(const TagSelection& selection) {
     const auto started = std::chrono::steady_clock::now();
     std::set<std::string> moved;
     s = pause_locked(selection, &moved);
+    if (s.code == Code::kOutOfMemory && disk_) {
+      // What the others' caches did not free in time goes to disk too.
+      s = pause_locked(selection, &moved, true);
+    }
     if (s.ok()) note_duration(moved, started, &TagInfo::last_pause_seconds);
     publish_cache();
   }
@@ -420,7 +432,7 @@ void Saver::note_duration(const std::set<std::string>& tags, std::chrono::steady
   }
 }
 
-Status Saver::pause_locked(const TagSelection& selection, std::set<std::string>* moved) {
+Status Saver::pause_locked(const TagSelection& selection, std::set<std::string>* moved, bool spill_everything) {
   mappings_.retry();
   std::vector<Allocation*> batch;
   {
@@ -428,6 +440,7 @@ Status Saver::pause_locked(const TagSelection& selection, std::set<std::string>*
     Status s = check_known(selection);
     if (!s.ok()) return s;
     set_paused(selection, true);  // from here on new allocations in these tags are refused
+    if (disk_) choose_spill(selection, spill_everything, true);  // what the budget cannot hold goes to disk
     batch = claim(selection, State::kActive, State::kPausing);
   }
   note_tags(batch, moved);
@@ -446,9 +459,11 @@ Status Saver::pause_locked(const TagSelection& selection, std::set<std::string>*
       return with_context(r, "pausing " + describe(batch) + ": everything stays resident with its content, "
                              "call pause again");
     }
-    // Every copy is queued before anything is released, so a failure to queue one (no
-    // host memory, say) leaves everything resident. Then each allocation goes as soon as
-    // its own copies have landed: releasing overlaps the copies of the ones after it.
+    // The disk files are written first, and every copy queued, before anything is released,
+    // so a failure to write or queue one (no host memory, say) leaves everything resident.
+    r = write_disk_backups(batch);
+    if (!r.ok()) return r;
+    // Then each allocation goes as soon as its own copies have landed: releasing overlaps the copies of the ones after it.
     r = queue_backups(batch, &backups, &copies);
     while (r.ok() && done < batch.size()) {
       r = copies.wait(done);
@@ -605,6 +620,7 @@ Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>
       if (r.ok()) r = restore(a, a.physical.handles.size() - 1);
       if (r.ok() && a.physical.handles.size() == a.physical.count(a.size)) ++done;
     }
+    if (r.ok()) r = read_disk_backups(batch);  // everything is mapped now
     Status waited = wait_copies(batch);
     return r.ok() ? with_context(waited, "restoring backups") : r;
   });
@@ -674,7 +690,7 @@ Status Saver::restore(const Allocation& a, size_t k) {
     });
     if (!s.ok()) return with_context(s, "restoring backups");
   }
-  if (copied_end == end || !poison_on_resume_.load()) return Status::Ok();
+  if (copied_end == end || !poison_on_resume_.load() || a.disk_file) return Status::Ok();  // a file fills it
   return with_context(backend_->fill_async(a.device, a.va + copied_end, end - copied_end, kPoisonByte),
                       "poisoning resumed memory");
 }
@@ -710,13 +726,14 @@ std::vector<TagFigures> Saver::figures() const {
     bool resident = a.state == State::kActive || a.state == State::kPausing;
     (resident ? f.resident : f.paused_bytes) += a.size;
     if (a.state != State::kPausing && a.host_copy) f.host_backup += a.host_copy.size;  // retained copies count too
+    if (a.state == State::kPaused && a.disk_file) f.disk_backup += a.disk_file->size();
   }
   std::vector<TagFigures> out;
   out.reserve(per.size() + tags_.size());
   auto next = per.begin();
   for (const auto& entry : tags_) {  // both in tag order
     const bool has_allocations = next != per.end() && next->first.first == entry.first;
-    if (!has_allocations) out.push_back(TagFigures{entry.first, -1, 0, 0, 0, 0, 0, false, entry.second});
+    if (!has_allocations) out.push_back(TagFigures{entry.first, -1, 0, 0, 0, 0, 0, 0, false, entry.second});
     for (; next != per.end() && next->first.first == entry.first; ++next) {
       TagFigures f = next->second;
       f.tag = entry.first;

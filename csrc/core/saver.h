@@ -23,6 +23,7 @@
 #include "platform/backend.h"
 #include "platform/backup_choice.h"
 #include "tiers/backup.h"
+#include "tiers/disk_tier.h"
 #include "core/mapping.h"
 #include "platform/status.h"
 
@@ -60,6 +61,7 @@ struct TagFigures {
   std::string tag;
   int device = -1;
   size_t allocations = 0, reserved = 0, resident = 0, paused_bytes = 0, host_backup = 0;
+  size_t disk_backup = 0;  // paused bytes whose content is in disk files
   bool backs_up = false;  // a pause copies some of it to host memory
   TagInfo info;
 };
@@ -149,6 +151,19 @@ class Saver {
   // Bytes of paused allocations whose content a spill sent to disk.
   size_t spilled_bytes() const;
 
+  // The disk tier (disk_tier.h): where allocations made with kDisk, and those the node's
+  // budget cannot hold, keep their content while paused. `path` is checked (made if missing;
+  // refused on host memory or unwritable) and its stale files removed; "" turns the tier off
+  // for later pauses (files already written stay until read back); disk_notices() says what
+  // the user should hear of (stale files removed). Once set, a pause writes the files itself: device ->
+  // staging (host memory from the budget, on the copy stream) -> file, all before anything is
+  // released; a resume reads them back and removes them; a free removes its file.
+  Status set_disk_directory(const std::string& path);
+  // The disk tier's directory ("" for none).
+  std::string disk_directory() const;
+  // What the disk tier has to tell since last asked (O_DIRECT refused, ...).
+  std::vector<std::string> disk_notices();
+
   // Returns once the work handed to the background has run: backups freed, host memory
   // asked for by prepare_backups faulted in and page-locked.
   void wait_for_released_backups() { background_.wait_idle(); }
@@ -222,6 +237,9 @@ class Saver {
     // kResuming) or under mu_.
     Pieces physical;      // while active; mid-resume, the pieces mapped so far
     HostBuffer host_copy;  // while paused with backup (or retained)
+    // While paused with its content on disk: the file, and the tier that reads it back.
+    std::shared_ptr<DiskFile> disk_file;
+    std::shared_ptr<DiskTier> disk_tier;
     // The bytes a backup holds: what was asked for, to whole host pages; the rest of the
     // last granule was never the caller's.
     size_t backup_bytes() const { return std::min(size, (requested + kPageBytes - 1) / kPageBytes * kPageBytes); }
@@ -255,7 +273,7 @@ class Saver {
   void set_paused(const TagSelection& selection, bool paused);
   // pause / resume under op_mu_, naming the tags whose memory they moved; the public calls
   // time them.
-  Status pause_locked(const TagSelection& selection, std::set<std::string>* moved);
+  Status pause_locked(const TagSelection& selection, std::set<std::string>* moved, bool spill_everything = false);
   Status resume_locked(const TagSelection& selection, std::set<std::string>* moved);
   void note_duration(const std::set<std::string>& tags, std::chrono::steady_clock::time_point started,
                      double TagInfo::*field);
@@ -269,6 +287,16 @@ class Saver {
   // Adds the tags of a batch's allocations to *tags.
   static void note_tags(const std::vector<Allocation*>& batch, std::set<std::string>* tags);
   Status synchronize_devices(const std::vector<Allocation*>& batch);
+  // The disk tier's part of a pause (disk_backups.cpp). choose_spill: with a disk tier, marks
+  // backed-up resident allocations of `selection` the node's budget cannot hold (all with
+  // `everything`) for disk, largest first; needs mu_. write_disk_backups: writes the files of
+  // the batch's disk-backed allocations before anything is released (none written: all stay
+  // resident). read_disk_backups: reads them back into the mapped memory of a resume.
+  // Returns the bytes marked; `written`: the marks count as written already (the C++ tier
+  // writes them in this very pause).
+  size_t choose_spill(const TagSelection& selection, bool everything, bool written);
+  Status write_disk_backups(const std::vector<Allocation*>& batch);
+  Status read_disk_backups(const std::vector<Allocation*>& batch);
   // Queues the copy of every backed-up allocation of the batch into host memory, marking
   // the end of each allocation's copies in `copies`.
   Status queue_backups(const std::vector<Allocation*>& batch, std::vector<HostBuffer>* backups,
@@ -375,6 +403,8 @@ class Saver {
   std::atomic<size_t> published_cache_{0};  // what the node's ledger was last told
   std::atomic<bool> any_marked_{false};  // some allocation is marked by mark_spill
   std::atomic<bool> closing_{false};  // the saver is going: background preparation stops
+  // The disk tier (null: none); set under op_mu_ and mu_, read under either.
+  std::shared_ptr<DiskTier> disk_;
   // Tags whose host memory is to be prepared, and whether a task to do it is queued.
   std::mutex prepare_mu_;
   TagSelection prepare_pending_{false, {}};

@@ -15,6 +15,11 @@ Status Saver::mark_spill(const TagSelection& selection, bool everything, size_t*
   std::lock_guard<std::mutex> lock(mu_);
   Status s = check_known(selection);
   if (!s.ok()) return s;
+  *bytes = choose_spill(selection, everything, false);
+  return Status::Ok();
+}
+
+size_t Saver::choose_spill(const TagSelection& selection, bool everything, bool written) {
   std::vector<Allocation*> candidates;  // would take new host memory at their next pause
   std::set<const HostArena*> reused;    // arenas this pause takes copies from: not given back
   size_t need = 0;
@@ -27,7 +32,7 @@ Status Saver::mark_spill(const TagSelection& selection, bool everything, size_t*
     need += a.backup_bytes();
   });
   size_t shortfall = need;
-  if (!everything) {
+  if (!everything && need > 0) {
     size_t room = NodeLedger::instance().room_with_others_caches();
     for (const auto& entry : cached_arenas()) {
       if (reused.count(entry.first) == 0 && room != SIZE_MAX) room += entry.first->used_bytes();
@@ -36,16 +41,17 @@ Status Saver::mark_spill(const TagSelection& selection, bool everything, size_t*
   }
   std::stable_sort(candidates.begin(), candidates.end(),
                    [](const Allocation* x, const Allocation* y) { return x->backup_bytes() > y->backup_bytes(); });
-  *bytes = 0;
+  size_t bytes = 0;
   size_t freed = 0;  // host memory the marks spare
   for (Allocation* a : candidates) {
     if (freed >= shortfall) break;
     a->disk_marked = true;
+    a->spill_written = written;
     freed += a->backup_bytes();
-    *bytes += a->size;
+    bytes += a->size;
     any_marked_.store(true);
   }
-  return Status::Ok();
+  return bytes;
 }
 
 Status Saver::note_spill_written(const std::vector<uintptr_t>& addresses) {
