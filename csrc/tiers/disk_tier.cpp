@@ -218,6 +218,8 @@ Status DiskTier::transfer(const std::vector<DiskRange>& ranges, const std::vecto
     }
     workers /= 2;
   }
+  // Its workers fault the pages in by writing them: no read from the disk may land first.
+  staging->wait_prepared();
   std::atomic<size_t> next{0};
   std::mutex error_mu;
   Status error;
