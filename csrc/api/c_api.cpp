@@ -1,4 +1,5 @@
 #include "api/c_api.h"
+#include "api/node_budget.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -103,7 +104,7 @@ TMSL_API int tmsl_existing_default_saver(void** out) {
 TMSL_API int tmsl_default_host_cache_bytes(size_t* out) {
   return guarded([&] {
     Status s = require(out != nullptr, "out must not be NULL");
-    if (s.ok()) *out = Saver::default_host_cache_bytes();
+    if (s.ok()) *out = BackupTiers::default_cache_bytes();
     return s;
   });
 }
@@ -141,7 +142,7 @@ TMSL_API int tmsl_default_saver(void** out) {
   return guarded([&] {
     Status s = require(out != nullptr, "out must not be NULL");
     SaverHandle handle = 0;
-    if (s.ok()) s = default_saver(&handle);
+    if (s.ok()) s = default_saver(&node_budget, &handle);
     if (s.ok()) *out = reinterpret_cast<void*>(handle);
     return s;
   });
@@ -187,7 +188,7 @@ TMSL_API int tmsl_disable_thread_region(void) {
 
 TMSL_API int tmsl_note_graph_capture(void) {
   return guarded([] {
-    const ThreadRegion& region = effective_region();
+    const ThreadRegion& region = effective_region(&node_budget);
     SaverRef saver = find_saver(region.saver);
     return saver ? saver->mark_graph_memory(region.tag) : Status::Ok();
   });

@@ -1,4 +1,5 @@
 #include "api/c_api_testing.h"
+#include "api/node_budget.h"
 
 #include "node/host_limits.h"
 
@@ -18,7 +19,7 @@ TMSL_API int tmsl_create_host_saver(size_t capacity_bytes, size_t granularity_by
                   "host granularity must be a positive multiple of the page size");
     }
     SaverHandle handle = 0;
-    if (s.ok()) s = add_saver(std::make_unique<Saver>(make_host_backend(capacity_bytes, granularity_bytes)), &handle);
+    if (s.ok()) s = add_saver(std::make_unique<Saver>(make_host_backend(capacity_bytes, granularity_bytes), node_budget()), &handle);
     if (s.ok()) *out = reinterpret_cast<void*>(handle);
     return s;
   });

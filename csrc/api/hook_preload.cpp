@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "api/abi_guard.h"
+#include "api/node_budget.h"
 #include "api/c_api.h"
 #include "core/thread_region.h"
 
@@ -64,7 +65,7 @@ void warn_about_defaults_once() {
 
 TMSL_API int cudaMalloc(void** ptr, size_t size) {
   warn_about_defaults_once();
-  const ThreadRegion& region = effective_region();
+  const ThreadRegion& region = effective_region(&node_budget);
   if (size == 0 || region.saver == 0) {
     MallocFn real = runtime_malloc();
     return real != nullptr ? real(ptr, size) : kCudaErrorInitializationError;

@@ -2,6 +2,7 @@
 // Python creates one torch.cuda.MemPool per (tag, device) on top of them and routes a
 // region's allocations into it; the tag comes from the calling thread's region.
 #include "api/abi_guard.h"
+#include "api/node_budget.h"
 #include "api/c_api.h"
 #include "core/thread_region.h"
 
@@ -13,7 +14,7 @@ TMSL_API void* tmsl_torch_malloc(ssize_t size, int device, void* /*stream*/) {
     Status s = size > 0 ? Status::Ok()
                         : Status::Error(Code::kInvalidArgument,
                                         "torch asked for " + std::to_string(size) + " bytes; sizes must be > 0");
-    const ThreadRegion& region = effective_region();
+    const ThreadRegion& region = effective_region(&node_budget);
     if (s.ok() && region.saver == 0) {
       s = Status::Error(Code::kInvalidArgument,
                         "an allocation reached a torch_mem_saver_lite pool outside saver.region(): "

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "api/abi_guard.h"
+#include "api/node_budget.h"
 #include "api/c_api.h"
 #include "core/thread_region.h"
 
@@ -21,7 +22,7 @@ bool host_backup(BackupChoice choice) {
 // The thread's region as torch_memory_saver's per-thread configuration sees it: a copy of
 // the effective one, to change and make the thread's own.
 ThreadRegion current() {
-  ThreadRegion region = effective_region();
+  ThreadRegion region = effective_region(&node_budget);
   if (region.tag.empty()) region.tag = process_defaults().tag;
   return region;
 }
@@ -31,7 +32,7 @@ ThreadRegion current() {
 int on_one_tag(const char* tag, Status (Saver::*operation)(const TagSelection&)) {
   return guarded([&] {
     SaverHandle handle = 0;
-    Status s = default_saver(&handle);
+    Status s = default_saver(&node_budget, &handle);
     SaverRef saver;
     if (s.ok()) s = live_saver(reinterpret_cast<void*>(handle), &saver);
     if (!s.ok()) return s;
@@ -72,13 +73,13 @@ TMSL_API void tms_set_current_tag(const char* tag) {
   thread_region() = std::move(region);
 }
 
-TMSL_API bool tms_get_interesting_region(void) { return effective_region().saver != 0; }
+TMSL_API bool tms_get_interesting_region(void) { return effective_region(&node_budget).saver != 0; }
 
 TMSL_API void tms_set_interesting_region(bool interesting) {
   ThreadRegion region = current();
   if (interesting == (region.saver != 0)) return;
   if (interesting) {
-    if (!default_saver(&region.saver).ok()) return;  // no driver: allocations stay ordinary
+    if (!default_saver(&node_budget, &region.saver).ok()) return;  // no driver: allocations stay ordinary
     region.explicit_none = false;
   } else {
     region.saver = 0;
@@ -87,7 +88,7 @@ TMSL_API void tms_set_interesting_region(bool interesting) {
   thread_region() = std::move(region);
 }
 
-TMSL_API bool tms_get_enable_cpu_backup(void) { return host_backup(effective_region().backup); }
+TMSL_API bool tms_get_enable_cpu_backup(void) { return host_backup(effective_region(&node_budget).backup); }
 
 TMSL_API void tms_set_enable_cpu_backup(bool enable) {
   ThreadRegion region = current();
@@ -99,7 +100,7 @@ TMSL_API void tms_set_enable_cpu_backup(bool enable) {
 }
 
 TMSL_API const char* tms_get_cpu_backup_backend(void) {
-  BackupChoice choice = effective_region().backup;
+  BackupChoice choice = effective_region(&node_budget).backup;
   bool caches = host_backup(choice) ? choice == BackupChoice::kOn : process_defaults().caches_backups;
   return caches ? "pinned" : "mmap";
 }
@@ -112,7 +113,7 @@ TMSL_API void tms_set_cpu_backup_backend(const char* backend) {
   thread_region() = std::move(region);
 }
 
-TMSL_API bool tms_get_enable_disk_backup(void) { return effective_region().backup == BackupChoice::kDisk; }
+TMSL_API bool tms_get_enable_disk_backup(void) { return effective_region(&node_budget).backup == BackupChoice::kDisk; }
 
 TMSL_API void tms_set_enable_disk_backup(bool enable) {
   ThreadRegion region = current();
@@ -123,17 +124,17 @@ TMSL_API void tms_set_enable_disk_backup(bool enable) {
 
 TMSL_API void set_memory_margin_bytes(uint64_t bytes) {
   SaverHandle handle = 0;
-  if (default_saver(&handle).ok()) tmsl_set_memory_margin(reinterpret_cast<void*>(handle), bytes);
+  if (default_saver(&node_budget, &handle).ok()) tmsl_set_memory_margin(reinterpret_cast<void*>(handle), bytes);
 }
 
 TMSL_API void tms_set_retain_cpu_backup(bool retain) {
   SaverHandle handle = 0;
-  if (default_saver(&handle).ok()) tmsl_set_retain_backups(reinterpret_cast<void*>(handle), retain ? 1 : 0);
+  if (default_saver(&node_budget, &handle).ok()) tmsl_set_retain_backups(reinterpret_cast<void*>(handle), retain ? 1 : 0);
 }
 
 TMSL_API bool tms_get_retain_cpu_backup(void) {
   SaverHandle handle = 0;
   SaverRef saver;
-  if (!default_saver(&handle).ok() || !live_saver(reinterpret_cast<void*>(handle), &saver).ok()) return false;
+  if (!default_saver(&node_budget, &handle).ok() || !live_saver(reinterpret_cast<void*>(handle), &saver).ok()) return false;
   return saver->retain_backups();
 }

@@ -32,6 +32,22 @@ std::vector<std::string> Saver::disk_notices() {
   return tier ? tier->take_notices() : std::vector<std::string>();
 }
 
+Status Saver::no_disk_directory(const std::string& tag) {
+  return Status::Error(Code::kInvalidArgument,
+                       "tag '" + tag + "' keeps its content on disk while paused (enable_disk_backup) but no disk "
+                       "backup directory is set: call set_disk_backup_dir(path) or set TMSL_DISK_BACKUP_DIR "
+                       "(TMS_DISK_BACKUP_DIR) to a directory on a real disk first");
+}
+
+Status Saver::check_disk_directory(const TagSelection& selection) {
+  if (disk_) return Status::Ok();
+  Status s;
+  for_each_selected(selection, [&](const Allocation& a) {
+    if (s.ok() && a.state == State::kActive && a.choice == BackupChoice::kDisk) s = no_disk_directory(a.tag);
+  });
+  return s;
+}
+
 Status Saver::write_disk_backups(const std::vector<Allocation*>& batch) {
   // Under op_mu_: disk_ cannot change. The batch is this pause's (kPausing): its fields are ours.
   std::vector<Allocation*> to_disk;
@@ -45,7 +61,7 @@ Status Saver::write_disk_backups(const std::vector<Allocation*>& batch) {
   std::vector<DiskRange> ranges;
   for (const Allocation* a : to_disk) ranges.push_back({a->va, a->size, a->device, a->tag});
   std::vector<std::shared_ptr<DiskFile>> files;
-  s = disk_->save(ranges, settings, &files);
+  s = disk_->save(ranges, settings, tiers_, &files);
   if (!s.ok()) return s;  // no file left; nothing released yet
   std::lock_guard<std::mutex> lock(mu_);  // figures() reads them
   for (size_t i = 0; i < to_disk.size(); ++i) {
@@ -68,7 +84,7 @@ Status Saver::read_disk_backups(const std::vector<Allocation*>& batch) {
   DiskSettings settings;
   Status s = disk_backup_settings(&settings.chunk_bytes, &settings.workers);
   for (auto it = by_tier.begin(); s.ok() && it != by_tier.end(); ++it) {
-    s = it->first->load(it->second.first, it->second.second, settings);
+    s = it->first->load(it->second.first, it->second.second, settings, tiers_);
   }
   return s;
 }

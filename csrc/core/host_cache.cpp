@@ -4,12 +4,7 @@
 // and giving cached memory back when the budget shrinks or is released.
 // Its queue of tags to prepare has a lock of its own (prepare_mu_); the table is read under
 // mu_ as everywhere else.
-#include "node/host_limits.h"
-#include "node/node_ledger.h"
-#include "node/node_store.h"
 #include "core/saver.h"
-
-#include <unistd.h>
 
 #include <algorithm>
 
@@ -27,7 +22,7 @@ bool Saver::keeps_backups(const std::vector<Allocation*>& batch) const {
   for (const Allocation* a : batch) {
     if (a->host_copy && cached_after_resume(*a, State::kActive)) kept.push_back(&a->host_copy);
   }
-  return !kept.empty() && cached_bytes(kept) <= host_cache_bytes_.load();  // the batch is still resuming
+  return !kept.empty() && cached_bytes(kept) <= tiers_.cache_bytes();  // the batch is still resuming
 }
 
 size_t Saver::cached_bytes(const std::vector<const HostBuffer*>& more) const {
@@ -51,7 +46,7 @@ Status Saver::prepare_backups(const TagSelection& selection) {
     if (prepare_queued_) return Status::Ok();  // the queued task takes these tags too
     prepare_queued_ = true;
   }
-  background_.run([this] { prepare_pending(); });
+  tiers_.background().run([this] { prepare_pending(); });
   return Status::Ok();
 }
 
@@ -92,14 +87,16 @@ std::vector<std::shared_ptr<HostArena>> Saver::prepare_backups_now(const TagSele
       bytes += a.backup_bytes();
     };
     for_each_selected(selection, want);
-    const size_t budget = host_cache_bytes_.load(), cached = cached_bytes({});
+    const size_t budget = tiers_.cache_bytes(), cached = cached_bytes({});
     if (bytes == 0 || bytes > budget || cached > budget - bytes) return arenas;  // the first pause takes it itself
   }
   for (const auto& entry : wanted) {
-    std::vector<size_t> sizes;
-    for (const Wanted& w : entry.second) sizes.push_back(w.size);
-    std::shared_ptr<HostArena> arena;
-    if (!HostArena::create(backend_, entry.first, sizes, &arena).ok()) continue;
+    // The pool's memory first (ready at once), fresh memory that gives way to the foreground
+    // for the rest.
+    std::vector<CopyRequest> requests;
+    for (const Wanted& w : entry.second) requests.push_back(CopyRequest{entry.first, w.size, true, Tier::kHost});
+    std::vector<HostBuffer> buffers(requests.size());
+    if (!tiers_.host_memory(requests, false, &buffers).ok()) continue;
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t k = 0; k < entry.second.size(); ++k) {
       const Wanted& w = entry.second[k];
@@ -109,11 +106,11 @@ std::vector<std::shared_ptr<HostArena>> Saver::prepare_backups_now(const TagSele
       if (it == table_.end()) continue;
       Allocation& a = it->second;
       if (a.backup_bytes() == w.size && a.tag == w.tag && wants(a)) {
-        a.host_copy = HostBuffer{arena, arena->buffer_offset(k), w.size};
+        a.host_copy = buffers[k];
         a.retained = false;  // set aside for the next pause: nothing to hand out yet
       }
+      if (arenas.empty() || arenas.back() != buffers[k].arena) arenas.push_back(buffers[k].arena);
     }
-    arenas.push_back(std::move(arena));
   }
   return arenas;
 }
@@ -121,7 +118,7 @@ std::vector<std::shared_ptr<HostArena>> Saver::prepare_backups_now(const TagSele
 void Saver::release_host_cache() {
   {
     Waiting waiting(foreground_waiting_);  // a sharing pass queued before it ends early
-    background_.wait_idle();  // a preparation asked for before this call does not refill it after
+    tiers_.background().wait_idle();  // a preparation asked for before this call does not refill it after
   }
   ForegroundOp op(*this);  // no pause is reusing these meanwhile
   std::vector<HostBuffer> let_go;
@@ -134,31 +131,39 @@ void Saver::release_host_cache() {
         a.retained = false;
       }
     }
+    tiers_.note_kept(SIZE_MAX);  // the pool lets go of everything too
   }
-  background_.release(std::move(let_go));
+  let_go.clear();  // (their arenas come back to the pool, which frees them in the background)
   publish_cache();
 }
 
 void Saver::set_host_cache_bytes(size_t bytes) {
-  host_cache_bytes_.store(bytes);
+  tiers_.set_cache_bytes(bytes);
   ForegroundOp op(*this);  // no pause is reusing these meanwhile
   std::vector<HostBuffer> let_go;
   {
     std::lock_guard<std::mutex> lock(mu_);
     const size_t cached = cached_bytes({});
     if (cached > bytes) let_go = take_cache(cached - bytes);
+    tiers_.note_kept(SIZE_MAX);  // what is let go does not stay in the pool either
   }
-  background_.release(std::move(let_go));
+  let_go.clear();  // back to the pool, which lets it go: the lowered budget applies at once
   publish_cache();
 }
 
 void Saver::publish_cache() {
   // Under mu_, so that the figure last told is the table's latest: what a request of another
   // process would get back (retained copies and paused allocations' backups stay).
-  std::lock_guard<std::mutex> lock(mu_);
   size_t evictable = 0;
-  for (const auto& entry : cached_arenas()) evictable += entry.first->used_bytes();
-  if (published_cache_.exchange(evictable) != evictable) NodeLedger::instance().note_cached(this, evictable);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& entry : cached_arenas()) evictable += entry.first->used_bytes();
+    // The pool keeps what the budget leaves beside the copies kept.
+    tiers_.note_kept(cached_bytes({}));
+    evictable += tiers_.pool().bytes();
+  }
+  // Off the table lock: the ledger takes the node's lock.
+  if (published_cache_.exchange(evictable) != evictable) tiers_.budget().note_cached(this, evictable);
 }
 
 void Saver::give_cache_back_on_request() {
@@ -169,11 +174,15 @@ void Saver::give_cache_back_on_request() {
   }
   std::vector<HostBuffer> let_go;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    let_go = take_cache(SIZE_MAX);
+    HostPool::FreeNow now(tiers_.pool());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      let_go = take_cache(SIZE_MAX);
+    }
+    tiers_.note_kept(SIZE_MAX, true);
+    op.unlock();
+    let_go.clear();  // here, at once: the process that asked is waiting for the bytes
   }
-  op.unlock();
-  let_go.clear();  // here, at once: the process that asked is waiting for the bytes
   publish_cache();
 }
 
@@ -211,40 +220,27 @@ std::vector<HostBuffer> Saver::take_cache(size_t bytes) {
   return let_go;
 }
 
-std::shared_ptr<HostArena> Saver::recycle_cache(int device, const std::vector<size_t>& sizes) {
+std::vector<HostBuffer> Saver::recycle_cache(int device, const std::vector<size_t>& sizes) {
   size_t bytes = 0;
   bool shareable = false;
   for (size_t size : sizes) {
     bytes += size;
     shareable = shareable || size > HostArena::kRangeBytes;
   }
-  if (shareable && NodeStore::enabled()) return nullptr;
-  if (cached_bytes({}) + bytes <= host_cache_bytes_.load()) return nullptr;  // room for both
+  if (shareable && tiers_.budget().shares_backups()) return {};
+  if (cached_bytes({}) + tiers_.pool().bytes() + bytes <= tiers_.cache_bytes()) return {};  // room for both
   // Faulting in and page-locking fresh memory runs at half the link's speed or less; memory
   // already prepared runs at its full speed, and the cache ends up holding the newest copy.
+  // The arena goes back to the pool, which carves it anew for this batch: one of about this
+  // size (a larger one would hold more than the copies it keeps are worth to the cache).
   for (auto& [arena, allocations] : cached_arenas()) {
-    if (!arena->fits_exactly(device, sizes)) continue;
-    std::shared_ptr<HostArena> taken = allocations.front()->host_copy.arena;
-    for (Allocation* a : allocations) a->host_copy = HostBuffer();
-    taken->note_use();
+    const size_t size = arena->used_bytes();
+    if (arena->device() != device || size < bytes || size - bytes > bytes / 8 || !arena->poolable()) continue;
+    std::vector<HostBuffer> taken;
+    for (Allocation* a : allocations) taken.push_back(std::move(a->host_copy));
     return taken;
   }
-  return nullptr;
-}
-
-size_t Saver::default_host_cache_bytes() {
-  // Judged once per process: the available memory moves, and a default that changed
-  // between two reads would be no setting at all.
-  static const size_t chosen = [] {
-    size_t memory = host_memory_limit();
-    if (memory == 0) {
-      const long pages = sysconf(_SC_PHYS_PAGES);
-      const long page_size = sysconf(_SC_PAGESIZE);
-      memory = pages > 0 && page_size > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page_size) : 0;
-    }
-    return std::min<size_t>(memory / 8, size_t{32} << 30);
-  }();
-  return chosen;
+  return {};
 }
 
 }  // namespace tmsl

@@ -70,7 +70,7 @@ Status publish(Registry& r, Saver* saver, SaverHandle* out, bool permanent = fal
 
 }  // namespace
 
-Status default_saver(SaverHandle* out) {
+Status default_saver(BudgetSource budget, SaverHandle* out) {
   Registry& r = registry();
   if (SaverHandle existing = r.process_wide.load(std::memory_order_acquire)) {
     *out = existing;
@@ -81,7 +81,7 @@ Status default_saver(SaverHandle* out) {
     std::unique_ptr<Backend> backend;
     Status s = make_cuda_backend(&backend);
     if (!s.ok()) return s;
-    auto saver = std::make_unique<Saver>(std::move(backend));
+    auto saver = std::make_unique<Saver>(std::move(backend), budget());
     saver->set_poison_on_resume(process_defaults().poison_on_resume);
     // Unpublished, the hooks could not find its allocations to free them.
     SaverHandle handle = 0;

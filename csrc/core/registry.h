@@ -47,8 +47,11 @@ class SaverRef {
   std::atomic<int>* users_ = nullptr;
 };
 
+// The node's host-memory budget a saver made here takes its backups from: the api layer
+// picks it (the node's ledger) and hands it down; asked only when a saver is made.
+using BudgetSource = HostBudget& (*)();
 // Creates the CUDA-backed saver on first call; fails (and retries next time) without a driver.
-Status default_saver(SaverHandle* out);
+Status default_saver(BudgetSource budget, SaverHandle* out);
 // The process-wide saver's handle, or 0 if it was never created (creates nothing).
 SaverHandle existing_default_saver();
 Status add_saver(std::unique_ptr<Saver> saver, SaverHandle* out);

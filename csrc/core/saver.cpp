@@ -2,8 +2,6 @@
 
 #include "core/copy_marks.h"
 #include "core/mapping.h"
-#include "node/node_ledger.h"
-#include "node/node_store.h"
 #include "platform/tag_rules.h"
 
 
@@ -24,14 +22,15 @@ Status with_context(Status s, const char* context) { return s.ok() ? s : with_co
 
 }  // namespace
 
-Saver::Saver(std::unique_ptr<Backend> backend) : backend_(std::move(backend)), mappings_(*backend_) {
-  NodeLedger::instance().on_pressure(this, [this] { give_cache_back_on_request(); });
+Saver::Saver(std::unique_ptr<Backend> backend, HostBudget& budget)
+    : backend_(std::move(backend)), mappings_(*backend_), tiers_(backend_, budget) {
+  budget.on_pressure(this, [this] { give_cache_back_on_request(); });
 }
 
 Saver::~Saver() {
   closing_.store(true);
-  background_.wait_idle();  // no preparation may be walking the table below
-  NodeLedger::instance().forget(this);  // nor a request of another process
+  tiers_.background().wait_idle();  // no preparation may be walking the table below
+  tiers_.budget().forget(this);  // nor a request of another process
   for (auto& entry : table_) {
     Allocation& a = entry.second;
     mappings_.discard(a.device, a.va, a.size, a.state == State::kActive ? std::move(a.physical) : Pieces());
@@ -153,6 +152,7 @@ void Saver::set_paused(const TagSelection& selection, bool paused) {
 
 Status Saver::allocate(size_t size, int device, const std::string& tag, BackupChoice backup,
                        uintptr_t* va) {
+  ForegroundGate::Active active(tiers_.gate());  // background host work gives way
   if (size == 0) return Status::Error(Code::kInvalidArgument, "allocation size must be > 0");
   TagInfo* tag_info = nullptr;
   {
@@ -235,6 +235,7 @@ Status Saver::allocate(size_t size, int device, const std::string& tag, BackupCh
 }
 
 Status Saver::free(uintptr_t va, void* stream) {
+  ForegroundGate::Active active(tiers_.gate());
   Table::node_type node;  // the allocation, out of the table: this call's alone
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -270,7 +271,7 @@ Status Saver::free(uintptr_t va, void* stream) {
     // Its host memory may be the last of an arena: unpinned and unmapped in the background.
     std::vector<HostBuffer> let_go;
     let_go.push_back(std::move(a.host_copy));
-    background_.release(std::move(let_go));
+    tiers_.background().release(std::move(let_go));
   }
   mappings_.retry();
   if (first.ok()) return first;
@@ -335,7 +336,7 @@ void Saver::settle(const std::vector<Allocation*>& batch, size_t done, State don
     }
   }
   settled_.notify_all();  // first: nothing below may keep a waiting free asleep
-  background_.release(std::move(let_go));
+  tiers_.background().release(std::move(let_go));
   free_now.clear();
   files_let_go.clear();
 }
@@ -400,7 +401,7 @@ Status Saver::pause(const TagSelection& selection) {
     if (s.ok()) note_duration(moved, started, &TagInfo::last_pause_seconds);
     publish_cache();
   }
-  if (s.ok() && NodeStore::enabled()) background_.run([this] { share_paused_backups(); });
+  if (s.ok() && tiers_.budget().shares_backups()) tiers_.background().run([this] { share_paused_backups(); });
   return s;
 }
 
@@ -434,13 +435,17 @@ void Saver::note_duration(const std::set<std::string>& tags, std::chrono::steady
 
 Status Saver::pause_locked(const TagSelection& selection, std::set<std::string>* moved, bool spill_everything) {
   mappings_.retry();
-  std::vector<Allocation*> batch;
   {
     std::lock_guard<std::mutex> lock(mu_);
     Status s = check_known(selection);
     if (!s.ok()) return s;
+  }
+  // What the budget cannot hold goes to disk (off the table lock: it asks the node's budget).
+  if (disk_) choose_spill(selection, spill_everything, true);
+  std::vector<Allocation*> batch;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
     set_paused(selection, true);  // from here on new allocations in these tags are refused
-    if (disk_) choose_spill(selection, spill_everything, true);  // what the budget cannot hold goes to disk
     batch = claim(selection, State::kActive, State::kPausing);
   }
   note_tags(batch, moved);
@@ -503,71 +508,72 @@ Status Saver::pause_locked(const TagSelection& selection, std::set<std::string>*
 
 Status Saver::queue_backups(const std::vector<Allocation*>& batch, std::vector<HostBuffer>* backups,
                             CopyMarks* copies) {
-  // One arena for every backup that has no retained host memory of the right size, and one
-  // more for those of "mmap" allocations: their memory goes back at resume, which an arena
-  // shared with copies that stay cached would prevent.
-  auto uncached = [](const Allocation& a) { return a.choice == BackupChoice::kOnUncached; };
-  std::vector<size_t> needed[2];  // sizes of the new buffers, in batch order: cached, uncached
-  int arena_device = 0;
+  // Where each copy goes: the host memory it kept from its last cycle, else the tiers' (the
+  // pool, fresh memory). "mmap" copies get memory of their own: it goes back at resume.
+  std::vector<CopyRequest> requests(batch.size());
+  std::vector<size_t> cached_sizes;
+  int cached_device = 0;
+  size_t bytes = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     const Allocation& a = *batch[i];
-    if (!a.backup) continue;
-    if (a.host_copy && a.host_copy.size == a.backup_bytes() && !a.host_copy.arena->has_shared()) {
-      (*backups)[i] = a.host_copy;  // retained from the last cycle: reused
+    CopyRequest& r = requests[i];
+    r.device = a.device;
+    r.bytes = a.backup_bytes();
+    r.cacheable = a.choice != BackupChoice::kOnUncached;
+    r.tier = !a.backup ? Tier::kNone : a.host_copy && a.host_copy.size == r.bytes && !a.host_copy.arena->has_shared()
+                                           ? Tier::kKept : Tier::kHost;
+    if (r.tier == Tier::kKept) {
+      (*backups)[i] = a.host_copy;  // retained or cached from the last cycle: reused
       a.host_copy.arena->note_use();
-    } else {
-      needed[uncached(a)].push_back(a.backup_bytes());
-      arena_device = a.device;
+    } else if (r.tier == Tier::kHost) {
+      bytes += r.bytes;
+      if (r.cacheable) {
+        cached_sizes.push_back(r.bytes);
+        cached_device = a.device;
+      }
     }
   }
-  for (int group = 0; group < 2; ++group) {
-    if (needed[group].empty()) continue;
-    std::shared_ptr<HostArena> arena;
-    if (group == 0) {
+  if (!cached_sizes.empty()) {
+    // A full cache's arena of exactly this shape comes back to the pool, which hands it on.
+    std::vector<HostBuffer> recycled;
+    {
       std::lock_guard<std::mutex> lock(mu_);
-      arena = recycle_cache(arena_device, needed[group]);
+      recycled = recycle_cache(cached_device, cached_sizes);
+      tiers_.note_kept(cached_bytes({}));
     }
-    Status s = arena ? Status::Ok() : HostArena::create(backend_, arena_device, needed[group], &arena);
+  }
+  Status s = tiers_.host_memory(requests, true, backups);
+  if (s.code == Code::kOutOfMemory) {
+    // Over the node's budget (or out of host memory): the pool and the host cache give way
+    // first, freed here, at once (the retry needs their bytes back), least recently used first.
+    HostPool::FreeNow now(tiers_.pool());
+    tiers_.note_kept(SIZE_MAX, true);
+    s = tiers_.host_memory(requests, true, backups);
     while (s.code == Code::kOutOfMemory) {
-      // Over the node's budget (or out of host memory): the host cache gives way first, one
-      // arena at a time, least recently used first, until this one fits.
       std::vector<HostBuffer> let_go;
       {
         std::lock_guard<std::mutex> lock(mu_);
         let_go = take_cache(1);
       }
       if (let_go.empty()) break;
-      let_go.clear();  // freed here, at once: the retry needs their bytes back
-      s = HostArena::create(backend_, arena_device, needed[group], &arena);
+      let_go.clear();
+      s = tiers_.host_memory(requests, true, backups);
     }
-    if (s.code == Code::kOutOfMemory) {
-      // Then the other processes' caches, when they give them back in time.
-      size_t bytes = 0;
-      for (size_t size : needed[group]) bytes += size;
-      if (NodeLedger::instance().ask_others_for(bytes, kPatienceForOthers)) {
-        s = HostArena::create(backend_, arena_device, needed[group], &arena);
-      }
-    }
-    if (!s.ok()) {
-      size_t bytes = 0;
-      for (const auto& sizes : needed) {
-        for (size_t size : sizes) bytes += size;
-      }
-      return with_context(s, "pausing " + describe(batch) + ": no host memory for " + format_bytes(bytes) +
-                                 " of backups; everything stays resident with its content, call pause "
-                                 "again once host memory is free");
-    }
-    for (size_t i = 0, k = 0; i < batch.size(); ++i) {
-      if (batch[i]->backup && !(*backups)[i] && uncached(*batch[i]) == (group == 1)) {
-        (*backups)[i] = HostBuffer{arena, arena->buffer_offset(k++), batch[i]->backup_bytes()};
-      }
-    }
+  }
+  // Then the other processes' caches, when they give them back in time.
+  if (s.code == Code::kOutOfMemory && tiers_.budget().ask_others_for(bytes, BackupTiers::kPatienceForOthers)) {
+    s = tiers_.host_memory(requests, true, backups);
+  }
+  if (!s.ok()) {
+    return with_context(s, "pausing " + describe(batch) + ": no host memory for " + format_bytes(bytes) +
+                               " of backups; everything stays resident with its content, call pause "
+                               "again once host memory is free");
   }
   for (size_t i = 0; i < batch.size(); ++i) {
     const Allocation& a = *batch[i];
     if (!(*backups)[i]) continue;
     copies->begin();
-    Status s = (*backups)[i].for_each_part([&](char* host, size_t at, size_t n) {
+    s = (*backups)[i].for_each_part([&](char* host, size_t at, size_t n) {
       return backend_->copy_to_host_async(a.device, host, a.va + at, n);
     });
     if (s.ok()) s = copies->mark(i, a.device);

@@ -22,7 +22,9 @@
 #include "core/address_index.h"
 #include "platform/backend.h"
 #include "platform/backup_choice.h"
+#include "node/host_budget.h"
 #include "tiers/backup.h"
+#include "tiers/backup_tiers.h"
 #include "tiers/disk_tier.h"
 #include "core/mapping.h"
 #include "platform/status.h"
@@ -75,7 +77,8 @@ struct TagSelection {
 
 class Saver {
  public:
-  explicit Saver(std::unique_ptr<Backend> backend);
+  // `budget`: the node's host-memory budget its backups are taken from (outlives the saver).
+  Saver(std::unique_ptr<Backend> backend, HostBudget& budget);
   // Gives back everything still held, paused or not.
   ~Saver();
 
@@ -166,7 +169,7 @@ class Saver {
 
   // Returns once the work handed to the background has run: backups freed, host memory
   // asked for by prepare_backups faulted in and page-locked.
-  void wait_for_released_backups() { background_.wait_idle(); }
+  void wait_for_released_backups() { tiers_.background().wait_idle(); }
 
   // {"<tag>": {"allocations": n, "reserved_bytes": n, "resident_bytes": n,
   //            "paused_bytes": n, "host_backup_bytes": n, "paused": b, "graph_memory": b,
@@ -200,12 +203,15 @@ class Saver {
   // resident allocations' copies are let go (least recently used first; retained ones stay)
   // until the rest fits.
   void set_host_cache_bytes(size_t bytes);
-  size_t host_cache_bytes() const { return host_cache_bytes_.load(); }
+  size_t host_cache_bytes() const { return tiers_.cache_bytes(); }
   // Frees the host memory kept for resident allocations (the cache, retained backups).
   void release_host_cache();
   // The default cache budget: an eighth of the host memory this process may use (the least
   // of the machine's memory, what is available and its container's limit), at most 32 GiB.
-  static size_t default_host_cache_bytes();
+  static size_t default_host_cache_bytes() { return BackupTiers::default_cache_bytes(); }
+  // The backup tiers (host memory, its pool, the background work and its gate): for tests
+  // and the testing ABI.
+  BackupTiers& tiers() { return tiers_; }
   // Fill resumed memory that has no backup with 0xFF bytes, so code that wrongly reads
   // discarded content sees NaN instead of plausible leftovers (a debugging aid).
   void set_poison_on_resume(bool poison) { poison_on_resume_.store(poison); }
@@ -222,9 +228,9 @@ class Saver {
     std::string tag;
     TagInfo* tag_info = nullptr;  // its tag's entry in tags_ (never erased), read under mu_
     BackupChoice choice = BackupChoice::kAuto;  // its region's
-    // Marked for the disk tier (mark_spill), and whether its file holds its content
-    // (note_spill_written; false again once a pause ends with it resident, and once
-    // unmark_spill or the next mark_spill judges it afresh).
+    // Marked for the disk tier (choose_spill), and whether its file holds its content
+    // (note_spill_written, or the C++ tier writing it in this pause; false again once a
+    // pause ends with it resident, and once unmark_spill or the next choice judges it afresh).
     bool disk_marked = false;
     bool spill_written = false;
     BackupChoice effective_choice() const { return disk_marked ? BackupChoice::kDisk : choice; }
@@ -287,14 +293,22 @@ class Saver {
   // Adds the tags of a batch's allocations to *tags.
   static void note_tags(const std::vector<Allocation*>& batch, std::set<std::string>* tags);
   Status synchronize_devices(const std::vector<Allocation*>& batch);
-  // The disk tier's part of a pause (disk_backups.cpp). choose_spill: with a disk tier, marks
-  // backed-up resident allocations of `selection` the node's budget cannot hold (all with
-  // `everything`) for disk, largest first; needs mu_. write_disk_backups: writes the files of
-  // the batch's disk-backed allocations before anything is released (none written: all stay
-  // resident). read_disk_backups: reads them back into the mapped memory of a resume.
+  // The disk tier's part of a pause. choose_spill (spill.cpp), under op_mu_ and without
+  // mu_ (the budget takes the node's lock): marks the backed-up resident allocations of
+  // `selection` that would need new host memory as disk-backed (their effective choice is
+  // kDisk), largest first, until the rest fits in the node's budget with the other
+  // processes' host caches and this one's (less what this pause reuses) given back; with
+  // `everything`, all of them. Marks left on resident allocations are judged afresh first.
   // Returns the bytes marked; `written`: the marks count as written already (the C++ tier
   // writes them in this very pause).
+  // (disk_backups.cpp) write_disk_backups: writes the files of the batch's disk-backed
+  // allocations before anything is released (none written: all stay resident).
+  // read_disk_backups: reads them back into the mapped memory of a resume.
   size_t choose_spill(const TagSelection& selection, bool everything, bool written);
+  // check_disk_directory: refuses a pause of disk-backed allocations while no directory is
+  // set (needs mu_); no_disk_directory: the error, for `tag`.
+  Status check_disk_directory(const TagSelection& selection);
+  static Status no_disk_directory(const std::string& tag);
   Status write_disk_backups(const std::vector<Allocation*>& batch);
   Status read_disk_backups(const std::vector<Allocation*>& batch);
   // Queues the copy of every backed-up allocation of the batch into host memory, marking
@@ -322,7 +336,7 @@ class Saver {
   // (stale anyway: they are resident; a pause that fails lets the arena go). Null when none,
   // and when the copies would be shared (the resume drops those, so the cache gains nothing).
   // Needs mu_, and op_mu_ as take_cache.
-  std::shared_ptr<HostArena> recycle_cache(int device, const std::vector<size_t>& sizes);
+  std::vector<HostBuffer> recycle_cache(int device, const std::vector<size_t>& sizes);
   // Whole cached arenas (every copy in them a resident allocation's, none retained), least
   // recently used first, with the allocations keeping copies there. Needs mu_.
   std::vector<std::pair<HostArena*, std::vector<Allocation*>>> cached_arenas();
@@ -331,8 +345,6 @@ class Saver {
   // Another process of the node needs the room: gives the whole host cache back, unless a
   // pause or resume of this saver is under way (the ledger asks again shortly).
   void give_cache_back_on_request();
-  // How long a pause refused for want of room waits for the other processes' caches.
-  static constexpr std::chrono::milliseconds kPatienceForOthers{2000};
   // Offers the large paused backups to the node's store (node_store.h), range by range, on
   // the background thread after a pause.
   void share_paused_backups();
@@ -370,7 +382,7 @@ class Saver {
   // background sharing pass, which takes it range by range, makes way for it.
   class ForegroundOp {
    public:
-    explicit ForegroundOp(Saver& saver) : saver_(saver) {
+    explicit ForegroundOp(Saver& saver) : saver_(saver), active_(saver.tiers_.gate()) {
       Waiting waiting(saver_.foreground_waiting_);
       saver_.op_mu_.lock();
     }
@@ -380,6 +392,7 @@ class Saver {
 
    private:
     Saver& saver_;
+    ForegroundGate::Active active_;  // background host work gives way meanwhile
   };
 
   std::shared_ptr<Backend> backend_;  // shared with host arenas, which leases may keep alive
@@ -398,7 +411,6 @@ class Saver {
   AddressIndex index_;
   std::atomic<size_t> margin_bytes_{0};
   std::atomic<bool> retain_backups_{false};
-  std::atomic<size_t> host_cache_bytes_{default_host_cache_bytes()};
   std::atomic<bool> poison_on_resume_{false};
   std::atomic<size_t> published_cache_{0};  // what the node's ledger was last told
   std::atomic<bool> any_marked_{false};  // some allocation is marked by mark_spill
@@ -409,7 +421,7 @@ class Saver {
   std::mutex prepare_mu_;
   TagSelection prepare_pending_{false, {}};
   bool prepare_queued_ = false;
-  BackgroundWork background_;  // declared after backend_: freeing backups uses it
+  BackupTiers tiers_;  // declared last: its background work walks the table above
 };
 
 // One walk in address order, as torch_memory_saver's pause does. A per-tag index cost every

@@ -26,7 +26,8 @@ ThreadRegion& thread_region();
 // The region an allocation on this thread belongs to right now, defaults applied;
 // saver == 0: none, the hooks leave the allocation to the ordinary allocator.
 // A reference, not a copy: the hooked malloc path reads it on every call.
-const ThreadRegion& effective_region();
+// `budget`: for the process-wide saver, should this call make it.
+const ThreadRegion& effective_region(BudgetSource budget);
 
 // The live saver of a region; kInvalidArgument when its saver has been closed since.
 Status region_saver(const ThreadRegion& region, SaverRef* out);

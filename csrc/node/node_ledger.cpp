@@ -566,3 +566,16 @@ Status NodeLedger::set_budget(size_t bytes) {
 }
 
 }  // namespace tmsl
+
+namespace tmsl {
+
+bool NodeLedger::shares_backups() { return NodeStore::enabled(); }
+
+Status NodeLedger::share(const char* data, size_t size, int* fd) {
+  std::string path;  // (named in the store; the descriptor is what the caller keeps)
+  return NodeStore::share(*this, store_, data, size, fd, &path);
+}
+
+void NodeLedger::release_shared(int fd) { NodeStore::release(fd); }
+
+}  // namespace tmsl

@@ -43,11 +43,12 @@
 #include <string>
 #include <vector>
 
+#include "node/host_budget.h"
 #include "platform/status.h"
 
 namespace tmsl {
 
-class NodeLedger {
+class NodeLedger final : public HostBudget {
  public:
   // Opened on first use. A ledger that cannot be opened leaves budgets off (every
   // reservation succeeds); the reason is kept for host_memory().
@@ -55,22 +56,26 @@ class NodeLedger {
 
   // Takes `bytes` for this process, or refuses with Code::kOutOfMemory (naming the budget,
   // what was asked for and who holds what) when the node's processes would exceed the budget.
-  Status reserve(size_t bytes);
-  void give_back(size_t bytes);
+  Status reserve(size_t bytes) override;
+  void give_back(size_t bytes) override;
   // How much of what `owner` (a saver) holds it could give back at once (its host cache);
   // the process's total is shown to the others.
-  void note_cached(const void* owner, size_t bytes);
+  void note_cached(const void* owner, size_t bytes) override;
 
   // `give_back` gives `owner`'s host cache back; it is called, on a thread of the ledger's,
   // when another process of the node needs the room. forget() returns once no call of it runs.
-  void on_pressure(const void* owner, std::function<void()> give_back);
-  void forget(const void* owner);
+  void on_pressure(const void* owner, std::function<void()> give_back) override;
+  void forget(const void* owner) override;
   // Asks the node's other processes to give their host caches back, and waits up to
   // `patience` until `bytes` could be reserved; true when they could.
-  bool ask_others_for(size_t bytes, std::chrono::milliseconds patience);
+  bool ask_others_for(size_t bytes, std::chrono::milliseconds patience) override;
   // What could be reserved now once the other processes' host caches were given back;
   // SIZE_MAX where no budget applies.
-  size_t room_with_others_caches();
+  size_t room_with_others_caches() override;
+  // The node's store (node_store.h), in this ledger's directory.
+  bool shares_backups() override;
+  Status share(const char* data, size_t size, int* fd) override;
+  void release_shared(int fd) override;
 
   struct Holder {
     size_t entry;  // the process's entry in the ledger: unique while it lives

@@ -17,7 +17,7 @@
 #include <mutex>
 
 #include "platform/environment.h"
-#include "node/node_ledger.h"
+#include "node/host_budget.h"
 
 namespace tmsl {
 
@@ -232,8 +232,8 @@ uint64_t content_hash(const char* data, size_t size) {
   return h ^ (h >> 29);
 }
 
-Status NodeStore::share(const char* data, size_t size, int* fd, std::string* chunk_path) {
-  const std::string path = directory_for(NodeLedger::instance().path());
+Status NodeStore::share(HostBudget& budget, const std::string& path, const char* data, size_t size, int* fd,
+                        std::string* chunk_path) {
   StoreDirectory directory(path, true);
   if (directory.fd() < 0) {
     return Status::Error(Code::kHostError, "the shared backup store " + path +
@@ -267,7 +267,7 @@ Status NodeStore::share(const char* data, size_t size, int* fd, std::string* chu
       if (errno != ENOENT) return errno_status("opening the shared backup chunk " + named_path, errno);
       // A new chunk: its bytes are the node's budget's while it is being made, and the
       // store's (which the ledger counts) once it has its name.
-      Status s = NodeLedger::instance().reserve(size);
+      Status s = budget.reserve(size);
       if (!s.ok()) return s;
       chunk = openat(directory.fd(), ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
       if (chunk < 0) s = errno_status("making a shared backup chunk in " + path, errno);
@@ -279,7 +279,7 @@ Status NodeStore::share(const char* data, size_t size, int* fd, std::string* chu
       snprintf(link, sizeof(link), "/proc/self/fd/%d", chunk);
       const bool linked = s.ok() && linkat(AT_FDCWD, link, directory.fd(), name, AT_SYMLINK_FOLLOW) == 0;
       const int error = errno;
-      NodeLedger::instance().give_back(size);
+      budget.give_back(size);
       if (!linked) {
         if (chunk >= 0) close(chunk);
         if (!s.ok()) return s;

@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <string>
 
+#include "node/host_budget.h"
 #include "platform/status.h"
 
 namespace tmsl {
@@ -31,12 +32,13 @@ class NodeStore {
   // what the ledger counts.
   static size_t bytes_in(const std::string& directory);
 
-  // Opens a chunk holding exactly the `size` bytes at `data`: one of the store's, compared
-  // byte for byte, or a new one (a copy, whose bytes are taken from the node's budget while
-  // it is being made). *fd is open and holds the chunk (a shared flock) until release();
+  // Opens a chunk in the store `directory` holding exactly the `size` bytes at `data`: one of
+  // the store's, compared byte for byte, or a new one (a copy, whose bytes are taken from
+  // `budget` while it is being made). *fd is open and holds the chunk (a shared flock) until release();
   // *path names it. The store is used only if it is this user's directory that nobody else
   // may write, and a chunk only if it is this user's read-only file.
-  static Status share(const char* data, size_t size, int* fd, std::string* path);
+  static Status share(HostBudget& budget, const std::string& directory, const char* data, size_t size, int* fd,
+                      std::string* path);
   // Lets go of a chunk share() opened (its mappings must be gone): closes it, and removes its
   // file when no other process holds it. Chunks still held at exit are let go of then; a
   // forked child closes its copies when it starts.

@@ -10,8 +10,6 @@
 #include <new>
 #include <system_error>
 
-#include "node/node_ledger.h"
-#include "node/node_store.h"
 
 namespace tmsl {
 namespace {
@@ -83,11 +81,11 @@ size_t fault_in_workers(size_t pieces) {
 
 }  // namespace
 
-Status HostArena::create(std::shared_ptr<Backend> backend, int device, const std::vector<size_t>& buffer_sizes,
-                         std::shared_ptr<HostArena>* out) {
-  std::shared_ptr<HostArena> arena(new HostArena(std::move(backend), device, buffer_sizes));
-  Status budget = NodeLedger::instance().reserve(arena->used_);
-  if (!budget.ok()) return budget;
+Status HostArena::create(std::shared_ptr<Backend> backend, HostBudget& budget, ForegroundGate& gate, bool urgent,
+                         int device, const std::vector<size_t>& buffer_sizes, std::unique_ptr<HostArena>* out) {
+  std::unique_ptr<HostArena> arena(new HostArena(std::move(backend), budget, gate, urgent, device, buffer_sizes));
+  Status reserved = budget.reserve(arena->used_);
+  if (!reserved.ok()) return reserved;
   arena->reserved_ = true;
   arena->note_use();
   void* p = mmap(nullptr, arena->size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -119,8 +117,10 @@ Status HostArena::create(std::shared_ptr<Backend> backend, int device, const std
   return Status::Ok();
 }
 
-HostArena::HostArena(std::shared_ptr<Backend> backend, int device, const std::vector<size_t>& buffer_sizes)
-    : backend_(std::move(backend)), device_(device), buffer_sizes_(buffer_sizes) {
+HostArena::HostArena(std::shared_ptr<Backend> backend, HostBudget& budget, ForegroundGate& gate, bool urgent,
+                     int device, const std::vector<size_t>& buffer_sizes)
+    : backend_(std::move(backend)), budget_(budget), gate_(gate), urgent_(urgent), device_(device),
+      buffer_sizes_(buffer_sizes) {
   // Buffers in order. Small ones share a range until it has kRangeBytes; a larger one starts
   // a range and is cut into ranges of kRangeBytes, and the buffer after it starts a new one.
   bool range_full = true;
@@ -147,9 +147,31 @@ HostArena::HostArena(std::shared_ptr<Backend> backend, int device, const std::ve
   for (const Range& range : ranges_) used_ += range.size;
 }
 
-bool HostArena::fits_exactly(int device, const std::vector<size_t>& buffer_sizes) {
+std::vector<std::pair<size_t, size_t>> HostArena::spans() {
   std::lock_guard<std::mutex> lock(mu_);
-  return device == device_ && buffer_sizes == buffer_sizes_ && !leased_ && shared_ranges_.load() == 0;
+  std::vector<std::pair<size_t, size_t>> out;
+  for (const Range& range : ranges_) {
+    if (!out.empty() && out.back().second == range.start) {
+      out.back().second += range.size;
+    } else if (range.size != 0) {
+      out.emplace_back(range.start, range.start + range.size);
+    }
+  }
+  return out;
+}
+
+bool HostArena::poolable() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !leased_ && shared_ranges_.load() == 0 && !stopping();
+}
+
+void HostArena::hurry() {
+  if (urgent_.exchange(true)) return;
+  gate_.poke();
+}
+
+void HostArena::give_way() {
+  gate_.wait_quiet([this] { return urgent_.load() || stopping(); });
 }
 
 void HostArena::start_range(size_t at) {
@@ -171,6 +193,8 @@ void HostArena::fault_in() {
   // Pieces are taken in order, so the first ranges are ready first.
   for (size_t p = next_piece_++; p < pieces_.size() && !stopping(); p = next_piece_++) {
     const Piece& piece = pieces_[p];
+    give_way();  // page faults take the process's memory-map lock, which the driver's calls need too
+    if (stopping()) break;
     // Faulting the pages in here, in parallel, is much faster than inside the registration.
     for (size_t off = 0; off < piece.size; off += page) data_[piece.start + off] = 0;
     std::lock_guard<std::mutex> lock(mu_);
@@ -194,6 +218,7 @@ void HostArena::page_lock() {
         return;
       }
     }
+    give_way();
     // A failure is not final: the range's first copy tries again (for_each_part).
     const bool registered = range.size != 0 && backend_->register_host(device_, data_ + range.start, range.size, false).ok();
     std::lock_guard<std::mutex> lock(mu_);
@@ -216,6 +241,7 @@ size_t HostArena::range_index(size_t offset) const {
 }
 
 Status HostArena::for_each_part(size_t offset, size_t size, const std::function<Status(size_t, size_t)>& part) {
+  hurry();  // a copy waits for these ranges
   for (size_t at = offset, end = offset + size; at < end;) {
     size_t range_end = 0;
     {
@@ -246,6 +272,7 @@ Status HostArena::for_each_part(size_t offset, size_t size, const std::function<
 
 Status HostArena::register_as_one(size_t offset, size_t size) {
   if (size == 0) return Status::Ok();
+  hurry();
   std::unique_lock<std::mutex> lock(mu_);
   changed_.wait(lock, [&] { return ranges_left_ == 0; });
   leased_ = true;
@@ -297,15 +324,15 @@ HostArena::~HostArena() {
   }
   if (data_ != nullptr) munmap(data_, size_);
   for (const Range& range : ranges_) {
-    if (range.shared_fd >= 0) NodeStore::release(range.shared_fd);
+    if (range.shared_fd >= 0) budget_.release_shared(range.shared_fd);
   }
-  if (reserved_) NodeLedger::instance().give_back(used_ - shared_bytes_.load());
+  if (reserved_) budget_.give_back(used_ - shared_bytes_.load());
 }
 
 Status HostArena::unshare(Range& range) {
   const bool reserve = range.counted && reserved_;  // its bytes were given back when it was shared
   if (reserve) {
-    Status s = NodeLedger::instance().reserve(range.size);
+    Status s = budget_.reserve(range.size);
     if (!s.ok()) return s;
   }
   char* at = data_ + range.start;
@@ -317,10 +344,10 @@ Status HostArena::unshare(Range& range) {
     if (mmap(at, range.size, PROT_READ, MAP_SHARED | MAP_FIXED, range.shared_fd, 0) != MAP_FAILED) {
       keep_from_children(at, range.size);
     }
-    if (reserve) NodeLedger::instance().give_back(range.size);
+    if (reserve) budget_.give_back(range.size);
     return errno_status("making a shared backup range private again", error);
   }
-  NodeStore::release(range.shared_fd);
+  budget_.release_shared(range.shared_fd);
   range.shared_fd = -1;
   shared_ranges_--;
   if (range.counted) shared_bytes_ -= range.size;
@@ -345,12 +372,11 @@ Status HostArena::share_range(size_t index) {
   if (range.shared_fd >= 0 || !range.done || range.size == 0) return Status::Ok();
   char* at = data_ + range.start;
   int fd = -1;
-  std::string path;  // (named in the store; the descriptor is what this arena keeps)
-  Status s = NodeStore::share(at, range.size, &fd, &path);
+  Status s = budget_.share(at, range.size, &fd);
   if (!s.ok()) return s;
   if (range.registered) range.registered = !backend_->unregister_host(device_, at).ok();
   if (range.registered) {  // still page-locked: its pages cannot be replaced
-    NodeStore::release(fd);
+    budget_.release_shared(fd);
     return Status::Error(Code::kHostError, "a backup range could not be unpinned to be shared");
   }
   // The chunk holds the same bytes: mapped over the range, the range's own pages go back.
@@ -358,7 +384,7 @@ Status HostArena::share_range(size_t index) {
     // The range may be gone: its bytes come back from the chunk, into fresh private memory.
     const int error = errno;
     const bool back = private_copy(at, range.size, fd);
-    NodeStore::release(fd);
+    budget_.release_shared(fd);
     return back ? errno_status("mapping a shared backup chunk", error)
                 : Status::Error(Code::kHostError, "a backup range lost its mapping and could not be read back");
   }
@@ -376,7 +402,7 @@ Status HostArena::share_range(size_t index) {
   }
   range.counted = true;
   shared_bytes_ += range.size;
-  if (reserved_) NodeLedger::instance().give_back(range.size);
+  if (reserved_) budget_.give_back(range.size);
   return Status::Ok();
 }
 
@@ -397,6 +423,7 @@ BackgroundWork::~BackgroundWork() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
+    stopping_flag_.store(true);
   }
   changed_.notify_all();
   worker_.join();
@@ -420,6 +447,15 @@ void BackgroundWork::release(std::vector<HostBuffer> buffers) {
   if (buffers.empty()) return;
   // The last reference to an arena frees it where the task runs.
   run([batch = std::move(buffers)]() mutable { batch.clear(); });
+}
+
+void BackgroundWork::run_after_foreground(ForegroundGate& gate, std::function<void()> task) {
+  run([this, &gate, task = std::move(task)] {
+    if (std::this_thread::get_id() == worker_.get_id()) {
+      gate.wait_quiet([this] { return stopping_flag_.load() || g_exiting.load(); });
+    }
+    task();
+  });
 }
 
 void BackgroundWork::wait_idle() {

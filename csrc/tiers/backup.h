@@ -12,8 +12,10 @@
 // One CUDA copy may not cross from one registration into the next (the driver answers
 // "invalid value"), so copies go range by range (for_each_part), and a buffer users copy
 // from with torch (get_cpu_backup(zero_copy=True)) is first made one registration
-// (register_as_one). An arena lives as long as any buffer cut from it; once none is left,
-// its workers stop early.
+// (register_as_one). A pooled arena (host_pool.h) may be carved again into buffers of any
+// sizes at any page of its ranges (spans()). Its bytes are taken from the budget it
+// is handed (host_budget.h) and given back when it goes. Its workers give way to the
+// foreground (foreground_gate.h) unless it is urgent: a pause waits for it.
 #pragma once
 
 #include <atomic>
@@ -25,9 +27,12 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "node/host_budget.h"
 #include "platform/backend.h"
+#include "tiers/foreground_gate.h"
 #include "platform/status.h"
 
 namespace tmsl {
@@ -41,10 +46,11 @@ class HostArena {
   static constexpr size_t kPieceBytes = 64 << 20;
 
   // Maps memory for buffers of the given sizes and starts preparing it; fails with
-  // Code::kOutOfMemory when the host cannot provide it.
-  // The arena shares the backend: a backup leased out may outlive its saver.
-  static Status create(std::shared_ptr<Backend> backend, int device, const std::vector<size_t>& buffer_sizes,
-                       std::shared_ptr<HostArena>* out);
+  // Code::kOutOfMemory when the host or `budget` cannot provide it. The arena shares the
+  // backend (a backup leased out may outlive its saver); `budget` and `gate` outlive it.
+  // Not `urgent`: prepared ahead, its workers wait for a quiet foreground until hurry().
+  static Status create(std::shared_ptr<Backend> backend, HostBudget& budget, ForegroundGate& gate, bool urgent,
+                       int device, const std::vector<size_t>& buffer_sizes, std::unique_ptr<HostArena>* out);
   ~HostArena();  // waits for its workers, unregisters, unmaps
   HostArena(const HostArena&) = delete;
   HostArena& operator=(const HostArena&) = delete;
@@ -54,6 +60,11 @@ class HostArena {
   // The bytes its buffers occupy: the mapping less the gaps that align a large buffer's
   // ranges, which are never touched. What the node's budget and the host cache count.
   size_t used_bytes() const { return used_; }
+  // [start, end) of each run of ranges without a gap: where buffers may be carved anew.
+  std::vector<std::pair<size_t, size_t>> spans();
+  int device() const { return device_; }
+  // A foreground operation waits for it: its workers stop giving way.
+  void hurry();
   // Returns once every range is faulted in and page-locked (or has failed to be).
   void wait_prepared();
   size_t buffer_offset(size_t i) const { return buffer_offsets_[i]; }
@@ -80,9 +91,9 @@ class HostArena {
   Status share_range(size_t index);
   // Whether any range is shared: its memory must never be written (no later pause reuses it).
   bool has_shared() const { return shared_ranges_.load() != 0; }
-  // Whether a pause needing buffers of exactly these sizes, in this order, on this device may
-  // take this arena as it is: nothing shared and nothing ever leased (a user may hold it).
-  bool fits_exactly(int device, const std::vector<size_t>& buffer_sizes);
+  // Whether its memory may serve other buffers once nobody holds it: nothing shared (never
+  // written again) and nothing ever leased (a user may hold its address).
+  bool poolable();
 
  private:
   struct Range {
@@ -100,7 +111,9 @@ class HostArena {
     size_t size;
   };
 
-  HostArena(std::shared_ptr<Backend> backend, int device, const std::vector<size_t>& buffer_sizes);
+  HostArena(std::shared_ptr<Backend> backend, HostBudget& budget, ForegroundGate& gate, bool urgent, int device,
+            const std::vector<size_t>& buffer_sizes);
+  void give_way();  // before a step of a worker's: waits for a quiet foreground unless urgent
   void start_range(size_t at);
   void fault_in();         // a worker: faults pieces in, in order
   void page_lock();        // the registrar: page-locks each range, in order, once its pages are in
@@ -111,6 +124,9 @@ class HostArena {
   bool stopping() const;  // the arena is going, or the process is ending
 
   const std::shared_ptr<Backend> backend_;
+  HostBudget& budget_;
+  ForegroundGate& gate_;
+  std::atomic<bool> urgent_;
   const int device_;
   char* data_ = nullptr;
   size_t size_ = 0;
@@ -163,6 +179,9 @@ class BackgroundWork {
   void run(std::function<void()> task);
   // Frees the buffers in the background.
   void release(std::vector<HostBuffer> buffers);
+  // Runs `task` in the background once `gate` says the foreground is quiet (at once when
+  // it runs on the caller's thread, or the work is stopping).
+  void run_after_foreground(ForegroundGate& gate, std::function<void()> task);
   void wait_idle();  // returns once everything handed over has run
 
  private:
@@ -172,6 +191,7 @@ class BackgroundWork {
   std::deque<std::function<void()>> queue_;
   bool busy_ = false;
   bool stopping_ = false;
+  std::atomic<bool> stopping_flag_{false};  // stopping_, read without the lock
   std::thread worker_;
 };
 

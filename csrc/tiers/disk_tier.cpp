@@ -162,7 +162,7 @@ Status DiskTier::create(const DiskRange& range, std::shared_ptr<DiskFile>* file)
   return Status::Ok();
 }
 
-Status DiskTier::save(const std::vector<DiskRange>& ranges, const DiskSettings& settings,
+Status DiskTier::save(const std::vector<DiskRange>& ranges, const DiskSettings& settings, BackupTiers& tiers,
                       std::vector<std::shared_ptr<DiskFile>>* files) {
   files->clear();
   Status s = status_of([&] {
@@ -173,7 +173,7 @@ Status DiskTier::save(const std::vector<DiskRange>& ranges, const DiskSettings& 
       if (!r.ok()) return r;
       fds.push_back(files->back()->fd());
     }
-    return transfer(ranges, fds, true, settings);
+    return transfer(ranges, fds, true, settings, tiers);
   });
   if (s.ok()) return s;
   files->clear();  // removes them
@@ -183,10 +183,10 @@ Status DiskTier::save(const std::vector<DiskRange>& ranges, const DiskSettings& 
 }
 
 Status DiskTier::load(const std::vector<DiskRange>& ranges, const std::vector<DiskFile*>& files,
-                      const DiskSettings& settings) {
+                      const DiskSettings& settings, BackupTiers& tiers) {
   std::vector<int> fds;
   for (const DiskFile* file : files) fds.push_back(file->fd());
-  Status s = status_of([&] { return transfer(ranges, fds, false, settings); });
+  Status s = status_of([&] { return transfer(ranges, fds, false, settings, tiers); });
   if (s.ok() || s.code == Code::kOutOfMemory) return s;
   return Status::Error(s.code, "reading the disk backup of " + describe(ranges) + " from " + quoted(directory_) +
                                    " failed: " + s.message() + "; the tag stays paused with its backup, call resume "
@@ -194,7 +194,7 @@ Status DiskTier::load(const std::vector<DiskRange>& ranges, const std::vector<Di
 }
 
 Status DiskTier::transfer(const std::vector<DiskRange>& ranges, const std::vector<int>& fds, bool to_disk,
-                          const DiskSettings& settings) {
+                          const DiskSettings& settings, BackupTiers& tiers) {
   struct Piece {
     size_t range, offset, size;
   };
@@ -204,12 +204,15 @@ Status DiskTier::transfer(const std::vector<DiskRange>& ranges, const std::vecto
     for (size_t at = 0; at < ranges[i].size; at += chunk) pieces.push_back({i, at, std::min(chunk, ranges[i].size - at)});
   }
   if (pieces.empty()) return Status::Ok();
-  // The staging buffers: one chunk a worker, from the node's budget; fewer workers when it
-  // cannot give that much.
+  // The staging buffers: one chunk a worker, host memory of the tiers (the pool's, else
+  // fresh from the node's budget); fewer workers when the budget cannot give that much.
   size_t workers = std::max<size_t>(1, std::min(settings.workers, pieces.size()));
-  std::shared_ptr<HostArena> staging;
+  std::vector<HostBuffer> staging;
   for (;;) {
-    Status s = HostArena::create(backend_, ranges[0].device, std::vector<size_t>(workers, chunk), &staging);
+    std::vector<CopyRequest> requests(workers);
+    for (CopyRequest& r : requests) r.device = ranges[0].device, r.bytes = chunk, r.tier = Tier::kHost;
+    staging.assign(workers, HostBuffer());
+    Status s = tiers.host_memory(requests, true, &staging);
     if (s.ok()) break;
     if (s.code != Code::kOutOfMemory || workers == 1) {
       s.set_message("staging memory for the disk backup (" + std::to_string(workers) + " x " + format_bytes(chunk) +
@@ -218,14 +221,16 @@ Status DiskTier::transfer(const std::vector<DiskRange>& ranges, const std::vecto
     }
     workers /= 2;
   }
-  // Its workers fault the pages in by writing them: no read from the disk may land first.
-  staging->wait_prepared();
+  // Their workers fault the pages in by writing them: no read from the disk may land first.
+  std::set<HostArena*> arenas;
+  for (const HostBuffer& buffer : staging) arenas.insert(buffer.arena.get());
+  for (HostArena* arena : arenas) arena->wait_prepared();
   std::atomic<size_t> next{0};
   std::mutex error_mu;
   Status error;
   std::atomic<bool> failed{false};
   auto work = [&](size_t k) {
-    const HostBuffer buffer{staging, staging->buffer_offset(k), chunk};
+    const HostBuffer& buffer = staging[k];
     for (size_t i = next++; i < pieces.size() && !failed.load(); i = next++) {
       const Piece& p = pieces[i];
       const DiskRange& r = ranges[p.range];

@@ -4,9 +4,9 @@
 // A save preallocates every file first (a full disk fails before anything is written), then
 // moves the content in chunks on worker threads, each through a page-locked staging buffer
 // of one chunk: device -> staging on the backend's copy stream (the one host backups use),
-// staging -> file. A load runs the other way. The staging buffers are one host arena, so
-// they are taken from the node's host-memory budget like any backup, and given back when
-// the call ends. Files are opened with O_DIRECT where the file system allows it (no page
+// staging -> file. A load runs the other way. The staging buffers are host memory of the
+// backup tiers (backup_tiers.h: the pool's, else fresh from the node's budget, like any
+// backup), back to the pool when the call ends. Files are opened with O_DIRECT where the file system allows it (no page
 // cache: host memory stays free and the disk's own speed is what counts), through the page
 // cache otherwise (said once).
 //
@@ -24,6 +24,7 @@
 
 #include "platform/backend.h"
 #include "platform/status.h"
+#include "tiers/backup_tiers.h"
 
 namespace tmsl {
 
@@ -71,11 +72,12 @@ class DiskTier {
 
   // Writes each range to a new file; *files gets them in order. The memory is only read.
   // On failure no file is left and the error names the tag, the size and the directory.
-  Status save(const std::vector<DiskRange>& ranges, const DiskSettings& settings,
+  // Staging memory comes from `tiers`.
+  Status save(const std::vector<DiskRange>& ranges, const DiskSettings& settings, BackupTiers& tiers,
               std::vector<std::shared_ptr<DiskFile>>* files);
   // Reads each file back into its range (mapped again, of the file's size). The files stay.
   Status load(const std::vector<DiskRange>& ranges, const std::vector<DiskFile*>& files,
-              const DiskSettings& settings);
+              const DiskSettings& settings, BackupTiers& tiers);
 
   // What happened that the user should hear of (stale files removed, O_DIRECT refused),
   // taken once.
@@ -91,7 +93,7 @@ class DiskTier {
   int open_file(const std::string& path, int flags);
   // Runs the chunks of every range on the workers, each with its own staging buffer.
   Status transfer(const std::vector<DiskRange>& ranges, const std::vector<int>& fds, bool to_disk,
-                  const DiskSettings& settings);
+                  const DiskSettings& settings, BackupTiers& tiers);
   void note(std::string text);
 
   const std::shared_ptr<Backend> backend_;

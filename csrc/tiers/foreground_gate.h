@@ -1,0 +1,78 @@
+// Background host work gives way to the foreground. Page-locking, unpinning and unmapping
+// host memory take the driver's locks and stall the program's own cuMemCreate, cuMemMap and
+// copies. The saver pushes an activity stamp around every allocation, free, pause and
+// resume (Active); background work asks wait_quiet() before each such call, which returns
+// once no foreground operation runs and none ended within kQuiet (an allocation loop leaves
+// only gaps of microseconds between its calls), or at once when the work became urgent
+// (a pause waits for that very memory) or is to stop.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+
+namespace tmsl {
+
+class ForegroundGate {
+ public:
+  static constexpr std::chrono::milliseconds kQuiet{20};
+
+  // The foreground at work for its lifetime.
+  class Active {
+   public:
+    explicit Active(ForegroundGate& gate) : gate_(gate) { gate_.enter(); }
+    ~Active() { gate_.leave(); }
+    Active(const Active&) = delete;
+    Active& operator=(const Active&) = delete;
+
+   private:
+    ForegroundGate& gate_;
+  };
+
+  void enter() { active_.fetch_add(1); }
+  void leave() {
+    last_end_.store(now_ticks());
+    if (active_.fetch_sub(1) == 1 && waiters_.load() > 0) {
+      std::lock_guard<std::mutex> lock(mu_);
+      changed_.notify_all();
+    }
+  }
+  // Wakes the waiters to look at their urgency again.
+  void poke() {
+    std::lock_guard<std::mutex> lock(mu_);
+    changed_.notify_all();
+  }
+  // Returns once the foreground is quiet, or `urgent()` holds. Counts each wait that had to
+  // wait (deferrals(): what the tests observe).
+  template <typename Urgent>
+  void wait_quiet(Urgent&& urgent) {
+    if (quiet() || urgent()) return;
+    deferrals_.fetch_add(1);
+    waiters_.fetch_add(1);
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!quiet() && !urgent()) changed_.wait_for(lock, std::chrono::milliseconds(2));
+    waiters_.fetch_sub(1);
+  }
+  bool quiet() const {
+    return active_.load() == 0 && now_ticks() - last_end_.load() >= static_cast<int64_t>(kQuiet.count()) * 1000000;
+  }
+  size_t deferrals() const { return deferrals_.load(); }
+  size_t waiting() const { return waiters_.load(); }
+
+ private:
+  static int64_t now_ticks() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+  std::atomic<int> active_{0};
+  std::atomic<int64_t> last_end_{INT64_MIN / 2};
+  std::atomic<int> waiters_{0};
+  std::atomic<size_t> deferrals_{0};
+  std::mutex mu_;
+  std::condition_variable changed_;
+};
+
+}  // namespace tmsl
