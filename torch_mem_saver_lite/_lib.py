@@ -100,6 +100,7 @@ class TagFigures(ctypes.Structure):
         ("host_backup_bytes", ctypes.c_uint64),
         ("last_pause_seconds", ctypes.c_double),
         ("last_resume_seconds", ctypes.c_double),
+        ("disk_backup_bytes", ctypes.c_uint64),
     ]
 # Every function of csrc/api/c_api.h (test_abi.py checks the two agree).
 _SIGNATURES = {
@@ -131,6 +132,8 @@ _SIGNATURES = {
     "tmsl_unmark_spill": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
     "tmsl_spilled_bytes": ([_vp, ctypes.POINTER(_sz)], _int),
     "tmsl_tag_figures": ([_vp, ctypes.POINTER(TagFigures), _sz, ctypes.POINTER(_sz)], _int),
+    "tmsl_set_disk_backup_dir": ([_vp, ctypes.c_char_p], _int),
+    "tmsl_disk_notices": ([_vp, ctypes.c_char_p, _sz], _int),
     "tmsl_check_tag": ([ctypes.c_char_p, _sz], _int),
     "tmsl_lease_backup": ([_vp, _vp, _sz, ctypes.POINTER(_vp), ctypes.POINTER(_vp)], _int),
     "tmsl_release_lease": ([_vp], _int),

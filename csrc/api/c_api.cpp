@@ -234,6 +234,25 @@ TMSL_API int tmsl_spilled_bytes(void* handle, size_t* bytes) {
   });
 }
 
+TMSL_API int tmsl_set_disk_backup_dir(void* handle, const char* path) {
+  return on_saver(handle, [&](Saver& saver) {
+    return saver.set_disk_directory(path == nullptr ? "" : path);
+  });
+}
+
+TMSL_API int tmsl_disk_notices(void* handle, char* out, size_t capacity) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = require(out != nullptr && capacity > 0, "out must not be NULL and capacity above 0");
+    if (!s.ok()) return s;
+    std::string text;
+    for (const std::string& line : saver.disk_notices()) text += line + "\n";
+    const size_t n = std::min(text.size(), capacity - 1);
+    memcpy(out, text.data(), n);
+    out[n] = '\0';
+    return Status::Ok();
+  });
+}
+
 TMSL_API int tmsl_tag_state(void* handle, const char* tag, int* state) {
   return on_saver(handle, [&](Saver& saver) {
     Status s = require(tag != nullptr && state != nullptr, "tag and state must not be NULL");
@@ -357,6 +376,7 @@ TMSL_API int tmsl_tag_figures(void* handle, TmslTagFigures* out, size_t capacity
       o.host_backup_bytes = f.host_backup;
       o.last_pause_seconds = f.info.last_pause_seconds;
       o.last_resume_seconds = f.info.last_resume_seconds;
+      o.disk_backup_bytes = f.disk_backup;
     }
     return Status::Ok();
   });

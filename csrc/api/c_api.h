@@ -94,6 +94,13 @@ TMSL_API int tmsl_mark_spill(void* saver, const char* const* tags, int ntags, in
 TMSL_API int tmsl_note_spill_written(void* saver, const uint64_t* addresses, size_t count);
 TMSL_API int tmsl_unmark_spill(void* saver, const char* const* tags, int ntags);
 TMSL_API int tmsl_spilled_bytes(void* saver, size_t* bytes);
+// The disk tier's directory (Saver::set_disk_directory): checked, made if missing, its stale
+// files removed; NULL or "": none. Once set, pauses write disk-backed allocations (and what
+// the node's budget cannot hold) to files themselves, and resumes read them back.
+// tmsl_disk_notices: what the tier has to tell since last asked (stale files removed,
+// O_DIRECT refused), one line each, NUL-terminated, cut to `capacity` bytes.
+TMSL_API int tmsl_set_disk_backup_dir(void* saver, const char* path);
+TMSL_API int tmsl_disk_notices(void* saver, char* out, size_t capacity);
 // *state: 0 = no region has used the tag, 1 = active, 2 = paused.
 TMSL_API int tmsl_tag_state(void* saver, const char* tag, int* state);
 // caches = 0: the tag's backups leave host memory at every resume (cpu_backup_backend
@@ -129,6 +136,7 @@ typedef struct TmslTagFigures {
   int backs_up;      // a pause copies some of it to host memory
   uint64_t allocations, reserved_bytes, resident_bytes, paused_bytes, host_backup_bytes;
   double last_pause_seconds, last_resume_seconds;  // negative: never
+  uint64_t disk_backup_bytes;  // paused bytes whose content is in disk files
 } TmslTagFigures;
 TMSL_API int tmsl_tag_figures(void* saver, TmslTagFigures* out, size_t capacity, size_t* count);
 // 0 when `tag` ([tag, tag + length)) is a valid tag name: 1 to 256 characters of UTF-8

@@ -184,6 +184,7 @@ std::vector<Saver::Allocation*> Saver::claim(const TagSelection& selection, Stat
 void Saver::settle(const std::vector<Allocation*>& batch, size_t done, State done_state,
                    State rest_state, std::vector<HostBuffer>* backups, bool drop_backups) {
   std::vector<HostBuffer> let_go;
+  std::vector<std::shared_ptr<DiskFile>> files_let_go;  // removed off the lock
   // Copies of "mmap" allocations: their host memory is given back before the resume
   // returns, as that backend promises (the process's RSS falls at once).
   std::vector<HostBuffer> free_now;
@@ -195,6 +196,12 @@ void Saver::settle(const std::vector<Allocation*>& batch, size_t done, State don
       // A pause that let it be resident: its undo removes the file written for it. (After a
       // resume the file stays until the read-back succeeded: unmark_spill.)
       if (backups != nullptr && a.state == State::kActive) a.spill_written = false;
+      // Resident again (a resume, or a pause that let it stay): its file is done with.
+      if (a.state == State::kActive && a.disk_file) {
+        files_let_go.push_back(std::move(a.disk_file));
+        a.disk_tier.reset();
+        if (backups == nullptr && disk_) a.disk_marked = a.spill_written = false;  // host backups from the next pause
+      }
       if (i >= done) continue;
       if (backups != nullptr) {
         if (a.host_copy) let_go.push_back(std::move(a.host_copy));
@@ -218,6 +225,7 @@ void Saver::settle(const std::vector<Allocation*>& batch, size_t done, State don
   settled_.notify_all();  // first: nothing below may keep a waiting free asleep
   tiers_.background().release(std::move(let_go));
   free_now.clear();
+  files_let_go.clear();
 }
 
 // Batches hold runs of one device and one tag: a set is asked only when the value changes.
@@ -273,6 +281,10 @@ Status Saver::pause(const TagSelection& selection) {
     const auto started = std::chrono::steady_clock::now();
     std::set<std::string> moved;
     s = pause_locked(selection, &moved);
+    if (s.code == Code::kOutOfMemory && disk_) {
+      // What the others' caches did not free in time goes to disk too.
+      s = pause_locked(selection, &moved, true);
+    }
     if (s.ok()) note_duration(moved, started, &TagInfo::last_pause_seconds);
     publish_cache();
   }
@@ -308,13 +320,18 @@ void Saver::note_duration(const std::set<std::string>& tags, std::chrono::steady
   }
 }
 
-Status Saver::pause_locked(const TagSelection& selection, std::set<std::string>* moved) {
+Status Saver::pause_locked(const TagSelection& selection, std::set<std::string>* moved, bool spill_everything) {
   mappings_.retry();
-  std::vector<Allocation*> batch;
   {
     std::lock_guard<std::mutex> lock(mu_);
     Status s = check_known(selection);
     if (!s.ok()) return s;
+  }
+  // What the budget cannot hold goes to disk (off the table lock: it asks the node's budget).
+  if (disk_) choose_spill(selection, spill_everything, true);
+  std::vector<Allocation*> batch;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
     set_paused(selection, true);  // from here on new allocations in these tags are refused
     batch = claim(selection, State::kActive, State::kPausing);
   }
@@ -334,9 +351,11 @@ Status Saver::pause_locked(const TagSelection& selection, std::set<std::string>*
       return with_context(r, "pausing " + describe(batch) + ": everything stays resident with its content, "
                              "call pause again");
     }
-    // Every copy is queued before anything is released, so a failure to queue one (no
-    // host memory, say) leaves everything resident. Then each allocation goes as soon as
-    // its own copies have landed: releasing overlaps the copies of the ones after it.
+    // The disk files are written first, and every copy queued, before anything is released,
+    // so a failure to write or queue one (no host memory, say) leaves everything resident.
+    r = write_disk_backups(batch);
+    if (!r.ok()) return r;
+    // Then each allocation goes as soon as its own copies have landed: releasing overlaps the copies of the ones after it.
     r = queue_backups(batch, &backups, &copies);
     while (r.ok() && done < batch.size()) {
       r = copies.wait(done);
@@ -494,6 +513,7 @@ Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>
       if (r.ok()) r = restore(a, a.physical.handles.size() - 1);
       if (r.ok() && a.physical.handles.size() == a.physical.count(a.size)) ++done;
     }
+    if (r.ok()) r = read_disk_backups(batch);  // everything is mapped now
     Status waited = wait_copies(batch);
     return r.ok() ? with_context(waited, "restoring backups") : r;
   });
@@ -563,7 +583,7 @@ Status Saver::restore(const Allocation& a, size_t k) {
     });
     if (!s.ok()) return with_context(s, "restoring backups");
   }
-  if (copied_end == end || !poison_on_resume_.load()) return Status::Ok();
+  if (copied_end == end || !poison_on_resume_.load() || a.disk_file) return Status::Ok();  // a file fills it
   return with_context(backend_->fill_async(a.device, a.va + copied_end, end - copied_end, kPoisonByte),
                       "poisoning resumed memory");
 }

@@ -25,6 +25,7 @@
 #include "node/host_budget.h"
 #include "tiers/backup.h"
 #include "tiers/backup_tiers.h"
+#include "tiers/disk_tier.h"
 #include "core/mapping.h"
 #include "platform/status.h"
 
@@ -65,6 +66,7 @@ struct TagFigures {
   std::string tag;
   int device = -1;
   size_t allocations = 0, reserved = 0, resident = 0, paused_bytes = 0, host_backup = 0;
+  size_t disk_backup = 0;  // paused bytes whose content is in disk files
   bool backs_up = false;  // a pause copies some of it to host memory
   TagInfo info;
 };
@@ -155,6 +157,19 @@ class Saver {
   // Bytes of paused allocations whose content a spill sent to disk.
   size_t spilled_bytes() const;
 
+  // The disk tier (disk_tier.h): where allocations made with kDisk, and those the node's
+  // budget cannot hold, keep their content while paused. `path` is checked (made if missing;
+  // refused on host memory or unwritable) and its stale files removed; "" turns the tier off
+  // for later pauses (files already written stay until read back); disk_notices() says what
+  // the user should hear of (stale files removed). Once set, a pause writes the files itself: device ->
+  // staging (host memory from the budget, on the copy stream) -> file, all before anything is
+  // released; a resume reads them back and removes them; a free removes its file.
+  Status set_disk_directory(const std::string& path);
+  // The disk tier's directory ("" for none).
+  std::string disk_directory() const;
+  // What the disk tier has to tell since last asked (O_DIRECT refused, ...).
+  std::vector<std::string> disk_notices();
+
   // Returns once the work handed to the background has run: backups freed, host memory
   // asked for by prepare_backups faulted in and page-locked.
   void wait_for_released_backups() { tiers_.background().wait_idle(); }
@@ -216,9 +231,9 @@ class Saver {
     std::string tag;
     TagInfo* tag_info = nullptr;  // its tag's entry in tags_ (never erased), read under mu_
     BackupChoice choice = BackupChoice::kAuto;  // its region's
-    // Marked for the disk tier (mark_spill), and whether its file holds its content
-    // (note_spill_written; false again once a pause ends with it resident, and once
-    // unmark_spill or the next mark_spill judges it afresh).
+    // Marked for the disk tier (choose_spill), and whether its file holds its content
+    // (note_spill_written, or the C++ tier writing it in this pause; false again once a
+    // pause ends with it resident, and once unmark_spill or the next choice judges it afresh).
     bool disk_marked = false;
     bool spill_written = false;
     BackupChoice effective_choice() const { return disk_marked ? BackupChoice::kDisk : choice; }
@@ -231,6 +246,9 @@ class Saver {
     // kResuming) or under mu_.
     Pieces physical;      // while active; mid-resume, the pieces mapped so far
     HostBuffer host_copy;  // while paused with backup (or retained)
+    // While paused with its content on disk: the file, and the tier that reads it back.
+    std::shared_ptr<DiskFile> disk_file;
+    std::shared_ptr<DiskTier> disk_tier;
     // The bytes a backup holds: what was asked for, to whole host pages; the rest of the
     // last granule was never the caller's.
     size_t backup_bytes() const { return std::min(size, (requested + kPageBytes - 1) / kPageBytes * kPageBytes); }
@@ -264,7 +282,7 @@ class Saver {
   void set_paused(const TagSelection& selection, bool paused);
   // pause / resume under op_mu_, naming the tags whose memory they moved; the public calls
   // time them.
-  Status pause_locked(const TagSelection& selection, std::set<std::string>* moved);
+  Status pause_locked(const TagSelection& selection, std::set<std::string>* moved, bool spill_everything = false);
   Status resume_locked(const TagSelection& selection, std::set<std::string>* moved);
   void note_duration(const std::set<std::string>& tags, std::chrono::steady_clock::time_point started,
                      double TagInfo::*field);
@@ -278,6 +296,24 @@ class Saver {
   // Adds the tags of a batch's allocations to *tags.
   static void note_tags(const std::vector<Allocation*>& batch, std::set<std::string>* tags);
   Status synchronize_devices(const std::vector<Allocation*>& batch);
+  // The disk tier's part of a pause. choose_spill (spill.cpp), under op_mu_ and without
+  // mu_ (the budget takes the node's lock): marks the backed-up resident allocations of
+  // `selection` that would need new host memory as disk-backed (their effective choice is
+  // kDisk), largest first, until the rest fits in the node's budget with the other
+  // processes' host caches and this one's (less what this pause reuses) given back; with
+  // `everything`, all of them. Marks left on resident allocations are judged afresh first.
+  // Returns the bytes marked; `written`: the marks count as written already (the C++ tier
+  // writes them in this very pause).
+  // (disk_backups.cpp) write_disk_backups: writes the files of the batch's disk-backed
+  // allocations before anything is released (none written: all stay resident).
+  // read_disk_backups: reads them back into the mapped memory of a resume.
+  size_t choose_spill(const TagSelection& selection, bool everything, bool written);
+  // check_disk_directory: refuses a pause of disk-backed allocations while no directory is
+  // set (needs mu_); no_disk_directory: the error, for `tag`.
+  Status check_disk_directory(const TagSelection& selection);
+  static Status no_disk_directory(const std::string& tag);
+  Status write_disk_backups(const std::vector<Allocation*>& batch);
+  Status read_disk_backups(const std::vector<Allocation*>& batch);
   // Queues the copy of every backed-up allocation of the batch into host memory, marking
   // the end of each allocation's copies in `copies`.
   Status queue_backups(const std::vector<Allocation*>& batch, std::vector<HostBuffer>* backups,
@@ -382,6 +418,8 @@ class Saver {
   std::atomic<size_t> published_cache_{0};  // what the node's ledger was last told
   std::atomic<bool> any_marked_{false};  // some allocation is marked by mark_spill
   std::atomic<bool> closing_{false};  // the saver is going: background preparation stops
+  // The disk tier (null: none); set under op_mu_ and mu_, read under either.
+  std::shared_ptr<DiskTier> disk_;
   // Tags whose host memory is to be prepared, and whether a task to do it is queued.
   std::mutex prepare_mu_;
   TagSelection prepare_pending_{false, {}};

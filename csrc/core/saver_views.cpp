@@ -27,13 +27,14 @@ std::vector<TagFigures> Saver::figures() const {
     bool resident = a.state == State::kActive || a.state == State::kPausing;
     (resident ? f.resident : f.paused_bytes) += a.size;
     if (a.state != State::kPausing && a.host_copy) f.host_backup += a.host_copy.size;  // retained copies count too
+    if (a.state == State::kPaused && a.disk_file) f.disk_backup += a.disk_file->size();
   }
   std::vector<TagFigures> out;
   out.reserve(per.size() + tags_.size());
   auto next = per.begin();
   for (const auto& entry : tags_) {  // both in tag order
     const bool has_allocations = next != per.end() && next->first.first == entry.first;
-    if (!has_allocations) out.push_back(TagFigures{entry.first, -1, 0, 0, 0, 0, 0, false, entry.second});
+    if (!has_allocations) out.push_back(TagFigures{entry.first, -1, 0, 0, 0, 0, 0, 0, false, entry.second});
     for (; next != per.end() && next->first.first == entry.first; ++next) {
       TagFigures f = next->second;
       f.tag = entry.first;

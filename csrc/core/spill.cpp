@@ -1,7 +1,8 @@
 // The disk tier of the node's host-memory budget: when a pause needs more host memory than
 // the budget could give even with the host caches given back, the saver's largest backed-up
-// allocations go to disk for that pause instead (the Python side writes and reads their
-// files, as for regions with disk backup), and come back to host backups once resumed.
+// allocations go to disk files for that pause instead (written and read by the disk tier
+// or, until Python is switched over, by the Python side, as for regions with disk
+// backup), and come back to host backups once resumed.
 #include <algorithm>
 #include <set>
 
@@ -11,12 +12,23 @@ namespace tmsl {
 
 Status Saver::mark_spill(const TagSelection& selection, bool everything, size_t* bytes) {
   ForegroundOp op(*this);  // no pause is choosing host memory meanwhile (nor freeing what it reuses)
-  // Backed-up resident allocations that would take new host memory at their next pause, and
-  // the arenas this pause takes copies from (not given back). Needs mu_.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Status s = check_known(selection);
+    if (!s.ok()) return s;
+  }
+  *bytes = choose_spill(selection, everything, false);
+  return Status::Ok();
+}
+
+size_t Saver::choose_spill(const TagSelection& selection, bool everything, bool written) {
+  // Under op_mu_: no other pause chooses host memory meanwhile, nor frees what this one
+  // reuses. Backed-up resident allocations that would take new host memory at
+  // this pause, and the arenas it takes copies from (not given back). Needs mu_.
   auto candidates_of = [&](std::vector<Allocation*>* candidates, std::set<const HostArena*>* reused) {
     size_t need = 0;
     for_each_selected(selection, [&](Allocation& a) {
-      if (a.state == State::kActive) a.disk_marked = a.spill_written = false;  // no hook of this pause ran yet
+      if (a.state == State::kActive) a.disk_marked = a.spill_written = false;  // judged afresh
       if (a.host_copy) reused->insert(a.host_copy.arena.get());
       const bool reusable = a.host_copy && a.host_copy.size == a.backup_bytes();
       if (a.state != State::kActive || !a.backs_up() || reusable) return;
@@ -28,8 +40,6 @@ Status Saver::mark_spill(const TagSelection& selection, bool everything, size_t*
   size_t need = 0, cache_back = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    Status s = check_known(selection);
-    if (!s.ok()) return s;
     std::vector<Allocation*> candidates;
     std::set<const HostArena*> reused;
     need = candidates_of(&candidates, &reused);
@@ -39,23 +49,24 @@ Status Saver::mark_spill(const TagSelection& selection, bool everything, size_t*
     }
   }
   // Off the table lock: the budget takes the node's lock.
-  const size_t shortfall = tiers_.spill_shortfall(need, cache_back, everything);
+  const size_t shortfall = need == 0 ? 0 : tiers_.spill_shortfall(need, cache_back, everything);
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<Allocation*> candidates;  // afresh: frees may have run meanwhile
   std::set<const HostArena*> reused;
   candidates_of(&candidates, &reused);
   std::stable_sort(candidates.begin(), candidates.end(),
                    [](const Allocation* x, const Allocation* y) { return x->backup_bytes() > y->backup_bytes(); });
-  *bytes = 0;
+  size_t bytes = 0;
   size_t freed = 0;  // host memory the marks spare
   for (Allocation* a : candidates) {
     if (freed >= shortfall) break;
     a->disk_marked = true;
+    a->spill_written = written;
     freed += a->backup_bytes();
-    *bytes += a->size;
+    bytes += a->size;
     any_marked_.store(true);
   }
-  return Status::Ok();
+  return bytes;
 }
 
 Status Saver::note_spill_written(const std::vector<uintptr_t>& addresses) {

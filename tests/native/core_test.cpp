@@ -2,7 +2,10 @@
 // driver in tests/fake_cuda), as a plain executable, so it can run under
 // AddressSanitizer + UndefinedBehaviorSanitizer and under ThreadSanitizer
 // (`make sanitize`). Prints "N passed, M failed"; exits non-zero on any failure.
+#include <dirent.h>
+#include <sys/stat.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -340,6 +343,93 @@ void cuda_backend_over_the_fake_driver() {
 #endif
 }
 
+// The disk tier: files in a directory on a disk (under build/, never tmpfs), one per
+// allocation while paused, content bit for bit after resume, removed at resume and free.
+std::string disk_test_dir() {
+  mkdir("build", 0777);
+  return "build/native-disk-test-" + std::to_string(getpid());
+}
+
+size_t files_in(const std::string& directory) {
+  size_t n = 0;
+  if (DIR* dir = opendir(directory.c_str())) {
+    while (dirent* e = readdir(dir)) n += e->d_name[0] != '.';
+    closedir(dir);
+  }
+  return n;
+}
+
+bool patterned(const void* p, size_t size, unsigned seed) {
+  const auto* bytes = static_cast<const unsigned char*>(p);
+  for (size_t i = 0; i < size; ++i) {
+    if (bytes[i] != static_cast<unsigned char>(i * 7 + seed)) return false;
+  }
+  return true;
+}
+
+void fill_pattern(void* p, size_t size, unsigned seed) {
+  auto* bytes = static_cast<unsigned char*>(p);
+  for (size_t i = 0; i < size; ++i) bytes[i] = static_cast<unsigned char>(i * 7 + seed);
+}
+
+void disk_backup_round_trips_and_removes_its_files() {
+  const std::string dir = disk_test_dir();
+  setenv("TMSL_DISK_BACKUP_CHUNK_MB", "1", 1);  // several chunks per allocation, on several workers
+  {
+    Saver s;
+    CHECK(tmsl_set_disk_backup_dir(s.handle, dir.c_str()) == 0);
+    const size_t sizes[] = {6 * MiB, 2 * MiB};
+    void* p[2] = {nullptr, nullptr};
+    for (int i = 0; i < 2; ++i) {
+      CHECK(tmsl_malloc(s.handle, sizes[i], 0, "disk", 3, &p[i]) == 0);
+      if (p[i] != nullptr) fill_pattern(p[i], sizes[i], i + 1);
+    }
+    for (int cycle = 0; cycle < 2; ++cycle) {
+      CHECK(s.pause("disk") == 0);
+      CHECK(files_in(dir) == 2);
+      auto figures = s.figures();
+      CHECK(figures.size() == 1 && figures[0].disk_backup_bytes == 8 * MiB && figures[0].resident_bytes == 0 &&
+            figures[0].host_backup_bytes == 0);
+      CHECK(s.resume("disk") == 0);
+      CHECK(files_in(dir) == 0);
+      for (int i = 0; i < 2; ++i) CHECK(p[i] != nullptr && patterned(p[i], sizes[i], i + 1));
+    }
+    CHECK(s.pause("disk") == 0);
+    CHECK(tmsl_free(s.handle, p[0], nullptr) == 0);  // a free while paused removes its file
+    CHECK(files_in(dir) == 1);
+  }  // the saver's end removes the rest
+  CHECK(files_in(dir) == 0);
+  unsetenv("TMSL_DISK_BACKUP_CHUNK_MB");
+  rmdir(dir.c_str());
+}
+
+void failed_disk_write_leaves_everything_resident() {
+  const std::string dir = disk_test_dir();
+  Saver s;
+  CHECK(tmsl_set_disk_backup_dir(s.handle, dir.c_str()) == 0);
+  void* p = nullptr;
+  CHECK(tmsl_malloc(s.handle, 4 * MiB, 0, "disk", 3, &p) == 0);
+  if (p != nullptr) fill_pattern(p, 4 * MiB, 9);
+  CHECK(tmsl_inject_fault(s.handle, "copy_to_host_async", 1, 1) == 0);  // the staging copy fails
+  CHECK(s.pause("disk") != 0);
+  CHECK(strstr(tmsl_last_error_message(), "the tag stays resident with its content") != nullptr);
+  CHECK(files_in(dir) == 0);
+  CHECK(p != nullptr && patterned(p, 4 * MiB, 9));
+  CHECK(s.pause("disk") == 0);  // and it can be paused again
+  CHECK(s.resume("disk") == 0);
+  CHECK(p != nullptr && patterned(p, 4 * MiB, 9));
+  CHECK(tmsl_free(s.handle, p, nullptr) == 0);
+  CHECK(files_in(dir) == 0);
+  rmdir(dir.c_str());
+}
+
+void disk_directory_on_host_memory_is_refused() {
+  Saver s;
+  CHECK(tmsl_set_disk_backup_dir(s.handle, "/dev/shm/tmsl-native-test") != 0);
+  CHECK(strstr(tmsl_last_error_message(), "which is host memory") != nullptr);
+  CHECK(access("/dev/shm/tmsl-native-test", F_OK) != 0);  // a refused directory is not left behind
+}
+
 }  // namespace
 
 int main() {
@@ -357,6 +447,9 @@ int main() {
       {"destroy_races_with_pauses_and_foreign_frees", destroy_races_with_pauses_and_foreign_frees},
       {"threads_allocate_and_free_while_another_tag_cycles", threads_allocate_and_free_while_another_tag_cycles},
       {"cuda_backend_over_the_fake_driver", cuda_backend_over_the_fake_driver},
+      {"disk_backup_round_trips_and_removes_its_files", disk_backup_round_trips_and_removes_its_files},
+      {"failed_disk_write_leaves_everything_resident", failed_disk_write_leaves_everything_resident},
+      {"disk_directory_on_host_memory_is_refused", disk_directory_on_host_memory_is_refused},
   };
   int passed = 0, failed = 0;
   for (const auto& test : tests) {

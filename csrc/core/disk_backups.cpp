@@ -1,0 +1,92 @@
+// The saver's side of the disk tier (tiers/disk_tier.h): which allocations a pause writes to
+// files, and reading them back at resume. A file belongs to its allocation while paused:
+// dropped (and so removed) by the resume that read it back, a free, or the saver's end.
+#include "core/saver.h"
+#include "platform/environment.h"
+
+namespace tmsl {
+
+Status Saver::set_disk_directory(const std::string& path) {
+  std::shared_ptr<DiskTier> tier;
+  if (!path.empty()) {
+    Status s = DiskTier::open(backend_, path, &tier);  // its notices wait for disk_notices()
+    if (!s.ok()) return s;
+  }
+  ForegroundOp op(*this);  // not under a pause that is writing files
+  std::lock_guard<std::mutex> lock(mu_);
+  disk_ = std::move(tier);
+  return Status::Ok();
+}
+
+std::string Saver::disk_directory() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return disk_ ? disk_->directory() : std::string();
+}
+
+std::vector<std::string> Saver::disk_notices() {
+  std::shared_ptr<DiskTier> tier;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    tier = disk_;
+  }
+  return tier ? tier->take_notices() : std::vector<std::string>();
+}
+
+Status Saver::no_disk_directory(const std::string& tag) {
+  return Status::Error(Code::kInvalidArgument,
+                       "tag '" + tag + "' keeps its content on disk while paused (enable_disk_backup) but no disk "
+                       "backup directory is set: call set_disk_backup_dir(path) or set TMSL_DISK_BACKUP_DIR "
+                       "(TMS_DISK_BACKUP_DIR) to a directory on a real disk first");
+}
+
+Status Saver::check_disk_directory(const TagSelection& selection) {
+  if (disk_) return Status::Ok();
+  Status s;
+  for_each_selected(selection, [&](const Allocation& a) {
+    if (s.ok() && a.state == State::kActive && a.choice == BackupChoice::kDisk) s = no_disk_directory(a.tag);
+  });
+  return s;
+}
+
+Status Saver::write_disk_backups(const std::vector<Allocation*>& batch) {
+  // Under op_mu_: disk_ cannot change. The batch is this pause's (kPausing): its fields are ours.
+  std::vector<Allocation*> to_disk;
+  for (Allocation* a : batch) {
+    if (a->effective_choice() == BackupChoice::kDisk && !a->disk_file) to_disk.push_back(a);
+  }
+  if (to_disk.empty() || !disk_) return Status::Ok();
+  DiskSettings settings;
+  Status s = disk_backup_settings(&settings.chunk_bytes, &settings.workers);
+  if (!s.ok()) return s;
+  std::vector<DiskRange> ranges;
+  for (const Allocation* a : to_disk) ranges.push_back({a->va, a->size, a->device, a->tag});
+  std::vector<std::shared_ptr<DiskFile>> files;
+  s = disk_->save(ranges, settings, tiers_, &files);
+  if (!s.ok()) return s;  // no file left; nothing released yet
+  std::lock_guard<std::mutex> lock(mu_);  // figures() reads them
+  for (size_t i = 0; i < to_disk.size(); ++i) {
+    to_disk[i]->disk_file = std::move(files[i]);
+    to_disk[i]->disk_tier = disk_;
+  }
+  return Status::Ok();
+}
+
+Status Saver::read_disk_backups(const std::vector<Allocation*>& batch) {
+  // One load per tier that wrote files (the directory may have changed since).
+  std::map<DiskTier*, std::pair<std::vector<DiskRange>, std::vector<DiskFile*>>> by_tier;
+  for (const Allocation* a : batch) {
+    if (!a->disk_file) continue;
+    auto& entry = by_tier[a->disk_tier.get()];
+    entry.first.push_back({a->va, a->disk_file->size(), a->device, a->tag});
+    entry.second.push_back(a->disk_file.get());
+  }
+  if (by_tier.empty()) return Status::Ok();
+  DiskSettings settings;
+  Status s = disk_backup_settings(&settings.chunk_bytes, &settings.workers);
+  for (auto it = by_tier.begin(); s.ok() && it != by_tier.end(); ++it) {
+    s = it->first->load(it->second.first, it->second.second, settings, tiers_);
+  }
+  return s;
+}
+
+}  // namespace tmsl
