@@ -224,6 +224,7 @@ void Saver::settle(const std::vector<Allocation*>& batch, size_t done, State don
   }
   settled_.notify_all();  // first: nothing below may keep a waiting free asleep
   tiers_.background().release(std::move(let_go));
+  HostPool::FreeNow now(tiers_.pool());
   free_now.clear();
   files_let_go.clear();
 }

@@ -36,6 +36,8 @@ void Saver::share_paused_backups() {
       // Foreground work goes first: the pass ends as soon as an operation waits (a backup
       // about to be resumed gains nothing from being shared) or another process wants this
       // one's cache.
+      // Replacing pages unpins and pins them again: after the foreground's allocations too.
+      tiers_.gate().wait_quiet([this] { return closing_.load() || foreground_waiting_.load() > 0; });
       if (closing_.load() || foreground_waiting_.load() > 0 || cache_wanted_.exchange(false)) return;
       // One range at a time under the operation lock: nothing reads or writes the backup
       // while its pages are replaced.

@@ -42,7 +42,7 @@ struct HostPool::State : std::enable_shared_from_this<HostPool::State> {
     arenas.erase(arenas.begin(), arenas.begin() + static_cast<std::ptrdiff_t>(k));
     return over;
   }
-  void come_back(HostArena* raw) {
+  void come_back(HostArena* raw, bool poolable) {
     std::unique_ptr<HostArena> arena(raw);
     std::unique_lock<std::mutex> lock(mu);
     if (closed) {
@@ -50,7 +50,7 @@ struct HostPool::State : std::enable_shared_from_this<HostPool::State> {
       return;  // freed here
     }
     ++returns;
-    if (arena->poolable() && bytes + arena->used_bytes() <= limit) {
+    if (poolable && arena->poolable() && bytes + arena->used_bytes() <= limit) {
       bytes += arena->used_bytes();
       // By last use: the least recently used go first.
       auto at = std::upper_bound(arenas.begin(), arenas.end(), arena->last_use(),
@@ -94,9 +94,8 @@ HostPool::~HostPool() {
 }
 
 std::shared_ptr<HostArena> HostPool::track(std::unique_ptr<HostArena> arena, bool poolable) {
-  if (!poolable) return std::shared_ptr<HostArena>(std::move(arena));
   std::shared_ptr<State> state = state_;
-  return std::shared_ptr<HostArena>(arena.release(), [state](HostArena* a) { state->come_back(a); });
+  return std::shared_ptr<HostArena>(arena.release(), [state, poolable](HostArena* a) { state->come_back(a, poolable); });
 }
 
 void HostPool::take(int device, const std::vector<size_t>& sizes, std::vector<HostBuffer>* out) {
@@ -145,7 +144,8 @@ void HostPool::take(int device, const std::vector<size_t>& sizes, std::vector<Ho
       arena->hurry();  // a pause copies into it now
       // Handed out under the same deleter: back here when its new holders let go.
       std::shared_ptr<State> state = state_;
-      std::shared_ptr<HostArena> shared(state_->arenas[k].release(), [state](HostArena* a) { state->come_back(a); });
+      std::shared_ptr<HostArena> shared(state_->arenas[k].release(),
+                                        [state](HostArena* a) { state->come_back(a, true); });
       state_->bytes -= shared->used_bytes();
       for (const auto& [i, offset] : placed) (*out)[i] = HostBuffer{shared, offset, sizes[i]};
     }

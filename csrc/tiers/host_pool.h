@@ -26,7 +26,8 @@ class HostPool {
   HostPool(const HostPool&) = delete;
   HostPool& operator=(const HostPool&) = delete;
 
-  // The arena, shared, coming back here once its last holder lets go (when `poolable`).
+  // The arena, shared: once its last holder lets go it comes back here (when `poolable`),
+  // or is freed in the background after the foreground's work (else, FreeNow).
   std::shared_ptr<HostArena> track(std::unique_ptr<HostArena> arena, bool poolable);
   // Places a buffer of sizes[i] for each i with (*out)[i] empty in pooled arenas of
   // `device`: the smallest arena that takes them all, else the largest ones first. What
