@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <set>
+#include <system_error>
 #include <thread>
 
 #include "tiers/backup.h"
