@@ -9,8 +9,9 @@ raised with what to do."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from . import _lib
 from .disk_backup import DiskBackups
@@ -52,6 +53,28 @@ def pause(native: _lib.NativeSaver, names: list[str] | None, disk: DiskBackups,
     except BaseException:
         native.unmark_spill(names)
         raise
+
+
+@contextlib.contextmanager
+def hinted_refusals() -> Iterator[None]:
+    """Where the tier is not in use (no directory, no marks), around a pause: the native
+    pause's own refusal for want of host memory says what would take the rest; a refusal a
+    hook raised passes as it is."""
+    try:
+        yield
+    except OutOfMemoryError as error:
+        if not _raised_by_native_pause(error):
+            raise
+        raise _with_hint(error, "") from None
+
+
+def _raised_by_native_pause(error: BaseException) -> bool:
+    codes = []
+    trace = error.__traceback__
+    while trace is not None:
+        codes.append(trace.tb_frame.f_code)
+        trace = trace.tb_next
+    return codes[-2:] == [_lib.NativeSaver.pause.__code__, _lib.check.__code__]
 
 
 def _mark(native: _lib.NativeSaver, names: list[str] | None, disk: DiskBackups, lock: threading.RLock,

@@ -382,7 +382,8 @@ class MemorySaver:
         with torch.profiler.record_function("torch_mem_saver_lite.pause"):
             if not self._disk_tier_used and not self._disk.configured(self._disk_directory_from_environment):
                 # No directory, no marks: the selection's hooks around one native call.
-                self._transitions.pause(native, names, transition_log.wrap("pause", native, native.pause))
+                with disk_tier.hinted_refusals():
+                    self._transitions.pause(native, names, transition_log.wrap("pause", native, native.pause))
                 return
             self._disk_tier_used = True
             disk_tier.pause(native, names, self._disk, self._disk_directory_from_environment, self._lock,
