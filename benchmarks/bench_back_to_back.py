@@ -103,8 +103,8 @@ def sequence(tool_name: str, hook_mode: str, workloads: list[str], total: int, c
         rows.append(dict(tool=tool.name, hook_mode=hook_mode, workload="many_small", variant="none", cycle=cycle,
                          bytes=sum(t.nbytes for t in plain), alloc_ms=alloc_ms, pause_ms=pause_ms,
                          resume_ms=resume_ms, content_ok=True))
-    for tag, tensors in [*kept, (tag, plain)]:
-        tool.release(tag, tensors)
+    for kept_tag, tensors in [*kept, (tag, plain)]:
+        tool.release(kept_tag, tensors)
     return rows
 
 
@@ -124,8 +124,9 @@ def report(rows: list[dict], limits: dict, cache_bytes: int) -> bool:
     """Prints the table and the targets; True when every target of ours is met."""
     theirs = {(r["hook_mode"], r["workload"], r["variant"], r["cycle"]): r
               for r in rows if r["tool"] == "torch_memory_saver"}
+    host_memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     print(f"\nlimits: pinned D2H {limits['d2h']:.1f} GB/s, H2D {limits['h2d']:.1f} GB/s; our host cache "
-          f"{cache_bytes / GiB:.1f} GiB; host memory {os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / GiB:.0f} GiB")
+          f"{cache_bytes / GiB:.1f} GiB; host memory {host_memory / GiB:.0f} GiB")
     header = (f"{'tool':18} {'mode':7} {'workload':10} {'backup':6} {'cyc':>3} {'GiB':>5} {'alloc ms':>8} "
               f"{'pause ms':>9} {'resume ms':>9} {'pause':>10} {'resume':>10} {'p/link':>6} {'r/link':>6} "
               f"{'ok':>3} {'target':>6}")
@@ -158,7 +159,8 @@ def report(rows: list[dict], limits: dict, cache_bytes: int) -> bool:
     for r in rows:
         t = theirs.get((r["hook_mode"], r["workload"], r["variant"], r["cycle"]))
         if r["tool"] == "ours" and r["variant"] == "none" and r["cycle"] == 1 and t:
-            print(f"  {r['hook_mode']:7} {r['alloc_ms']:.1f} / {t['alloc_ms']:.1f} = {r['alloc_ms'] / t['alloc_ms']:.2f}x")
+            ratio = r["alloc_ms"] / t["alloc_ms"]
+            print(f"  {r['hook_mode']:7} {r['alloc_ms']:.1f} / {t['alloc_ms']:.1f} = {ratio:.2f}x")
     return all_met
 
 
@@ -194,7 +196,8 @@ def main() -> int:
     for mode in args.hook_modes.split(","):
         turns = [("ours", {"LD_PRELOAD": _lib.library_path()} if mode == "preload" else {})]
         if tms_env is not None:
-            turns.append(("tms", {**tms_env, **({"LD_PRELOAD": tms_preload_library(tms_env)} if mode == "preload" else {})}))
+            preload = {"LD_PRELOAD": tms_preload_library(tms_env)} if mode == "preload" else {}
+            turns.append(("tms", {**tms_env, **preload}))
         for tool, env in turns:
             rows += in_child(tool, mode, args, env)
             print(f"{tool} {mode} measured", flush=True)
