@@ -156,7 +156,8 @@ def report(rows: list[dict], limits: dict, cache_bytes: int) -> bool:
             target = "ok" if met else "MISS"
             all_met &= met
         backup = r["variant"] == "backup"
-        print(f"{r['tool']:18} {r['hook_mode']:7} {r['workload']:10} {r['variant']:6} {r['cycle']:>3} {r.get('run', 0) + 1:>3} "
+        print(f"{r['tool']:18} {r['hook_mode']:7} {r['workload']:10} {r['variant']:6} {r['cycle']:>3} "
+              f"{r.get('run', 0) + 1:>3} "
               f"{r['bytes'] / GiB:5.2f} {r['alloc_ms']:8.1f} {r['pause_ms']:9.1f} {r['resume_ms']:9.1f} "
               f"{f'{pause_gbps:.1f} GB/s' if backup else '':>10} {f'{resume_gbps:.1f} GB/s' if backup else '':>10} "
               f"{f'{p_ratio:.0%}' if backup else '':>6} {f'{r_ratio:.0%}' if backup else '':>6} "
