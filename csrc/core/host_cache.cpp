@@ -16,13 +16,22 @@ bool Saver::cached_after_resume(const Allocation& a, State state) const {
   return a.choice != BackupChoice::kOnUncached && a.tag_info->caches_backups;
 }
 
-bool Saver::keeps_backups(const std::vector<Allocation*>& batch) const {
+bool Saver::keeps_backups(const std::vector<Allocation*>& batch, std::vector<HostBuffer>* older) {
   if (retain_backups_.load()) return true;
   std::vector<const HostBuffer*> kept;  // what this batch would add to the cache ("mmap" tags add nothing)
+  std::set<const HostArena*> arenas;
+  size_t bytes = 0;
   for (const Allocation* a : batch) {
-    if (a->host_copy && cached_after_resume(*a, State::kActive)) kept.push_back(&a->host_copy);
+    if (!a->host_copy || !cached_after_resume(*a, State::kActive)) continue;
+    kept.push_back(&a->host_copy);
+    if (arenas.insert(a->host_copy.arena.get()).second) bytes += a->host_copy.arena->used_bytes();
   }
-  return !kept.empty() && cached_bytes(kept) <= tiers_.cache_bytes();  // the batch is still resuming
+  const size_t budget = tiers_.cache_bytes();
+  if (kept.empty() || bytes > budget) return false;
+  // The batch is still resuming: the older arenas are the only ones take_cache may take.
+  const size_t cached = cached_bytes(kept);
+  if (cached > budget) *older = take_cache(cached - budget);
+  return true;
 }
 
 size_t Saver::cached_bytes(const std::vector<const HostBuffer*>& more) const {
@@ -220,27 +229,24 @@ std::vector<HostBuffer> Saver::take_cache(size_t bytes) {
   return let_go;
 }
 
-std::vector<HostBuffer> Saver::recycle_cache(int device, const std::vector<size_t>& sizes) {
-  size_t bytes = 0;
-  bool shareable = false;
-  for (size_t size : sizes) {
-    bytes += size;
-    shareable = shareable || size > HostArena::kRangeBytes;
+std::vector<HostBuffer> Saver::take_stale_cache(const std::vector<CopyRequest>& requests) {
+  std::map<int, size_t> missing;  // by device: what the pause needs beyond what the pool holds
+  for (const CopyRequest& r : requests) {
+    if (r.tier == Tier::kHost && r.cacheable) missing[r.device] += r.bytes;
   }
-  if (shareable && tiers_.budget().shares_backups()) return {};
-  if (cached_bytes({}) + tiers_.pool().bytes() + bytes <= tiers_.cache_bytes()) return {};  // room for both
+  for (auto& [device, bytes] : missing) bytes -= std::min(bytes, tiers_.pool().bytes_on(device));
+  std::vector<HostBuffer> taken;
   // Faulting in and page-locking fresh memory runs at half the link's speed or less; memory
-  // already prepared runs at its full speed, and the cache ends up holding the newest copy.
-  // The arena goes back to the pool, which carves it anew for this batch: one of about this
-  // size (a larger one would hold more than the copies it keeps are worth to the cache).
+  // already page-locked runs at its full speed, and the cache ends up holding the newest copies.
   for (auto& [arena, allocations] : cached_arenas()) {
-    const size_t size = arena->used_bytes();
-    if (arena->device() != device || size < bytes || size - bytes > bytes / 8 || !arena->poolable()) continue;
-    std::vector<HostBuffer> taken;
+    auto it = missing.find(arena->device());
+    if (it == missing.end() || it->second == 0 || !arena->poolable()) continue;
     for (Allocation* a : allocations) taken.push_back(std::move(a->host_copy));
-    return taken;
+    it->second -= std::min(it->second, arena->used_bytes());
   }
-  return {};
+  // The pool may hold what the cache no longer keeps.
+  if (!taken.empty()) tiers_.note_kept(cached_bytes({}));
+  return taken;
 }
 
 }  // namespace tmsl
