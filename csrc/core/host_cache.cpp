@@ -83,6 +83,7 @@ std::vector<std::shared_ptr<HostArena>> Saver::prepare_backups_now(const TagSele
     std::string tag;
   };
   std::map<int, std::vector<Wanted>> wanted;  // by device
+  std::vector<HostBuffer> stale;  // let go before this returns (declared first: after mu_ is let go)
   // Whether `a` is resident, backed up, may keep its backup cached and has none yet. Needs mu_.
   auto wants = [this](const Allocation& a) {
     return a.state == State::kActive && !a.host_copy && a.backs_up() && cached_after_resume(a, State::kActive);
@@ -96,9 +97,17 @@ std::vector<std::shared_ptr<HostArena>> Saver::prepare_backups_now(const TagSele
       bytes += a.backup_bytes();
     };
     for_each_selected(selection, want);
-    const size_t budget = tiers_.cache_bytes(), cached = cached_bytes({});
-    if (bytes == 0 || bytes > budget || cached > budget - bytes) return arenas;  // the first pause takes it itself
+    const size_t budget = tiers_.cache_bytes();
+    if (bytes == 0 || bytes > budget) return arenas;  // the first pause takes it itself
+    // Page-locked memory already there first: stale cached copies come back to the pool.
+    std::vector<CopyRequest> requests;
+    for (const auto& entry : wanted) {
+      for (const Wanted& w : entry.second) requests.push_back(CopyRequest{entry.first, w.size, true, Tier::kHost});
+    }
+    stale = take_stale_cache(requests);
+    if (cached_bytes({}) > budget - bytes) return arenas;
   }
+  stale.clear();  // (off mu_: into the pool)
   for (const auto& entry : wanted) {
     // The pool's memory first (ready at once), fresh memory that gives way to the foreground
     // for the rest.
