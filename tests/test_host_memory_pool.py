@@ -141,12 +141,12 @@ def test_a_pause_does_not_wait_for_the_gate_it_holds(host_saver, mem):
 
 # The benchmark's sequence (benchmarks/bench_back_to_back.py) in miniature: three workloads of
 # different shapes, each staying allocated while the next ones run, a cache budget of about 1.8
-# of the largest, three cycles each. The later ones are smaller: a large stale copy serves a
-# much smaller pause of another tag.
+# of the largest (never room for two), three cycles each. The later ones are smaller: a large
+# stale copy serves a much smaller pause of another tag.
 BACK_TO_BACK = {
     "one_big": [48 * MiB],
     "weights": [n * MiB for n in (2, 3, 4, 5, 6, 7, 5, 4, 2, 1, 1)],
-    "many_small": [2 * MiB] * 12,
+    "many_small": [2 * MiB] * 20,
 }
 
 

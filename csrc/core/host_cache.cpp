@@ -83,7 +83,6 @@ std::vector<std::shared_ptr<HostArena>> Saver::prepare_backups_now(const TagSele
     std::string tag;
   };
   std::map<int, std::vector<Wanted>> wanted;  // by device
-  std::vector<HostBuffer> stale;  // let go before this returns (declared first: after mu_ is let go)
   // Whether `a` is resident, backed up, may keep its backup cached and has none yet. Needs mu_.
   auto wants = [this](const Allocation& a) {
     return a.state == State::kActive && !a.host_copy && a.backs_up() && cached_after_resume(a, State::kActive);
@@ -97,17 +96,10 @@ std::vector<std::shared_ptr<HostArena>> Saver::prepare_backups_now(const TagSele
       bytes += a.backup_bytes();
     };
     for_each_selected(selection, want);
-    const size_t budget = tiers_.cache_bytes();
-    if (bytes == 0 || bytes > budget) return arenas;  // the first pause takes it itself
-    // Page-locked memory already there first: stale cached copies come back to the pool.
-    std::vector<CopyRequest> requests;
-    for (const auto& entry : wanted) {
-      for (const Wanted& w : entry.second) requests.push_back(CopyRequest{entry.first, w.size, true, Tier::kHost});
-    }
-    stale = take_stale_cache(requests);
-    if (cached_bytes({}) > budget - bytes) return arenas;
+    // No room beside the cache: the first pause takes stale cached copies itself.
+    const size_t budget = tiers_.cache_bytes(), cached = cached_bytes({});
+    if (bytes == 0 || bytes > budget || cached > budget - bytes) return arenas;
   }
-  stale.clear();  // (off mu_: into the pool)
   for (const auto& entry : wanted) {
     // The pool's memory first (ready at once), fresh memory that gives way to the foreground
     // for the rest.
@@ -243,8 +235,15 @@ std::vector<HostBuffer> Saver::take_stale_cache(const std::vector<CopyRequest>& 
   for (const CopyRequest& r : requests) {
     if (r.tier == Tier::kHost && r.cacheable) missing[r.device] += r.bytes;
   }
-  for (auto& [device, bytes] : missing) bytes -= std::min(bytes, tiers_.pool().bytes_on(device));
+  size_t short_of = 0;
+  for (auto& [device, bytes] : missing) {
+    bytes -= std::min(bytes, tiers_.pool().bytes_on(device));
+    short_of += bytes;
+  }
   std::vector<HostBuffer> taken;
+  // Where the cache's budget holds fresh memory beside what it keeps, both stay: each tag's
+  // next pause finds its own copy (and fresh memory is set aside ahead where it can be).
+  if (short_of == 0 || cached_bytes({}) + tiers_.pool().bytes() + short_of <= tiers_.cache_bytes()) return taken;
   // Faulting in and page-locking fresh memory runs at half the link's speed or less; memory
   // already page-locked runs at its full speed, and the cache ends up holding the newest copies.
   for (auto& [arena, allocations] : cached_arenas()) {

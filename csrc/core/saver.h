@@ -336,7 +336,8 @@ class Saver {
   // mu_, and op_mu_ so that no pause is reusing them.
   std::vector<HostBuffer> take_cache(size_t bytes);
   // Page-locked memory already there, for a pause's requests of tier kHost that may be
-  // cached: where the pool lacks bytes on a device, whole cached arenas of that device (every
+  // cached: where the pool lacks bytes on a device and the cache's budget has no room for
+  // fresh memory beside what it keeps, whole cached arenas of that device (every
   // copy in them a resident allocation's: stale; none retained, leased or shared) are taken,
   // least recently used first, whatever their tag and shape, and their copies returned; the
   // caller lets them go off mu_, and the pool, its limit raised by what the cache no longer
