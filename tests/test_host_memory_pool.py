@@ -6,6 +6,7 @@ foreground (tiers/foreground_gate.h), checked by what the library counts, never 
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 import time
 
@@ -136,3 +137,69 @@ def test_a_pause_does_not_wait_for_the_gate_it_holds(host_saver, mem):
         assert [mem.read(p, len(d)) for p, d in zip(ptrs, contents, strict=True)] == contents
     finally:
         hold_foreground(host_saver, False)
+
+
+# The benchmark's sequence (benchmarks/bench_back_to_back.py) in miniature: three workloads of
+# different shapes, each staying allocated while the next ones run, a cache budget of about 1.8
+# of the largest (never room for two), three cycles each. The later ones are smaller: a large
+# stale copy serves a much smaller pause of another tag.
+BACK_TO_BACK = {
+    "one_big": [48 * MiB],
+    "weights": [n * MiB for n in (2, 3, 4, 5, 6, 7, 5, 4, 2, 1, 1)],
+    "many_small": [2 * MiB] * 20,
+}
+
+
+def digests(mem, ptrs: list[int], sizes: list[int]) -> list[bytes]:
+    return [hashlib.sha256(mem.read(p, n)).digest() for p, n in zip(ptrs, sizes, strict=True)]
+
+
+def test_back_to_back_workloads_that_stay_allocated_take_no_fresh_host_memory(host_saver, mem):
+    # A later workload's pause takes the page-locked memory of the resident workloads' cached
+    # (stale) copies, whatever their tag and shape, instead of faulting fresh memory in; the
+    # cache then holds the newest copies, and host memory stays within the cache's budget and
+    # what the paused backups need.
+    budget = 86 * MiB
+    host_saver.host_cache_bytes = budget
+    host_saver.release_host_cache()
+    before = rss_anon_bytes()
+    fresh_after_first = None
+    resident = []
+    for tag, sizes in BACK_TO_BACK.items():
+        ptrs, contents = workload(host_saver, mem, tag, sizes)
+        del contents  # the test keeps digests only: its own memory stays out of the figure
+        expected = digests(mem, ptrs, sizes)
+        resident.append((ptrs, sizes, expected))
+        for _ in range(3):
+            host_saver.pause(tag)
+            if fresh_after_first is None:
+                fresh_after_first = tiers(host_saver)["fresh_arenas"]
+            assert tiers(host_saver)["fresh_arenas"] == fresh_after_first, f"{tag}: fresh host memory was made"
+            assert host_saver.stats()[tag].host_backup_bytes >= sum(sizes)
+            # The copies kept and the pool within the budget, beside this pause's backups.
+            assert rss_anon_bytes() - before <= budget + sum(sizes) + 16 * MiB
+            host_saver.resume(tag)
+            assert digests(mem, ptrs, sizes) == expected
+        assert host_saver.stats()[tag].host_backup_bytes >= sum(sizes), f"{tag}: the newest copies were not cached"
+    for ptrs, sizes, expected in resident:  # the earlier workloads' content, untouched by the others' pauses
+        assert digests(mem, ptrs, sizes) == expected
+    host_saver.wait_for_released_backups()
+    assert rss_anon_bytes() - before <= budget + 16 * MiB
+
+
+def test_retained_copies_are_never_taken_by_another_tags_pause(host_saver, mem):
+    host_saver.host_cache_bytes = 64 * MiB
+    host_saver.release_host_cache()
+    host_saver.retain_cpu_backup = True
+    kept_ptrs, kept = workload(host_saver, mem, "kept", [32 * MiB])
+    host_saver.pause("kept")
+    host_saver.resume("kept")
+    host_saver.retain_cpu_backup = False
+    fresh = tiers(host_saver)["fresh_arenas"]
+    ptrs, contents = workload(host_saver, mem, "other", [32 * MiB])
+    host_saver.pause("other")
+    assert tiers(host_saver)["fresh_arenas"] == fresh + 1  # its own memory: the retained copy stays
+    assert host_saver.stats()["kept"].host_backup_bytes == 32 * MiB
+    host_saver.resume("other")
+    assert [mem.read(p, len(d)) for p, d in zip(ptrs, contents, strict=True)] == contents
+    assert [mem.read(p, len(d)) for p, d in zip(kept_ptrs, kept, strict=True)] == kept

@@ -16,13 +16,22 @@ bool Saver::cached_after_resume(const Allocation& a, State state) const {
   return a.choice != BackupChoice::kOnUncached && a.tag_info->caches_backups;
 }
 
-bool Saver::keeps_backups(const std::vector<Allocation*>& batch) const {
+bool Saver::keeps_backups(const std::vector<Allocation*>& batch, std::vector<HostBuffer>* older) {
   if (retain_backups_.load()) return true;
   std::vector<const HostBuffer*> kept;  // what this batch would add to the cache ("mmap" tags add nothing)
+  std::set<const HostArena*> arenas;
+  size_t bytes = 0;
   for (const Allocation* a : batch) {
-    if (a->host_copy && cached_after_resume(*a, State::kActive)) kept.push_back(&a->host_copy);
+    if (!a->host_copy || !cached_after_resume(*a, State::kActive)) continue;
+    kept.push_back(&a->host_copy);
+    if (arenas.insert(a->host_copy.arena.get()).second) bytes += a->host_copy.arena->used_bytes();
   }
-  return !kept.empty() && cached_bytes(kept) <= tiers_.cache_bytes();  // the batch is still resuming
+  const size_t budget = tiers_.cache_bytes();
+  if (kept.empty() || bytes > budget) return false;
+  // The batch is still resuming: the older arenas are the only ones take_cache may take.
+  const size_t cached = cached_bytes(kept);
+  if (cached > budget) *older = take_cache(cached - budget);
+  return true;
 }
 
 size_t Saver::cached_bytes(const std::vector<const HostBuffer*>& more) const {
@@ -87,8 +96,9 @@ std::vector<std::shared_ptr<HostArena>> Saver::prepare_backups_now(const TagSele
       bytes += a.backup_bytes();
     };
     for_each_selected(selection, want);
+    // No room beside the cache: the first pause takes stale cached copies itself.
     const size_t budget = tiers_.cache_bytes(), cached = cached_bytes({});
-    if (bytes == 0 || bytes > budget || cached > budget - bytes) return arenas;  // the first pause takes it itself
+    if (bytes == 0 || bytes > budget || cached > budget - bytes) return arenas;
   }
   for (const auto& entry : wanted) {
     // The pool's memory first (ready at once), fresh memory that gives way to the foreground
@@ -220,27 +230,31 @@ std::vector<HostBuffer> Saver::take_cache(size_t bytes) {
   return let_go;
 }
 
-std::vector<HostBuffer> Saver::recycle_cache(int device, const std::vector<size_t>& sizes) {
-  size_t bytes = 0;
-  bool shareable = false;
-  for (size_t size : sizes) {
-    bytes += size;
-    shareable = shareable || size > HostArena::kRangeBytes;
+std::vector<HostBuffer> Saver::take_stale_cache(const std::vector<CopyRequest>& requests) {
+  std::map<int, size_t> missing;  // by device: what the pause needs beyond what the pool holds
+  for (const CopyRequest& r : requests) {
+    if (r.tier == Tier::kHost && r.cacheable) missing[r.device] += r.bytes;
   }
-  if (shareable && tiers_.budget().shares_backups()) return {};
-  if (cached_bytes({}) + tiers_.pool().bytes() + bytes <= tiers_.cache_bytes()) return {};  // room for both
+  size_t short_of = 0;
+  for (auto& [device, bytes] : missing) {
+    bytes -= std::min(bytes, tiers_.pool().bytes_on(device));
+    short_of += bytes;
+  }
+  std::vector<HostBuffer> taken;
+  // Where the cache's budget holds fresh memory beside what it keeps, both stay: each tag's
+  // next pause finds its own copy (and fresh memory is set aside ahead where it can be).
+  if (short_of == 0 || cached_bytes({}) + tiers_.pool().bytes() + short_of <= tiers_.cache_bytes()) return taken;
   // Faulting in and page-locking fresh memory runs at half the link's speed or less; memory
-  // already prepared runs at its full speed, and the cache ends up holding the newest copy.
-  // The arena goes back to the pool, which carves it anew for this batch: one of about this
-  // size (a larger one would hold more than the copies it keeps are worth to the cache).
+  // already page-locked runs at its full speed, and the cache ends up holding the newest copies.
   for (auto& [arena, allocations] : cached_arenas()) {
-    const size_t size = arena->used_bytes();
-    if (arena->device() != device || size < bytes || size - bytes > bytes / 8 || !arena->poolable()) continue;
-    std::vector<HostBuffer> taken;
+    auto it = missing.find(arena->device());
+    if (it == missing.end() || it->second == 0 || !arena->poolable()) continue;
     for (Allocation* a : allocations) taken.push_back(std::move(a->host_copy));
-    return taken;
+    it->second -= std::min(it->second, arena->used_bytes());
   }
-  return {};
+  // The pool may hold what the cache no longer keeps.
+  if (!taken.empty()) tiers_.note_kept(cached_bytes({}));
+  return taken;
 }
 
 }  // namespace tmsl

@@ -229,23 +229,6 @@ void Saver::settle(const std::vector<Allocation*>& batch, size_t done, State don
   files_let_go.clear();
 }
 
-// Batches hold runs of one device and one tag: a set is asked only when the value changes.
-std::set<int> Saver::devices_of(const std::vector<Allocation*>& batch) {
-  std::set<int> devices;
-  int last = -1;
-  for (const Allocation* a : batch) {
-    if (a->device != last) devices.insert(last = a->device);
-  }
-  return devices;
-}
-
-void Saver::note_tags(const std::vector<Allocation*>& batch, std::set<std::string>* tags) {
-  const std::string* last = nullptr;
-  for (const Allocation* a : batch) {
-    if (last == nullptr || *last != a->tag) tags->insert(*(last = &a->tag));
-  }
-}
-
 Status Saver::synchronize_devices(const std::vector<Allocation*>& batch) {
   for (int device : devices_of(batch)) {
     Status s = backend_->synchronize_device(device);
@@ -261,18 +244,6 @@ Status Saver::wait_copies(const std::vector<Allocation*>& batch) {
     if (first.ok() && !s.ok()) first = s;
   }
   return first;
-}
-
-std::string Saver::describe(const std::vector<Allocation*>& batch) {
-  std::set<std::string> tags;
-  size_t bytes = 0;
-  for (const Allocation* a : batch) {
-    tags.insert("'" + a->tag + "'");
-    bytes += a->size;
-  }
-  std::string names;
-  for (const std::string& tag : tags) names += (names.empty() ? "" : ", ") + tag;
-  return "tag" + std::string(tags.size() > 1 ? "s " : " ") + names + " (" + format_bytes(bytes) + ")";
 }
 
 Status Saver::pause(const TagSelection& selection) {
@@ -399,8 +370,6 @@ Status Saver::queue_backups(const std::vector<Allocation*>& batch, std::vector<H
   // Where each copy goes: the host memory it kept from its last cycle, else the tiers' (the
   // pool, fresh memory). "mmap" copies get memory of their own: it goes back at resume.
   std::vector<CopyRequest> requests(batch.size());
-  std::vector<size_t> cached_sizes;
-  int cached_device = 0;
   size_t bytes = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     const Allocation& a = *batch[i];
@@ -415,19 +384,15 @@ Status Saver::queue_backups(const std::vector<Allocation*>& batch, std::vector<H
       a.host_copy.arena->note_use();
     } else if (r.tier == Tier::kHost) {
       bytes += r.bytes;
-      if (r.cacheable) {
-        cached_sizes.push_back(r.bytes);
-        cached_device = a.device;
-      }
     }
   }
-  if (!cached_sizes.empty()) {
-    // A full cache's arena of exactly this shape comes back to the pool, which hands it on.
-    std::vector<HostBuffer> recycled;
+  {
+    // Page-locked memory already there before fresh memory: the pool's, then stale cached
+    // copies of any tag and shape, whose arenas come back to the pool (off mu_) to be carved.
+    std::vector<HostBuffer> stale;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      recycled = recycle_cache(cached_device, cached_sizes);
-      tiers_.note_kept(cached_bytes({}));
+      stale = take_stale_cache(requests);
     }
   }
   Status s = tiers_.host_memory(requests, true, backups);
@@ -537,10 +502,12 @@ Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>
     set_paused(selection, false);
   }
   bool keep = false;
+  std::vector<HostBuffer> older;  // cached copies that give way to this batch's newer ones
   {
     std::lock_guard<std::mutex> lock(mu_);
-    keep = keeps_backups(batch);
+    keep = keeps_backups(batch, &older);
   }
+  older.clear();  // back to the pool within its limit, else freed after the foreground's work
   settle(batch, batch.size(), State::kActive, State::kPaused, nullptr, !keep);
   return Status::Ok();
 }

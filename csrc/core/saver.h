@@ -323,9 +323,11 @@ class Saver {
   Status restore(const Allocation& a, size_t k);
   Status wait_copies(const std::vector<Allocation*>& batch);
   Status release_physical(Allocation& a, bool* unmapped);
-  // Whether a resume of `batch` keeps its backups: retention on, or they fit in the cache
-  // beside what it already keeps. Needs mu_.
-  bool keeps_backups(const std::vector<Allocation*>& batch) const;
+  // Whether a resume of `batch` keeps its backups: retention on, or they fit in the cache's
+  // budget on their own. The cache holds the newest copies: older cached arenas that leave
+  // no room for them go to *older, least recently used first (the caller lets them go off
+  // mu_). Needs mu_, and op_mu_ as take_cache.
+  bool keeps_backups(const std::vector<Allocation*>& batch, std::vector<HostBuffer>* older);
   // Host memory the cache holds: every arena a resident allocation keeps a copy in, counted
   // whole (an arena stays while any buffer of it is kept), and those of `more`. Needs mu_.
   size_t cached_bytes(const std::vector<const HostBuffer*>& more) const;
@@ -333,13 +335,14 @@ class Saver {
   // `bytes` are let go or none is left (retained copies stay); the caller frees them. Needs
   // mu_, and op_mu_ so that no pause is reusing them.
   std::vector<HostBuffer> take_cache(size_t bytes);
-  // A cached arena a pause needing buffers of exactly `sizes` on `device` takes instead of
-  // fresh host memory, when the cache has no room for both (it would keep only the older
-  // copy): the least recently used one that fits exactly, its allocations' copies dropped
-  // (stale anyway: they are resident; a pause that fails lets the arena go). Null when none,
-  // and when the copies would be shared (the resume drops those, so the cache gains nothing).
-  // Needs mu_, and op_mu_ as take_cache.
-  std::vector<HostBuffer> recycle_cache(int device, const std::vector<size_t>& sizes);
+  // Page-locked memory already there, for a pause's requests of tier kHost that may be
+  // cached: where the pool lacks bytes on a device and the cache's budget has no room for
+  // fresh memory beside what it keeps, whole cached arenas of that device (every
+  // copy in them a resident allocation's: stale; none retained, leased or shared) are taken,
+  // least recently used first, whatever their tag and shape, and their copies returned; the
+  // caller lets them go off mu_, and the pool, its limit raised by what the cache no longer
+  // keeps, carves them for the pause. Needs mu_, and op_mu_ as take_cache.
+  std::vector<HostBuffer> take_stale_cache(const std::vector<CopyRequest>& requests);
   // Whole cached arenas (every copy in them a resident allocation's, none retained), least
   // recently used first, with the allocations keeping copies there. Needs mu_.
   std::vector<std::pair<HostArena*, std::vector<Allocation*>>> cached_arenas();

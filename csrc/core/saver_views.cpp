@@ -1,5 +1,5 @@
-// What the saver tells about what it holds: the figures per tag and device, and the backups
-// it leases out (get_cpu_backup).
+// What the saver tells about what it holds: the figures per tag and device, the backups it
+// leases out (get_cpu_backup), and what a batch covers (its devices, tags, description).
 #include "core/saver.h"
 
 #include <map>
@@ -101,6 +101,35 @@ Status Saver::lease_backup(uintptr_t address, size_t nbytes, const void** host, 
   *host = backup.data() + (address - start);
   *lease = std::move(backup);
   return Status::Ok();
+}
+
+// Batches hold runs of one device and one tag: a set is asked only when the value changes.
+std::set<int> Saver::devices_of(const std::vector<Allocation*>& batch) {
+  std::set<int> devices;
+  int last = -1;
+  for (const Allocation* a : batch) {
+    if (a->device != last) devices.insert(last = a->device);
+  }
+  return devices;
+}
+
+void Saver::note_tags(const std::vector<Allocation*>& batch, std::set<std::string>* tags) {
+  const std::string* last = nullptr;
+  for (const Allocation* a : batch) {
+    if (last == nullptr || *last != a->tag) tags->insert(*(last = &a->tag));
+  }
+}
+
+std::string Saver::describe(const std::vector<Allocation*>& batch) {
+  std::set<std::string> tags;
+  size_t bytes = 0;
+  for (const Allocation* a : batch) {
+    tags.insert("'" + a->tag + "'");
+    bytes += a->size;
+  }
+  std::string names;
+  for (const std::string& tag : tags) names += (names.empty() ? "" : ", ") + tag;
+  return "tag" + std::string(tags.size() > 1 ? "s " : " ") + names + " (" + format_bytes(bytes) + ")";
 }
 
 }  // namespace tmsl

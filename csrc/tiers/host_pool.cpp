@@ -162,6 +162,15 @@ size_t HostPool::bytes() const {
   return state_->bytes;
 }
 
+size_t HostPool::bytes_on(int device) const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  size_t bytes = 0;
+  for (const auto& arena : state_->arenas) {
+    if (arena->device() == device) bytes += arena->used_bytes();
+  }
+  return bytes;
+}
+
 size_t HostPool::limit() const {
   std::lock_guard<std::mutex> lock(state_->mu);
   return state_->limit;

@@ -34,6 +34,7 @@ class HostPool {
   // finds no room stays empty.
   void take(int device, const std::vector<size_t>& sizes, std::vector<HostBuffer>* out);
   size_t bytes() const;
+  size_t bytes_on(int device) const;  // of them, page-locked for `device`
   // The most it holds; a lower limit lets the least recently used arenas go (freed in the
   // background, or here with `now`).
   void set_limit(size_t bytes, bool now = false);
