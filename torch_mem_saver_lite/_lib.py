@@ -81,7 +81,7 @@ class HostMemoryFigures(ctypes.Structure):
     ]
 
 
-_SUMMED = ("allocations", "reserved_bytes", "resident_bytes", "paused_bytes", "host_backup_bytes")
+_SUMMED = ("allocations", "reserved_bytes", "resident_bytes", "paused_bytes", "host_backup_bytes", "disk_backup_bytes")
 
 
 class TagFigures(ctypes.Structure):
@@ -509,6 +509,18 @@ class NativeSaver:
         out = _sz()
         check(lib().tmsl_spilled_bytes(self.handle, ctypes.byref(out)))
         return out.value
+
+    def set_disk_backup_dir(self, path: str | None) -> None:
+        """The disk tier's directory (checked, made if missing, its stale files removed);
+        None or "": none."""
+        check(lib().tmsl_set_disk_backup_dir(self.handle, os.fsencode(path) if path else None))
+
+    def disk_notices(self) -> list[str]:
+        """What the disk tier has to tell since last asked (stale files removed, O_DIRECT
+        refused), one message each."""
+        out = ctypes.create_string_buffer(1 << 16)  # taken once: a longer text is cut
+        check(lib().tmsl_disk_notices(self.handle, out, len(out)))
+        return [line for line in out.value.decode(errors="replace").split("\n") if line]
 
     def figures(self) -> list[TagFigures]:
         """Per (tag, device), in tag order: one call however many tags."""
