@@ -628,7 +628,7 @@ def test_a_failed_read_back_keeps_the_spilled_tag_paused_with_its_file_until_a_r
 
 
 def test_an_environment_directory_in_memory_is_no_disk_tier_and_is_not_made(ledger):
-    from torch_mem_saver_lite.disk_backup import filesystem_type
+    from host_memory import filesystem_type
 
     if filesystem_type("/dev/shm") != "tmpfs":
         pytest.skip("needs /dev/shm on tmpfs")

@@ -48,6 +48,18 @@ Status Saver::check_disk_directory(const TagSelection& selection) {
   return s;
 }
 
+Status Saver::with_disk_hint(const Status& refusal) const {
+  // Under op_mu_: disk_ cannot change.
+  Status s = refusal;
+  s.set_message(refusal.message() +
+                (disk_ ? "; the disk tier (" + disk_->directory() + ") could not take the rest: a tag paused in part "
+                         "(or whose last resume was undone) keeps host backups, as its files cannot be written now; "
+                         "resume it, then pause again"
+                       : std::string("; or set a disk backup directory (set_disk_backup_dir or TMSL_DISK_BACKUP_DIR): "
+                                     "what the budget cannot hold then goes to disk")));
+  return s;
+}
+
 Status Saver::write_disk_backups(const std::vector<Allocation*>& batch) {
   // Under op_mu_: disk_ cannot change. The batch is this pause's (kPausing): its fields are ours.
   std::vector<Allocation*> to_disk;

@@ -34,7 +34,9 @@ LiveFiles& live_files() {
 void remove_live_files_at_exit() {
   LiveFiles& live = live_files();
   std::lock_guard<std::mutex> lock(live.mu);
-  for (const DiskFile* file : live.files) unlink(file->path().c_str());
+  for (const DiskFile* file : live.files) {
+    if (file->made_here()) unlink(file->path().c_str());
+  }
   live.files.clear();
 }
 
@@ -97,9 +99,11 @@ DiskFile::DiskFile(std::string path, int fd, size_t size)
   track(this, true);
 }
 
+bool DiskFile::made_here() const { return getpid() == pid_; }
+
 DiskFile::~DiskFile() {
   track(this, false);
-  if (getpid() == pid_) unlink(path_.c_str());  // before the lock goes: no cleaner sees it unheld
+  if (made_here()) unlink(path_.c_str());  // before the lock goes: no cleaner sees it unheld
   close(fd_);
 }
 

@@ -39,6 +39,8 @@ class DiskFile {
   const std::string& path() const { return path_; }
   size_t size() const { return size_; }
   int fd() const { return fd_; }
+  // Whether this process made it (a forked child must not remove its parent's files).
+  bool made_here() const;
 
  private:
   const std::string path_;
@@ -82,6 +84,8 @@ class DiskTier {
   // What happened that the user should hear of (stale files removed, O_DIRECT refused),
   // taken once.
   std::vector<std::string> take_notices();
+  // Adds a notice (the saver's: what the budget sent here).
+  void note(std::string text);
 
   // Whether files here are opened with O_DIRECT (false once the file system refused it).
   bool direct() const { return direct_.load(); }
@@ -94,7 +98,6 @@ class DiskTier {
   // Runs the chunks of every range on the workers, each with its own staging buffer.
   Status transfer(const std::vector<DiskRange>& ranges, const std::vector<int>& fds, bool to_disk,
                   const DiskSettings& settings, BackupTiers& tiers);
-  void note(std::string text);
 
   const std::shared_ptr<Backend> backend_;
   const std::string directory_;
