@@ -202,15 +202,15 @@ Status DiskTier::transfer(const std::vector<DiskRange>& ranges, const std::vecto
   struct Piece {
     size_t range, offset, size;
   };
-  const size_t chunk = std::max<size_t>(kAlignment, settings.chunk_bytes / kAlignment * kAlignment);
-  std::vector<Piece> pieces;
-  for (size_t i = 0; i < ranges.size(); ++i) {
-    for (size_t at = 0; at < ranges[i].size; at += chunk) pieces.push_back({i, at, std::min(chunk, ranges[i].size - at)});
-  }
-  if (pieces.empty()) return Status::Ok();
+  size_t chunk = std::max<size_t>(kAlignment, settings.chunk_bytes / kAlignment * kAlignment);
+  size_t total = 0;
+  for (const DiskRange& r : ranges) total += r.size;
+  if (total == 0) return Status::Ok();
   // The staging buffers: one chunk a worker, host memory of the tiers (the pool's, else
-  // fresh from the node's budget); fewer workers when the budget cannot give that much.
-  size_t workers = std::max<size_t>(1, std::min(settings.workers, pieces.size()));
+  // fresh from the node's budget); fewer workers, then smaller chunks (down to 1 MiB), when
+  // the budget cannot give that much.
+  constexpr size_t kSmallestChunk = 1 << 20;
+  size_t workers = std::max<size_t>(1, std::min(settings.workers, (total + chunk - 1) / chunk));
   std::vector<HostBuffer> staging;
   for (;;) {
     std::vector<CopyRequest> requests(workers);
@@ -218,12 +218,19 @@ Status DiskTier::transfer(const std::vector<DiskRange>& ranges, const std::vecto
     staging.assign(workers, HostBuffer());
     Status s = tiers.host_memory(requests, true, &staging);
     if (s.ok()) break;
-    if (s.code != Code::kOutOfMemory || workers == 1) {
+    if (s.code == Code::kOutOfMemory && workers > 1) {
+      workers /= 2;
+    } else if (s.code == Code::kOutOfMemory && chunk > kSmallestChunk) {
+      chunk = std::max(kSmallestChunk, chunk / 2 / kAlignment * kAlignment);
+    } else {
       s.set_message("staging memory for the disk backup (" + std::to_string(workers) + " x " + format_bytes(chunk) +
                     "): " + s.message());
       return s;
     }
-    workers /= 2;
+  }
+  std::vector<Piece> pieces;
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    for (size_t at = 0; at < ranges[i].size; at += chunk) pieces.push_back({i, at, std::min(chunk, ranges[i].size - at)});
   }
   // Their workers fault the pages in by writing them: no read from the disk may land first.
   std::set<HostArena*> arenas;
