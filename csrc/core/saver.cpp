@@ -225,23 +225,6 @@ void Saver::settle(const std::vector<Allocation*>& batch, size_t done, State don
   files_let_go.clear();
 }
 
-// Batches hold runs of one device and one tag: a set is asked only when the value changes.
-std::set<int> Saver::devices_of(const std::vector<Allocation*>& batch) {
-  std::set<int> devices;
-  int last = -1;
-  for (const Allocation* a : batch) {
-    if (a->device != last) devices.insert(last = a->device);
-  }
-  return devices;
-}
-
-void Saver::note_tags(const std::vector<Allocation*>& batch, std::set<std::string>* tags) {
-  const std::string* last = nullptr;
-  for (const Allocation* a : batch) {
-    if (last == nullptr || *last != a->tag) tags->insert(*(last = &a->tag));
-  }
-}
-
 Status Saver::synchronize_devices(const std::vector<Allocation*>& batch) {
   for (int device : devices_of(batch)) {
     Status s = backend_->synchronize_device(device);
@@ -257,18 +240,6 @@ Status Saver::wait_copies(const std::vector<Allocation*>& batch) {
     if (first.ok() && !s.ok()) first = s;
   }
   return first;
-}
-
-std::string Saver::describe(const std::vector<Allocation*>& batch) {
-  std::set<std::string> tags;
-  size_t bytes = 0;
-  for (const Allocation* a : batch) {
-    tags.insert("'" + a->tag + "'");
-    bytes += a->size;
-  }
-  std::string names;
-  for (const std::string& tag : tags) names += (names.empty() ? "" : ", ") + tag;
-  return "tag" + std::string(tags.size() > 1 ? "s " : " ") + names + " (" + format_bytes(bytes) + ")";
 }
 
 Status Saver::pause(const TagSelection& selection) {
