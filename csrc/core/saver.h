@@ -296,6 +296,11 @@ class Saver {
   Status with_disk_hint(const Status& refusal) const;
   Status write_disk_backups(const std::vector<Allocation*>& batch);
   Status read_disk_backups(const std::vector<Allocation*>& batch);
+  // read_disk_backups when the budget has no room for staging: through the batch's own host
+  // copies (already restored), which get their content back afterwards.
+  Status load_through_own_copies(const std::vector<Allocation*>& batch, DiskTier& tier,
+                                 const std::pair<std::vector<DiskRange>, std::vector<DiskFile*>>& files,
+                                 const DiskSettings& settings);
   // Queues the copy of every backed-up allocation of the batch into host memory, marking
   // the end of each allocation's copies in `copies`.
   Status queue_backups(const std::vector<Allocation*>& batch, std::vector<HostBuffer>* backups,
