@@ -12,6 +12,8 @@ pause/resume as GB/s and as a share of the disk's best measured speed.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import ctypes
 import os
 import re
 import subprocess
@@ -20,19 +22,23 @@ from pathlib import Path
 
 import torch
 
-from torch_mem_saver_lite import saver
-from torch_mem_saver_lite.disk_backup import (
-    DEFAULT_CHUNK_BYTES,
-    DEFAULT_WORKERS,
-    _pieces,
-    _read_all,
-    _run_parallel,
-    _write_all,
-    check_directory,
-    filesystem_type,
-)
+from torch_mem_saver_lite import _lib, saver
 
 MiB, GiB = 1 << 20, 1 << 30
+DEFAULT_CHUNK_BYTES, DEFAULT_WORKERS = _lib.disk_backup_settings()  # the core's, as its pauses use them
+
+
+def filesystem_type(path: str) -> str:
+    """The type of the file system holding ``path`` (from /proc/self/mountinfo)."""
+    target, best, kind = os.path.realpath(path), "", "unknown"
+    with open("/proc/self/mountinfo") as mounts:
+        for line in mounts:
+            fields = line.split()
+            mount_point = fields[4].encode().decode("unicode_escape")
+            inside = target == mount_point or target.startswith(mount_point.rstrip("/") + "/")
+            if inside and len(mount_point) >= len(best):
+                best, kind = mount_point, fields[fields.index("-") + 1]
+    return kind
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -50,37 +56,40 @@ def dd_speed(path: str, nbytes: int, write: bool) -> float:
     return nbytes / float(match.group(1) if match else seconds) / 1e9
 
 
-class _Pinned:
-    """The host side of the parallel pattern: one page-locked chunk per worker."""
+def _pinned_chunk() -> memoryview:
+    """One page-locked chunk, page-aligned, as the disk tier's staging is."""
+    raw = torch.empty(DEFAULT_CHUNK_BYTES + 4096, dtype=torch.uint8, pin_memory=True)
+    skip = -raw.data_ptr() % 4096
+    _PINNED.append(raw)  # kept alive with its view
+    return memoryview((ctypes.c_char * DEFAULT_CHUNK_BYTES).from_address(raw.data_ptr() + skip)).cast("B")
 
-    def __init__(self) -> None:
-        raw = torch.empty(DEFAULT_CHUNK_BYTES + 4096, dtype=torch.uint8, pin_memory=True)
-        skip = -raw.data_ptr() % 4096
-        self.tensor = raw[skip:skip + DEFAULT_CHUNK_BYTES]
-        import ctypes
-        self.view = memoryview((ctypes.c_char * DEFAULT_CHUNK_BYTES).from_address(self.tensor.data_ptr())).cast("B")
 
-    def buffer(self, piece):
-        return self.view[:piece.size]
+_PINNED: list[torch.Tensor] = []
 
 
 def parallel_speed(path: str, nbytes: int, write: bool) -> float:
-    """GB/s of disk backup's own I/O pattern (64 MiB chunks, 4 in flight, O_DIRECT), host only."""
+    """GB/s of disk backup's own I/O pattern (the core's chunks and workers, O_DIRECT), host only."""
     flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_DIRECT", 0)
     fd = os.open(path, flags, 0o600)
     try:
-        pieces = _pieces([(0, nbytes, 0)], DEFAULT_CHUNK_BYTES)
+        offsets = list(range(0, nbytes, DEFAULT_CHUNK_BYTES))
+        buffers = [_pinned_chunk() for _ in range(DEFAULT_WORKERS)]
         if write:
             os.posix_fallocate(fd, 0, nbytes)
 
-        def work(transfer, piece):
-            if write:
-                _write_all(fd, transfer.buffer(piece), piece.offset)
-            else:
-                _read_all(fd, transfer.buffer(piece), piece.offset)
+        def work(worker: int) -> None:
+            buffer = buffers[worker]
+            for offset in offsets[worker::DEFAULT_WORKERS]:
+                view, at = buffer[:min(DEFAULT_CHUNK_BYTES, nbytes - offset)], offset
+                while view:
+                    done = os.pwrite(fd, view, at) if write else os.preadv(fd, [view], at)
+                    if done == 0:
+                        raise OSError("short read")
+                    view, at = view[done:], at + done
 
         start = time.perf_counter()
-        _run_parallel(pieces, DEFAULT_WORKERS, _Pinned, work)
+        with concurrent.futures.ThreadPoolExecutor(DEFAULT_WORKERS) as pool:
+            list(pool.map(work, range(DEFAULT_WORKERS)))
         if write:
             os.fsync(fd)
         return nbytes / (time.perf_counter() - start) / 1e9
@@ -105,7 +114,7 @@ def main() -> None:
                         help="also one cycle per (requests in flight, chunk size) setting")
     args = parser.parse_args()
     nbytes = int(args.gib * GiB) // (64 * MiB) * (64 * MiB)
-    directory = check_directory(args.dir)
+    directory, _ = _lib.check_disk_backup_dir(args.dir)
     stat = os.statvfs(directory)
     print(f"directory {directory} ({filesystem_type(directory)}), {stat.f_bavail * stat.f_frsize / GiB:.0f} GiB free; "
           f"GPU {torch.cuda.get_device_name()}; {nbytes / GiB:.1f} GiB per workload")

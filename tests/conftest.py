@@ -18,7 +18,7 @@ import torch
 from host_memory import HostMemory
 from interrupts import sigint_raises
 from torch_mem_saver_lite import _lib, saver
-from torch_mem_saver_lite.disk_backup import filesystem_type
+from host_memory import filesystem_type
 from torch_mem_saver_lite.testing import HostSaver
 
 MiB = 1 << 20

@@ -71,3 +71,16 @@ def resident_pages(ptr: int, size: int) -> int | None:
 def rss_anon_bytes() -> int:
     """Anonymous private pages of this process (where host backups live)."""
     return _status_bytes("RssAnon")
+
+
+def filesystem_type(path: str | os.PathLike[str]) -> str:
+    """The type of the file system holding ``path`` (from /proc/self/mountinfo)."""
+    target, best, kind = os.path.realpath(path), "", "unknown"
+    with open("/proc/self/mountinfo") as mounts:
+        for line in mounts:
+            fields = line.split()
+            mount_point = fields[4].encode().decode("unicode_escape")
+            inside = target == mount_point or target.startswith(mount_point.rstrip("/") + "/")
+            if inside and len(mount_point) >= len(best):
+                best, kind = mount_point, fields[fields.index("-") + 1]
+    return kind

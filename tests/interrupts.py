@@ -2,7 +2,7 @@
 tests and the host soak use it to interrupt region(), disable(), paused() and disk-backed
 pauses and resumes anywhere. The interrupt is a real SIGINT, so it is held where the library
 holds real ones. Only the calling thread is traced, and it must be the main thread: Python
-raises Ctrl-C there only, never in the disk backup's worker threads."""
+raises Ctrl-C there only."""
 
 from __future__ import annotations
 
@@ -12,10 +12,9 @@ import sys
 import threading
 from collections.abc import Iterator
 
-from torch_mem_saver_lite import disk_backup, disk_tier, memory_saver, regions, transitions
+from torch_mem_saver_lite import disk_backup, memory_saver, regions, transitions
 
-LIBRARY_FILES = (memory_saver.__file__, regions.__file__, transitions.__file__, disk_backup.__file__,
-                 disk_tier.__file__)
+LIBRARY_FILES = (memory_saver.__file__, regions.__file__, transitions.__file__, disk_backup.__file__)
 
 
 @contextlib.contextmanager

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from environment_child import defaults_in_child, run_in_child
 
-from torch_mem_saver_lite import MemorySaver, MemorySaverError, _lib, disk_backup
+from torch_mem_saver_lite import MemorySaver, MemorySaverError, _lib
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted([ROOT / "README.md", ROOT / "CHANGELOG.md", *(ROOT / "docs").glob("*.md")])
@@ -287,8 +287,8 @@ def test_the_disk_backup_numbers_are_the_documented_range_and_default(monkeypatc
     assert "| 64 MiB by default, 4 in flight (`TMSL_DISK_BACKUP_WORKERS`) |" in migration
     for name in ("TMSL_DISK_BACKUP_CHUNK_MB", "TMSL_DISK_BACKUP_WORKERS"):
         monkeypatch.delenv(name, raising=False)
-    # The Python copies of the defaults (the benchmark's buffers) are the core's.
-    assert _lib.disk_backup_settings() == (disk_backup.DEFAULT_CHUNK_BYTES, disk_backup.DEFAULT_WORKERS)
+    # The defaults the docs state are the core's.
+    assert _lib.disk_backup_settings() == (64 << 20, 4)
 
 
 def test_the_defaults_and_limits_the_docs_state_are_the_codes(tmp_path):

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from host_memory import resident_pages
-from torch_mem_saver_lite import MemorySaverError, disk_backup
-from torch_mem_saver_lite.disk_backup import filesystem_type
+import fcntl
+
+from host_memory import filesystem_type, resident_pages
+from torch_mem_saver_lite import MemorySaverError
 from torch_mem_saver_lite.testing import HostSaver
 
 MiB = 1 << 20
@@ -164,15 +165,24 @@ def test_allocations_freed_while_paused_are_skipped_at_resume_and_their_files_re
     assert files_in(disk_dir) == {}
 
 
-def test_file_names_carry_any_tag_safely():
-    tags = ["a/b", "a%2Fb", "a-b", "../x", "ü", "kv cache", "t" * 256, "t" * 255 + "u", "\n"]
-    names = {disk_backup.file_name(tag, 3, 0x7F0000200000) for tag in tags}
+def test_file_names_carry_any_tag_safely(host_saver, mem, disk_dir):
+    tags = ["a/b", "a%2Fb", "a-b", "../x", "ü", "kv cache", "t" * 256, "t" * 255 + "u", "\n", "kv_cache.0"]
+    host_saver.set_disk_backup_dir(disk_dir)
+    addresses = {}
+    for tag in tags:
+        with host_saver.region(tag, enable_disk_backup=True):
+            addresses[mem.malloc(2 * MiB)] = tag
+    host_saver.pause()
+    names = list(files_in(disk_dir))
     assert len(names) == len(tags)  # distinct tags, distinct names
     for name in names:
         match = NAME.fullmatch(name)
-        assert match and int(match[1]) == os.getpid() and match[5] == "3" and match[6] == "7f0000200000"
+        assert match and int(match[1]) == os.getpid() and match[5] == "0" and int(match[6], 16) in addresses
         assert len(name.encode()) < 200 and "/" not in name and name.isascii() and name.isprintable()
-    assert NAME.fullmatch(disk_backup.file_name("kv_cache.0", 0, 1))[4] == "kv_cache.0"  # readable as is
+        if addresses[int(match[6], 16)] == "kv_cache.0":
+            assert match[4] == "kv_cache.0"  # readable as is
+    host_saver.resume()
+    assert files_in(disk_dir) == {}
 
 
 def test_files_are_removed_when_the_process_exits(disk_dir):
@@ -263,14 +273,31 @@ def test_files_of_a_killed_process_are_removed_by_the_next_one_choosing_the_dire
     assert files_in(disk_dir) == {}
 
 
-def test_stale_files_are_told_by_their_owners_lock_never_by_a_pid(disk_dir):
-    disk_dir.mkdir(parents=True)
+def start_time(pid: int) -> int:
+    """When process ``pid`` started, in clock ticks after boot (field 22 of /proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_bytes()
+    return int(fields[fields.rindex(b")") + 2:].split()[19])
+
+
+def this_host(saver, mem, directory: Path) -> str:
+    """The host part of this process's file names (its boot and pid namespace), as a pause
+    in ``directory`` writes them."""
+    saver.set_disk_backup_dir(directory)
+    with saver.region("probe", enable_disk_backup=True):
+        mem.malloc(2 * MiB)
+    saver.pause("probe")
+    (name,) = files_in(directory)
+    saver.resume("probe")
+    return NAME.fullmatch(name)[3]
+
+
+def test_stale_files_are_told_by_their_owners_lock_never_by_a_pid(host_saver, mem, disk_dir):
     parent = os.getppid()  # alive, and not us
-    host = disk_backup._host()
+    host = this_host(host_saver, mem, disk_dir)
     other_host = "0" * 8 if host != "0" * 8 else "1" * 8
     names = {
         "held, pid gone": f"tmsl-999999999-1-{host}-kv-dev0-200000.bin",  # its owner's pid not seen from here
-        "unheld, pid alive": f"tmsl-{parent}-{disk_backup._own_start_time(parent)}-{host}-kv-dev0-200000.bin",
+        "unheld, pid alive": f"tmsl-{parent}-{start_time(parent)}-{host}-kv-dev0-200000.bin",
         "other host": f"tmsl-999999999-1-{other_host}-kv-dev0-200000.bin",
         "not ours": "tmsl-notes.txt",
     }
@@ -278,7 +305,7 @@ def test_stale_files_are_told_by_their_owners_lock_never_by_a_pid(disk_dir):
         (disk_dir / name).write_bytes(b"x" * 4096)
     owner = os.open(disk_dir / names["held, pid gone"], os.O_RDONLY)
     try:
-        assert disk_backup.hold(owner)
+        fcntl.flock(owner, fcntl.LOCK_SH)  # as an owner holds its file
 
         HostSaver().set_disk_backup_dir(disk_dir)
 
@@ -291,14 +318,15 @@ def test_a_live_process_whose_pid_names_nobody_here_keeps_its_files_and_content(
     # In a pid namespace that sees its parent's /proc (unshare --pid --fork without
     # --mount-proc), a process's own pid names another process, or none, in /proc: its files
     # must survive a cleanup by any other process all the same.
-    owner = start_python(textwrap.dedent("""
-        import os
-        from torch_mem_saver_lite import disk_backup
-        real_name = disk_backup.file_name
-        disk_backup.file_name = lambda *args: real_name(*args).replace(f"tmsl-{os.getpid()}-", "tmsl-999999999-", 1)
-    """) + textwrap.dedent(PAUSED_CHILD.format(directory=str(disk_dir))))
+    owner = start_python(PAUSED_CHILD.format(directory=str(disk_dir)))
+    renamed = {}
     try:
         assert owner.stdout.readline() == "paused\n", owner.stderr.read()
+        # Its files as such a process names them: its pid there names nobody here. (Renamed,
+        # they stay the same files, held by their owner.)
+        for name in files_in(disk_dir):
+            renamed[name] = name.replace(f"tmsl-{owner.pid}-", "tmsl-999999999-", 1)
+            os.rename(disk_dir / name, disk_dir / renamed[name])
         assert pids_of(files_in(disk_dir)) == {999999999} and len(files_in(disk_dir)) == 2
 
         cleaner = run_python(f"""
@@ -308,6 +336,8 @@ def test_a_live_process_whose_pid_names_nobody_here_keeps_its_files_and_content(
         assert cleaner.returncode == 0, cleaner.stderr
         assert len(files_in(disk_dir)) == 2, cleaner.stderr
     finally:
+        for name, new_name in renamed.items():  # back where their owner removes them
+            os.rename(disk_dir / new_name, disk_dir / name)
         owner.stdin.write("\n")
         owner.stdin.close()
     assert owner.stdout.readline() == "resumed True\n", owner.stderr.read()
@@ -414,7 +444,7 @@ def test_user_hooks_see_the_content_restored(host_saver, mem, disk_dir):
     assert seen == [0, b"abcd"]  # written after the user's before_pause, read before their after_resume
 
 
-def test_a_rolled_back_resume_keeps_the_disk_backup_it_read(host_saver, mem, disk_dir, monkeypatch):
+def test_a_rolled_back_resume_pauses_again_with_the_content_on_disk(host_saver, mem, disk_dir):
     host_saver.set_disk_backup_dir(disk_dir)
     with host_saver.region("w", enable_disk_backup=True):
         ptr = mem.malloc(4 * MiB)
@@ -427,14 +457,47 @@ def test_a_rolled_back_resume_keeps_the_disk_backup_it_read(host_saver, mem, dis
 
     host_saver.register_hooks("w", after_resume=flaky_after_resume)
     host_saver.pause("w")
-    files = files_in(disk_dir)
-    monkeypatch.setenv("TMSL_DISK_BACKUP_WORKERS", "0")  # a new backup cannot be written now
+    sizes = sorted(files_in(disk_dir).values())
     with pytest.raises(RuntimeError, match="registration failed"):
         host_saver.resume("w")  # content read back, then the hook fails: paused again
-    assert host_saver.stats()["w"].paused and files_in(disk_dir) == files  # the files serve again
+    assert host_saver.stats()["w"].paused and sorted(files_in(disk_dir).values()) == sizes  # on disk again
+    assert host_saver.stats()["w"].disk_backup_bytes == 4 * MiB
     host_saver.resume("w")
     assert mem.read(ptr, 4 * MiB) == pattern(4 * MiB, 5)
     assert files_in(disk_dir) == {}
+
+
+def test_a_failed_write_leaves_the_tag_resident_and_intact_with_no_file(host_saver, mem, disk_dir):
+    host_saver.set_disk_backup_dir(disk_dir)
+    with host_saver.region("kv", enable_disk_backup=True):
+        ptrs = [mem.malloc(4 * MiB), mem.malloc(2 * MiB)]
+    for k, ptr in enumerate(ptrs):
+        mem.write(ptr, pattern(2 * MiB, k))
+    host_saver.inject_fault("copy_to_host_async", after_calls=2)  # the disk tier's staging copy, midway
+    with pytest.raises(MemorySaverError, match="disk backup of tag 'kv' .*stays resident with its content"):
+        host_saver.pause("kv")
+    stats = host_saver.stats()["kv"]
+    assert not stats.paused and stats.resident_bytes == 6 * MiB and stats.disk_backup_bytes == 0
+    assert files_in(disk_dir) == {} and open_files_in(disk_dir) == []
+    assert [mem.read(ptr, 2 * MiB) for ptr in ptrs] == [pattern(2 * MiB, 0), pattern(2 * MiB, 1)]
+    host_saver.pause("kv")  # and it works once the fault is gone
+    host_saver.resume("kv")
+    assert [mem.read(ptr, 2 * MiB) for ptr in ptrs] == [pattern(2 * MiB, 0), pattern(2 * MiB, 1)]
+
+
+def test_a_failed_copy_back_keeps_the_tag_paused_with_its_files(host_saver, mem, disk_dir):
+    host_saver.set_disk_backup_dir(disk_dir)
+    with host_saver.region("kv", enable_disk_backup=True):
+        ptr = mem.malloc(4 * MiB)
+    mem.write(ptr, pattern(4 * MiB, 7))
+    host_saver.pause("kv")
+    files = files_in(disk_dir)
+    host_saver.inject_fault("copy_from_host_async")
+    with pytest.raises(MemorySaverError, match="reading the disk backup of tag 'kv'.*stays paused"):
+        host_saver.resume("kv")
+    assert host_saver.stats()["kv"].paused and files_in(disk_dir) == files
+    host_saver.resume("kv")
+    assert mem.read(ptr, 4 * MiB) == pattern(4 * MiB, 7) and files_in(disk_dir) == {}
 
 
 def test_a_sigkill_leaves_nothing_the_next_process_cannot_clean(disk_dir):
@@ -463,28 +526,32 @@ def test_a_sigkill_leaves_nothing_the_next_process_cannot_clean(disk_dir):
     assert files_in(disk_dir) == {}
 
 
-def test_a_file_system_refusing_o_direct_goes_through_the_page_cache_said_once(host_saver, mem, disk_dir,
-                                                                                 monkeypatch, caplog):
-    real_open = os.open
+def takes_o_direct(directory: Path) -> bool:
+    probe = directory / "probe"
+    try:
+        os.close(os.open(probe, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600))
+        return True
+    except OSError as error:
+        if error.errno != errno.EINVAL:
+            raise
+        return False
+    finally:
+        probe.unlink(missing_ok=True)
 
-    def open_without_o_direct(path, flags, mode=0o777, **kwargs):
-        if flags & os.O_DIRECT:
-            real_open(path, flags & ~os.O_DIRECT, mode, **kwargs)  # as the kernel: made, then refused
-            raise OSError(errno.EINVAL, "Invalid argument")
-        return real_open(path, flags, mode, **kwargs)
 
+def test_a_file_system_refusing_o_direct_goes_through_the_page_cache_said_once(host_saver, mem, disk_dir, caplog):
     host_saver.set_disk_backup_dir(disk_dir)
+    refuses = not takes_o_direct(disk_dir)
     with host_saver.region("kv", enable_disk_backup=True):
         ptrs = [mem.malloc(4 * MiB), mem.malloc(2 * MiB)]
     mem.write(ptrs[0], pattern(4 * MiB, 9))
-    monkeypatch.setattr(os, "open", open_without_o_direct)
     for _ in range(2):
         host_saver.pause("kv")
         assert sorted(files_in(disk_dir).values()) == [2 * MiB, 4 * MiB]
         host_saver.resume("kv")
         assert mem.read(ptrs[0], 4 * MiB) == pattern(4 * MiB, 9) and files_in(disk_dir) == {}
     said = [r for r in caplog.records if "does not take O_DIRECT" in r.getMessage()]
-    assert len(said) == 1
+    assert len(said) == (1 if refuses else 0)  # said once where refused, never elsewhere
 
 
 def test_a_directory_that_cannot_be_looked_at_is_a_clear_error_and_spoils_nothing_else(tmp_path):

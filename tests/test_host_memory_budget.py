@@ -476,21 +476,17 @@ def test_when_the_others_caches_do_not_come_back_in_time_everything_goes_to_disk
 
 def test_a_spill_whose_disk_write_fails_keeps_everything_resident_and_backs_up_to_host_later(ledger, disk_dir):
     result = run(f"""
-        from torch_mem_saver_lite import MemorySaverError, disk_backup
+        from torch_mem_saver_lite import MemorySaverError
         host.set_disk_backup_dir({str(disk_dir)!r})
         ptrs = tagged("weights", 3, 32 * MiB, 9)
-        real_write = disk_backup.TagBackup._write
-        def failing(self, transfer, piece):
-            raise OSError(28, "No space left on device")
-        disk_backup.TagBackup._write = failing
+        host.inject_fault("copy_to_host_async")  # the disk tier's first staging copy: the files come first
         try:
             host.pause("weights")
         except MemorySaverError as error:
-            print("failed", "No space left" in str(error))
+            print("failed", "disk backup of tag 'weights'" in str(error), "stays resident" in str(error))
         s = host.stats()["weights"]
         print("resident", s.resident_bytes == s.reserved_bytes, s.paused, intact(ptrs, 32 * MiB, 9))
         print("files", len(os.listdir({str(disk_dir)!r})), saver.host_memory().held_by_this_process)
-        disk_backup.TagBackup._write = real_write
         saver.host_memory_budget = 128 * MiB
         host.pause("weights")
         print("host", saver.host_memory().held_by_this_process, host.host_memory().spilled_bytes,
@@ -499,31 +495,25 @@ def test_a_spill_whose_disk_write_fails_keeps_everything_resident_and_backs_up_t
         print("content", intact(ptrs, 32 * MiB, 9))
     """, budget="64M")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == ["failed True", "resident True False True", "files 0 0",
+    assert result.stdout.splitlines() == ["failed True True", "resident True False True", "files 0 0",
                                           f"host {96 * MiB} 0 0", "content True"], result.stdout + result.stderr
 
 
 def test_only_what_the_budget_cannot_hold_goes_to_disk_when_the_pause_reuses_cached_copies(ledger, disk_dir):
     result = run(f"""
-        from torch_mem_saver_lite import disk_backup
-        written = []
-        real_write = disk_backup.TagBackup._write
-        def counted(self, transfer, piece):
-            written.append(piece.size)
-            return real_write(self, transfer, piece)
-        disk_backup.TagBackup._write = counted
         host.set_disk_backup_dir({str(disk_dir)!r})
         a = tagged("w", 1, 32 * MiB, 1)
         host.pause("w"); host.resume("w"); host.wait_for_released_backups()  # a's copy cached: reused
         b, c = tagged("w", 1, 40 * MiB, 2), tagged("w", 2, 24 * MiB, 3)
-        host.pause("w")  # 32 reused + 88 new against 60: the 40 and one 24 go to disk, once
-        print("spilled", host.host_memory().spilled_bytes // MiB, "written", sum(written) // MiB)
+        host.pause("w")  # 32 reused + 88 new against 60: the 40 and one 24 go to disk
+        files = [os.path.getsize(os.path.join({str(disk_dir)!r}, f)) for f in os.listdir({str(disk_dir)!r})]
+        print("spilled", host.host_memory().spilled_bytes // MiB, "on disk", sorted(n // MiB for n in files))
         print("held", saver.host_memory().held_by_this_process // MiB)
         host.resume("w")
         print("content", intact(a, 32 * MiB, 1), intact(b, 40 * MiB, 2), intact(c, 24 * MiB, 3))
     """, budget="60M")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == ["spilled 64 written 64", "held 56", "content True True True"], \
+    assert result.stdout.splitlines() == ["spilled 64 on disk [24, 40]", "held 56", "content True True True"], \
         result.stdout + result.stderr
 
 
@@ -601,34 +591,34 @@ def test_get_cpu_backup_of_memory_the_budget_sent_to_disk_says_so(ledger, disk_d
 
 def test_a_failed_read_back_keeps_the_spilled_tag_paused_with_its_file_until_a_resume_succeeds(ledger, disk_dir):
     result = run(f"""
-        from torch_mem_saver_lite import MemorySaverError, disk_backup
+        from torch_mem_saver_lite import MemorySaverError
         host.set_disk_backup_dir({str(disk_dir)!r})
-        small = tagged("w", 2, 16 * MiB, 8)
+        small = tagged("s", 2, 16 * MiB, 8)
         big = tagged("w", 1, 48 * MiB, 9)
-        host.pause("w")  # the 48 MiB allocation goes to disk
-        real_read = disk_backup.TagBackup._read
-        def failing(self, transfer, piece):
-            raise OSError(5, "Input/output error")
-        disk_backup.TagBackup._read = failing
+        host.pause("s")  # 32 MiB of host backups
+        host.pause("w")  # the 48 MiB allocation goes to disk: the budget has 32 MiB left
+        # The disk tier's copies back to the device: "w" has no host backup, so they are the
+        # first, one chunk on one worker each resume.
+        host.inject_fault("copy_from_host_async", times=2)
         for budget in (64 * MiB, 512 * MiB):  # the budget as it was, and room for everything
             saver.host_memory_budget = budget
             try:
                 host.resume("w")
             except MemorySaverError as error:
-                print("failed", "call resume again" in str(error))
+                print("failed", "reading the disk backup of tag 'w'" in str(error), "call resume again" in str(error))
             print("paused", host.stats()["w"].paused, host.host_memory().spilled_bytes // MiB,
                   len(os.listdir({str(disk_dir)!r})))
-        disk_backup.TagBackup._read = real_read
         host.resume("w")
+        host.resume("s")
         print("content", intact(small, 16 * MiB, 8), intact(big, 48 * MiB, 9), len(os.listdir({str(disk_dir)!r})))
     """, budget="64M")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == ["failed True", "paused True 48 1", "failed True", "paused True 48 1",
-                                          "content True True 0"], result.stdout + result.stderr
+    assert result.stdout.splitlines() == ["failed True True", "paused True 48 1", "failed True True",
+                                          "paused True 48 1", "content True True 0"], result.stdout + result.stderr
 
 
 def test_an_environment_directory_in_memory_is_no_disk_tier_and_is_not_made(ledger):
-    from torch_mem_saver_lite.disk_backup import filesystem_type
+    from host_memory import filesystem_type
 
     if filesystem_type("/dev/shm") != "tmpfs":
         pytest.skip("needs /dev/shm on tmpfs")

@@ -372,7 +372,7 @@ def test_interrupting_a_pause_the_budget_sends_to_disk_anywhere_keeps_the_conten
     setup = Spilling(mem, disk_dir, recwarn)
     try:
         lines = every_line(lambda: setup.saver.pause("w"), after_a_cut_pause(setup, "w", files_while_paused=1))
-        assert lines > 100  # the disk tier's lines too
+        assert lines > 3  # the pause's Python lines: the disk tier runs in the core, with no lines of its own
     finally:
         setup.close()
 

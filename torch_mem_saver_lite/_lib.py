@@ -81,7 +81,7 @@ class HostMemoryFigures(ctypes.Structure):
     ]
 
 
-_SUMMED = ("allocations", "reserved_bytes", "resident_bytes", "paused_bytes", "host_backup_bytes")
+_SUMMED = ("allocations", "reserved_bytes", "resident_bytes", "paused_bytes", "host_backup_bytes", "disk_backup_bytes")
 
 
 class TagFigures(ctypes.Structure):
@@ -127,12 +127,11 @@ _SIGNATURES = {
     "tmsl_pause": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
     "tmsl_resume": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
     "tmsl_prepare_backups": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
-    "tmsl_mark_spill": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int, _int, ctypes.POINTER(_sz)], _int),
-    "tmsl_note_spill_written": ([_vp, ctypes.POINTER(ctypes.c_uint64), _sz], _int),
-    "tmsl_unmark_spill": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
     "tmsl_spilled_bytes": ([_vp, ctypes.POINTER(_sz)], _int),
     "tmsl_tag_figures": ([_vp, ctypes.POINTER(TagFigures), _sz, ctypes.POINTER(_sz)], _int),
     "tmsl_set_disk_backup_dir": ([_vp, ctypes.c_char_p], _int),
+    "tmsl_disk_backup_dir": ([_vp, ctypes.c_char_p, _sz], _int),
+    "tmsl_check_disk_backup_dir": ([ctypes.c_char_p, _int, ctypes.c_char_p, _sz, ctypes.c_char_p, _sz], _int),
     "tmsl_disk_notices": ([_vp, ctypes.c_char_p, _sz], _int),
     "tmsl_check_tag": ([ctypes.c_char_p, _sz], _int),
     "tmsl_lease_backup": ([_vp, _vp, _sz, ctypes.POINTER(_vp), ctypes.POINTER(_vp)], _int),
@@ -484,31 +483,29 @@ class NativeSaver:
         array, count = _tag_array(tags)
         check(lib().tmsl_prepare_backups(self.handle, array, count))
 
-    def mark_spill(self, tags: Sequence[str] | None, everything: bool) -> int:
-        """Marks backed-up allocations of the tags disk-backed for their next pause, largest
-        first, until the rest fits in the node's host-memory budget (``everything``: all);
-        returns the size of what it marked."""
-        array, count = _tag_array(tags)
-        out = _sz()
-        check(lib().tmsl_mark_spill(self.handle, array, count, int(everything), ctypes.byref(out)))
-        return out.value
-
-    def note_spill_written(self, addresses: Sequence[int]) -> None:
-        """The disk files of the allocations at ``addresses`` hold their content: a pause may
-        release the marked ones without a host copy."""
-        array = (ctypes.c_uint64 * len(addresses))(*addresses)
-        check(lib().tmsl_note_spill_written(self.handle, array, len(addresses)))
-
-    def unmark_spill(self, tags: Sequence[str] | None) -> None:
-        """Resident allocations of the tags that mark_spill marked get their own choice back."""
-        array, count = _tag_array(tags)
-        check(lib().tmsl_unmark_spill(self.handle, array, count))
-
     def spilled_bytes(self) -> int:
         """Paused memory whose content a spill sent to disk."""
         out = _sz()
         check(lib().tmsl_spilled_bytes(self.handle, ctypes.byref(out)))
         return out.value
+
+    def set_disk_backup_dir(self, path: str | None) -> None:
+        """The disk tier's directory (checked, made if missing, its stale files removed);
+        None or "": none."""
+        check(lib().tmsl_set_disk_backup_dir(self.handle, os.fsencode(path) if path else None))
+
+    def disk_backup_dir(self) -> str:
+        """The disk tier's directory ("" for none)."""
+        out = ctypes.create_string_buffer(_PATH_BYTES)
+        check(lib().tmsl_disk_backup_dir(self.handle, out, len(out)))
+        return os.fsdecode(out.value)
+
+    def disk_notices(self) -> list[str]:
+        """What the disk tier has to tell since last asked (stale files removed, O_DIRECT
+        refused), one message each."""
+        out = ctypes.create_string_buffer(1 << 16)  # taken once: a longer text is cut
+        check(lib().tmsl_disk_notices(self.handle, out, len(out)))
+        return [line for line in out.value.decode(errors="replace").split("\n") if line]
 
     def figures(self) -> list[TagFigures]:
         """Per (tag, device), in tag order: one call however many tags."""
@@ -540,6 +537,18 @@ class NativeSaver:
         host, lease = _vp(), _vp()
         check(lib().tmsl_lease_backup(self.handle, ptr, nbytes, ctypes.byref(host), ctypes.byref(lease)))
         return (host.value, lease.value) if host.value else None
+
+
+_PATH_BYTES = 4097  # a path the core keeps, NUL included (PATH_MAX)
+
+
+def check_disk_backup_dir(path: str, make: bool = True) -> tuple[str, list[str]]:
+    """The core's checks of a disk backup directory without a saver (refused on host memory
+    or unwritable): ``make``: made if missing and its stale files removed; else nothing
+    changes. (its real path, or the path as given; what to tell, as disk_notices)."""
+    out, notices = ctypes.create_string_buffer(_PATH_BYTES), ctypes.create_string_buffer(1 << 12)
+    check(lib().tmsl_check_disk_backup_dir(os.fsencode(path), int(make), out, len(out), notices, len(notices)))
+    return os.fsdecode(out.value), [line for line in notices.value.decode(errors="replace").split("\n") if line]
 
 
 def release_lease(lease: int | None) -> None:

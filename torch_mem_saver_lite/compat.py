@@ -194,7 +194,7 @@ class _Impl:
         tag = check_tag(tag)
         native = self._saver._enter()
         if choice == _lib.CHOICE_DISK:
-            self._saver._back_up_to_disk(tag)  # its hooks write the content out at a pause
+            self._saver._disk.require(native)  # the core writes the files at a pause
         with pushed(Region(native, tag, choice, checked=False)):
             yield
 

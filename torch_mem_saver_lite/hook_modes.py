@@ -135,8 +135,7 @@ class Platform:
         """Whether this thread's stream captures a CUDA graph now."""
         return False
 
-    def default_region(self, native: _lib.NativeSaver, tag: str, caches: bool, disk: bool,
-                       back_up_to_disk: Any) -> None:
+    def default_region(self, native: _lib.NativeSaver, tag: str, caches: bool) -> None:
         """Give a new core the process region's backup settings from the environment."""
 
     def check_breakdown(self) -> None:
@@ -177,13 +176,10 @@ class _Cuda(Platform):
     def capturing(self) -> bool:
         return graph_capture.capturing()
 
-    def default_region(self, native: _lib.NativeSaver, tag: str, caches: bool, disk: bool,
-                       back_up_to_disk: Any) -> None:
-        # The preload-mode process region's backup backend and disk backup.
+    def default_region(self, native: _lib.NativeSaver, tag: str, caches: bool) -> None:
+        # The preload-mode process region's backup backend.
         if not caches:
             native.set_caches_backups(tag, False)
-        if disk:
-            back_up_to_disk(tag)
 
     def check_breakdown(self) -> None:
         pass

@@ -16,7 +16,6 @@ from . import (
     _lib,
     breakdown,
     cpu_backup,
-    disk_tier,
     graph_capture,
     hook_modes,
     leftovers,
@@ -25,14 +24,14 @@ from . import (
     transition_log,
 )
 from .breakdown import MemoryBreakdown
-from .disk_backup import DiskBackups
+from .disk_backup import DiskDirectory
 from .errors import InvalidArgumentError, MemorySaverError
 from .hooks import TorchPools
 from .leftovers import LeftoverReport
 from .regions import Region, Undo, prepare_quietly, pushed, refusals_explained, retire_pool
 from .settings import Settings, backup_choice, check_bool, check_bytes, check_selection, check_tag
 from .stats import HostMemoryReport, TagStats, host_memory_report
-from .transitions import Hook, TagHooks, Transitions
+from .transitions import Hook, Transitions
 
 
 class MemorySaver:
@@ -65,16 +64,12 @@ class MemorySaver:
         if "_transitions" in self.__dict__:
             return  # MemorySaver() again: the process-wide saver, set up already
         self._native: _lib.NativeSaver | None = None  # the core, once made or found: _core()
-        self._disk_tier_used = False  # a pause ran the budget's disk tier: spill marks may exist
         self._mode = hook_modes.TORCH
         self._lock = threading.RLock()
         self._pools: TorchPools | None = None
         self._settings = Settings()
-        # Disk backup (disk_backup.DiskBackups: the directory and the backups of paused tags);
-        # its hooks of the disk-backed tags run innermost in the transitions.
-        self._disk = DiskBackups(self._platform.on_device, TagHooks)
-        self._disk_backups = self._disk.backups  # what HostSaver.close() closes
-        self._transitions = Transitions(self._disk.hooks)
+        self._disk = DiskDirectory()  # the disk backup directory; the core writes the files
+        self._transitions = Transitions()
 
     # ----- configuration -------------------------------------------------------------
     @property
@@ -176,12 +171,13 @@ class MemorySaver:
         """The node's host-memory budget, what this process and the others hold of it, and
         this process's disk backups beside it. Starts nothing (no CUDA, no saver)."""
         native = self._core(create=False)
+        environment = self._settings.environment().disk_backup_dir
         return host_memory_report(
             _lib.host_memory(), _lib.MAX_HOLDERS,
-            on_disk_bytes=sum(backup.bytes for backup in self._disk.backups.values() if backup.written),
+            on_disk_bytes=sum(t["disk_backup_bytes"] for t in native.stats().values()) if native is not None else 0,
             spilled_bytes=native.spilled_bytes() if native is not None else 0,
-            disk_tier=self._disk.named_directory(self._disk_directory_from_environment),
-            disk_tier_problem=self._disk.environment_problem(self._disk_directory_from_environment))
+            disk_tier=self._disk.named(native, environment),
+            disk_tier_problem=self._disk.problem(native, environment))
 
     def release_host_cache(self) -> None:
         """Free the host memory the cache (and retention) keeps for resident memory; the
@@ -232,8 +228,10 @@ class MemorySaver:
                     return None
                 env = self._settings.environment()
                 self._settings.apply(native)
-                self._platform.default_region(native, env.default_tag, env.default_caches_backups,
-                                              env.default_disk_backup, self._back_up_to_disk)
+                self._disk.apply(native, env.disk_backup_dir)
+                if env.default_disk_backup:  # the process region's backups go to disk
+                    self._disk.require(native)
+                self._platform.default_region(native, env.default_tag, env.default_caches_backups)
                 self._native = native
             return self._native
 
@@ -270,12 +268,10 @@ class MemorySaver:
         native = self._enter()
         check_tag(tag)
         if disk:
-            self._disk_directory_or_raise()
+            self._disk.require(native)
         route = self._platform.route(self._torch_pools, tag, choice)
         _lib.take_allocation_failure()  # only failures inside this block are explained below
         with pushed(Region(native, tag, choice, route)):
-            if disk:  # only once the tag has taken the region
-                self._back_up_to_disk(tag)
             if self._platform.capturing():
                 _lib.note_graph_capture()  # entered inside a capture: graph memory too
             with refusals_explained(tag):
@@ -378,17 +374,11 @@ class MemorySaver:
         if native is None:
             return
         self._refuse_during_capture("pause")
-        self._close_restored_disk_backups()  # read back by an earlier resume: stale now
-        with torch.profiler.record_function("torch_mem_saver_lite.pause"):
-            if not self._disk_tier_used and not self._disk.configured(self._disk_directory_from_environment):
-                # No directory, no marks: the selection's hooks around one native call.
-                with disk_tier.hinted_refusals():
-                    self._transitions.pause(native, names, transition_log.wrap("pause", native, native.pause))
-                return
-            self._disk_tier_used = True
-            disk_tier.pause(native, names, self._disk, self._disk_directory_from_environment, self._lock,
-                            lambda native_pause: self._transitions.pause(
-                                native, names, transition_log.wrap("pause", native, native_pause)))
+        try:
+            with torch.profiler.record_function("torch_mem_saver_lite.pause"):
+                self._transitions.pause(native, names, transition_log.wrap("pause", native, native.pause))
+        finally:
+            self._disk.tell(native)  # what the disk tier did (nothing asked without a directory)
 
     def resume(self, tag: str | Sequence[str] | None = None) -> None:
         """Give the tag(s) (None: every tag) device memory again, at the same addresses.
@@ -403,15 +393,8 @@ class MemorySaver:
         if native is None:
             return
         self._refuse_during_capture("resume")
-        try:
-            with torch.profiler.record_function("torch_mem_saver_lite.resume"):
-                self._transitions.resume(native, names, transition_log.wrap("resume", native, native.resume))
-        finally:
-            # Also after a Ctrl-C: a read-back it cut short is finished here, before the caller
-            # can touch the memory.
-            self._close_restored_disk_backups()
-            if self._disk_tier_used:
-                native.unmark_spill(names)  # read back: backed up to host memory again from the next pause
+        with torch.profiler.record_function("torch_mem_saver_lite.resume"):
+            self._transitions.resume(native, names, transition_log.wrap("resume", native, native.resume))
 
     # ----- disk backup -------------------------------------------------------------------
     def set_disk_backup_dir(self, path: str | os.PathLike[str] | None) -> None:
@@ -420,29 +403,9 @@ class MemorySaver:
         Default: ``TMSL_DISK_BACKUP_DIR`` or ``TMS_DISK_BACKUP_DIR``. tmpfs is refused.
         Backup files left there by processes that no longer exist are removed. None: no
         directory (the environment's neither): the disk tier is off, and regions with
-        ``enable_disk_backup=True`` need a directory again. Tags paused already keep theirs."""
-        self._disk.set_directory(path)
-
-    def _disk_directory_or_raise(self) -> str:
-        return self._disk.directory(self._disk_directory_from_environment)
-
-    def _disk_directory_from_environment(self) -> tuple[str, str] | None:
-        return self._settings.environment().disk_backup_dir
-
-    def _back_up_to_disk(self, tag: str) -> None:
-        """From now on a pause of ``tag`` writes its disk-backed allocations to files and a
-        resume reads them back (after the user's before_pause hooks, before their after_resume)."""
-        self._disk_directory_or_raise()
-        with self._lock:
-            self._disk.back_up(tag, self._core)
-
-    def _close_restored_disk_backups(self) -> None:
-        """Remove the files of disk backups read back by a finished resume (with transitions
-        held off: a concurrent resume may be reading one back)."""
-        if not self._disk_backups:
-            return  # nothing to close: no lock to wait for
-        with self._transitions.held():
-            self._disk.close_restored(self._core(create=False))
+        ``enable_disk_backup=True`` need a directory again. Tags paused already keep their files
+        until resumed. A path given before the saver is first used is checked at once."""
+        self._disk.choose(path, self._core(create=False))
 
     def register_hooks(self, tag: str, before_pause: Hook | None = None,
                        after_resume: Hook | None = None) -> Callable[[], None]:

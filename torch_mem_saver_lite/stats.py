@@ -19,6 +19,9 @@ class TagStats:
         host_backup_bytes: host memory holding paused content, and host memory kept for
             the next pause of resident memory (the host cache: backups kept after a resume,
             and memory set aside when a backed-up region closed).
+        disk_backup_bytes: paused bytes whose content is in disk backup files (regions with
+            ``enable_disk_backup=True``, and what the host-memory budget sent to disk). Paused
+            bytes in neither ``host_backup_bytes`` nor here were discarded.
         paused: the tag is paused (and not resumed since).
         graph_memory: a CUDA graph was captured while a region of the tag was open.
         backs_up: a pause copies the tag's content to host memory (``enable_cpu_backup=True``,
@@ -33,6 +36,7 @@ class TagStats:
     resident_bytes: int = 0
     paused_bytes: int = 0
     host_backup_bytes: int = 0
+    disk_backup_bytes: int = 0
     paused: bool = False
     graph_memory: bool = False
     backs_up: bool = False

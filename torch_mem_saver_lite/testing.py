@@ -42,8 +42,5 @@ class HostSaver(MemorySaver):
     def close(self) -> None:
         """Free everything the saver holds; it cannot be used afterwards."""
         with self._lock:
-            disk_backups, self._disk_backups = list(self._disk_backups.values()), {}
-            for backup in disk_backups:  # their files' space
-                backup.close()
-            native, self._native = self._native, None
+            native, self._native = self._native, None  # its end removes its disk backup files
             self._host.close(native)

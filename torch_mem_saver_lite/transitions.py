@@ -29,7 +29,7 @@ import contextlib
 import functools
 import threading
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from . import _lib, interrupts
@@ -77,12 +77,9 @@ def _move_first(left: list[TagHooks], ran: list[tuple[str, TagHooks]], tag: str)
 class Transitions:
     """The hooks of one saver's tags and the runner of its pauses and resumes."""
 
-    def __init__(self, innermost: Mapping[str, TagHooks]):
-        """``innermost``: tag -> hooks that run after the user's before_pause hooks and
-        before their after_resume hooks (the disk backup: they then see the content)."""
+    def __init__(self) -> None:
         self._lock = threading.RLock()
         self._hooks: dict[str, list[TagHooks]] = {}
-        self._innermost = innermost
         # tag -> the hooks whose before_pause ran, whose after_resume is owed
         self._owing: dict[str, list[TagHooks]] = {}
         self._busy: set[str] = set()  # tags whose own hooks are running now
@@ -101,24 +98,20 @@ class Transitions:
         return remove
 
     def _of(self, tag: str) -> list[TagHooks]:
-        """The hooks a pause of ``tag`` runs now: the user's, then the innermost."""
-        innermost = self._innermost.get(tag)
-        return [*self._hooks.get(tag, ()), *([innermost] if innermost is not None else [])]
+        """The hooks a pause of ``tag`` runs now."""
+        return list(self._hooks.get(tag, ()))
 
     def _due(self, tag: str) -> list[TagHooks]:
-        """The hooks a resume of ``tag`` runs: the user's whose before_pause ran (and that
-        are still registered), then the innermost as it is now (the disk backup's hooks of
-        this pause)."""
+        """The hooks a resume of ``tag`` runs: those whose before_pause ran (and that are
+        still registered)."""
         registered = self._hooks.get(tag, ())
-        innermost = self._innermost.get(tag)
-        return [*(h for h in self._owing.get(tag, ()) if h in registered),
-                *([innermost] if innermost is not None else [])]
+        return [h for h in self._owing.get(tag, ()) if h in registered]
 
     def _hooked(self, names: list[str] | None) -> list[str]:
         """The tags of the selection (None: all) that have hooks or owe them, in the
         selection's order."""
         # Copies taken in one C call each: the lock-free path reads while others register.
-        hooked = {t for t, hooks in list(self._hooks.items()) if hooks} | set(self._innermost) | set(self._owing)
+        hooked = {t for t, hooks in list(self._hooks.items()) if hooks} | set(self._owing)
         return [t for t in dict.fromkeys(names if names is not None else sorted(hooked)) if t in hooked]
 
     def _refuse_busy(self, names: list[str] | None) -> None:

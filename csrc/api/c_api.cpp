@@ -10,6 +10,7 @@
 #include "node/node_ledger.h"
 #include "platform/tag_rules.h"
 #include "core/thread_region.h"
+#include "tiers/disk_files.h"
 
 using namespace tmsl;
 
@@ -57,6 +58,16 @@ int on_tags(void* handle, const char* const* tags, int ntags,
     Status s = tag_selection(tags, ntags, &selection);
     return s.ok() ? (saver.*operation)(selection) : s;
   });
+}
+
+// `text` into out[capacity], NUL-terminated; refused (nothing written) when it does not fit.
+Status copy_out(const std::string& text, char* out, size_t capacity) {
+  if (text.size() >= capacity) {
+    return Status::Error(Code::kInvalidArgument, "the path (" + std::to_string(text.size()) +
+                                                     " bytes) does not fit in out: give a capacity above it");
+  }
+  memcpy(out, text.c_str(), text.size() + 1);
+  return Status::Ok();
 }
 
 }  // namespace
@@ -206,26 +217,6 @@ TMSL_API int tmsl_prepare_backups(void* handle, const char* const* tags, int nta
   return on_tags(handle, tags, ntags, &Saver::prepare_backups);
 }
 
-TMSL_API int tmsl_mark_spill(void* handle, const char* const* tags, int ntags, int everything, size_t* bytes) {
-  return on_saver(handle, [&](Saver& saver) {
-    Status s = require(bytes != nullptr, "bytes must not be NULL");
-    TagSelection selection;
-    if (s.ok()) s = tag_selection(tags, ntags, &selection);
-    return s.ok() ? saver.mark_spill(selection, everything != 0, bytes) : s;
-  });
-}
-
-TMSL_API int tmsl_note_spill_written(void* handle, const uint64_t* addresses, size_t count) {
-  return on_saver(handle, [&](Saver& saver) {
-    Status s = require(addresses != nullptr || count == 0, "addresses must not be NULL");
-    return s.ok() ? saver.note_spill_written(std::vector<uintptr_t>(addresses, addresses + count)) : s;
-  });
-}
-
-TMSL_API int tmsl_unmark_spill(void* handle, const char* const* tags, int ntags) {
-  return on_tags(handle, tags, ntags, &Saver::unmark_spill);
-}
-
 TMSL_API int tmsl_spilled_bytes(void* handle, size_t* bytes) {
   return on_saver(handle, [&](Saver& saver) {
     Status s = require(bytes != nullptr, "bytes must not be NULL");
@@ -237,6 +228,43 @@ TMSL_API int tmsl_spilled_bytes(void* handle, size_t* bytes) {
 TMSL_API int tmsl_set_disk_backup_dir(void* handle, const char* path) {
   return on_saver(handle, [&](Saver& saver) {
     return saver.set_disk_directory(path == nullptr ? "" : path);
+  });
+}
+
+TMSL_API int tmsl_disk_backup_dir(void* handle, char* out, size_t capacity) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = require(out != nullptr && capacity > 0, "out must not be NULL and capacity above 0");
+    if (!s.ok()) return s;
+    return copy_out(saver.disk_directory(), out, capacity);
+  });
+}
+
+TMSL_API int tmsl_check_disk_backup_dir(const char* path, int make, char* real, size_t capacity, char* notices,
+                                        size_t notices_capacity) {
+  return guarded([&] {
+    Status s = require(path != nullptr && real != nullptr && capacity > 0 && notices != nullptr &&
+                           notices_capacity > 0,
+                       "path, real and notices must not be NULL and capacities above 0");
+    if (!s.ok()) return s;
+    notices[0] = '\0';
+    std::string out = path;
+    if (make != 0) {
+      s = check_directory(path, &out);
+      if (s.ok()) {
+        const StaleFiles stale = remove_stale_files(out);
+        std::string text;
+        for (const std::string& line : {stale.removed_notice(out), stale.foreign_notice(out)}) {
+          if (!line.empty()) text += line + "\n";
+        }
+        const size_t n = std::min(text.size(), notices_capacity - 1);
+        memcpy(notices, text.data(), n);
+        notices[n] = '\0';
+      }
+    } else {
+      const std::string problem = directory_problem(path);
+      if (!problem.empty()) s = Status::Error(Code::kInvalidArgument, problem);
+    }
+    return s.ok() ? copy_out(out, real, capacity) : s;
   });
 }
 

@@ -83,23 +83,22 @@ TMSL_API int tmsl_resume(void* saver, const char* const* tags, int ntags);
 // (ntags < 0: all) will take, within the host cache's budget (Saver::prepare_backups).
 // Best effort, and returns at once; tags no region has used are skipped.
 TMSL_API int tmsl_prepare_backups(void* saver, const char* const* tags, int ntags);
-// The disk tier of the node's host-memory budget (Saver::mark_spill): tmsl_mark_spill marks
-// backed-up allocations of the tags (ntags < 0: all) disk-backed for their next pause,
-// largest first, until the rest fits in the budget (everything != 0: all of them); *bytes:
-// the size of what it marked. tmsl_note_spill_written: the files of the allocations at `addresses` hold
-// their content (a pause releases a marked allocation without a host copy only then).
-// tmsl_unmark_spill drops the marks of the tags' resident allocations. tmsl_spilled_bytes:
-// paused memory whose content went to disk this way.
-TMSL_API int tmsl_mark_spill(void* saver, const char* const* tags, int ntags, int everything, size_t* bytes);
-TMSL_API int tmsl_note_spill_written(void* saver, const uint64_t* addresses, size_t count);
-TMSL_API int tmsl_unmark_spill(void* saver, const char* const* tags, int ntags);
+// Paused memory whose content the node's host-memory budget sent to disk (Saver::spilled_bytes).
 TMSL_API int tmsl_spilled_bytes(void* saver, size_t* bytes);
 // The disk tier's directory (Saver::set_disk_directory): checked, made if missing, its stale
 // files removed; NULL or "": none. Once set, pauses write disk-backed allocations (and what
 // the node's budget cannot hold) to files themselves, and resumes read them back.
 // tmsl_disk_notices: what the tier has to tell since last asked (stale files removed,
 // O_DIRECT refused), one line each, NUL-terminated, cut to `capacity` bytes.
+// tmsl_disk_backup_dir: the directory set ("" for none), into out (at most capacity - 1
+// bytes, else kInvalidArgument). tmsl_check_disk_backup_dir: the directory checks alone, with
+// no saver (refused on host memory or unwritable; make != 0: made if missing, its stale files
+// removed, *real its real path, `notices` what to tell as tmsl_disk_notices; make == 0:
+// nothing changed, *real the path as given, `notices` "").
 TMSL_API int tmsl_set_disk_backup_dir(void* saver, const char* path);
+TMSL_API int tmsl_disk_backup_dir(void* saver, char* out, size_t capacity);
+TMSL_API int tmsl_check_disk_backup_dir(const char* path, int make, char* real, size_t capacity, char* notices,
+                                        size_t notices_capacity);
 TMSL_API int tmsl_disk_notices(void* saver, char* out, size_t capacity);
 // *state: 0 = no region has used the tag, 1 = active, 2 = paused.
 TMSL_API int tmsl_tag_state(void* saver, const char* tag, int* state);

@@ -3,7 +3,8 @@
 // torch_memory_saver._impl._binary_wrapper.cdll. They work on the process-wide saver and
 // the calling thread's region; where torch_memory_saver would end the process, they return
 // non-zero and keep the error as the thread's last error. They run no Python-side hooks
-// (register_hooks), and refuse tags holding disk-backed memory, which those hooks write out.
+// (register_hooks); disk-backed memory goes to the process-wide saver's disk tier, whose
+// directory comes from TMSL_DISK_BACKUP_DIR / TMS_DISK_BACKUP_DIR (or set_disk_backup_dir).
 #include <cstring>
 
 #include "api/abi_guard.h"
@@ -42,13 +43,6 @@ int on_one_tag(const char* tag, Status (Saver::*operation)(const TagSelection&))
       if (!saver->tag_info(tag, &info)) return Status::Ok();
       selection.all = false;
       selection.tags.insert(tag);
-    }
-    // Disk backup is written and read by the Python side's hooks, which this entry point
-    // does not run: the content would be lost.
-    if (saver->has_choice(selection, BackupChoice::kDisk)) {
-      return Status::Error(Code::kInvalidArgument,
-                           "disk-backed memory is paused and resumed through torch_memory_saver.pause/resume "
-                           "(Python), not the C entry points: they do not run the disk backup");
     }
     return (*saver.*operation)(selection);
   });

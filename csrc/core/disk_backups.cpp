@@ -1,10 +1,20 @@
 // The saver's side of the disk tier (tiers/disk_tier.h): which allocations a pause writes to
 // files, and reading them back at resume. A file belongs to its allocation while paused:
 // dropped (and so removed) by the resume that read it back, a free, or the saver's end.
+#include <algorithm>
+
 #include "core/saver.h"
 #include "platform/environment.h"
 
 namespace tmsl {
+namespace {
+
+Status with_context(Status s, const std::string& context) {
+  if (!s.ok()) s.set_message(context + ": " + s.message());
+  return s;
+}
+
+}  // namespace
 
 Status Saver::set_disk_directory(const std::string& path) {
   std::shared_ptr<DiskTier> tier;
@@ -48,6 +58,18 @@ Status Saver::check_disk_directory(const TagSelection& selection) {
   return s;
 }
 
+Status Saver::with_disk_hint(const Status& refusal) const {
+  // Under op_mu_: disk_ cannot change.
+  Status s = refusal;
+  s.set_message(refusal.message() +
+                (disk_ ? "; the disk tier (" + disk_->directory() + ") could not take the rest: a tag paused in part "
+                         "(or whose last resume was undone) keeps host backups, as its files cannot be written now; "
+                         "resume it, then pause again"
+                       : std::string("; or set a disk backup directory (set_disk_backup_dir or TMSL_DISK_BACKUP_DIR): "
+                                     "what the budget cannot hold then goes to disk")));
+  return s;
+}
+
 Status Saver::write_disk_backups(const std::vector<Allocation*>& batch) {
   // Under op_mu_: disk_ cannot change. The batch is this pause's (kPausing): its fields are ours.
   std::vector<Allocation*> to_disk;
@@ -85,7 +107,48 @@ Status Saver::read_disk_backups(const std::vector<Allocation*>& batch) {
   Status s = disk_backup_settings(&settings.chunk_bytes, &settings.workers);
   for (auto it = by_tier.begin(); s.ok() && it != by_tier.end(); ++it) {
     s = it->first->load(it->second.first, it->second.second, settings, tiers_);
+    if (s.code == Code::kOutOfMemory) s = load_through_own_copies(batch, *it->first, it->second, settings);
   }
+  return s;
+}
+
+Status Saver::load_through_own_copies(const std::vector<Allocation*>& batch, DiskTier& tier,
+                                      const std::pair<std::vector<DiskRange>, std::vector<DiskFile*>>& files,
+                                      const DiskSettings& settings) {
+  // No room for staging: the budget holds this resume's own host copies. Their content is
+  // restored to the device once the copies queued so far land, so they stage the files (the
+  // budget is never exceeded), then get their content back from the device, read or not: a
+  // copy kept after the resume, or kept by a resume that fails, holds what it held.
+  Status s = wait_copies(batch);
+  if (!s.ok()) return with_context(s, "restoring backups");
+  std::vector<const Allocation*> lenders;  // the largest, one a worker
+  for (const Allocation* a : batch) {
+    if (a->host_copy && !a->disk_file && a->host_copy.arena->poolable()) lenders.push_back(a);
+  }
+  std::stable_sort(lenders.begin(), lenders.end(),
+                   [](const Allocation* x, const Allocation* y) { return x->host_copy.size > y->host_copy.size; });
+  if (lenders.size() > std::max<size_t>(1, settings.workers)) lenders.resize(std::max<size_t>(1, settings.workers));
+  std::vector<HostBuffer> lent;
+  for (const Allocation* a : lenders) lent.push_back(a->host_copy);
+  if (lent.empty()) return Status::Error(Code::kOutOfMemory, "no host memory to stage the disk backups through");
+  s = tier.load(files.first, files.second, settings, tiers_, &lent);
+  std::set<int> devices;
+  Status back;
+  for (const Allocation* a : lenders) {
+    const size_t bytes = std::min(a->host_copy.size, a->size);
+    Status t = a->host_copy.for_each_part(0, bytes, [&](char* host, size_t at, size_t n) {
+      return backend_->copy_to_host_async(a->device, host, a->va + at, n);
+    });
+    if (back.ok() && !t.ok()) back = t;
+    devices.insert(a->device);
+  }
+  for (int device : devices) {
+    CopyMark mark = 0;
+    Status t = backend_->mark_copies(device, &mark);
+    if (t.ok()) t = backend_->wait_copy_mark(device, mark);
+    if (back.ok() && !t.ok()) back = t;
+  }
+  if (!back.ok()) return with_context(back, "giving the host copies that staged the disk backups their content back");
   return s;
 }
 

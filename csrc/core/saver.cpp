@@ -172,8 +172,7 @@ std::vector<Saver::Allocation*> Saver::claim(const TagSelection& selection, Stat
   auto take = [&](Allocation& a) {
     if (a.state != from) return;
     a.state = to;
-    // A pause releases memory marked for the disk tier only if its file was written for it.
-    if (a.disk_marked && !a.spill_written && from == State::kActive) a.disk_marked = false;
+    if (!disk_) a.disk_marked = false;  // no directory now: a mark left by an earlier one is void
     a.backup = a.backs_up();
     batch.push_back(&a);
   };
@@ -193,15 +192,13 @@ void Saver::settle(const std::vector<Allocation*>& batch, size_t done, State don
     for (size_t i = 0; i < batch.size(); ++i) {
       Allocation& a = *batch[i];
       a.state = i < done ? done_state : rest_state;
-      // A pause that let it be resident: its undo removes the file written for it. (After a
-      // resume the file stays until the read-back succeeded: unmark_spill.)
-      if (backups != nullptr && a.state == State::kActive) a.spill_written = false;
-      // Resident again (a resume, or a pause that let it stay): its file is done with.
+      // Resident again (a resume, or a pause that let it stay): its file is done with, and
+      // after a resume its copy goes to host memory again from the next pause.
       if (a.state == State::kActive && a.disk_file) {
         files_let_go.push_back(std::move(a.disk_file));
         a.disk_tier.reset();
-        if (backups == nullptr && disk_) a.disk_marked = a.spill_written = false;  // host backups from the next pause
       }
+      if (a.state == State::kActive && backups == nullptr) a.disk_marked = false;
       if (i >= done) continue;
       if (backups != nullptr) {
         if (a.host_copy) let_go.push_back(std::move(a.host_copy));
@@ -257,6 +254,7 @@ Status Saver::pause(const TagSelection& selection) {
       // What the others' caches did not free in time goes to disk too.
       s = pause_locked(selection, &moved, true);
     }
+    if (s.code == Code::kOutOfMemory) s = with_disk_hint(s);
     if (s.ok()) note_duration(moved, started, &TagInfo::last_pause_seconds);
     publish_cache();
   }
@@ -297,10 +295,11 @@ Status Saver::pause_locked(const TagSelection& selection, std::set<std::string>*
   {
     std::lock_guard<std::mutex> lock(mu_);
     Status s = check_known(selection);
+    if (s.ok()) s = check_disk_directory(selection);
     if (!s.ok()) return s;
   }
   // What the budget cannot hold goes to disk (off the table lock: it asks the node's budget).
-  if (disk_) choose_spill(selection, spill_everything, true);
+  if (disk_) choose_spill(selection, spill_everything);
   std::vector<Allocation*> batch;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -107,8 +107,6 @@ class Saver {
     BackupChoice choice;
   };
   std::vector<Range> allocations_of(const std::string& tag) const;
-  // Whether an allocation of the tags `selection` covers was made with `choice`.
-  bool has_choice(const TagSelection& selection, BackupChoice choice);
 
   // Admits the allocation as enter_tag does, then reserves and maps it.
   Status allocate(size_t size, int device, const std::string& tag, BackupChoice backup, uintptr_t* va);
@@ -139,21 +137,6 @@ class Saver {
   // be had now, the pause takes it itself. Named tags no region has used are skipped.
   Status prepare_backups(const TagSelection& selection);
 
-  // The disk tier behind the node's host-memory budget; the Python side writes and reads the
-  // files, as for regions with disk backup. mark_spill marks backed-up resident allocations
-  // of `selection` that would need new host memory at their next pause as disk-backed (their
-  // effective choice is kDisk), largest first, until the rest fits in the node's budget with
-  // the other processes' host caches and this one's (less what this pause reuses) given
-  // back; with `everything`, all of them. Marks left on resident allocations of `selection`
-  // are judged afresh first. *bytes: the size of what it marked (what the files hold).
-  // A pause releases a marked allocation without a host copy only once note_spill_written
-  // said its file holds its content, during that very pause (the mark is dropped, and it is
-  // backed up to host memory, otherwise): nothing depends on the Python side running its
-  // hooks. unmark_spill drops the marks of the resident allocations of `selection` (after a
-  // resume has read their files back, or a failed pause).
-  Status mark_spill(const TagSelection& selection, bool everything, size_t* bytes);
-  Status note_spill_written(const std::vector<uintptr_t>& addresses);
-  Status unmark_spill(const TagSelection& selection);
   // Bytes of paused allocations whose content a spill sent to disk.
   size_t spilled_bytes() const;
 
@@ -231,11 +214,9 @@ class Saver {
     std::string tag;
     TagInfo* tag_info = nullptr;  // its tag's entry in tags_ (never erased), read under mu_
     BackupChoice choice = BackupChoice::kAuto;  // its region's
-    // Marked for the disk tier (choose_spill), and whether its file holds its content
-    // (note_spill_written, or the C++ tier writing it in this pause; false again once a
-    // pause ends with it resident, and once unmark_spill or the next choice judges it afresh).
+    // Marked for the disk tier by the pause's choose_spill (judged afresh at each pause;
+    // dropped once resumed, and by a pause while no directory is set).
     bool disk_marked = false;
-    bool spill_written = false;
     BackupChoice effective_choice() const { return disk_marked ? BackupChoice::kDisk : choice; }
     bool backup = false;  // whether the pause that claimed it copies it out (backs_up())
     // Whether its host copy outlived a resume because backups were retained: such a copy is
@@ -302,18 +283,24 @@ class Saver {
   // kDisk), largest first, until the rest fits in the node's budget with the other
   // processes' host caches and this one's (less what this pause reuses) given back; with
   // `everything`, all of them. Marks left on resident allocations are judged afresh first.
-  // Returns the bytes marked; `written`: the marks count as written already (the C++ tier
-  // writes them in this very pause).
+  // Returns the bytes marked.
   // (disk_backups.cpp) write_disk_backups: writes the files of the batch's disk-backed
   // allocations before anything is released (none written: all stay resident).
   // read_disk_backups: reads them back into the mapped memory of a resume.
-  size_t choose_spill(const TagSelection& selection, bool everything, bool written);
+  size_t choose_spill(const TagSelection& selection, bool everything);
   // check_disk_directory: refuses a pause of disk-backed allocations while no directory is
-  // set (needs mu_); no_disk_directory: the error, for `tag`.
+  // set (needs mu_); no_disk_directory: the error, for `tag`. with_disk_hint: a pause's
+  // refusal for want of host memory, with what the disk tier did or could do.
   Status check_disk_directory(const TagSelection& selection);
   static Status no_disk_directory(const std::string& tag);
+  Status with_disk_hint(const Status& refusal) const;
   Status write_disk_backups(const std::vector<Allocation*>& batch);
   Status read_disk_backups(const std::vector<Allocation*>& batch);
+  // read_disk_backups when the budget has no room for staging: through the batch's own host
+  // copies (already restored), which get their content back afterwards.
+  Status load_through_own_copies(const std::vector<Allocation*>& batch, DiskTier& tier,
+                                 const std::pair<std::vector<DiskRange>, std::vector<DiskFile*>>& files,
+                                 const DiskSettings& settings);
   // Queues the copy of every backed-up allocation of the batch into host memory, marking
   // the end of each allocation's copies in `copies`.
   Status queue_backups(const std::vector<Allocation*>& batch, std::vector<HostBuffer>* backups,
@@ -419,7 +406,6 @@ class Saver {
   std::atomic<bool> retain_backups_{false};
   std::atomic<bool> poison_on_resume_{false};
   std::atomic<size_t> published_cache_{0};  // what the node's ledger was last told
-  std::atomic<bool> any_marked_{false};  // some allocation is marked by mark_spill
   std::atomic<bool> closing_{false};  // the saver is going: background preparation stops
   // The disk tier (null: none); set under op_mu_ and mu_, read under either.
   std::shared_ptr<DiskTier> disk_;

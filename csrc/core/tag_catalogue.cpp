@@ -93,13 +93,6 @@ std::vector<Saver::Range> Saver::allocations_of(const std::string& tag) const {
   return out;
 }
 
-bool Saver::has_choice(const TagSelection& selection, BackupChoice choice) {
-  std::lock_guard<std::mutex> lock(mu_);
-  bool found = false;
-  for_each_selected(selection, [&](const Allocation& a) { found = found || a.effective_choice() == choice; });
-  return found;
-}
-
 Status Saver::check_known(const TagSelection& selection) const {
   for (const std::string& tag : selection.tags) {
     if (selection.all || tags_.count(tag) != 0) continue;

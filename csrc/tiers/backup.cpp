@@ -476,6 +476,7 @@ void BackgroundWork::run_after_foreground(ForegroundGate& gate, std::function<vo
 
 void BackgroundWork::wait_idle() {
   if (!worker_.joinable() || in_forked_child()) return;  // nothing is ever queued then
+  if (std::this_thread::get_id() == worker_.get_id()) return;  // a task cannot wait for itself
   std::unique_lock<std::mutex> lock(mu_);
   changed_.wait(lock, [this] { return !busy_ && (queue_.empty() || g_exiting.load()); });
 }

@@ -64,7 +64,9 @@ Status BackupTiers::host_memory(const std::vector<CopyRequest>& requests, bool u
       if (!fresh.empty()) {
         std::unique_ptr<HostArena> made;
         Status s = HostArena::create(backend_, budget_, gate_, urgent, device, fresh, &made);
-        if (s.code == Code::kOutOfMemory) {
+        if (s.code == Code::kOutOfMemory && urgent) {
+          // (Only for a pause waiting for it: the preparation ahead runs on the background
+          // thread itself, which must not wait for its own work.)
           // Memory this saver let go may still wait for a quiet moment to be freed (a program
           // pausing and resuming without a break): free it now, then try once more.
           ForegroundGate::Flush flush(gate_);

@@ -35,7 +35,9 @@ LiveFiles& live_files() {
 void remove_live_files_at_exit() {
   LiveFiles& live = live_files();
   std::lock_guard<std::mutex> lock(live.mu);
-  for (const DiskFile* file : live.files) unlink(file->path().c_str());
+  for (const DiskFile* file : live.files) {
+    if (file->made_here()) unlink(file->path().c_str());
+  }
   live.files.clear();
 }
 
@@ -98,9 +100,11 @@ DiskFile::DiskFile(std::string path, int fd, size_t size)
   track(this, true);
 }
 
+bool DiskFile::made_here() const { return getpid() == pid_; }
+
 DiskFile::~DiskFile() {
   track(this, false);
-  if (getpid() == pid_) unlink(path_.c_str());  // before the lock goes: no cleaner sees it unheld
+  if (made_here()) unlink(path_.c_str());  // before the lock goes: no cleaner sees it unheld
   close(fd_);
 }
 
@@ -174,7 +178,7 @@ Status DiskTier::save(const std::vector<DiskRange>& ranges, const DiskSettings& 
       if (!r.ok()) return r;
       fds.push_back(files->back()->fd());
     }
-    return transfer(ranges, fds, true, settings, tiers);
+    return transfer(ranges, fds, true, settings, tiers, nullptr);
   });
   if (s.ok()) return s;
   files->clear();  // removes them
@@ -184,10 +188,10 @@ Status DiskTier::save(const std::vector<DiskRange>& ranges, const DiskSettings& 
 }
 
 Status DiskTier::load(const std::vector<DiskRange>& ranges, const std::vector<DiskFile*>& files,
-                      const DiskSettings& settings, BackupTiers& tiers) {
+                      const DiskSettings& settings, BackupTiers& tiers, const std::vector<HostBuffer>* lent) {
   std::vector<int> fds;
   for (const DiskFile* file : files) fds.push_back(file->fd());
-  Status s = status_of([&] { return transfer(ranges, fds, false, settings, tiers); });
+  Status s = status_of([&] { return transfer(ranges, fds, false, settings, tiers, lent); });
   if (s.ok() || s.code == Code::kOutOfMemory) return s;
   return Status::Error(s.code, "reading the disk backup of " + describe(ranges) + " from " + quoted(directory_) +
                                    " failed: " + s.message() + "; the tag stays paused with its backup, call resume "
@@ -195,32 +199,57 @@ Status DiskTier::load(const std::vector<DiskRange>& ranges, const std::vector<Di
 }
 
 Status DiskTier::transfer(const std::vector<DiskRange>& ranges, const std::vector<int>& fds, bool to_disk,
-                          const DiskSettings& settings, BackupTiers& tiers) {
+                          const DiskSettings& settings, BackupTiers& tiers, const std::vector<HostBuffer>* lent) {
   struct Piece {
     size_t range, offset, size;
   };
-  const size_t chunk = std::max<size_t>(kAlignment, settings.chunk_bytes / kAlignment * kAlignment);
-  std::vector<Piece> pieces;
-  for (size_t i = 0; i < ranges.size(); ++i) {
-    for (size_t at = 0; at < ranges[i].size; at += chunk) pieces.push_back({i, at, std::min(chunk, ranges[i].size - at)});
-  }
-  if (pieces.empty()) return Status::Ok();
+  size_t chunk = std::max<size_t>(kAlignment, settings.chunk_bytes / kAlignment * kAlignment);
+  size_t total = 0;
+  for (const DiskRange& r : ranges) total += r.size;
+  if (total == 0) return Status::Ok();
   // The staging buffers: one chunk a worker, host memory of the tiers (the pool's, else
-  // fresh from the node's budget); fewer workers when the budget cannot give that much.
-  size_t workers = std::max<size_t>(1, std::min(settings.workers, pieces.size()));
+  // fresh from the node's budget); fewer workers, then smaller chunks (down to 1 MiB), when
+  // the budget cannot give that much.
+  constexpr size_t kSmallestChunk = 1 << 20;
+  size_t largest = 0;
+  for (const DiskRange& r : ranges) largest = std::max(largest, r.size);
+  chunk = std::min(chunk, (largest + kAlignment - 1) / kAlignment * kAlignment);  // no bigger than a file
+  size_t workers = std::max<size_t>(1, std::min(settings.workers, (total + chunk - 1) / chunk));
   std::vector<HostBuffer> staging;
-  for (;;) {
-    std::vector<CopyRequest> requests(workers);
-    for (CopyRequest& r : requests) r.device = ranges[0].device, r.bytes = chunk, r.tier = Tier::kHost;
+  if (lent) {
+    // The lender's buffers: as many workers as there are, each chunk the smallest of them.
+    for (const HostBuffer& b : *lent) {
+      if (b.size >= kAlignment && staging.size() < std::max<size_t>(1, settings.workers)) staging.push_back(b);
+    }
+    if (staging.empty()) return Status::Error(Code::kOutOfMemory, "no staging memory for the disk backup");
+    for (const HostBuffer& b : staging) chunk = std::min(chunk, b.size / kAlignment * kAlignment);
+    workers = staging.size();
+  }
+  for (; !lent;) {
+    // The pool's memory first (it goes back there, the pool no bigger than before); the rest
+    // fresh and never pooled: freed, out of the budget, as soon as the transfer ends.
     staging.assign(workers, HostBuffer());
+    tiers.pool().take(ranges[0].device, std::vector<size_t>(workers, chunk), &staging);
+    std::vector<CopyRequest> requests(workers);
+    for (size_t k = 0; k < workers; ++k) {
+      requests[k].device = ranges[0].device, requests[k].bytes = chunk, requests[k].cacheable = false;
+      requests[k].tier = staging[k] ? Tier::kNone : Tier::kHost;
+    }
     Status s = tiers.host_memory(requests, true, &staging);
     if (s.ok()) break;
-    if (s.code != Code::kOutOfMemory || workers == 1) {
+    if (s.code == Code::kOutOfMemory && workers > 1) {
+      workers /= 2;
+    } else if (s.code == Code::kOutOfMemory && chunk > kSmallestChunk) {
+      chunk = std::max(kSmallestChunk, chunk / 2 / kAlignment * kAlignment);
+    } else {
       s.set_message("staging memory for the disk backup (" + std::to_string(workers) + " x " + format_bytes(chunk) +
                     "): " + s.message());
       return s;
     }
-    workers /= 2;
+  }
+  std::vector<Piece> pieces;
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    for (size_t at = 0; at < ranges[i].size; at += chunk) pieces.push_back({i, at, std::min(chunk, ranges[i].size - at)});
   }
   // Their workers fault the pages in by writing them: no read from the disk may land first.
   std::set<HostArena*> arenas;

@@ -5,8 +5,9 @@
 // moves the content in chunks on worker threads, each through a page-locked staging buffer
 // of one chunk: device -> staging on the backend's copy stream (the one host backups use),
 // staging -> file. A load runs the other way. The staging buffers are host memory of the
-// backup tiers (backup_tiers.h: the pool's, else fresh from the node's budget, like any
-// backup), back to the pool when the call ends. Files are opened with O_DIRECT where the file system allows it (no page
+// backup tiers inside the node's budget: the pool's (back to it when the call ends), else
+// fresh and never pooled (freed, out of the budget, when the call ends: staging never
+// lingers counted against the process). Files are opened with O_DIRECT where the file system allows it (no page
 // cache: host memory stays free and the disk's own speed is what counts), through the page
 // cache otherwise (said once).
 //
@@ -39,6 +40,8 @@ class DiskFile {
   const std::string& path() const { return path_; }
   size_t size() const { return size_; }
   int fd() const { return fd_; }
+  // Whether this process made it (a forked child must not remove its parent's files).
+  bool made_here() const;
 
  private:
   const std::string path_;
@@ -76,12 +79,16 @@ class DiskTier {
   Status save(const std::vector<DiskRange>& ranges, const DiskSettings& settings, BackupTiers& tiers,
               std::vector<std::shared_ptr<DiskFile>>* files);
   // Reads each file back into its range (mapped again, of the file's size). The files stay.
+  // `lent`: staging buffers the caller lends instead of asking `tiers` (page-locked host
+  // memory it may overwrite), when the budget has no room left.
   Status load(const std::vector<DiskRange>& ranges, const std::vector<DiskFile*>& files,
-              const DiskSettings& settings, BackupTiers& tiers);
+              const DiskSettings& settings, BackupTiers& tiers, const std::vector<HostBuffer>* lent = nullptr);
 
   // What happened that the user should hear of (stale files removed, O_DIRECT refused),
   // taken once.
   std::vector<std::string> take_notices();
+  // Adds a notice (the saver's: what the budget sent here).
+  void note(std::string text);
 
   // Whether files here are opened with O_DIRECT (false once the file system refused it).
   bool direct() const { return direct_.load(); }
@@ -93,8 +100,7 @@ class DiskTier {
   int open_file(const std::string& path, int flags);
   // Runs the chunks of every range on the workers, each with its own staging buffer.
   Status transfer(const std::vector<DiskRange>& ranges, const std::vector<int>& fds, bool to_disk,
-                  const DiskSettings& settings, BackupTiers& tiers);
-  void note(std::string text);
+                  const DiskSettings& settings, BackupTiers& tiers, const std::vector<HostBuffer>* lent);
 
   const std::shared_ptr<Backend> backend_;
   const std::string directory_;
