@@ -15,10 +15,9 @@ import backends
 import pytest
 import torch
 
-from host_memory import HostMemory
+from host_memory import HostMemory, filesystem_type
 from interrupts import sigint_raises
 from torch_mem_saver_lite import _lib, saver
-from host_memory import filesystem_type
 from torch_mem_saver_lite.testing import HostSaver
 
 MiB = 1 << 20

@@ -7,6 +7,7 @@ and bad environment values refused."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import re
 import signal
@@ -16,8 +17,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-import fcntl
 
 from host_memory import filesystem_type, resident_pages
 from torch_mem_saver_lite import MemorySaverError

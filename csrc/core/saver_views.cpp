@@ -103,33 +103,4 @@ Status Saver::lease_backup(uintptr_t address, size_t nbytes, const void** host, 
   return Status::Ok();
 }
 
-// Batches hold runs of one device and one tag: a set is asked only when the value changes.
-std::set<int> Saver::devices_of(const std::vector<Allocation*>& batch) {
-  std::set<int> devices;
-  int last = -1;
-  for (const Allocation* a : batch) {
-    if (a->device != last) devices.insert(last = a->device);
-  }
-  return devices;
-}
-
-void Saver::note_tags(const std::vector<Allocation*>& batch, std::set<std::string>* tags) {
-  const std::string* last = nullptr;
-  for (const Allocation* a : batch) {
-    if (last == nullptr || *last != a->tag) tags->insert(*(last = &a->tag));
-  }
-}
-
-std::string Saver::describe(const std::vector<Allocation*>& batch) {
-  std::set<std::string> tags;
-  size_t bytes = 0;
-  for (const Allocation* a : batch) {
-    tags.insert("'" + a->tag + "'");
-    bytes += a->size;
-  }
-  std::string names;
-  for (const std::string& tag : tags) names += (names.empty() ? "" : ", ") + tag;
-  return "tag" + std::string(tags.size() > 1 ? "s " : " ") + names + " (" + format_bytes(bytes) + ")";
-}
-
 }  // namespace tmsl
