@@ -329,23 +329,6 @@ HostArena::~HostArena() {
   if (reserved_) budget_.give_back(used_ - shared_bytes_.load());
 }
 
-void HostArena::release_gently() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopping_.store(true);
-  }
-  changed_.notify_all();
-  for (std::thread& worker : workers_) worker.join();
-  workers_.clear();
-  for (Range& range : ranges_) {
-    if (range.shared_fd >= 0) continue;  // a chunk of the node's store: the destructor's
-    gate_.wait_quiet([] { return g_exiting.load(); });
-    if (range.registered) backend_->unregister_host(device_, data_ + range.start);
-    range.registered = false;
-    munmap(data_ + range.start, range.size);  // the destructor's munmap covers what this leaves
-  }
-}
-
 Status HostArena::unshare(Range& range) {
   const bool reserve = range.counted && reserved_;  // its bytes were given back when it was shared
   if (reserve) {
@@ -466,11 +449,12 @@ void BackgroundWork::release(std::vector<HostBuffer> buffers) {
   run([batch = std::move(buffers)]() mutable { batch.clear(); });
 }
 
-void BackgroundWork::run_after_foreground(ForegroundGate& gate, std::function<void(bool in_background)> task) {
+void BackgroundWork::run_after_foreground(ForegroundGate& gate, std::function<void()> task) {
   run([this, &gate, task = std::move(task)] {
-    const bool in_background = std::this_thread::get_id() == worker_.get_id();
-    if (in_background) gate.wait_quiet([this] { return stopping_flag_.load() || g_exiting.load(); });
-    task(in_background);
+    if (std::this_thread::get_id() == worker_.get_id()) {
+      gate.wait_quiet([this] { return stopping_flag_.load() || g_exiting.load(); });
+    }
+    task();
   });
 }
 

@@ -52,11 +52,6 @@ class HostArena {
   static Status create(std::shared_ptr<Backend> backend, HostBudget& budget, ForegroundGate& gate, bool urgent,
                        int device, const std::vector<size_t>& buffer_sizes, std::unique_ptr<HostArena>* out);
   ~HostArena();  // waits for its workers, unregisters, unmaps
-  // Gives its host memory back range by range, each once the foreground is quiet: the
-  // background's way of freeing it (one unregister of gigabytes holds the driver's lock for
-  // a tenth of a second, which a resume starting meanwhile would wait for). The destructor
-  // then gives back only its budget.
-  void release_gently();
   HostArena(const HostArena&) = delete;
   HostArena& operator=(const HostArena&) = delete;
 
@@ -186,9 +181,7 @@ class BackgroundWork {
   void release(std::vector<HostBuffer> buffers);
   // Runs `task` in the background once `gate` says the foreground is quiet (at once when
   // it runs on the caller's thread, or the work is stopping).
-  // task(true) on the background thread once the foreground is quiet; task(false) on the
-  // caller's thread where there is none.
-  void run_after_foreground(ForegroundGate& gate, std::function<void(bool in_background)> task);
+  void run_after_foreground(ForegroundGate& gate, std::function<void()> task);
   void wait_idle();  // returns once everything handed over has run
 
  private:
