@@ -228,9 +228,9 @@ class MemorySaver:
                     return None
                 env = self._settings.environment()
                 self._settings.apply(native)
+                # A default region with disk backup and no directory yet is not refused here: the
+                # program may still set one; the core refuses a pause of its memory until then.
                 self._disk.apply(native, env.disk_backup_dir)
-                if env.default_disk_backup:  # the process region's backups go to disk
-                    self._disk.require(native)
                 self._platform.default_region(native, env.default_tag, env.default_caches_backups)
                 self._native = native
             return self._native
