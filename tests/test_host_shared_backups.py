@@ -112,7 +112,16 @@ def ask(child: subprocess.Popen, command: str, timeout: float = 300) -> str:
 
 def store_bytes(ledger: Path) -> int:
     store = Path(str(ledger) + ".store")
-    return sum(f.stat().st_size for f in store.iterdir()) if store.exists() else 0
+    return sum(f.stat().st_size for f in store.iterdir() if f.exists()) if store.exists() else 0
+
+
+def store_drains(ledger: Path) -> bool:
+    """Whether the store empties: a resume or a free lets its shared copies go in the
+    background, once the foreground is quiet (foreground_gate.h), not before it returns."""
+    deadline = time.monotonic() + 60
+    while store_bytes(ledger) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return store_bytes(ledger) == 0
 
 
 def node_figures(**env: str) -> list[int]:
@@ -157,7 +166,7 @@ def test_four_processes_pausing_the_same_backups_hold_them_once_and_get_them_bac
             assert ask(child, "resume") == "content True"
     finally:
         finish(children)
-    assert store_bytes(ledger) == 0 and node_figures() == [0, 0]
+    assert store_drains(ledger) and node_figures() == [0, 0]
 
 
 def test_a_resumed_shared_backup_has_private_memory_set_aside_for_the_next_pause(ledger):
@@ -176,7 +185,7 @@ def test_a_resumed_shared_backup_has_private_memory_set_aside_for_the_next_pause
             assert ask(child, "resume") == "content True"
     finally:
         finish(children)
-    assert store_bytes(ledger) == 0
+    assert store_drains(ledger)
 
 
 def test_a_process_where_no_thread_can_start_shares_and_resumes_without_hanging(ledger, tmp_path,
@@ -199,7 +208,7 @@ def test_a_process_where_no_thread_can_start_shares_and_resumes_without_hanging(
         assert ask(child, "resume", 120) == "content True"
     finally:
         finish([child])
-    assert store_bytes(ledger) == 0
+    assert store_drains(ledger)
 
 
 def test_a_process_that_frees_or_changes_its_content_leaves_the_others_backups_intact(ledger):
@@ -214,7 +223,7 @@ def test_a_process_that_frees_or_changes_its_content_leaves_the_others_backups_i
         assert ask(children[1], "resume") == "content True"  # A' and B
     finally:
         finish(children)
-    assert store_bytes(ledger) == 0 and node_figures() == [0, 0]
+    assert store_drains(ledger) and node_figures() == [0, 0]
 
 
 def test_holders_killed_with_sigkill_leave_nothing_in_the_store_once_nobody_holds_it(ledger):
@@ -230,7 +239,7 @@ def test_holders_killed_with_sigkill_leave_nothing_in_the_store_once_nobody_hold
         assert store_bytes(ledger) == 192 * MiB  # nobody holds it, nobody has looked yet
         # A process opening the ledger removes what nobody holds.
         assert node_figures() == [0, 192 * MiB]
-        assert store_bytes(ledger) == 0
+        assert store_drains(ledger)
     finally:
         finish(children)
 
@@ -252,7 +261,7 @@ def test_where_the_driver_cannot_page_lock_read_only_memory_backups_stay_private
     try:
         line = line_of(child).split()
         assert line[0] == "paused" and int(line[2]) == 192, line + [child.stderr.read()]  # its own copy, whole
-        assert store_bytes(ledger) == 0  # each range was put back at once: a resume never needs room
+        assert store_drains(ledger)  # each range was put back at once: a resume never needs room
         assert ask(child, "resume") == "content True", child.stderr.read()
     finally:
         finish([child])
@@ -266,7 +275,7 @@ def test_a_zero_copy_lease_of_a_shared_backup_is_private_and_writable(ledger):
         assert store_bytes(ledger) == 96 * MiB  # B: A's copy went private with the lease
     finally:
         finish(children)
-    assert store_bytes(ledger) == 0
+    assert store_drains(ledger)
 
 
 def test_a_store_directory_others_may_write_is_never_trusted(ledger):
@@ -293,7 +302,7 @@ def test_a_process_exiting_while_paused_leaves_nothing_it_held_alone(ledger):
         finish(children[:1])  # exits paused: the other still holds every chunk
         assert store_bytes(ledger) == 192 * MiB
         finish(children[1:])
-        assert store_bytes(ledger) == 0
+        assert store_drains(ledger)
     finally:
         finish(children)
 
@@ -318,11 +327,7 @@ def test_a_forked_child_holds_none_of_the_stores_chunks(ledger):
             time.sleep(0.01)
         assert held_by_grandchild() == []
         assert ask(child, "resume") == "content True"
-        # The resume lets the shared copies go in the background, once the foreground is quiet.
-        deadline = time.monotonic() + 60
-        while store_bytes(ledger) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert store_bytes(ledger) == 0
+        assert store_drains(ledger)
     finally:
         if grandchild is not None:
             os.kill(grandchild, signal.SIGKILL)
