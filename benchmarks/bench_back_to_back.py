@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 from bench_pause_resume import Ours, TorchMemorySaver, checksum, copy_limits, tms_environment, tms_preload_library
+from support.timing import timed_ms
 from support.workloads import WORKLOADS, tensor_sizes
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -47,14 +48,6 @@ class OursInFlow(Ours):
 
     def resume(self, tag: str) -> None:
         self.saver.resume(tag)
-
-
-def timed(work) -> float:
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    work()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) * 1e3
 
 
 def sequence(tool_name: str, hook_mode: str, workloads: list[str], total: int, cycles: int,
@@ -74,16 +67,16 @@ def sequence(tool_name: str, hook_mode: str, workloads: list[str], total: int, c
             with tool.region(tag, True):
                 tensors.extend(torch.empty(n, dtype=torch.uint8, device="cuda") for n in tensor_sizes(workload, total))
 
-        alloc_ms = timed(allocate)
+        alloc_ms = timed_ms(allocate)
         for i, tensor in enumerate(tensors):
             tensor.fill_(i % 251)
         del tensor  # only `tensors` may hold them: release() must free every segment
         sums = [checksum(t) for t in tensors]
         nbytes = sum(t.nbytes for t in tensors)
         for cycle in range(1, cycles + 1):
-            pause_ms = timed(lambda tag=tag: tool.pause(tag))
+            pause_ms = timed_ms(lambda tag=tag: tool.pause(tag))
             time.sleep(idle)
-            resume_ms = timed(lambda tag=tag: tool.resume(tag))
+            resume_ms = timed_ms(lambda tag=tag: tool.resume(tag))
             rows.append(dict(tool=tool.name, hook_mode=hook_mode, workload=workload, variant="backup", cycle=cycle,
                              bytes=nbytes, alloc_ms=alloc_ms, pause_ms=pause_ms, resume_ms=resume_ms))
         content_ok = sums == [checksum(t) for t in tensors]
@@ -97,11 +90,11 @@ def sequence(tool_name: str, hook_mode: str, workloads: list[str], total: int, c
         with tool.region(tag, False):
             plain.extend(torch.empty(n, dtype=torch.uint8, device="cuda") for n in tensor_sizes("many_small", total))
 
-    alloc_ms = timed(allocate_plain)
+    alloc_ms = timed_ms(allocate_plain)
     for cycle in range(1, cycles + 1):
-        pause_ms = timed(lambda: tool.pause(tag))
+        pause_ms = timed_ms(lambda: tool.pause(tag))
         time.sleep(idle)
-        resume_ms = timed(lambda: tool.resume(tag))
+        resume_ms = timed_ms(lambda: tool.resume(tag))
         rows.append(dict(tool=tool.name, hook_mode=hook_mode, workload="many_small", variant="none", cycle=cycle,
                          bytes=sum(t.nbytes for t in plain), alloc_ms=alloc_ms, pause_ms=pause_ms,
                          resume_ms=resume_ms, content_ok=True))

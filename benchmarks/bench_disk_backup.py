@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import torch
+from support.timing import timed_ms
 
 from torch_mem_saver_lite import _lib, saver
 
@@ -29,16 +30,9 @@ DEFAULT_CHUNK_BYTES, DEFAULT_WORKERS = _lib.disk_backup_settings()  # the core's
 
 
 def filesystem_type(path: str) -> str:
-    """The type of the file system holding ``path`` (from /proc/self/mountinfo)."""
-    target, best, kind = os.path.realpath(path), "", "unknown"
-    with open("/proc/self/mountinfo") as mounts:
-        for line in mounts:
-            fields = line.split()
-            mount_point = fields[4].encode().decode("unicode_escape")
-            inside = target == mount_point or target.startswith(mount_point.rstrip("/") + "/")
-            if inside and len(mount_point) >= len(best):
-                best, kind = mount_point, fields[fields.index("-") + 1]
-    return kind
+    """The type of the file system holding ``path``, as stat(1) names it."""
+    return subprocess.run(["stat", "--file-system", "--format=%T", path], capture_output=True, text=True,
+                          check=True).stdout.strip()
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -97,14 +91,6 @@ def parallel_speed(path: str, nbytes: int, write: bool) -> float:
         os.close(fd)
 
 
-def timed(fn) -> float:
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return time.perf_counter() - start
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gib", type=float, default=8)
@@ -141,8 +127,8 @@ def main() -> None:
     print("\n| cycle | pause s | pause GB/s | share of disk write | resume s | resume GB/s | share of disk read "
           "| bit-identical |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
     for cycle in range(1, args.cycles + 1):
-        pause_s = timed(lambda: saver.pause("disk_bench"))
-        resume_s = timed(lambda: saver.resume("disk_bench"))
+        pause_s = 1e-3 * timed_ms(lambda: saver.pause("disk_bench"))
+        resume_s = 1e-3 * timed_ms(lambda: saver.resume("disk_bench"))
         same = bool(torch.equal(data, reference))
         pause_gbs, resume_gbs = nbytes / pause_s / 1e9, nbytes / resume_s / 1e9
         print(f"| {cycle} | {pause_s:.2f} | {pause_gbs:.2f} | {pause_gbs / best_write:.0%} | {resume_s:.2f} "
@@ -153,8 +139,8 @@ def main() -> None:
         for workers, chunk_mb in ((2, 64), (4, 64), (8, 32), (8, 64), (16, 16), (16, 64)):
             os.environ["TMSL_DISK_BACKUP_WORKERS"] = str(workers)
             os.environ["TMSL_DISK_BACKUP_CHUNK_MB"] = str(chunk_mb)
-            pause_s = timed(lambda: saver.pause("disk_bench"))
-            resume_s = timed(lambda: saver.resume("disk_bench"))
+            pause_s = 1e-3 * timed_ms(lambda: saver.pause("disk_bench"))
+            resume_s = 1e-3 * timed_ms(lambda: saver.resume("disk_bench"))
             assert torch.equal(data, reference)
             print(f"| {workers} x {chunk_mb} MiB | {nbytes / pause_s / 1e9:.2f} | {nbytes / resume_s / 1e9:.2f} |")
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
+from support.timing import timed_ms
 
 from torch_mem_saver_lite import saver
 
@@ -27,21 +27,13 @@ sys.path.insert(0, str(ROOT / "examples"))
 MiB, GiB = 1 << 20, 1 << 30
 
 
-def timed(fn) -> float:
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) * 1e3
-
-
 def cycle(tags: list[str], graph_tag: str, cycles: int) -> list[tuple[float, float, int]]:
     """(pause ms, resume ms, graph backup bytes) per cycle."""
     rows = []
     for _ in range(cycles):
-        pause_ms = timed(lambda: saver.pause(tags))
+        pause_ms = timed_ms(lambda: saver.pause(tags))
         backup = saver.stats()[graph_tag].host_backup_bytes
-        resume_ms = timed(lambda: saver.resume(tags))
+        resume_ms = timed_ms(lambda: saver.resume(tags))
         saver.wait_for_released_backups()
         rows.append((pause_ms, resume_ms, backup))
     return rows
