@@ -203,3 +203,25 @@ def test_retained_copies_are_never_taken_by_another_tags_pause(host_saver, mem):
     host_saver.resume("other")
     assert [mem.read(p, len(d)) for p, d in zip(ptrs, contents, strict=True)] == contents
     assert [mem.read(p, len(d)) for p, d in zip(kept_ptrs, kept, strict=True)] == kept
+
+
+def test_a_freed_copy_gives_its_pages_back_range_by_range_each_once_the_foreground_is_quiet(host_saver, mem):
+    # Unpinning and freeing gigabytes in one call holds the driver's lock and the memory map
+    # long enough to stall an allocation or a copy that starts meanwhile: the background frees
+    # a copy one page-locked range (64 MiB) at a time, asking the gate before each.
+    host_saver.host_cache_bytes = 16 * MiB  # smaller than the copy: the resume lets it go
+    host_saver.release_host_cache()
+    ptrs, contents = workload(host_saver, mem, "big", [192 * MiB])
+    host_saver.pause("big")
+    held = rss_anon_bytes()
+    hold_foreground(host_saver, True)  # never quiet: each wait ends after the gate's longest wait
+    try:
+        deferred = tiers(host_saver)["deferrals"]
+        host_saver.resume("big")
+        host_saver.wait_for_released_backups()
+        # One wait before the free, then one before each of the copy's three ranges.
+        assert tiers(host_saver)["deferrals"] - deferred >= 4
+    finally:
+        hold_foreground(host_saver, False)
+    assert rss_anon_bytes() <= held - 192 * MiB + 16 * MiB, "the copy's pages were not given back"
+    assert [mem.read(p, len(d)) for p, d in zip(ptrs, contents, strict=True)] == contents

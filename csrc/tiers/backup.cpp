@@ -329,6 +329,25 @@ HostArena::~HostArena() {
   if (reserved_) budget_.give_back(used_ - shared_bytes_.load());
 }
 
+void HostArena::give_back_gently() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_.store(true);
+  }
+  changed_.notify_all();
+  for (std::thread& worker : workers_) worker.join();
+  workers_.clear();
+  for (Range& range : ranges_) {
+    if (range.shared_fd >= 0) continue;
+    gate_.wait_quiet([] { return g_exiting.load(); });
+    if (g_exiting.load()) return;  // the process is ending: the destructor does the rest at once
+    if (range.registered) range.registered = !backend_->unregister_host(device_, data_ + range.start).ok();
+    // Its pages go, its addresses stay (munmap here would let another mapping take them
+    // before the destructor's munmap of the whole arena).
+    if (!range.registered) madvise(data_ + range.start, range.size, MADV_DONTNEED);
+  }
+}
+
 Status HostArena::unshare(Range& range) {
   const bool reserve = range.counted && reserved_;  // its bytes were given back when it was shared
   if (reserve) {
@@ -449,12 +468,11 @@ void BackgroundWork::release(std::vector<HostBuffer> buffers) {
   run([batch = std::move(buffers)]() mutable { batch.clear(); });
 }
 
-void BackgroundWork::run_after_foreground(ForegroundGate& gate, std::function<void()> task) {
+void BackgroundWork::run_after_foreground(ForegroundGate& gate, std::function<void(bool in_background)> task) {
   run([this, &gate, task = std::move(task)] {
-    if (std::this_thread::get_id() == worker_.get_id()) {
-      gate.wait_quiet([this] { return stopping_flag_.load() || g_exiting.load(); });
-    }
-    task();
+    const bool in_background = std::this_thread::get_id() == worker_.get_id();
+    if (in_background) gate.wait_quiet([this] { return stopping_flag_.load() || g_exiting.load(); });
+    task(in_background);
   });
 }
 

@@ -52,6 +52,12 @@ class HostArena {
   static Status create(std::shared_ptr<Backend> backend, HostBudget& budget, ForegroundGate& gate, bool urgent,
                        int device, const std::vector<size_t>& buffer_sizes, std::unique_ptr<HostArena>* out);
   ~HostArena();  // waits for its workers, unregisters, unmaps
+  // Gives its pages back range by range, each once the foreground is quiet: the background's
+  // way of freeing it. Unpinning and freeing gigabytes at once holds the driver's lock and
+  // the process's memory map for a tenth of a second, which an allocation or a copy starting
+  // meanwhile would wait for. The address range stays mapped (empty) until the destructor,
+  // so nothing else can be placed in it meanwhile. Shared ranges are the destructor's.
+  void give_back_gently();
   HostArena(const HostArena&) = delete;
   HostArena& operator=(const HostArena&) = delete;
 
@@ -179,9 +185,10 @@ class BackgroundWork {
   void run(std::function<void()> task);
   // Frees the buffers in the background.
   void release(std::vector<HostBuffer> buffers);
-  // Runs `task` in the background once `gate` says the foreground is quiet (at once when
-  // it runs on the caller's thread, or the work is stopping).
-  void run_after_foreground(ForegroundGate& gate, std::function<void()> task);
+  // Runs task(true) in the background once `gate` says the foreground is quiet (at once
+  // when the work is stopping); task(false) on the caller's thread where there is no
+  // background thread.
+  void run_after_foreground(ForegroundGate& gate, std::function<void(bool in_background)> task);
   void wait_idle();  // returns once everything handed over has run
 
  private:

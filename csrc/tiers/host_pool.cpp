@@ -28,7 +28,10 @@ struct HostPool::State : std::enable_shared_from_this<HostPool::State> {
     if (free_now > 0) return;  // freed by the caller, at once: the caller needs the bytes back
     for (auto& arena : let_go) {
       auto one = std::make_shared<std::unique_ptr<HostArena>>(std::move(arena));
-      background->run_after_foreground(*gate, [one] { one->reset(); });
+      background->run_after_foreground(*gate, [one](bool in_background) {
+        if (in_background) (*one)->give_back_gently();
+        one->reset();
+      });
     }
   }
   // Arenas over the limit, least recently used first. Needs mu.
