@@ -149,6 +149,29 @@ def test_a_pause_beyond_the_budget_is_refused_before_anything_is_released_and_lo
                                           "content True"], result.stdout + result.stderr
 
 
+def test_a_pause_short_of_room_frees_what_waits_for_the_background_without_waiting_for_its_queue(ledger):
+    # A copy let go waits for a quiet moment to be freed; a region closing meanwhile queues
+    # its preparation behind that free, and the preparation needs the saver's operation lock.
+    # A pause then short of room must free the waiting copy itself: waiting for the whole
+    # queue would wait for the preparation, which waits for the pause.
+    result = run("""
+        from torch_mem_saver_lite import _lib
+        host.host_cache_bytes = 0  # nothing kept: the resume lets the copy go
+        big = tagged("big", 1, 192 * MiB, 1)
+        _lib.lib().tmsl_hold_foreground(host._core().handle, 1)  # never quiet: the free waits
+        host.pause("big"); host.resume("big")
+        host.host_cache_bytes = 256 * MiB
+        small = tagged("small", 1, 64 * MiB, 2)  # its preparation is queued behind the free
+        host.pause("small")  # 192 + 64 MiB > 200 MiB until the copy of "big" is freed
+        _lib.lib().tmsl_hold_foreground(host._core().handle, 0)
+        print("paused", host.stats()["small"].host_backup_bytes == 64 * MiB)
+        host.resume("small")
+        print("content", intact(big, 192 * MiB, 1), intact(small, 64 * MiB, 2))
+    """, budget="200M", timeout=90)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["paused True", "content True True"], result.stdout + result.stderr
+
+
 def test_the_host_cache_gives_way_least_recently_used_first_to_a_pause_that_needs_the_room(ledger):
     result = run("""
         host.host_cache_bytes = 256 * MiB

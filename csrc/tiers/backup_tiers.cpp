@@ -68,9 +68,10 @@ Status BackupTiers::host_memory(const std::vector<CopyRequest>& requests, bool u
           // (Only for a pause waiting for it: the preparation ahead runs on the background
           // thread itself, which must not wait for its own work.)
           // Memory this saver let go may still wait for a quiet moment to be freed (a program
-          // pausing and resuming without a break): free it now, then try once more.
+          // pausing and resuming without a break): free it now, then try once more. (Not by
+          // waiting for the background queue: a task there may wait for this pause's lock.)
           ForegroundGate::Flush flush(gate_);
-          background_.wait_idle();
+          pool_.free_pending_now();
           s = HostArena::create(backend_, budget_, gate_, urgent, device, fresh, &made);
         }
         if (!s.ok()) return s;  // what the pool gave goes back to it

@@ -295,6 +295,10 @@ Status DiskTier::transfer(const std::vector<DiskRange>& ranges, const std::vecto
   }
   work(0);
   for (auto& t : threads) t.join();
+  // Fresh staging leaves the budget now, not once the foreground is quiet: the pause that
+  // called goes on to take host memory for its other copies.
+  HostPool::FreeNow now(tiers.pool());
+  staging.clear();
   return error;
 }
 

@@ -1,6 +1,8 @@
 #include "tiers/host_pool.h"
 
 #include <algorithm>
+#include <condition_variable>
+#include <deque>
 #include <mutex>
 
 namespace tmsl {
@@ -17,22 +19,45 @@ struct HostPool::State : std::enable_shared_from_this<HostPool::State> {
   size_t bytes = 0;
   size_t limit = 0;
   size_t returns = 0;
-  bool closed = false;
-  int free_now = 0;  // FreeNow scopes open: what is let go is freed where it is let go  // the pool is gone: arenas let go are freed where they are
+  bool closed = false;  // the pool is gone: arenas let go are freed where they are
+  int free_now = 0;     // FreeNow scopes open: what is let go is freed where it is let go
   BackgroundWork* background = nullptr;  // valid until closed
   ForegroundGate* gate = nullptr;
 
-  // Frees arenas off the caller's thread, once the foreground is quiet. Needs mu.
+  // Arenas let go and not yet freed, oldest first, and how many a thread is freeing now.
+  std::deque<std::unique_ptr<HostArena>> to_free;
+  int freeing = 0;
+  std::condition_variable freed;
+
+  // Frees arenas off the caller's thread, once the foreground is quiet, unless a FreeNow
+  // scope has the letting-go thread free them. Needs mu.
   void free_later(std::vector<std::unique_ptr<HostArena>> let_go) {
-    if (let_go.empty()) return;
     if (free_now > 0) return;  // freed by the caller, at once: the caller needs the bytes back
+    queue_free(std::move(let_go));
+  }
+  // One background task per arena, each taking the oldest one left: a foreground that needs
+  // the bytes at once (free_pending_now) may take them all before the tasks run. Needs mu.
+  void queue_free(std::vector<std::unique_ptr<HostArena>> let_go) {
     for (auto& arena : let_go) {
-      auto one = std::make_shared<std::unique_ptr<HostArena>>(std::move(arena));
-      background->run_after_foreground(*gate, [one](bool in_background) {
-        if (in_background) (*one)->give_back_gently();
-        one->reset();
-      });
+      to_free.push_back(std::move(arena));
+      std::shared_ptr<State> self = shared_from_this();
+      background->run_after_foreground(*gate, [self](bool in_background) { self->free_one(in_background); });
     }
+  }
+  void free_one(bool in_background) {
+    std::unique_ptr<HostArena> arena;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (to_free.empty()) return;  // freed by the foreground meanwhile
+      arena = std::move(to_free.front());
+      to_free.pop_front();
+      ++freeing;
+    }
+    if (in_background) arena->give_back_gently();
+    arena.reset();
+    std::lock_guard<std::mutex> lock(mu);
+    --freeing;
+    freed.notify_all();
   }
   // Arenas over the limit, least recently used first. Needs mu.
   std::vector<std::unique_ptr<HostArena>> trim() {
@@ -92,6 +117,8 @@ HostPool::~HostPool() {
     std::lock_guard<std::mutex> lock(state_->mu);
     state_->closed = true;
     let_go = std::move(state_->arenas);
+    for (auto& arena : state_->to_free) let_go.push_back(std::move(arena));  // their tasks find none
+    state_->to_free.clear();
     state_->bytes = 0;
   }
 }
@@ -174,6 +201,16 @@ size_t HostPool::bytes_on(int device) const {
   return bytes;
 }
 
+void HostPool::free_pending_now() {
+  std::unique_lock<std::mutex> lock(state_->mu);
+  std::deque<std::unique_ptr<HostArena>> let_go = std::move(state_->to_free);
+  state_->to_free.clear();
+  lock.unlock();
+  let_go.clear();  // here
+  lock.lock();
+  state_->freed.wait(lock, [&] { return state_->freeing == 0; });  // those a thread is freeing now
+}
+
 size_t HostPool::limit() const {
   std::lock_guard<std::mutex> lock(state_->mu);
   return state_->limit;
@@ -190,7 +227,9 @@ void HostPool::set_limit(size_t bytes, bool now) {
     std::lock_guard<std::mutex> lock(state_->mu);
     state_->limit = bytes;
     over = state_->trim();
-    if (!now && state_->free_now == 0) state_->free_later(std::move(over));
+    // In the background whatever another thread's FreeNow says: the caller may hold locks
+    // that unpinning gigabytes must not be done under.
+    if (!now) state_->queue_free(std::move(over));
   }
   over.clear();  // with `now`: here, off the lock
 }

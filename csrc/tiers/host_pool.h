@@ -51,6 +51,10 @@ class HostPool {
    private:
     HostPool& pool_;
   };
+  // Frees, on the calling thread, the arenas it let go that wait for the background, and
+  // waits for those a thread is freeing now: a pause short of host memory needs the bytes.
+  // Never waits for the background queue itself (a task there may wait for the caller).
+  void free_pending_now();
   // How many arenas came back to it and how many it let go: what tests observe.
   size_t returns() const;
 
