@@ -649,6 +649,34 @@ def test_a_failed_read_back_keeps_the_spilled_tag_paused_with_its_file_until_a_r
                                           "paused True 48 1", "content True True 0"], result.stdout + result.stderr
 
 
+def test_a_spilled_tag_whose_read_back_fails_after_the_directory_is_turned_off_still_says_disk(ledger, disk_dir):
+    # Turning the directory off spares files already written; a resume that fails to read
+    # one back leaves the allocation paused with its content still in that file, and every
+    # figure and backup lookup must keep saying so.
+    result = run(f"""
+        from torch_mem_saver_lite import MemorySaverError
+        host.set_disk_backup_dir({str(disk_dir)!r})
+        small = tagged("s", 2, 16 * MiB, 8)
+        big = tagged("w", 1, 48 * MiB, 9)
+        host.pause("s")
+        host.pause("w")  # to disk: the budget has 32 MiB left
+        host.set_disk_backup_dir(None)
+        host.inject_fault("copy_from_host_async", times=1)
+        try:
+            host.resume("w")
+        except MemorySaverError as error:
+            print("failed", "reading the disk backup of tag 'w'" in str(error))
+        print("paused", host.stats()["w"].paused, host.host_memory().spilled_bytes // MiB,
+              host.stats()["w"].disk_backup_bytes // MiB, len(os.listdir({str(disk_dir)!r})))
+        host.resume("w")
+        host.resume("s")
+        print("content", intact(small, 16 * MiB, 8), intact(big, 48 * MiB, 9), len(os.listdir({str(disk_dir)!r})))
+    """, budget="64M")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["failed True", "paused True 48 48 1", "content True True 0"], (
+        result.stdout + result.stderr)
+
+
 def test_an_environment_directory_in_memory_is_no_disk_tier_and_is_not_made(ledger):
     from host_memory import filesystem_type
 

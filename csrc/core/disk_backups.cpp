@@ -76,7 +76,10 @@ Status Saver::write_disk_backups(const std::vector<Allocation*>& batch) {
   for (Allocation* a : batch) {
     if (a->effective_choice() == BackupChoice::kDisk && !a->disk_file) to_disk.push_back(a);
   }
-  if (to_disk.empty() || !disk_) return Status::Ok();
+  if (to_disk.empty()) return Status::Ok();
+  // (check_disk_directory refused this earlier; an allocation made since, in another region,
+  // must not be released without its file either.)
+  if (!disk_) return no_disk_directory(to_disk.front()->tag);
   DiskSettings settings;
   Status s = disk_backup_settings(&settings.chunk_bytes, &settings.workers);
   if (!s.ok()) return s;

@@ -172,7 +172,9 @@ std::vector<Saver::Allocation*> Saver::claim(const TagSelection& selection, Stat
   auto take = [&](Allocation& a) {
     if (a.state != from) return;
     a.state = to;
-    if (!disk_) a.disk_marked = false;  // no directory now: a mark left by an earlier one is void
+    // No directory now: a mark left on resident memory by an earlier one is void (a paused
+    // allocation's mark says its content is in a file, and stays until it is resident).
+    if (!disk_ && from == State::kActive) a.disk_marked = false;
     a.backup = a.backs_up();
     batch.push_back(&a);
   };
