@@ -111,6 +111,9 @@ Status HostArena::create(std::shared_ptr<Backend> backend, HostBudget& budget, F
   const bool registrar = start(&HostArena::page_lock);
   size_t faulting = 0;
   while (faulting < faulters && start(&HostArena::fault_in)) ++faulting;
+  // Work done on the caller's thread is done now: giving way there would hold up whoever
+  // waits for the caller (a pause waiting for the background thread's preparation).
+  if (faulting == 0 || !registrar) arena->hurry();
   if (faulting == 0) arena->fault_in();
   if (!registrar) arena->page_lock();
   *out = std::move(arena);
@@ -247,7 +250,9 @@ Status HostArena::for_each_part(size_t offset, size_t size, const std::function<
     {
       std::unique_lock<std::mutex> lock(mu_);
       Range& range = ranges_[range_index(at)];
-      changed_.wait(lock, [&] { return range.done; });
+      changed_.wait(lock, [&] { return range.done || stopping(); });
+      // The process is ending (the registrar stopped without finishing this range).
+      if (!range.done) return Status::Error(Code::kHostError, "the process is ending: backup host memory was not prepared");
       if (!range.registered && range.size != 0) {
         // Its page-locking failed (prepared in the background, perhaps long before), or it
         // lost it when register_as_one failed to put it back: try again now.
