@@ -7,14 +7,6 @@
 #include "platform/environment.h"
 
 namespace tmsl {
-namespace {
-
-Status with_context(Status s, const std::string& context) {
-  if (!s.ok()) s.set_message(context + ": " + s.message());
-  return s;
-}
-
-}  // namespace
 
 Status Saver::set_disk_directory(const std::string& path) {
   std::shared_ptr<DiskTier> tier;

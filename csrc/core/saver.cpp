@@ -9,17 +9,6 @@
 #include <stdexcept>
 
 namespace tmsl {
-namespace {
-
-Status with_context(Status s, const std::string& context) {
-  if (!s.ok()) s.set_message(context + ": " + s.message());
-  return s;
-}
-
-// For the calls on every allocation's path: no string is built unless there is an error.
-Status with_context(Status s, const char* context) { return s.ok() ? s : with_context(std::move(s), std::string(context)); }
-
-}  // namespace
 
 Saver::Saver(std::unique_ptr<Backend> backend, HostBudget& budget)
     : backend_(std::move(backend)), mappings_(*backend_), tiers_(backend_, budget) {

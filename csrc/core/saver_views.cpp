@@ -5,14 +5,6 @@
 #include <map>
 
 namespace tmsl {
-namespace {
-
-Status with_context(Status s, const std::string& context) {
-  if (!s.ok()) s.set_message(context + ": " + s.message());
-  return s;
-}
-
-}  // namespace
 
 std::vector<TagFigures> Saver::figures() const {
   std::map<std::pair<std::string, int>, TagFigures> per;  // (tag, device)
