@@ -15,8 +15,8 @@
 // (share_pass.cpp): take(), lease() and the batch reads of a resume wait until that range is
 // done; erase() (a free) does not wait, as the pass holds the arena itself meanwhile.
 //
-// Locking: its own mutex, taken after the saver's table lock where both are held; no other
-// lock is taken under it. Host buffers it lets go are returned to the caller, who drops
+// Locking: its own mutex, taken after the saver's table lock where both are held; under it
+// only an arena's own lock is taken (poolable), never across share_range. Host buffers it lets go are returned to the caller, who drops
 // them off its lock (an arena's last holder may free it).
 #pragma once
 
