@@ -288,7 +288,8 @@ class Saver {
   // of them. Marks left on resident allocations are judged afresh first. Returns the bytes
   // marked. write_disk_backups: writes the files of the batch's disk-backed
   // allocations before anything is released (none written: all stay resident).
-  // read_disk_backups: reads them back into the mapped memory of a resume.
+  // read_disk_backups: reads them back into the mapped memory of a resume (`copies`: the
+  // batch's host copies, as the tiers gave them to the resume).
   size_t choose_spill(const TagSelection& selection, bool everything);
   // check_disk_directory: refuses a pause of disk-backed allocations while no directory is
   // set (needs mu_); no_disk_directory: the error, for `tag`. with_disk_hint: a pause's
@@ -297,9 +298,9 @@ class Saver {
   static Status no_disk_directory(const std::string& tag);
   Status with_disk_hint(const Status& refusal) const;
   Status write_disk_backups(const std::vector<Allocation*>& batch);
+  Status read_disk_backups(const std::vector<Allocation*>& batch, const std::vector<HostBuffer>& copies);
   // read_disk_backups when the budget has no room for staging: through the batch's own host
   // copies (`copies`, already restored), which get their content back afterwards.
-  Status read_disk_backups(const std::vector<Allocation*>& batch, const std::vector<HostBuffer>& copies);
   Status load_through_own_copies(const std::vector<Allocation*>& batch, const std::vector<HostBuffer>& copies,
                                  DiskTier& tier,
                                  const std::pair<std::vector<DiskRange>, std::vector<DiskFile*>>& files,
@@ -336,8 +337,8 @@ class Saver {
                                  const Status& cause);
   const Allocation* containing(uintptr_t address) const;  // needs mu_
 
-  // op_mu_ taken for a caller's operation (pause, resume, a lease, a cache change): the
-  // background sharing pass and preparation make way for it (BackupTiers::Waiting, for its
+  // op_mu_ taken for a caller's operation (pause, resume, a lease, a cache change): a
+  // background sharing pass ends at its next range (BackupTiers::Waiting, for the operation's
   // whole lifetime), and background host work gives way meanwhile (the gate).
   class ForegroundOp {
    public:
