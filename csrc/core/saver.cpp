@@ -158,21 +158,19 @@ Status Saver::free(uintptr_t va, void* stream) {
 std::vector<Saver::Allocation*> Saver::claim(const TagSelection& selection, State from,
                                              State to) {
   std::vector<Allocation*> batch;
+  std::vector<uintptr_t> vas;  // for the tiers: made room for first, so nothing below allocates
   batch.reserve(table_.size());
+  vas.reserve(table_.size());
   auto take = [&](Allocation& a) {
     if (a.state != from) return;
     a.state = to;
     if (!disk_) a.disk_marked = false;  // no directory now: a mark left by an earlier one is void
     a.backup = a.backs_up();
     batch.push_back(&a);
+    vas.push_back(a.va);
   };
   for_each_selected(selection, take);
-  if (!batch.empty()) {
-    std::vector<uintptr_t> vas;
-    vas.reserve(batch.size());
-    for (const Allocation* a : batch) vas.push_back(a->va);
-    tiers_.copies().note_state(vas, CopyState::kMoving);  // this operation's: no cache meanwhile
-  }
+  if (!vas.empty()) tiers_.copies().note_state(vas, CopyState::kMoving);  // this operation's: not cache meanwhile
   return batch;
 }
 
@@ -188,6 +186,12 @@ void Saver::settle(const std::vector<Allocation*>& batch, size_t done, State don
     std::vector<uintptr_t> vas;
     std::vector<int> devices;
     std::vector<HostCopies::Resumed> resumed_batch;
+    if (backups != nullptr) {
+      vas.reserve(batch.size());
+      devices.reserve(batch.size());
+    } else {
+      resumed_batch.reserve(batch.size());
+    }
     for (size_t i = 0; i < batch.size(); ++i) {
       Allocation& a = *batch[i];
       a.state = i < done ? done_state : rest_state;
@@ -205,17 +209,13 @@ void Saver::settle(const std::vector<Allocation*>& batch, size_t done, State don
         resumed_batch.push_back(resumed(a));
       }
     }
-    // The copies (the tiers'): what a pause made, or which a resume keeps.
+    // The copies (the tiers'): what a pause made, or which a resume (resident when done,
+    // paused otherwise) keeps.
     if (backups != nullptr) {
       tiers_.copies().settle_pause(vas, devices, done, backups, &let_go);
-    } else if (done_state == State::kActive) {
-      if (tiers_.copies().settle_resume(resumed_batch, done, drop_backups, retain_backups_.load(), &let_go, &free_now)) {
-        shared_copy_dropped_.store(true);
-      }
-    } else {
-      std::vector<uintptr_t> paused;
-      for (const HostCopies::Resumed& r : resumed_batch) paused.push_back(r.va);
-      tiers_.copies().note_state(paused, CopyState::kPaused);
+    } else if (tiers_.copies().settle_resume(resumed_batch, done, drop_backups, retain_backups_.load(), &let_go,
+                                             &free_now)) {
+      shared_copy_dropped_.store(true);
     }
   }
   settled_.notify_all();  // first: nothing below may keep a waiting free asleep
@@ -460,17 +460,17 @@ Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>
       return Status::Ok();
     }
   }
-  // The batch's host copies, from the tiers: once no range of them is being shared.
-  std::vector<HostBuffer> copies;
-  {
-    std::vector<uintptr_t> vas;
-    vas.reserve(batch.size());
-    for (const Allocation* a : batch) vas.push_back(a->va);
-    copies = tiers_.copies().peek(vas);
-  }
+  std::vector<HostBuffer> copies;  // the batch's host copies, the tiers'
   size_t done = 0;
   // Whatever happens in here (an exception too), what was mapped is rolled back below.
   Status s = status_of([&] {
+    {
+      // Once no range of them is being shared.
+      std::vector<uintptr_t> vas;
+      vas.reserve(batch.size());
+      for (const Allocation* a : batch) vas.push_back(a->va);
+      copies = tiers_.copies().peek(vas);
+    }
     // Each piece's copy is queued as soon as it is mapped, so mapping the next piece
     // overlaps it.
     Status r;
