@@ -1,5 +1,5 @@
 // What the saver says of a batch of allocations a pause or resume works on: its devices,
-// its tags, and how a message names it.
+// its tags, how a message names it, and what the tiers need of it at a resume.
 #include "core/saver.h"
 
 namespace tmsl {
@@ -31,6 +31,14 @@ std::string Saver::describe(const std::vector<Allocation*>& batch) {
   std::string names;
   for (const std::string& tag : tags) names += (names.empty() ? "" : ", ") + tag;
   return "tag" + std::string(tags.size() > 1 ? "s " : " ") + names + " (" + format_bytes(bytes) + ")";
+}
+
+HostCopies::Resumed Saver::resumed(const Allocation& a) {
+  HostCopies::Resumed r;
+  r.va = a.va;
+  r.cacheable = a.choice != BackupChoice::kOnUncached && a.tag_info->caches_backups;
+  r.uncached = a.choice == BackupChoice::kOnUncached;
+  return r;
 }
 
 }  // namespace tmsl

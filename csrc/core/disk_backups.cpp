@@ -1,20 +1,15 @@
 // The saver's side of the disk tier (tiers/disk_tier.h): which allocations a pause writes to
-// files, and reading them back at resume. A file belongs to its allocation while paused:
-// dropped (and so removed) by the resume that read it back, a free, or the saver's end.
+// files (its own choice, kDisk, or the spill's: the tiers choose which backed-up allocations
+// the node's budget cannot hold, BackupTiers::choose_spill, and the saver marks them), and
+// reading them back at resume. A file belongs to its allocation while paused: dropped (and so
+// removed) by the resume that read it back, a free, or the saver's end.
 #include <algorithm>
+#include <cstdio>
 
 #include "core/saver.h"
 #include "platform/environment.h"
 
 namespace tmsl {
-namespace {
-
-Status with_context(Status s, const std::string& context) {
-  if (!s.ok()) s.set_message(context + ": " + s.message());
-  return s;
-}
-
-}  // namespace
 
 Status Saver::set_disk_directory(const std::string& path) {
   std::shared_ptr<DiskTier> tier;
@@ -40,6 +35,42 @@ std::vector<std::string> Saver::disk_notices() {
     tier = disk_;
   }
   return tier ? tier->take_notices() : std::vector<std::string>();
+}
+
+size_t Saver::choose_spill(const TagSelection& selection, bool everything) {
+  // Under op_mu_: no other pause chooses host memory meanwhile, nor frees what this one
+  // reuses. The selection, as the tiers need it: every allocation's address, and whether this
+  // pause would copy it to host memory (resident and backed up).
+  std::vector<BackupTiers::SpillCandidate> selected;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for_each_selected(selection, [&](Allocation& a) {
+      if (a.state == State::kActive) a.disk_marked = false;  // judged afresh
+      selected.push_back({a.va, a.backup_bytes(), a.state == State::kActive && a.backs_up()});
+    });
+  }
+  // Off the table lock: the budget takes the node's lock.
+  const std::vector<uintptr_t> marked = selected.empty() ? std::vector<uintptr_t>() : tiers_.choose_spill(selected, everything);
+  size_t bytes = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (uintptr_t va : marked) {
+      // Freed meanwhile (its address perhaps reused): its bytes need no host memory.
+      auto it = table_.find(va);
+      if (it == table_.end()) continue;
+      Allocation& a = it->second;
+      if (a.state != State::kActive || a.disk_marked || !a.backs_up()) continue;
+      a.disk_marked = true;
+      bytes += a.size;
+    }
+  }
+  if (bytes > 0 && disk_) {
+    char size[32];
+    snprintf(size, sizeof(size), "%.0f MiB", bytes / 1048576.0);
+    disk_->note(std::string("the node's host-memory budget cannot hold the backups of this pause: ") + size +
+                " of them go to disk backup in " + disk_->directory() + " instead");
+  }
+  return bytes;
 }
 
 Status Saver::no_disk_directory(const std::string& tag) {
@@ -96,7 +127,7 @@ Status Saver::write_disk_backups(const std::vector<Allocation*>& batch) {
   return Status::Ok();
 }
 
-Status Saver::read_disk_backups(const std::vector<Allocation*>& batch) {
+Status Saver::read_disk_backups(const std::vector<Allocation*>& batch, const std::vector<HostBuffer>& copies) {
   // One load per tier that wrote files (the directory may have changed since).
   std::map<DiskTier*, std::pair<std::vector<DiskRange>, std::vector<DiskFile*>>> by_tier;
   for (const Allocation* a : batch) {
@@ -110,12 +141,13 @@ Status Saver::read_disk_backups(const std::vector<Allocation*>& batch) {
   Status s = disk_backup_settings(&settings.chunk_bytes, &settings.workers);
   for (auto it = by_tier.begin(); s.ok() && it != by_tier.end(); ++it) {
     s = it->first->load(it->second.first, it->second.second, settings, tiers_);
-    if (s.code == Code::kOutOfMemory) s = load_through_own_copies(batch, *it->first, it->second, settings);
+    if (s.code == Code::kOutOfMemory) s = load_through_own_copies(batch, copies, *it->first, it->second, settings);
   }
   return s;
 }
 
-Status Saver::load_through_own_copies(const std::vector<Allocation*>& batch, DiskTier& tier,
+Status Saver::load_through_own_copies(const std::vector<Allocation*>& batch, const std::vector<HostBuffer>& copies,
+                                      DiskTier& tier,
                                       const std::pair<std::vector<DiskRange>, std::vector<DiskFile*>>& files,
                                       const DiskSettings& settings) {
   // No room for staging: the budget holds this resume's own host copies. Their content is
@@ -124,22 +156,23 @@ Status Saver::load_through_own_copies(const std::vector<Allocation*>& batch, Dis
   // copy kept after the resume, or kept by a resume that fails, holds what it held.
   Status s = wait_copies(batch);
   if (!s.ok()) return with_context(s, "restoring backups");
-  std::vector<const Allocation*> lenders;  // the largest, one a worker
-  for (const Allocation* a : batch) {
-    if (a->host_copy && !a->disk_file && a->host_copy.arena->poolable()) lenders.push_back(a);
+  std::vector<size_t> lenders;  // indexes in the batch: the largest, one a worker
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (copies[i] && !batch[i]->disk_file && copies[i].arena->poolable()) lenders.push_back(i);
   }
   std::stable_sort(lenders.begin(), lenders.end(),
-                   [](const Allocation* x, const Allocation* y) { return x->host_copy.size > y->host_copy.size; });
+                   [&](size_t x, size_t y) { return copies[x].size > copies[y].size; });
   if (lenders.size() > std::max<size_t>(1, settings.workers)) lenders.resize(std::max<size_t>(1, settings.workers));
   std::vector<HostBuffer> lent;
-  for (const Allocation* a : lenders) lent.push_back(a->host_copy);
+  for (size_t i : lenders) lent.push_back(copies[i]);
   if (lent.empty()) return Status::Error(Code::kOutOfMemory, "no host memory to stage the disk backups through");
   s = tier.load(files.first, files.second, settings, tiers_, &lent);
   std::set<int> devices;
   Status back;
-  for (const Allocation* a : lenders) {
-    const size_t bytes = std::min(a->host_copy.size, a->size);
-    Status t = a->host_copy.for_each_part(0, bytes, [&](char* host, size_t at, size_t n) {
+  for (size_t i : lenders) {
+    const Allocation* a = batch[i];
+    const size_t bytes = std::min(copies[i].size, a->size);
+    Status t = copies[i].for_each_part(0, bytes, [&](char* host, size_t at, size_t n) {
       return backend_->copy_to_host_async(a->device, host, a->va + at, n);
     });
     if (back.ok() && !t.ok()) back = t;

@@ -9,27 +9,17 @@
 #include <stdexcept>
 
 namespace tmsl {
-namespace {
-
-Status with_context(Status s, const std::string& context) {
-  if (!s.ok()) s.set_message(context + ": " + s.message());
-  return s;
-}
-
-// For the calls on every allocation's path: no string is built unless there is an error.
-Status with_context(Status s, const char* context) { return s.ok() ? s : with_context(std::move(s), std::string(context)); }
-
-}  // namespace
 
 Saver::Saver(std::unique_ptr<Backend> backend, HostBudget& budget)
     : backend_(std::move(backend)), mappings_(*backend_), tiers_(backend_, budget) {
-  budget.on_pressure(this, [this] { give_cache_back_on_request(); });
+  // The tiers own the cache: the ledger's figure and its requests are theirs (by their address).
+  budget.on_pressure(&tiers_, [this] { give_cache_back_on_request(); });
 }
 
 Saver::~Saver() {
-  closing_.store(true);
+  tiers_.close();
   tiers_.background().wait_idle();  // no preparation may be walking the table below
-  tiers_.budget().forget(this);  // nor a request of another process
+  tiers_.budget().forget(&tiers_);  // nor a request of another process
   for (auto& entry : table_) {
     Allocation& a = entry.second;
     mappings_.discard(a.device, a.va, a.size, a.state == State::kActive ? std::move(a.physical) : Pieces());
@@ -154,10 +144,10 @@ Status Saver::free(uintptr_t va, void* stream) {
     keep_first(backend_->synchronize_stream(a.device, stream));
   }
   keep_first(mappings_.discard(a.device, a.va, a.size, a.state == State::kActive ? std::move(a.physical) : Pieces()));
-  if (a.host_copy) {
+  if (HostBuffer copy = tiers_.copies().erase(va)) {
     // Its host memory may be the last of an arena: unpinned and unmapped in the background.
     std::vector<HostBuffer> let_go;
-    let_go.push_back(std::move(a.host_copy));
+    let_go.push_back(std::move(copy));
     tiers_.background().release(std::move(let_go));
   }
   mappings_.retry();
@@ -168,7 +158,9 @@ Status Saver::free(uintptr_t va, void* stream) {
 std::vector<Saver::Allocation*> Saver::claim(const TagSelection& selection, State from,
                                              State to) {
   std::vector<Allocation*> batch;
+  std::vector<uintptr_t> vas;  // for the tiers: made room for first, so nothing below allocates
   batch.reserve(table_.size());
+  vas.reserve(table_.size());
   auto take = [&](Allocation& a) {
     if (a.state != from) return;
     a.state = to;
@@ -177,8 +169,10 @@ std::vector<Saver::Allocation*> Saver::claim(const TagSelection& selection, Stat
     if (!disk_ && from == State::kActive) a.disk_marked = false;
     a.backup = a.backs_up();
     batch.push_back(&a);
+    vas.push_back(a.va);
   };
   for_each_selected(selection, take);
+  if (!vas.empty()) tiers_.copies().note_state(vas, CopyState::kMoving);  // this operation's: not cache meanwhile
   return batch;
 }
 
@@ -191,6 +185,15 @@ void Saver::settle(const std::vector<Allocation*>& batch, size_t done, State don
   std::vector<HostBuffer> free_now;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    std::vector<uintptr_t> vas;
+    std::vector<int> devices;
+    std::vector<HostCopies::Resumed> resumed_batch;
+    if (backups != nullptr) {
+      vas.reserve(batch.size());
+      devices.reserve(batch.size());
+    } else {
+      resumed_batch.reserve(batch.size());
+    }
     for (size_t i = 0; i < batch.size(); ++i) {
       Allocation& a = *batch[i];
       a.state = i < done ? done_state : rest_state;
@@ -201,24 +204,20 @@ void Saver::settle(const std::vector<Allocation*>& batch, size_t done, State don
         a.disk_tier.reset();
       }
       if (a.state == State::kActive && backups == nullptr) a.disk_marked = false;
-      if (i >= done) continue;
       if (backups != nullptr) {
-        if (a.host_copy) let_go.push_back(std::move(a.host_copy));
-        a.host_copy = std::move((*backups)[i]);
-        a.retained = false;
-      } else if (a.host_copy && (drop_backups || !cached_after_resume(a, done_state))) {
-        if (a.host_copy.arena->has_shared()) shared_copy_dropped_.store(true);
-        bool uncached = done_state == State::kActive && a.choice == BackupChoice::kOnUncached;
-        (uncached ? free_now : let_go).push_back(std::move(a.host_copy));
-        a.retained = false;
-      } else if (done_state == State::kActive) {
-        a.retained = a.host_copy && retain_backups_.load();
+        vas.push_back(a.va);
+        devices.push_back(a.device);
+      } else {
+        resumed_batch.push_back(resumed(a));
       }
     }
-  }
-  if (backups != nullptr) {
-    for (HostBuffer& unused : *backups) {
-      if (unused) let_go.push_back(std::move(unused));
+    // The copies (the tiers'): what a pause made, or which a resume (resident when done,
+    // paused otherwise) keeps.
+    if (backups != nullptr) {
+      tiers_.copies().settle_pause(vas, devices, done, backups, &let_go);
+    } else if (tiers_.copies().settle_resume(resumed_batch, done, drop_backups, retain_backups_.load(), &let_go,
+                                             &free_now)) {
+      shared_copy_dropped_.store(true);
     }
   }
   settled_.notify_all();  // first: nothing below may keep a waiting free asleep
@@ -258,9 +257,11 @@ Status Saver::pause(const TagSelection& selection) {
     }
     if (s.code == Code::kOutOfMemory) s = with_disk_hint(s);
     if (s.ok()) note_duration(moved, started, &TagInfo::last_pause_seconds);
-    publish_cache();
+    tiers_.publish_cache();
   }
-  if (s.ok() && tiers_.budget().shares_backups()) tiers_.background().run([this] { share_paused_backups(); });
+  if (s.ok() && tiers_.budget().shares_backups()) {
+    tiers_.background().run([this] { tiers_.share_paused_copies(retain_backups_.load()); });
+  }
   return s;
 }
 
@@ -272,7 +273,7 @@ Status Saver::resume(const TagSelection& selection) {
     const auto started = std::chrono::steady_clock::now();
     s = resume_locked(selection, &moved);
     if (s.ok()) note_duration(moved, started, &TagInfo::last_resume_seconds);
-    publish_cache();
+    tiers_.publish_cache();
   }
   // A shared copy is dropped at resume (it is never written again): host memory for the
   // next pause is set aside in the background, as before a first pause, where the cache's
@@ -371,30 +372,34 @@ Status Saver::queue_backups(const std::vector<Allocation*>& batch, std::vector<H
   // Where each copy goes: the host memory it kept from its last cycle, else the tiers' (the
   // pool, fresh memory). "mmap" copies get memory of their own: it goes back at resume.
   std::vector<CopyRequest> requests(batch.size());
+  std::vector<HostBuffer> kept;  // the copies the tiers hold for the batch (moving: this pause's)
+  {
+    std::vector<uintptr_t> vas;
+    vas.reserve(batch.size());
+    for (const Allocation* a : batch) vas.push_back(a->va);
+    kept = tiers_.copies().peek(vas);
+  }
   size_t bytes = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     const Allocation& a = *batch[i];
+    const HostBuffer& copy = kept[i];
     CopyRequest& r = requests[i];
     r.device = a.device;
     r.bytes = a.backup_bytes();
     r.cacheable = a.choice != BackupChoice::kOnUncached;
-    r.tier = !a.backup ? Tier::kNone : a.host_copy && a.host_copy.size == r.bytes && !a.host_copy.arena->has_shared()
-                                           ? Tier::kKept : Tier::kHost;
+    r.tier = !a.backup ? Tier::kNone : copy && copy.size == r.bytes && !copy.arena->has_shared() ? Tier::kKept : Tier::kHost;
     if (r.tier == Tier::kKept) {
-      (*backups)[i] = a.host_copy;  // retained or cached from the last cycle: reused
-      a.host_copy.arena->note_use();
+      (*backups)[i] = copy;  // retained or cached from the last cycle: reused
+      copy.arena->note_use();
     } else if (r.tier == Tier::kHost) {
       bytes += r.bytes;
     }
   }
+  kept.clear();
   {
     // Page-locked memory already there before fresh memory: the pool's, then stale cached
-    // copies of any tag and shape, whose arenas come back to the pool (off mu_) to be carved.
-    std::vector<HostBuffer> stale;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stale = take_stale_cache(requests);
-    }
+    // copies of any tag and shape, whose arenas come back to the pool (let go here) to be carved.
+    std::vector<HostBuffer> stale = tiers_.take_stale_cache(requests);
   }
   Status s = tiers_.host_memory(requests, true, backups);
   if (s.code == Code::kOutOfMemory) {
@@ -404,11 +409,7 @@ Status Saver::queue_backups(const std::vector<Allocation*>& batch, std::vector<H
     tiers_.note_kept(SIZE_MAX, true);
     s = tiers_.host_memory(requests, true, backups);
     while (s.code == Code::kOutOfMemory) {
-      std::vector<HostBuffer> let_go;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        let_go = take_cache(1);
-      }
+      std::vector<HostBuffer> let_go = tiers_.copies().take_cache(1);
       if (let_go.empty()) break;
       let_go.clear();
       s = tiers_.host_memory(requests, true, backups);
@@ -461,9 +462,17 @@ Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>
       return Status::Ok();
     }
   }
+  std::vector<HostBuffer> copies;  // the batch's host copies, the tiers'
   size_t done = 0;
   // Whatever happens in here (an exception too), what was mapped is rolled back below.
   Status s = status_of([&] {
+    {
+      // Once no range of them is being shared.
+      std::vector<uintptr_t> vas;
+      vas.reserve(batch.size());
+      for (const Allocation* a : batch) vas.push_back(a->va);
+      copies = tiers_.copies().peek(vas);
+    }
     // Each piece's copy is queued as soon as it is mapped, so mapping the next piece
     // overlaps it.
     Status r;
@@ -475,12 +484,12 @@ Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>
         r = Status::Error(Code::kDriverError, "memory at " + format_address(a.va) + " (tag '" + a.tag +
                                                   "') that an earlier unmap failed on is still mapped");
       }
-      if (r.ok() && a.physical.empty()) r = plan_pieces(a);
+      if (r.ok() && a.physical.empty()) r = plan_pieces(a, static_cast<bool>(copies[done]));
       if (r.ok()) r = map_next_piece(a);
-      if (r.ok()) r = restore(a, a.physical.handles.size() - 1);
+      if (r.ok()) r = restore(a, copies[done], a.physical.handles.size() - 1);
       if (r.ok() && a.physical.handles.size() == a.physical.count(a.size)) ++done;
     }
-    if (r.ok()) r = read_disk_backups(batch);  // everything is mapped now
+    if (r.ok()) r = read_disk_backups(batch, copies);  // everything is mapped now
     Status waited = wait_copies(batch);
     return r.ok() ? with_context(waited, "restoring backups") : r;
   });
@@ -495,6 +504,7 @@ Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>
       return with_context(s, "resuming " + describe(batch) + " failed; everything it covered stays paused with "
                                  "its backups kept, call resume again");
     });
+    copies.clear();
     settle(batch, 0, State::kActive, State::kPaused, nullptr, false);
     return s;
   }
@@ -502,22 +512,28 @@ Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>
     std::lock_guard<std::mutex> lock(mu_);
     set_paused(selection, false);
   }
+  // Only the tiers hold the copies from here: one a resume lets go of ("mmap") is freed in it.
+  copies.clear();
   bool keep = false;
   std::vector<HostBuffer> older;  // cached copies that give way to this batch's newer ones
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    keep = keeps_backups(batch, &older);
+    std::vector<HostCopies::Resumed> resumed_batch;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const Allocation* a : batch) resumed_batch.push_back(resumed(*a));
+    }
+    keep = tiers_.keep_after_resume(resumed_batch, retain_backups_.load(), &older);
   }
   older.clear();  // back to the pool within its limit, else freed after the foreground's work
   settle(batch, batch.size(), State::kActive, State::kPaused, nullptr, !keep);
   return Status::Ok();
 }
 
-Status Saver::plan_pieces(Allocation& a) {
+Status Saver::plan_pieces(Allocation& a, bool has_copy) {
   Pieces& pieces = a.physical;
   pieces.piece_bytes = a.size;
   const size_t wanted = backend_->resume_piece_bytes(a.device);
-  if (a.host_copy && a.size > wanted) {
+  if (has_copy && a.size > wanted) {
     size_t granularity = 0;
     Status s = backend_->granularity(a.device, &granularity);
     if (!s.ok()) return with_context(s, "resuming tag '" + a.tag + "' at " + format_address(a.va));
@@ -542,12 +558,12 @@ Status Saver::map_next_piece(Allocation& a) {
   return Status::Ok();
 }
 
-Status Saver::restore(const Allocation& a, size_t k) {
+Status Saver::restore(const Allocation& a, const HostBuffer& copy, size_t k) {
   const size_t from = a.physical.offset(k), end = from + a.physical.length(k, a.size);
-  // The backup covers [0, host_copy.size); the rest of the piece has no content to restore.
-  const size_t copied_end = a.host_copy ? std::min(end, std::max(from, a.host_copy.size)) : from;
+  // The backup covers [0, copy.size); the rest of the piece has no content to restore.
+  const size_t copied_end = copy ? std::min(end, std::max(from, copy.size)) : from;
   if (copied_end > from) {
-    Status s = a.host_copy.for_each_part(from, copied_end - from, [&](char* host, size_t at, size_t n) {
+    Status s = copy.for_each_part(from, copied_end - from, [&](char* host, size_t at, size_t n) {
       return backend_->copy_from_host_async(a.device, a.va + at, host, n);
     });
     if (!s.ok()) return with_context(s, "restoring backups");

@@ -1,10 +1,15 @@
 // The saver core: a table of the allocations made inside regions, keyed by virtual
 // address, and the pause/resume operations over them. Backend-agnostic; thread-safe.
 //
+// Host copies are not in the table: the backup tiers own them (tiers/host_copies.h), keyed by
+// the allocation's address, with the cache, spill and share policy (tiers/backup_tiers.h); the
+// saver tells them, with values, what each pause, resume and free did, and asks them.
+//
 // Locking: `mu_` guards the table and every allocation's state; it is never held across
 // backend calls. Pause and resume run one at a time (`op_mu_`); they mark the allocations
 // they work on as pausing/resuming, and a free of such an allocation waits until the
 // operation has settled it (`settled_`). Frees and allocations of other memory proceed.
+// The tiers' locks are taken after mu_ where both are held, never before it.
 #pragma once
 
 #include <atomic>
@@ -214,19 +219,16 @@ class Saver {
     std::string tag;
     TagInfo* tag_info = nullptr;  // its tag's entry in tags_ (never erased), read under mu_
     BackupChoice choice = BackupChoice::kAuto;  // its region's
-    // Marked for the disk tier by the pause's choose_spill (judged afresh at each pause;
-    // dropped once resumed, and by a pause while no directory is set).
+    // Marked for the disk tier by the pause's choose_spill (judged afresh at each pause, the
+    // choice the tiers'; dropped once resumed, and by a pause while no directory is set).
     bool disk_marked = false;
     BackupChoice effective_choice() const { return disk_marked ? BackupChoice::kDisk : choice; }
     bool backup = false;  // whether the pause that claimed it copies it out (backs_up())
-    // Whether its host copy outlived a resume because backups were retained: such a copy is
-    // handed out while resident too (torch_memory_saver's retain_cpu_backup).
-    bool retained = false;
     State state = State::kActive;
     // Written only by the pause/resume that has claimed the allocation (state kPausing or
-    // kResuming) or under mu_.
+    // kResuming) or under mu_. Its host copy, while paused with backup (or kept by the cache
+    // or retention after a resume), is the tiers' (HostCopies, by va).
     Pieces physical;      // while active; mid-resume, the pieces mapped so far
-    HostBuffer host_copy;  // while paused with backup (or retained)
     // While paused with its content on disk: the file, and the tier that reads it back.
     std::shared_ptr<DiskFile> disk_file;
     std::shared_ptr<DiskTier> disk_tier;
@@ -254,7 +256,7 @@ class Saver {
   // The tag's catalogue entry, entered if new once its name meets the tag rule; needs mu_.
   Status admit_name(const std::string& tag, TagInfo** entry, bool* is_new = nullptr);
   // Marks the allocations in `from` state that match `selection` as `to`, each with its
-  // tag's backup decision, under the lock.
+  // tag's backup decision, under the lock; their host copies are moving meanwhile.
   std::vector<Allocation*> claim(const TagSelection& selection, State from, State to);
   // Calls visit(a) for every allocation of the tags `selection` covers; needs mu_.
   template <typename Visit>
@@ -270,23 +272,24 @@ class Saver {
   // Moves claimed allocations [0, done) to `done_state` and the rest to `rest_state`, then
   // wakes frees waiting on them. With `backups` (a pause), batch[i < done] takes
   // backups[i] as its host copy; with `drop_backups` (a resume), batch[i < done] gives its
-  // host copy up. Whatever is let go is freed in the background.
+  // host copy up (otherwise the tiers judge which stay: HostCopies::settle_resume). Whatever
+  // is let go is freed in the background.
   void settle(const std::vector<Allocation*>& batch, size_t done, State done_state,
               State rest_state, std::vector<HostBuffer>* backups, bool drop_backups);
   static std::set<int> devices_of(const std::vector<Allocation*>& batch);
   // Adds the tags of a batch's allocations to *tags.
   static void note_tags(const std::vector<Allocation*>& batch, std::set<std::string>* tags);
   Status synchronize_devices(const std::vector<Allocation*>& batch);
-  // The disk tier's part of a pause. choose_spill (spill.cpp), under op_mu_ and without
-  // mu_ (the budget takes the node's lock): marks the backed-up resident allocations of
-  // `selection` that would need new host memory as disk-backed (their effective choice is
-  // kDisk), largest first, until the rest fits in the node's budget with the other
-  // processes' host caches and this one's (less what this pause reuses) given back; with
-  // `everything`, all of them. Marks left on resident allocations are judged afresh first.
-  // Returns the bytes marked.
-  // (disk_backups.cpp) write_disk_backups: writes the files of the batch's disk-backed
+  // The disk tier's part of a pause (disk_backups.cpp). choose_spill, under op_mu_ and
+  // without mu_ (the budget takes the node's lock): pushes the selection's allocations to
+  // the tiers' choice (BackupTiers::choose_spill: the backed-up resident ones that would need
+  // new host memory, largest first, until the rest fits in the node's budget) and marks
+  // those it names as disk-backed (their effective choice is kDisk); with `everything`, all
+  // of them. Marks left on resident allocations are judged afresh first. Returns the bytes
+  // marked. write_disk_backups: writes the files of the batch's disk-backed
   // allocations before anything is released (none written: all stay resident).
-  // read_disk_backups: reads them back into the mapped memory of a resume.
+  // read_disk_backups: reads them back into the mapped memory of a resume (`copies`: the
+  // batch's host copies, as the tiers gave them to the resume).
   size_t choose_spill(const TagSelection& selection, bool everything);
   // check_disk_directory: refuses a pause of disk-backed allocations while no directory is
   // set (needs mu_); no_disk_directory: the error, for `tag`. with_disk_hint: a pause's
@@ -295,88 +298,51 @@ class Saver {
   static Status no_disk_directory(const std::string& tag);
   Status with_disk_hint(const Status& refusal) const;
   Status write_disk_backups(const std::vector<Allocation*>& batch);
-  Status read_disk_backups(const std::vector<Allocation*>& batch);
+  Status read_disk_backups(const std::vector<Allocation*>& batch, const std::vector<HostBuffer>& copies);
   // read_disk_backups when the budget has no room for staging: through the batch's own host
-  // copies (already restored), which get their content back afterwards.
-  Status load_through_own_copies(const std::vector<Allocation*>& batch, DiskTier& tier,
+  // copies (`copies`, already restored), which get their content back afterwards.
+  Status load_through_own_copies(const std::vector<Allocation*>& batch, const std::vector<HostBuffer>& copies,
+                                 DiskTier& tier,
                                  const std::pair<std::vector<DiskRange>, std::vector<DiskFile*>>& files,
                                  const DiskSettings& settings);
   // Queues the copy of every backed-up allocation of the batch into host memory, marking
   // the end of each allocation's copies in `copies`.
   Status queue_backups(const std::vector<Allocation*>& batch, std::vector<HostBuffer>* backups,
                        CopyMarks* copies);
-  // Queues the copy of a's host copy back into its piece k (freshly mapped), or the piece's
-  // poisoning.
-  Status restore(const Allocation& a, size_t k);
+  // Queues the copy of a's host copy (`copy`, the tiers') back into its piece k (freshly
+  // mapped), or the piece's poisoning.
+  Status restore(const Allocation& a, const HostBuffer& copy, size_t k);
   Status wait_copies(const std::vector<Allocation*>& batch);
   Status release_physical(Allocation& a, bool* unmapped);
-  // Whether a resume of `batch` keeps its backups: retention on, or they fit in the cache's
-  // budget on their own. The cache holds the newest copies: older cached arenas that leave
-  // no room for them go to *older, least recently used first (the caller lets them go off
-  // mu_). Needs mu_, and op_mu_ as take_cache.
-  bool keeps_backups(const std::vector<Allocation*>& batch, std::vector<HostBuffer>* older);
-  // Host memory the cache holds: every arena a resident allocation keeps a copy in, counted
-  // whole (an arena stays while any buffer of it is kept), and those of `more`. Needs mu_.
-  size_t cached_bytes(const std::vector<const HostBuffer*>& more) const;
-  // Takes the copies out of whole cached arenas, least recently used first, until at least
-  // `bytes` are let go or none is left (retained copies stay); the caller frees them. Needs
-  // mu_, and op_mu_ so that no pause is reusing them.
-  std::vector<HostBuffer> take_cache(size_t bytes);
-  // Page-locked memory already there, for a pause's requests of tier kHost that may be
-  // cached: where the pool lacks bytes on a device and the cache's budget has no room for
-  // fresh memory beside what it keeps, whole cached arenas of that device (every
-  // copy in them a resident allocation's: stale; none retained, leased or shared) are taken,
-  // least recently used first, whatever their tag and shape, and their copies returned; the
-  // caller lets them go off mu_, and the pool, its limit raised by what the cache no longer
-  // keeps, carves them for the pause. Needs mu_, and op_mu_ as take_cache.
-  std::vector<HostBuffer> take_stale_cache(const std::vector<CopyRequest>& requests);
-  // Whole cached arenas (every copy in them a resident allocation's, none retained), least
-  // recently used first, with the allocations keeping copies there. Needs mu_.
-  std::vector<std::pair<HostArena*, std::vector<Allocation*>>> cached_arenas();
-  // Tells the node's ledger how much host cache this saver could give back. Takes mu_.
-  void publish_cache();
-  // Another process of the node needs the room: gives the whole host cache back, unless a
-  // pause or resume of this saver is under way (the ledger asks again shortly).
+  // Another process of the node needs the room: gives the whole host cache back
+  // (BackupTiers::give_cache_back), unless a pause or resume of this saver is under way (the
+  // ledger asks again shortly).
   void give_cache_back_on_request();
-  // Offers the large paused backups to the node's store (node_store.h), range by range, on
-  // the background thread after a pause.
-  void share_paused_backups();
   // prepare_backups' work, on the background thread: takes the tags asked for so far,
   // prepares them, and waits until their host memory is ready.
   void prepare_pending();
   // Sets the arenas up and hands their buffers out; returns them.
   std::vector<std::shared_ptr<HostArena>> prepare_backups_now(const TagSelection& selection);
-  // Whether `a`, settling into `state`, may keep its host copy: not after a resume of an
-  // "mmap" tag, unless backups are retained. Under mu_.
-  bool cached_after_resume(const Allocation& a, State state) const;
+  // What the tiers need of `a` at a resume (whether its region and tag let its copy stay
+  // cached, HostCopies::Resumed). Under mu_.
+  static HostCopies::Resumed resumed(const Allocation& a);
   // "tag 'kv' (2.00 GiB)" or "tags 'kv', 'weights' (...)": what a pause or resume covered.
   static std::string describe(const std::vector<Allocation*>& batch);
   // Chooses how a resume maps `a`: in pieces of the backend's resume piece size when it has
-  // a backup to copy in and is larger than one, in one piece otherwise.
-  Status plan_pieces(Allocation& a);
+  // a backup to copy in (`has_copy`) and is larger than one, in one piece otherwise.
+  Status plan_pieces(Allocation& a, bool has_copy);
   // Maps fresh memory for the next piece of `a` not yet mapped.
   Status map_next_piece(Allocation& a);
   Status out_of_memory_on_resume(const std::vector<Allocation*>& batch, const Allocation& failed,
                                  const Status& cause);
   const Allocation* containing(uintptr_t address) const;  // needs mu_
 
-  // Counts a caller waiting for something the sharing pass may hold up, for its lifetime.
-  class Waiting {
-   public:
-    explicit Waiting(std::atomic<int>& count) : count_(count) { count_++; }
-    ~Waiting() { count_--; }
-    Waiting(const Waiting&) = delete;
-    Waiting& operator=(const Waiting&) = delete;
-
-   private:
-    std::atomic<int>& count_;
-  };
-  // op_mu_ taken for a caller's operation (pause, resume, a lease, a cache change): the
-  // background sharing pass, which takes it range by range, makes way for it.
+  // op_mu_ taken for a caller's operation (pause, resume, a lease, a cache change): a
+  // background sharing pass ends at its next range (BackupTiers::Waiting, for the operation's
+  // whole lifetime), and background host work gives way meanwhile (the gate).
   class ForegroundOp {
    public:
-    explicit ForegroundOp(Saver& saver) : saver_(saver), active_(saver.tiers_.gate()) {
-      Waiting waiting(saver_.foreground_waiting_);
+    explicit ForegroundOp(Saver& saver) : saver_(saver), active_(saver.tiers_.gate()), waiting_(saver.tiers_) {
       saver_.op_mu_.lock();
     }
     ~ForegroundOp() { saver_.op_mu_.unlock(); }
@@ -385,13 +351,12 @@ class Saver {
 
    private:
     Saver& saver_;
-    ForegroundGate::Active active_;  // background host work gives way meanwhile
+    ForegroundGate::Active active_;
+    BackupTiers::Waiting waiting_;
   };
 
   std::shared_ptr<Backend> backend_;  // shared with host arenas, which leases may keep alive
   std::mutex op_mu_;
-  std::atomic<int> foreground_waiting_{0};  // operations waiting for op_mu_ (ForegroundOp)
-  std::atomic<bool> cache_wanted_{false};   // another process asked for this one's cache meanwhile
   std::atomic<bool> shared_copy_dropped_{false};  // a resume let a shared copy go (Saver::resume)
   mutable std::mutex mu_;
   std::condition_variable settled_;
@@ -405,15 +370,13 @@ class Saver {
   std::atomic<size_t> margin_bytes_{0};
   std::atomic<bool> retain_backups_{false};
   std::atomic<bool> poison_on_resume_{false};
-  std::atomic<size_t> published_cache_{0};  // what the node's ledger was last told
-  std::atomic<bool> closing_{false};  // the saver is going: background preparation stops
   // The disk tier (null: none); set under op_mu_ and mu_, read under either.
   std::shared_ptr<DiskTier> disk_;
   // Tags whose host memory is to be prepared, and whether a task to do it is queued.
   std::mutex prepare_mu_;
   TagSelection prepare_pending_{false, {}};
   bool prepare_queued_ = false;
-  BackupTiers tiers_;  // declared last: its background work walks the table above
+  BackupTiers tiers_;  // declared last: it holds the host copies, and its background work reads the table above
 };
 
 // One walk in address order, as torch_memory_saver's pause does. A per-tag index cost every

@@ -1,24 +1,22 @@
-// What the saver tells about what it holds: the figures per tag and device, the backups it
-// leases out (get_cpu_backup), and what a batch covers (its devices, tags, description).
+// What the saver tells about what it holds: the figures per tag and device, the bytes the
+// spill sent to disk, and the backups it leases out (get_cpu_backup; the copies are the
+// tiers', HostCopies).
 #include "core/saver.h"
 
 #include <map>
 
 namespace tmsl {
-namespace {
-
-Status with_context(Status s, const std::string& context) {
-  if (!s.ok()) s.set_message(context + ": " + s.message());
-  return s;
-}
-
-}  // namespace
 
 std::vector<TagFigures> Saver::figures() const {
   std::map<std::pair<std::string, int>, TagFigures> per;  // (tag, device)
   std::lock_guard<std::mutex> lock(mu_);
+  // The tiers' copies, by address as the table: walked beside it.
+  const std::vector<std::pair<uintptr_t, size_t>> copies = tiers_.copies().sizes();
+  auto copy = copies.begin();
   for (const auto& entry : table_) {
     const Allocation& a = entry.second;
+    while (copy != copies.end() && copy->first < a.va) ++copy;
+    const size_t copy_bytes = copy != copies.end() && copy->first == a.va ? copy->second : 0;
     TagFigures& f = per[{a.tag, a.device}];
     f.allocations += 1;
     f.reserved += a.size;
@@ -26,7 +24,7 @@ std::vector<TagFigures> Saver::figures() const {
     // An allocation mid-pause still holds its memory; one mid-resume does not yet.
     bool resident = a.state == State::kActive || a.state == State::kPausing;
     (resident ? f.resident : f.paused_bytes) += a.size;
-    if (a.state != State::kPausing && a.host_copy) f.host_backup += a.host_copy.size;  // retained copies count too
+    if (a.state != State::kPausing) f.host_backup += copy_bytes;  // retained copies count too
     if (a.state == State::kPaused && a.disk_file) f.disk_backup += a.disk_file->size();
   }
   std::vector<TagFigures> out;
@@ -47,6 +45,15 @@ std::vector<TagFigures> Saver::figures() const {
   return out;
 }
 
+size_t Saver::spilled_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t bytes = 0;
+  for (const auto& entry : table_) {
+    if (entry.second.disk_marked && entry.second.state == State::kPaused) bytes += entry.second.size;
+  }
+  return bytes;
+}
+
 const Saver::Allocation* Saver::containing(uintptr_t address) const {
   auto it = table_.upper_bound(address);
   if (it == table_.begin()) return nullptr;
@@ -60,6 +67,8 @@ Status Saver::lease_backup(uintptr_t address, size_t nbytes, const void** host, 
   ForegroundOp op(*this);
   HostBuffer backup;
   uintptr_t start = 0;
+  bool paused = false, backs_up = false;
+  std::string tag;
   {
     std::lock_guard<std::mutex> lock(mu_);
     const Allocation* a = containing(address);
@@ -74,15 +83,18 @@ Status Saver::lease_backup(uintptr_t address, size_t nbytes, const void** host, 
                                " is in a disk file, not host memory: the node's host-memory budget could not "
                                "hold it at its pause (saver.host_memory()); read it once resumed");
     }
-    if (!a->backs_up() && !a->host_copy) {
-      return Status::Error(Code::kInvalidArgument,
-                           "tag '" + a->tag +
-                               "' keeps no CPU backup: enter its region with enable_cpu_backup=True");
-    }
-    // Resident, a copy kept by the cache is stale; one kept by retention is handed out, as
-    // torch_memory_saver does (its content is that of the last pause).
-    if (a->state == State::kPaused || a->retained) backup = a->host_copy;
+    paused = a->state == State::kPaused;
+    backs_up = a->backs_up();
+    tag = a->tag;
     start = a->va;
+  }
+  // The copy is the tiers': off mu_, as they may wait for a range of it being shared. Resident,
+  // a copy kept by the cache is stale; one kept by retention is handed out (HostCopies::lease).
+  bool has_copy = false;
+  backup = tiers_.copies().lease(start, paused, &has_copy);
+  if (!backs_up && !has_copy) {
+    return Status::Error(Code::kInvalidArgument,
+                         "tag '" + tag + "' keeps no CPU backup: enter its region with enable_cpu_backup=True");
   }
   *host = nullptr;
   *lease = HostBuffer();

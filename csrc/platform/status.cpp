@@ -27,6 +27,11 @@ std::string json_string(const std::string& text) {
   return out + "\"";
 }
 
+Status with_context(Status s, const std::string& context) {
+  if (!s.ok()) s.set_message(context + ": " + s.message());
+  return s;
+}
+
 std::string format_bytes(size_t bytes) {
   static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double value = static_cast<double>(bytes);

@@ -96,6 +96,12 @@ std::string format_bytes(size_t bytes);
 std::string format_address(uintptr_t address);
 // Error from a failed system call: "<what>: <strerror(errno)>".
 Status errno_status(const std::string& what, int err);
+// `s` with "<context>: " before its message when it is an error; success passes through.
+Status with_context(Status s, const std::string& context);
+// For the calls on every allocation's path: no string is built unless there is an error.
+inline Status with_context(Status s, const char* context) {
+  return s.ok() ? s : with_context(std::move(s), std::string(context));
+}
 
 // Runs `body` (returning a Status) and turns any C++ exception it throws into a Status, so
 // an operation that must settle its state afterwards always gets to.

@@ -93,7 +93,8 @@ class HostArena {
   // Puts range `index` in the node's store: its bytes are compared with (or published as) a
   // chunk there, then the chunk's file is mapped read-only in its place, at the same
   // address, and its own memory goes back to the node. Only while nothing copies into it or
-  // leases it (the saver's operation lock, a paused backup); the content is never changed.
+  // leases it (a paused copy marked busy in HostCopies, which holds takes, leases and a
+  // resume's reads of it off meanwhile); the content is never changed.
   Status share_range(size_t index);
   // Whether any range is shared: its memory must never be written (no later pause reuses it).
   bool has_shared() const { return shared_ranges_.load() != 0; }

@@ -1,19 +1,29 @@
 // Every host copy of a paused byte and where it goes: the backup tiers, one object the saver
-// owns. It holds the host memory (the pool of page-locked memory nobody holds, fresh arenas
-// for a batch), the host cache's budget, the node's budget it is handed (host_budget.h), the
-// background thread that prepares and frees host memory, and the gate that makes that thread
-// give way to the foreground (foreground_gate.h). It chooses, per batch, where each
-// allocation's copy goes: memory the allocation kept, the pool, fresh memory; the budget's
-// spill decision says which go to the disk tier instead.
+// owns. It holds the copies themselves (host_copies.h: every allocation's host copy, by
+// address), the host memory they live in (the pool of page-locked memory nobody holds, fresh
+// arenas for a batch), the host cache's budget and its policy (which copies stay after a
+// resume, which cached arenas give way, the figure the node's ledger is told: host_cache.cpp),
+// the node's budget it is handed (host_budget.h), the spill's choice (which copies a pause
+// sends to the disk tier instead: spill_choice.cpp), the pass that offers paused copies to the
+// node's store (share_pass.cpp), the background thread that prepares and frees host memory,
+// and the gate that makes that thread give way to the foreground (foreground_gate.h). It
+// chooses, per batch, where each allocation's copy goes: memory the allocation kept, the
+// pool, fresh memory.
 //
-// Locking: its own (the pool's); never the saver's table lock, and it never calls into the
-// saver. Calls that may take the node's lock (reserve, ask_others_for) are made without the
-// saver's table lock held.
+// The saver keeps the table of allocations and pushes what the tiers need as values at each
+// call (addresses, sizes, states, its tags' facts); the tiers never call into the saver.
+//
+// Locking: its own (the copies', the pool's); never the saver's table lock. Calls that may
+// take the node's lock (reserve, ask_others_for, the spill's choice, publish_cache) are made
+// without the saver's table lock held.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "node/host_budget.h"
@@ -21,6 +31,7 @@
 #include "platform/status.h"
 #include "tiers/backup.h"
 #include "tiers/foreground_gate.h"
+#include "tiers/host_copies.h"
 #include "tiers/host_pool.h"
 
 namespace tmsl {
@@ -52,6 +63,8 @@ class BackupTiers {
   ForegroundGate& gate() { return gate_; }
   BackgroundWork& background() { return background_; }
   HostPool& pool() { return pool_; }
+  HostCopies& copies() { return copies_; }
+  const HostCopies& copies() const { return copies_; }
 
   // The host cache's budget: copies kept after a resume and the pool together (0: none).
   size_t cache_bytes() const { return cache_bytes_.load(); }
@@ -75,6 +88,69 @@ class BackupTiers {
   // How many fresh arenas host_memory made (the pool served the rest): what tests observe.
   size_t fresh_arenas() const { return fresh_arenas_.load(); }
 
+  // The host cache's policy (host_cache.cpp). Whether a resume of `batch` keeps its copies:
+  // `retain`, or they fit in the cache's budget on their own. The cache holds the newest
+  // copies: older cached arenas that leave no room for them go to *older, least recently
+  // used first (the caller lets them go). The batch is still moving (CopyState::kMoving).
+  bool keep_after_resume(const std::vector<HostCopies::Resumed>& batch, bool retain, std::vector<HostBuffer>* older);
+  // Page-locked memory already there, for a pause's requests of tier kHost that may be
+  // cached: where the pool lacks bytes on a device and the cache's budget has no room for
+  // fresh memory beside what it keeps, whole cached arenas of that device (every copy in
+  // them a resident allocation's: stale; none retained, leased or shared) are taken, least
+  // recently used first, whatever their tag and shape, and their copies returned; the caller
+  // lets them go, and the pool, its limit raised by what the cache no longer keeps, carves
+  // them for the pause. Only while no pause is reusing cached copies (the saver's operation).
+  std::vector<HostBuffer> take_stale_cache(const std::vector<CopyRequest>& requests);
+  // Tells the node's ledger how much host cache could be given back (the whole cached
+  // arenas and the pool), and lets the pool keep what the budget leaves beside the copies kept.
+  void publish_cache();
+  // Another process of the node needs the room: gives the whole cache back at once (the pool
+  // too), letting `op` (the saver's operation lock, held) go once the copies are taken.
+  void give_cache_back(std::unique_lock<std::mutex> op);
+  // Lets every copy of a resident allocation go (the cache, retained copies) and the pool.
+  void release_cache();
+  // After the budget was lowered: whole cached arenas go, least recently used first, until
+  // the rest fits; the pool lets go of what no longer fits either.
+  void fit_cache();
+
+  // The spill's choice (spill_choice.cpp). One allocation of a pause's selection.
+  struct SpillCandidate {
+    uintptr_t va = 0;
+    size_t backup_bytes = 0;  // what its copy would hold
+    bool wants_host = false;  // resident and backed up: this pause copies it
+  };
+  // The vas of the selected allocations that would take new host memory at this pause (no
+  // copy of their size kept), largest first, that go to the disk tier instead, until the rest
+  // fits in the node's budget with the other processes' host caches and this one's (less the
+  // arenas this pause reuses) given back; with `everything`, all of them. Takes the node's
+  // lock: not under the saver's table lock.
+  std::vector<uintptr_t> choose_spill(const std::vector<SpillCandidate>& selected, bool everything);
+
+  // The share pass (share_pass.cpp), on the background thread after a pause: offers the
+  // large paused copies to the node's store, range by range, each range's copy busy
+  // meanwhile (HostCopies). Foreground work goes first: the pass ends as soon as a foreground
+  // operation is under way or waits (Waiting), another process wants this one's cache
+  // (note_cache_wanted), or the saver is closing. `retain`: nothing is shared (a retained
+  // copy is written again by the next pause).
+  void share_paused_copies(bool retain);
+  // Counts a foreground operation the share pass and the preparation make way for, for its
+  // lifetime.
+  class Waiting {
+   public:
+    explicit Waiting(BackupTiers& tiers) : count_(tiers.foreground_waiting_) { count_++; }
+    ~Waiting() { count_--; }
+    Waiting(const Waiting&) = delete;
+    Waiting& operator=(const Waiting&) = delete;
+
+   private:
+    std::atomic<int>& count_;
+  };
+  // Another process asked for this one's cache while the saver was busy: a share pass stops.
+  void note_cache_wanted() { cache_wanted_.store(true); }
+  // The saver is going: background passes and preparations stop.
+  void close() { closing_.store(true); }
+  bool closing() const { return closing_.load(); }
+
   // How long a pause refused for want of room waits for the other processes' caches.
   static constexpr std::chrono::milliseconds kPatienceForOthers{2000};
 
@@ -83,9 +159,14 @@ class BackupTiers {
   HostBudget& budget_;
   std::atomic<size_t> cache_bytes_{default_cache_bytes()};
   std::atomic<size_t> fresh_arenas_{0};
+  std::atomic<size_t> published_cache_{0};  // what the node's ledger was last told
+  std::atomic<int> foreground_waiting_{0};  // foreground operations under way or waiting (Waiting)
+  std::atomic<bool> cache_wanted_{false};   // another process asked for this one's cache meanwhile
+  std::atomic<bool> closing_{false};
   ForegroundGate gate_;
   BackgroundWork background_;  // after the gate: its tasks wait on it
   HostPool pool_;              // after the background work: it frees there
+  HostCopies copies_;          // after the pool: its arenas come back there when it goes
 };
 
 }  // namespace tmsl

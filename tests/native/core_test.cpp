@@ -18,6 +18,9 @@
 #include <vector>
 
 #include "../../csrc/api/c_api_testing.h"
+#include "../../csrc/node/host_budget.h"
+#include "../../csrc/platform/backend.h"
+#include "../../csrc/tiers/host_copies.h"
 
 namespace {
 
@@ -432,6 +435,118 @@ void disk_directory_on_host_memory_is_refused() {
 
 }  // namespace
 
+// HostCopies on its own (the backup tiers' store of host copies), over arenas of the host
+// backend and a budget without a limit.
+struct NoLimit : tmsl::HostBudget {
+  tmsl::Status reserve(size_t) override { return tmsl::Status::Ok(); }
+  void give_back(size_t) override {}
+  void note_cached(const void*, size_t) override {}
+  void on_pressure(const void*, std::function<void()>) override {}
+  void forget(const void*) override {}
+  bool ask_others_for(size_t, std::chrono::milliseconds) override { return true; }
+  size_t room_with_others_caches() override { return SIZE_MAX; }
+  bool shares_backups() override { return false; }
+  tmsl::Status share(const char*, size_t, int*) override { return tmsl::Status::Error(tmsl::Code::kHostError, "no store"); }
+  void release_shared(int) override {}
+};
+
+struct CopiesFixture {
+  NoLimit budget;
+  tmsl::ForegroundGate gate;
+  std::shared_ptr<tmsl::Backend> backend{tmsl::make_host_backend(0, 2 * MiB)};
+  // One arena of `count` buffers of 64 KiB on device 0, taken (note_use) when made.
+  std::shared_ptr<tmsl::HostArena> arena(size_t count) {
+    std::unique_ptr<tmsl::HostArena> made;
+    tmsl::Status s = tmsl::HostArena::create(backend, budget, gate, true, 0, std::vector<size_t>(count, 64 << 10), &made);
+    if (!s.ok()) return nullptr;
+    made->wait_prepared();
+    return std::shared_ptr<tmsl::HostArena>(std::move(made));
+  }
+  static tmsl::HostBuffer buffer(const std::shared_ptr<tmsl::HostArena>& arena, size_t i) {
+    return tmsl::HostBuffer{arena, arena->buffer_offset(i), 64 << 10};
+  }
+};
+
+void host_copies_take_waits_for_a_range_being_shared() {
+  CopiesFixture f;
+  auto arena = f.arena(1);
+  CHECK(arena != nullptr);
+  if (arena == nullptr) return;
+  tmsl::HostCopies copies;
+  const uintptr_t va = 0x10000;
+  copies.put(va, CopiesFixture::buffer(arena, 0), 0, tmsl::CopyState::kPaused);
+  CHECK(copies.begin_share(va, arena.get()));
+  CHECK(!copies.begin_share(va, arena.get()));  // busy already
+  std::atomic<bool> taken{false};
+  tmsl::HostBuffer got;
+  std::thread taker([&] {
+    got = copies.take(va);
+    taken.store(true);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  CHECK(!taken.load());  // the range is still being shared
+  bool has_copy = false;
+  std::atomic<bool> leased{false};
+  std::thread leaser([&] {
+    copies.lease(va, true, &has_copy);
+    leased.store(true);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(!leased.load());
+  copies.end_share(va, arena.get());
+  taker.join();
+  leaser.join();
+  CHECK(taken.load() && leased.load());
+  CHECK(got.arena == arena);
+  CHECK(copies.take(va).arena == nullptr);  // taken once
+  // A resident copy is never shared, and a free (erase) does not wait for a busy one.
+  copies.put(va, CopiesFixture::buffer(arena, 0), 0, tmsl::CopyState::kResident);
+  CHECK(!copies.begin_share(va, arena.get()));
+  copies.note_state({va}, tmsl::CopyState::kPaused);
+  CHECK(copies.begin_share(va, arena.get()));
+  CHECK(copies.erase(va).arena == arena);
+  copies.end_share(va, arena.get());  // of a copy gone: nothing to wake, nothing broken
+  CHECK(copies.total_bytes() == 0);
+}
+
+void host_copies_cache_goes_least_recently_used_first() {
+  CopiesFixture f;
+  auto older = f.arena(2), newer = f.arena(1), kept = f.arena(2);
+  CHECK(older && newer && kept);
+  if (!older || !newer || !kept) return;
+  tmsl::HostCopies copies;
+  copies.put(0x1000, CopiesFixture::buffer(older, 0), 0, tmsl::CopyState::kResident);
+  copies.put(0x2000, CopiesFixture::buffer(older, 1), 0, tmsl::CopyState::kResident);
+  copies.put(0x3000, CopiesFixture::buffer(newer, 0), 0, tmsl::CopyState::kResident);
+  // An arena that also holds a paused allocation's copy is not cache.
+  copies.put(0x4000, CopiesFixture::buffer(kept, 0), 0, tmsl::CopyState::kResident);
+  copies.put(0x5000, CopiesFixture::buffer(kept, 1), 0, tmsl::CopyState::kPaused);
+  newer->note_use();  // newer is used last; older first
+  kept->note_use();
+  older->note_use();
+  newer->note_use();
+  auto cached = copies.cached_arenas();
+  CHECK(cached.size() == 2);
+  if (cached.size() == 2) {
+    CHECK(cached[0].arena == older.get() && cached[0].holders.size() == 2);
+    CHECK(cached[1].arena == newer.get());
+  }
+  CHECK(copies.cached_bytes() == older->used_bytes() + newer->used_bytes() + kept->used_bytes());
+  std::vector<tmsl::HostBuffer> taken = copies.take_cache(1);  // one arena is enough: the oldest
+  CHECK(taken.size() == 2 && taken[0].arena == older && taken[1].arena == older);
+  CHECK(copies.sizes().size() == 3);
+  taken = copies.take_cache(SIZE_MAX);
+  CHECK(taken.size() == 1 && taken[0].arena == newer);
+  CHECK(copies.take_cache(SIZE_MAX).empty());  // the kept arena stays
+  // A resume settling: a "pinned" copy stays (retained when asked), an "mmap" one goes at once.
+  copies.note_state({0x4000, 0x5000}, tmsl::CopyState::kMoving);
+  std::vector<tmsl::HostBuffer> let_go, free_now;
+  copies.settle_resume({{0x4000, false, true}, {0x5000, true, false}}, 2, false, false, &let_go, &free_now);
+  CHECK(let_go.empty() && free_now.size() == 1 && copies.sizes().size() == 1);
+  bool has_copy = false;
+  CHECK(!copies.lease(0x5000, false, &has_copy) && has_copy);  // resident and not retained: stale
+}
+
 int main() {
   const std::vector<std::pair<const char*, std::function<void()>>> tests = {
       {"backup_round_trip", backup_round_trip},
@@ -450,6 +565,8 @@ int main() {
       {"disk_backup_round_trips_and_removes_its_files", disk_backup_round_trips_and_removes_its_files},
       {"failed_disk_write_leaves_everything_resident", failed_disk_write_leaves_everything_resident},
       {"disk_directory_on_host_memory_is_refused", disk_directory_on_host_memory_is_refused},
+      {"host_copies_take_waits_for_a_range_being_shared", host_copies_take_waits_for_a_range_being_shared},
+      {"host_copies_cache_goes_least_recently_used_first", host_copies_cache_goes_least_recently_used_first},
   };
   int passed = 0, failed = 0;
   for (const auto& test : tests) {
