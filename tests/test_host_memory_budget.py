@@ -677,6 +677,30 @@ def test_a_spilled_tag_whose_read_back_fails_after_the_directory_is_turned_off_s
         result.stdout + result.stderr)
 
 
+def test_a_disk_backups_staging_gets_its_room_from_this_processs_cache(ledger, disk_dir):
+    # The budget is full of this process's cached copies: the disk tier's staging memory,
+    # from the same budget, makes the cache give way as a host copy would.
+    result = run(f"""
+        host.set_disk_backup_dir({str(disk_dir)!r})
+        host.host_cache_bytes = 256 * MiB
+        cached = tagged("c", 1, 64 * MiB, 4)
+        host.pause("c"); host.resume("c")  # its copy stays cached: the whole budget
+        host.wait_for_released_backups()
+        print("cached", host.stats()["c"].host_backup_bytes // MiB)
+        with host.region("d", enable_disk_backup=True):
+            ptr = mem.malloc(32 * MiB)
+        mem.write(ptr, bytes([5]) * 32 * MiB)
+        host.pause("d")
+        print("paused", host.stats()["d"].disk_backup_bytes // MiB, len(os.listdir({str(disk_dir)!r})))
+        print("held", saver.host_memory().held_by_this_process <= 64 * MiB)
+        host.resume("d")
+        print("content", intact(cached, 64 * MiB, 4), mem.read(ptr, 32 * MiB) == bytes([5]) * 32 * MiB)
+    """, budget="64M")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["cached 64", "paused 32 1", "held True", "content True True"], (
+        result.stdout + result.stderr)
+
+
 def test_an_environment_directory_in_memory_is_no_disk_tier_and_is_not_made(ledger):
     from host_memory import filesystem_type
 

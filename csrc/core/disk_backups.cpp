@@ -117,7 +117,9 @@ Status Saver::write_disk_backups(const std::vector<Allocation*>& batch) {
   std::vector<DiskRange> ranges;
   for (const Allocation* a : to_disk) ranges.push_back({a->va, a->size, a->device, a->tag});
   std::vector<std::shared_ptr<DiskFile>> files;
-  s = disk_->save(ranges, settings, tiers_, &files);
+  // Staging comes from the budget too: the pool and the caches give way as for host copies.
+  s = tiers_.with_room(settings.workers * settings.chunk_bytes,
+                       [&] { return disk_->save(ranges, settings, tiers_, &files); });
   if (!s.ok()) return s;  // no file left; nothing released yet
   std::lock_guard<std::mutex> lock(mu_);  // figures() reads them
   for (size_t i = 0; i < to_disk.size(); ++i) {

@@ -401,24 +401,8 @@ Status Saver::queue_backups(const std::vector<Allocation*>& batch, std::vector<H
     // copies of any tag and shape, whose arenas come back to the pool (let go here) to be carved.
     std::vector<HostBuffer> stale = tiers_.take_stale_cache(requests);
   }
-  Status s = tiers_.host_memory(requests, true, backups);
-  if (s.code == Code::kOutOfMemory) {
-    // Over the node's budget (or out of host memory): the pool and the host cache give way
-    // first, freed here, at once (the retry needs their bytes back), least recently used first.
-    HostPool::FreeNow now(tiers_.pool());
-    tiers_.note_kept(SIZE_MAX, true);
-    s = tiers_.host_memory(requests, true, backups);
-    while (s.code == Code::kOutOfMemory) {
-      std::vector<HostBuffer> let_go = tiers_.copies().take_cache(1);
-      if (let_go.empty()) break;
-      let_go.clear();
-      s = tiers_.host_memory(requests, true, backups);
-    }
-  }
-  // Then the other processes' caches, when they give them back in time.
-  if (s.code == Code::kOutOfMemory && tiers_.budget().ask_others_for(bytes, BackupTiers::kPatienceForOthers)) {
-    s = tiers_.host_memory(requests, true, backups);
-  }
+  // Over the node's budget (or out of host memory): the pool and the caches give way.
+  Status s = tiers_.with_room(bytes, [&] { return tiers_.host_memory(requests, true, backups); });
   if (!s.ok()) {
     return with_context(s, "pausing " + describe(batch) + ": no host memory for " + format_bytes(bytes) +
                                " of backups; everything stays resident with its content, call pause "

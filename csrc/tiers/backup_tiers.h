@@ -21,6 +21,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -107,6 +108,11 @@ class BackupTiers {
   // Another process of the node needs the room: gives the whole cache back at once (the pool
   // too), letting `op` (the saver's operation lock, held) go once the copies are taken.
   void give_cache_back(std::unique_lock<std::mutex> op);
+  // Runs `attempt` (a foreground request for host memory) again while it fails for want of
+  // room: after the pool and this process's cache give way (freed here, at once, least
+  // recently used first), then once the other processes' caches have (`bytes`: what it
+  // needs). Only while no pause is reusing cached copies (the saver's operation).
+  Status with_room(size_t bytes, const std::function<Status()>& attempt);
   // Lets every copy of a resident allocation go (the cache, retained copies) and the pool.
   void release_cache();
   // After the budget was lowered: whole cached arenas go, least recently used first, until

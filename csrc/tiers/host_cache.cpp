@@ -97,4 +97,21 @@ void BackupTiers::fit_cache() {
   publish_cache();
 }
 
+Status BackupTiers::with_room(size_t bytes, const std::function<Status()>& attempt) {
+  Status s = attempt();
+  if (s.code == Code::kOutOfMemory) {
+    HostPool::FreeNow now(pool_);  // the retry needs the bytes back at once
+    note_kept(SIZE_MAX, true);
+    s = attempt();
+    while (s.code == Code::kOutOfMemory) {
+      std::vector<HostBuffer> let_go = copies_.take_cache(1);
+      if (let_go.empty()) break;
+      let_go.clear();
+      s = attempt();
+    }
+  }
+  if (s.code == Code::kOutOfMemory && budget_.ask_others_for(bytes, kPatienceForOthers)) s = attempt();
+  return s;
+}
+
 }  // namespace tmsl
