@@ -51,7 +51,7 @@ class OursInFlow(Ours):
 
 
 def sequence(tool_name: str, hook_mode: str, workloads: list[str], total: int, cycles: int,
-             idle: float, cache_bytes: int) -> list[dict]:
+             idle: float, cache_bytes: int, settle: float = 0.0, drain: bool = False) -> list[dict]:
     """The whole sequence in this process; one row per workload and cycle, then the plain
     allocation's rows."""
     tool = (OursInFlow if tool_name == "ours" else TorchMemorySaver)(hook_mode)
@@ -90,6 +90,11 @@ def sequence(tool_name: str, hook_mode: str, workloads: list[str], total: int, c
         with tool.region(tag, False):
             plain.extend(torch.empty(n, dtype=torch.uint8, device="cuda") for n in tensor_sizes("many_small", total))
 
+    # Diagnostics only (off by default): let the process settle first, or wait for our
+    # background host work, to tell what slows the first allocation.
+    time.sleep(settle)
+    if drain and tool_name == "ours":
+        tool.saver.wait_for_released_backups()
     alloc_ms = timed_ms(allocate_plain)
     for cycle in range(1, cycles + 1):
         pause_ms = timed_ms(lambda: tool.pause(tag))
@@ -106,7 +111,8 @@ def sequence(tool_name: str, hook_mode: str, workloads: list[str], total: int, c
 def in_child(tool: str, mode: str, args, env: dict[str, str]) -> list[dict]:
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         options = ["--gib", str(args.gib), "--workloads", args.workloads, "--cycles", str(args.cycles),
-                   "--idle", str(args.idle), "--cache-gib", str(args.cache_gib)]
+                   "--idle", str(args.idle), "--cache-gib", str(args.cache_gib), "--settle", str(args.settle),
+                   *(["--drain"] if args.drain else [])]
         child = subprocess.run([sys.executable, __file__, *options, "--child", f"{tool},{mode}",
                                 "--child-output", out.name], env={**os.environ, **env})
         written = Path(out.name).read_text()
@@ -179,6 +185,10 @@ def main() -> int:
     parser.add_argument("--cache-gib", type=float, default=16.0, help="our host cache at most this (GiB)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="fresh processes per tool and mode, taking turns (the first allocation is a median)")
+    parser.add_argument("--settle", type=float, default=0.0,
+                        help="diagnostic: seconds to wait before the first plain allocation")
+    parser.add_argument("--drain", action="store_true",
+                        help="diagnostic: wait for our background host work before the first plain allocation")
     parser.add_argument("--tms-path", help="a directory holding torch_memory_saver, for its children")
     parser.add_argument("--json", help="write the rows and limits here")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -190,7 +200,8 @@ def main() -> int:
     total, cache_bytes = int(args.gib * GiB), int(args.cache_gib * GiB)
     if args.child:
         tool, mode = args.child.split(",")
-        rows = sequence(tool, mode, args.workloads.split(","), total, args.cycles, args.idle, cache_bytes)
+        rows = sequence(tool, mode, args.workloads.split(","), total, args.cycles, args.idle, cache_bytes, args.settle,
+                        args.drain)
         Path(args.child_output).write_text(json.dumps(rows))
         return 0
 

@@ -29,18 +29,18 @@ struct HostPool::State : std::enable_shared_from_this<HostPool::State> {
   int freeing = 0;
   std::condition_variable freed;
 
-  // Frees arenas off the caller's thread, once the foreground is quiet, unless a FreeNow
-  // scope has the letting-go thread free them. Needs mu.
-  void free_later(std::vector<std::unique_ptr<HostArena>> let_go) {
-    if (free_now > 0) return;  // freed by the caller, at once: the caller needs the bytes back
-    queue_free(std::move(let_go));
-  }
-  // One background task per arena, each taking the oldest one left: a foreground that needs
-  // the bytes at once (free_pending_now) may take them all before the tasks run. Needs mu.
-  void queue_free(std::vector<std::unique_ptr<HostArena>> let_go) {
-    for (auto& arena : let_go) {
-      to_free.push_back(std::move(arena));
-      std::shared_ptr<State> self = shared_from_this();
+  // Frees arenas off the caller's thread once the foreground is quiet: one background task
+  // per arena, each taking the oldest one left, so that a foreground that needs the bytes at
+  // once (free_pending_now) may take them all before the tasks run. Called without mu: where
+  // no background thread runs, the tasks run here.
+  void free_in_background(std::vector<std::unique_ptr<HostArena>> let_go) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (closed) return;  // freed here
+      for (auto& arena : let_go) to_free.push_back(std::move(arena));
+    }
+    std::shared_ptr<State> self = shared_from_this();
+    for (size_t k = 0; k < let_go.size(); ++k) {
       background->run_after_foreground(*gate, [self](bool in_background) { self->free_one(in_background); });
     }
   }
@@ -86,13 +86,12 @@ struct HostPool::State : std::enable_shared_from_this<HostPool::State> {
       arenas.insert(at, std::move(arena));
       return;
     }
-    if (free_now > 0) {
-      lock.unlock();
-      return;  // freed here
-    }
+    const bool here = free_now > 0;  // the caller needs the bytes back at once
+    lock.unlock();
+    if (here) return;  // freed here
     std::vector<std::unique_ptr<HostArena>> let_go;
     let_go.push_back(std::move(arena));
-    free_later(std::move(let_go));
+    free_in_background(std::move(let_go));
   }
 };
 
@@ -227,11 +226,14 @@ void HostPool::set_limit(size_t bytes, bool now) {
     std::lock_guard<std::mutex> lock(state_->mu);
     state_->limit = bytes;
     over = state_->trim();
+  }
+  if (now) {
+    over.clear();  // here, off the lock
+  } else {
     // In the background whatever another thread's FreeNow says: the caller may hold locks
     // that unpinning gigabytes must not be done under.
-    if (!now) state_->queue_free(std::move(over));
+    state_->free_in_background(std::move(over));
   }
-  over.clear();  // with `now`: here, off the lock
 }
 
 }  // namespace tmsl
