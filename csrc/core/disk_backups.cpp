@@ -105,7 +105,7 @@ Status Saver::write_disk_backups(const std::vector<Allocation*>& batch) {
   // Under op_mu_: disk_ cannot change. The batch is this pause's (kPausing): its fields are ours.
   std::vector<Allocation*> to_disk;
   for (Allocation* a : batch) {
-    if (a->effective_choice() == BackupChoice::kDisk && !a->disk_file) to_disk.push_back(a);
+    if (a->effective_choice() == BackupChoice::kDisk && !tiers_.disk_copies().has(a->va)) to_disk.push_back(a);
   }
   if (to_disk.empty()) return Status::Ok();
   // (check_disk_directory refused this earlier; an allocation made since, in another region,
@@ -123,8 +123,8 @@ Status Saver::write_disk_backups(const std::vector<Allocation*>& batch) {
   if (!s.ok()) return s;  // no file left; nothing released yet
   std::lock_guard<std::mutex> lock(mu_);  // figures() reads them
   for (size_t i = 0; i < to_disk.size(); ++i) {
-    to_disk[i]->disk_file = std::move(files[i]);
-    to_disk[i]->disk_tier = disk_;
+    const size_t bytes = files[i]->size();
+    tiers_.disk_copies().put(to_disk[i]->va, DiskCopies::Copy{std::move(files[i]), disk_, bytes});
   }
   return Status::Ok();
 }
@@ -133,10 +133,12 @@ Status Saver::read_disk_backups(const std::vector<Allocation*>& batch, const std
   // One load per tier that wrote files (the directory may have changed since).
   std::map<DiskTier*, std::pair<std::vector<DiskRange>, std::vector<DiskFile*>>> by_tier;
   for (const Allocation* a : batch) {
-    if (!a->disk_file) continue;
-    auto& entry = by_tier[a->disk_tier.get()];
-    entry.first.push_back({a->va, a->disk_file->size(), a->device, a->tag});
-    entry.second.push_back(a->disk_file.get());
+    // (The copy stays in place: the allocation is this resume's until it settles.)
+    const DiskCopies::Copy copy = tiers_.disk_copies().find(a->va);
+    if (!copy) continue;
+    auto& entry = by_tier[copy.tier.get()];
+    entry.first.push_back({a->va, copy.file->size(), a->device, a->tag});
+    entry.second.push_back(copy.file.get());
   }
   if (by_tier.empty()) return Status::Ok();
   DiskSettings settings;
@@ -160,7 +162,7 @@ Status Saver::load_through_own_copies(const std::vector<Allocation*>& batch, con
   if (!s.ok()) return with_context(s, "restoring backups");
   std::vector<size_t> lenders;  // indexes in the batch: the largest, one a worker
   for (size_t i = 0; i < batch.size(); ++i) {
-    if (copies[i] && !batch[i]->disk_file && copies[i].arena->poolable()) lenders.push_back(i);
+    if (copies[i] && !tiers_.disk_copies().has(batch[i]->va) && copies[i].arena->poolable()) lenders.push_back(i);
   }
   std::stable_sort(lenders.begin(), lenders.end(),
                    [&](size_t x, size_t y) { return copies[x].size > copies[y].size; });

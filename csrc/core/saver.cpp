@@ -114,6 +114,8 @@ Status Saver::allocate(size_t size, int device, const std::string& tag, BackupCh
 Status Saver::free(uintptr_t va, void* stream) {
   ForegroundGate::Active active(tiers_.gate());
   Table::node_type node;  // the allocation, out of the table: this call's alone
+  HostBuffer host_copy;
+  DiskCopies::Copy disk_copy;
   {
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
@@ -128,6 +130,9 @@ Status Saver::free(uintptr_t va, void* stream) {
       if (state == State::kActive || state == State::kPaused) {
         node = table_.extract(it);
         index_.erase(va);
+        // Its copies too, before its address is released and may be another allocation's.
+        host_copy = tiers_.copies().erase(va);
+        disk_copy = tiers_.disk_copies().take(va);  // its file is removed once this call ends
         break;
       }
       settled_.wait(lock);  // a pause or resume is working on it
@@ -144,10 +149,10 @@ Status Saver::free(uintptr_t va, void* stream) {
     keep_first(backend_->synchronize_stream(a.device, stream));
   }
   keep_first(mappings_.discard(a.device, a.va, a.size, a.state == State::kActive ? std::move(a.physical) : Pieces()));
-  if (HostBuffer copy = tiers_.copies().erase(va)) {
+  if (host_copy) {
     // Its host memory may be the last of an arena: unpinned and unmapped in the background.
     std::vector<HostBuffer> let_go;
-    let_go.push_back(std::move(copy));
+    let_go.push_back(std::move(host_copy));
     tiers_.background().release(std::move(let_go));
   }
   mappings_.retry();
@@ -183,6 +188,11 @@ void Saver::settle(const std::vector<Allocation*>& batch, size_t done, State don
   // Copies of "mmap" allocations: their host memory is given back before the resume
   // returns, as that backend promises (the process's RSS falls at once).
   std::vector<HostBuffer> free_now;
+  // Room first: nothing below may fail once states change (a copy replaced and a backup not
+  // taken for each allocation at most).
+  let_go.reserve(2 * batch.size());
+  files_let_go.reserve(batch.size());
+  free_now.reserve(batch.size());
   {
     std::lock_guard<std::mutex> lock(mu_);
     std::vector<uintptr_t> vas;
@@ -199,9 +209,8 @@ void Saver::settle(const std::vector<Allocation*>& batch, size_t done, State don
       a.state = i < done ? done_state : rest_state;
       // Resident again (a resume, or a pause that let it stay): its file is done with, and
       // after a resume its copy goes to host memory again from the next pause.
-      if (a.state == State::kActive && a.disk_file) {
-        files_let_go.push_back(std::move(a.disk_file));
-        a.disk_tier.reset();
+      if (a.state == State::kActive) {
+        if (DiskCopies::Copy file = tiers_.disk_copies().take(a.va)) files_let_go.push_back(std::move(file.file));
       }
       if (a.state == State::kActive && backups == nullptr) a.disk_marked = false;
       if (backups != nullptr) {
@@ -552,7 +561,7 @@ Status Saver::restore(const Allocation& a, const HostBuffer& copy, size_t k) {
     });
     if (!s.ok()) return with_context(s, "restoring backups");
   }
-  if (copied_end == end || !poison_on_resume_.load() || a.disk_file) return Status::Ok();  // a file fills it
+  if (copied_end == end || !poison_on_resume_.load() || tiers_.disk_copies().has(a.va)) return Status::Ok();  // a file fills it
   return with_context(backend_->fill_async(a.device, a.va + copied_end, end - copied_end, kPoisonByte),
                       "poisoning resumed memory");
 }

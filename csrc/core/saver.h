@@ -229,9 +229,7 @@ class Saver {
     // kResuming) or under mu_. Its host copy, while paused with backup (or kept by the cache
     // or retention after a resume), is the tiers' (HostCopies, by va).
     Pieces physical;      // while active; mid-resume, the pieces mapped so far
-    // While paused with its content on disk: the file, and the tier that reads it back.
-    std::shared_ptr<DiskFile> disk_file;
-    std::shared_ptr<DiskTier> disk_tier;
+    // (Its copies, host and disk, are the tiers': tiers_.copies(), tiers_.disk_copies().)
     // The bytes a backup holds: what was asked for, to whole host pages; the rest of the
     // last granule was never the caller's.
     size_t backup_bytes() const { return std::min(size, (requested + kPageBytes - 1) / kPageBytes * kPageBytes); }

@@ -25,7 +25,7 @@ std::vector<TagFigures> Saver::figures() const {
     bool resident = a.state == State::kActive || a.state == State::kPausing;
     (resident ? f.resident : f.paused_bytes) += a.size;
     if (a.state != State::kPausing) f.host_backup += copy_bytes;  // retained copies count too
-    if (a.state == State::kPaused && a.disk_file) f.disk_backup += a.disk_file->size();
+    if (a.state == State::kPaused) f.disk_backup += tiers_.disk_copies().bytes(a.va);
   }
   std::vector<TagFigures> out;
   out.reserve(per.size() + tags_.size());

@@ -31,6 +31,7 @@
 #include "platform/backend.h"
 #include "platform/status.h"
 #include "tiers/backup.h"
+#include "tiers/disk_copies.h"
 #include "tiers/foreground_gate.h"
 #include "tiers/host_copies.h"
 #include "tiers/host_pool.h"
@@ -66,6 +67,9 @@ class BackupTiers {
   HostPool& pool() { return pool_; }
   HostCopies& copies() { return copies_; }
   const HostCopies& copies() const { return copies_; }
+  // The disk tier's copies (disk_copies.h): the files of paused allocations.
+  DiskCopies& disk_copies() { return disk_copies_; }
+  const DiskCopies& disk_copies() const { return disk_copies_; }
 
   // The host cache's budget: copies kept after a resume and the pool together (0: none).
   size_t cache_bytes() const { return cache_bytes_.load(); }
@@ -173,6 +177,7 @@ class BackupTiers {
   BackgroundWork background_;  // after the gate: its tasks wait on it
   HostPool pool_;              // after the background work: it frees there
   HostCopies copies_;          // after the pool: its arenas come back there when it goes
+  DiskCopies disk_copies_;
 };
 
 }  // namespace tmsl

@@ -61,8 +61,7 @@ void BackupTiers::publish_cache() {
   // What a request of another process would get back: whole cached arenas (retained copies
   // and paused allocations' backups stay) and the pool, which keeps what the budget leaves
   // beside the copies kept.
-  size_t evictable = 0;
-  for (const HostCopies::CachedArena& cached : copies_.cached_arenas()) evictable += cached.arena->used_bytes();
+  size_t evictable = copies_.cached_arena_bytes();
   note_kept(copies_.cached_bytes());
   evictable += pool_.bytes();
   // The ledger takes the node's lock.

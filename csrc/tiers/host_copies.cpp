@@ -190,9 +190,13 @@ size_t HostCopies::cached_bytes_locked(const std::vector<HostBuffer>& more) cons
   return bytes;
 }
 
-std::vector<HostCopies::CachedArena> HostCopies::cached_arenas() const {
+size_t HostCopies::cached_arena_bytes(const std::set<const HostArena*>& except) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return cached_arenas_locked();
+  size_t bytes = 0;
+  for (const CachedArena& cached : cached_arenas_locked()) {
+    if (except.count(cached.arena) == 0) bytes += cached.arena->used_bytes();
+  }
+  return bytes;
 }
 
 std::vector<HostCopies::CachedArena> HostCopies::cached_arenas_locked() const {

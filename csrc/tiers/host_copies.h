@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -103,8 +104,9 @@ class HostCopies {
     HostArena* arena;
     std::vector<uintptr_t> holders;
   };
-  // Whole cached arenas, least recently used first.
-  std::vector<CachedArena> cached_arenas() const;
+  // The bytes of the whole cached arenas, but those in `except`: summed under the lock,
+  // where every arena is still held.
+  size_t cached_arena_bytes(const std::set<const HostArena*>& except = {}) const;
   // Takes the copies out of whole cached arenas, least recently used first, until at least
   // `bytes` are let go or none is left (retained copies stay); the caller frees them.
   std::vector<HostBuffer> take_cache(size_t bytes);

@@ -22,7 +22,8 @@ void BackupTiers::share_paused_copies(bool retain) {
       if (!copies_.begin_share(va, arena.get())) break;
       // Best effort: a range not shared stays private, and so do the rest of this pass (no
       // room to publish, a driver without read-only page-locking: the next ranges would fail alike).
-      Status s = arena->share_range(range);
+      // (status_of: an exception must not leave the copy busy, which a resume would wait for.)
+      Status s = status_of([&] { return arena->share_range(range); });
       copies_.end_share(va, arena.get());
       if (!s.ok()) return;
     }

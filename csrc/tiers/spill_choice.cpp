@@ -29,10 +29,8 @@ std::vector<uintptr_t> BackupTiers::choose_spill(const std::vector<SpillCandidat
     candidates.push_back(&c);
     need += c.backup_bytes;
   }
-  size_t cache_back = pool_.bytes();  // what this process's cache would give back
-  for (const HostCopies::CachedArena& cached : copies_.cached_arenas()) {
-    if (reused.count(cached.arena) == 0) cache_back += cached.arena->used_bytes();
-  }
+  // What this process's cache would give back.
+  const size_t cache_back = pool_.bytes() + copies_.cached_arena_bytes(reused);
   // The budget takes the node's lock.
   const size_t shortfall = need == 0 ? 0 : spill_shortfall(need, cache_back, everything);
   std::stable_sort(candidates.begin(), candidates.end(),
