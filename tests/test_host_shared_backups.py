@@ -143,11 +143,16 @@ def paused_children(count: int) -> list[subprocess.Popen]:
 
 
 def finish(children: list[subprocess.Popen]) -> None:
+    """Ends the children: asked to exit, killed where one hangs (a failed test leaves none behind)."""
     for child in children:
         if child.poll() is None:
-            child.stdin.write("exit\n")
-            child.stdin.flush()
-            child.communicate(timeout=60)
+            try:
+                child.stdin.write("exit\n")
+                child.stdin.flush()
+                child.communicate(timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                child.kill()
+                child.communicate()
 
 
 def test_four_processes_pausing_the_same_backups_hold_them_once_and_get_them_back_bit_exact(ledger):
