@@ -16,6 +16,7 @@ HostBuffer HostCopies::put(uintptr_t va, HostBuffer copy, int device, CopyState 
   std::lock_guard<std::mutex> lock(mu_);
   Entry& e = entries_[va];
   HostBuffer old = std::move(e.copy);
+  if (!old || old.arena != copy.arena) e.leased = false;  // another arena: never handed out
   e.copy = std::move(copy);
   e.state = state;
   e.retained = false;
@@ -93,6 +94,7 @@ void HostCopies::settle_pause(const std::vector<uintptr_t>& vas, const std::vect
         continue;
       }
       Entry& e = entries_[vas[i]];
+      if (!e.copy || e.copy.arena != backup.arena) e.leased = false;  // another arena: never handed out
       if (e.copy) let_go->push_back(std::move(e.copy));
       e.copy = std::move(backup);
       e.state = CopyState::kPaused;
@@ -140,7 +142,9 @@ HostBuffer HostCopies::lease(uintptr_t va, bool paused, bool* has_copy) {
   if (!*has_copy) return HostBuffer();
   // Resident, a copy kept by the cache is stale; one kept by retention is handed out, as
   // torch_memory_saver does (its content is that of the last pause).
-  return paused || it->second.retained ? it->second.copy : HostBuffer();
+  if (!paused && !it->second.retained) return HostBuffer();
+  it->second.leased = true;  // under this lock: a share pass about to begin on it gives up
+  return it->second.copy;
 }
 
 std::vector<HostBuffer> HostCopies::take_resident() {
@@ -270,7 +274,7 @@ bool HostCopies::begin_share(uintptr_t va, const HostArena* arena) {
   auto it = entries_.find(va);
   if (it == entries_.end()) return false;
   Entry& e = it->second;
-  if (e.state != CopyState::kPaused || e.copy.arena.get() != arena || e.busy) return false;
+  if (e.state != CopyState::kPaused || e.copy.arena.get() != arena || e.busy || e.leased) return false;
   e.busy = true;
   return true;
 }

@@ -131,6 +131,7 @@ class HostCopies {
     CopyState state = CopyState::kResident;
     bool retained = false;  // outlived a resume because backups were retained: handed out while resident
     bool busy = false;      // a range of it is being shared
+    bool leased = false;    // handed out by lease(): a user may write it, so it is never shared
     int device = 0;
   };
   using Lock = std::unique_lock<std::mutex>;
