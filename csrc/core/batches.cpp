@@ -14,6 +14,13 @@ std::set<int> Saver::devices_of(const std::vector<Allocation*>& batch) {
   return devices;
 }
 
+std::vector<uintptr_t> Saver::addresses_of(const std::vector<Allocation*>& batch) {
+  std::vector<uintptr_t> addresses;
+  addresses.reserve(batch.size());
+  for (const Allocation* a : batch) addresses.push_back(a->va);
+  return addresses;
+}
+
 void Saver::note_tags(const std::vector<Allocation*>& batch, std::set<std::string>* tags) {
   const std::string* last = nullptr;
   for (const Allocation* a : batch) {

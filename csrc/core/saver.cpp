@@ -382,12 +382,7 @@ Status Saver::queue_backups(const std::vector<Allocation*>& batch, std::vector<H
   // pool, fresh memory). "mmap" copies get memory of their own: it goes back at resume.
   std::vector<CopyRequest> requests(batch.size());
   std::vector<HostBuffer> kept;  // the copies the tiers hold for the batch (moving: this pause's)
-  {
-    std::vector<uintptr_t> vas;
-    vas.reserve(batch.size());
-    for (const Allocation* a : batch) vas.push_back(a->va);
-    kept = tiers_.copies().peek(vas);
-  }
+  kept = tiers_.copies().peek(addresses_of(batch));
   size_t bytes = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     const Allocation& a = *batch[i];
@@ -459,13 +454,7 @@ Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>
   size_t done = 0;
   // Whatever happens in here (an exception too), what was mapped is rolled back below.
   Status s = status_of([&] {
-    {
-      // Once no range of them is being shared.
-      std::vector<uintptr_t> vas;
-      vas.reserve(batch.size());
-      for (const Allocation* a : batch) vas.push_back(a->va);
-      copies = tiers_.copies().peek(vas);
-    }
+    copies = tiers_.copies().peek(addresses_of(batch));  // once no range of them is being shared
     // Each piece's copy is queued as soon as it is mapped, so mapping the next piece
     // overlaps it.
     Status r;

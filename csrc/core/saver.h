@@ -275,6 +275,8 @@ class Saver {
   void settle(const std::vector<Allocation*>& batch, size_t done, State done_state,
               State rest_state, std::vector<HostBuffer>* backups, bool drop_backups);
   static std::set<int> devices_of(const std::vector<Allocation*>& batch);
+  // The batch's addresses, in its order: how the tiers know its copies.
+  static std::vector<uintptr_t> addresses_of(const std::vector<Allocation*>& batch);
   // Adds the tags of a batch's allocations to *tags.
   static void note_tags(const std::vector<Allocation*>& batch, std::set<std::string>* tags);
   Status synchronize_devices(const std::vector<Allocation*>& batch);
