@@ -187,6 +187,8 @@ _TESTING_SIGNATURES = {
     "tmsl_host_memory_limit": ([ctypes.c_char_p, ctypes.POINTER(_sz)], _int),
     "tmsl_tiers_figures": ([_vp] + [ctypes.POINTER(_sz)] * 4, _int),
     "tmsl_hold_foreground": ([_vp, _int], _int),
+    "tmsl_fingerprint_host_bytes": ([_vp, _sz, ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64)], _int),
+    "tmsl_fingerprint_memory": ([_vp, _int, _vp, _sz, ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64)], _int),
 }
 NO_TESTING_ABI = (
     "this libtorch_mem_saver_lite.so has no testing ABI (csrc/api/c_api_testing.h), which wheels leave out; "

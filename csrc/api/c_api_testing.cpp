@@ -5,7 +5,11 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "api/abi_guard.h"
+#include "platform/fingerprint.h"
 #include "platform/tag_rules.h"
 
 using namespace tmsl;
@@ -89,6 +93,39 @@ TMSL_API int tmsl_host_memory_limit(const char* root, size_t* out) {
   return guarded([&] {
     Status s = require(root != nullptr && out != nullptr, "root and out must not be NULL");
     if (s.ok()) *out = host_memory_limit(root);
+    return s;
+  });
+}
+
+namespace {
+Status check_fingerprint_request(const void* data, size_t bytes, const uint64_t* lanes) {
+  Status s = require(data != nullptr && lanes != nullptr, "data and lanes must not be NULL");
+  if (s.ok()) s = require(fingerprintable(bytes), "bytes must be a positive multiple of 1024");
+  return s;
+}
+}  // namespace
+
+TMSL_API int tmsl_fingerprint_host_bytes(const void* data, size_t bytes, uint64_t seed, uint64_t* lanes) {
+  return guarded([&] {
+    Status s = check_fingerprint_request(data, bytes, lanes);
+    if (!s.ok()) return s;
+    const Fingerprint f = fingerprint_bytes(static_cast<const char*>(data), bytes, FingerprintKey::from_seed(seed));
+    std::copy(f.lanes, f.lanes + kFingerprintLanes, lanes);
+    return s;
+  });
+}
+
+TMSL_API int tmsl_fingerprint_memory(void* handle, int device, const void* address, size_t bytes, uint64_t seed,
+                                     uint64_t* lanes) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = check_fingerprint_request(address, bytes, lanes);
+    if (!s.ok()) return s;
+    const FingerprintKey key = FingerprintKey::from_seed(seed);
+    std::vector<uint64_t> segments(fingerprint_segments_in(bytes) * kFingerprintLanes);
+    s = saver.backend().fingerprint(device, reinterpret_cast<uintptr_t>(address), bytes, key, segments.data());
+    if (!s.ok()) return s;
+    const Fingerprint f = join_segments(segments.data(), bytes, key);
+    std::copy(f.lanes, f.lanes + kFingerprintLanes, lanes);
     return s;
   });
 }

@@ -27,3 +27,10 @@ TMSL_API int tmsl_tiers_figures(void* saver, size_t* pooled_bytes, size_t* fresh
 // hold 1: the saver's foreground counts as busy (as during an allocation or a pause) until
 // a call with hold 0, so a test can watch what background host work does meanwhile.
 TMSL_API int tmsl_hold_foreground(void* saver, int hold);
+
+// The content fingerprint (platform/fingerprint.h) under the key derived from `seed`, its 4
+// lanes into lanes[0..3]: of `bytes` of host memory at `data` by the CPU half, or of the
+// memory at `address` on `device` by the saver's backend (the GPU half on a CUDA saver).
+TMSL_API int tmsl_fingerprint_host_bytes(const void* data, size_t bytes, uint64_t seed, uint64_t* lanes);
+TMSL_API int tmsl_fingerprint_memory(void* saver, int device, const void* address, size_t bytes, uint64_t seed,
+                                     uint64_t* lanes);

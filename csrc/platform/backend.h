@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 
+#include "platform/fingerprint.h"
 #include "platform/status.h"
 
 namespace tmsl {
@@ -72,6 +73,14 @@ class Backend {
   virtual Status synchronize_stream(int device, void* stream) = 0;
 
   virtual Status memory_info(int device, size_t* free_bytes, size_t* total_bytes) = 0;
+
+  // The content fingerprint's segment values (platform/fingerprint.h) of the mapped memory
+  // [va, va + bytes) (fingerprintable), computed where it lies, into host memory `out`
+  // (fingerprint_segments_in(bytes) * kFingerprintLanes values). Runs after the work queued on
+  // the backend's copy stream and returns once `out` is written. kUnsupported where the
+  // device cannot (a driver without the entry points, no room for its small buffers): the
+  // caller copies instead.
+  virtual Status fingerprint(int device, uintptr_t va, size_t bytes, const FingerprintKey& key, uint64_t* out) = 0;
 };
 
 // Opens the CUDA driver (libcuda.so.1, or $TMSL_CUDA_DRIVER_LIBRARY) at run time.

@@ -5,7 +5,10 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstring>
+#include <map>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
@@ -49,6 +52,12 @@ struct DriverApi {
   PFN_cuEventSynchronize_v2000 cuEventSynchronize = nullptr;
   PFN_cuEventDestroy_v4000 cuEventDestroy = nullptr;
   PFN_cuThreadExchangeStreamCaptureMode_v10010 cuThreadExchangeStreamCaptureMode = nullptr;
+  // The content fingerprint's (optional: without them the backend copies instead).
+  PFN_cuModuleLoadData_v2000 cuModuleLoadData = nullptr;
+  PFN_cuModuleGetFunction_v2000 cuModuleGetFunction = nullptr;
+  PFN_cuLaunchKernel_v4000 cuLaunchKernel = nullptr;
+  PFN_cuMemAlloc_v3020 cuMemAlloc = nullptr;
+  bool fingerprints() const { return cuModuleLoadData && cuModuleGetFunction && cuLaunchKernel && cuMemAlloc; }
 };
 
 // Page-locking host memory counts as "unsafe" while any thread captures a CUDA graph in
@@ -118,6 +127,11 @@ Status load_driver(DriverApi* api) {
   if (!missing.empty()) {
     return Status::Error(Code::kNoDriver, "the CUDA driver lacks entry points: " + missing);
   }
+  std::string optional;
+  driver.resolve("cuModuleLoadData", &api->cuModuleLoadData, &optional);
+  driver.resolve("cuModuleGetFunction", &api->cuModuleGetFunction, &optional);
+  driver.resolve("cuLaunchKernel", &api->cuLaunchKernel, &optional);
+  driver.resolve("cuMemAlloc", &api->cuMemAlloc, &optional);
   return Status::Ok();
 }
 
@@ -282,6 +296,35 @@ class CudaBackend final : public Backend {
                       [&] { return check(api_.cuMemGetInfo(free_bytes, total_bytes), "cuMemGetInfo"); });
   }
 
+  Status fingerprint(int device, uintptr_t va, size_t bytes, const FingerprintKey& key, uint64_t* out) override {
+    return in_context(device, [&] {
+      std::lock_guard<std::mutex> lock(fingerprint_mu_);  // one device buffer per device
+      FingerprintState* state = nullptr;
+      Status s = fingerprint_state(device, key, &state);
+      if (!s.ok()) return s;
+      CUstream stream = devices_[device].copy_stream;
+      // A launch per portion of the memory whose segment values fit the device buffer.
+      const size_t portion = FingerprintState::kSegments * kFingerprintSegmentBytes;
+      for (size_t at = 0; at < bytes; at += portion) {
+        const size_t n = std::min(portion, bytes - at);
+        CUdeviceptr data = va + at, nh_key = state->key, poly_key = state->key + sizeof(key.nh), values = state->values;
+        unsigned long long blocks = n / kFingerprintBlockBytes;
+        void* params[] = {&data, &blocks, &nh_key, &poly_key, &values};
+        const unsigned grid = static_cast<unsigned>(fingerprint_segments_in(n));
+        s = check(api_.cuLaunchKernel(state->function, grid, 1, 1, 256, 1, 1, 0, stream, params, nullptr),
+                  "cuLaunchKernel(fingerprint)");
+        if (s.ok()) {
+          s = check(api_.cuMemcpyDtoHAsync(out + at / kFingerprintSegmentBytes * kFingerprintLanes, state->values,
+                                           grid * kFingerprintLanes * sizeof(uint64_t), stream),
+                    "cuMemcpyDtoHAsync(fingerprint)");
+        }
+        if (s.ok()) s = check(api_.cuStreamSynchronize(stream), "cuStreamSynchronize(fingerprint)");
+        if (!s.ok()) return s;
+      }
+      return Status::Ok();
+    });
+  }
+
  private:
   struct DeviceState {
     std::atomic<bool> ready{false};  // set once the fields below are, for the process lifetime
@@ -387,8 +430,53 @@ class CudaBackend final : public Backend {
     return s;
   }
 
+  // What a device needs to fingerprint: the kernel, and a small buffer for the key and the
+  // segment values of one launch, made at its first use and kept (a fixed 1 MiB per device).
+  struct FingerprintState {
+    static constexpr size_t kSegments = 4096;  // segment values per launch: 1 GiB of memory
+    CUfunction function = nullptr;
+    CUdeviceptr key = 0;     // FingerprintKey's nh then poly, as the kernel reads them
+    CUdeviceptr values = 0;  // kSegments * kFingerprintLanes values
+    FingerprintKey uploaded;
+    bool failed = false;     // tried and refused: the caller copies instead
+  };
+
+  // The device's state, its key uploaded if it changed; fingerprint_mu_ held, in its context.
+  Status fingerprint_state(int device, const FingerprintKey& key, FingerprintState** out) {
+    if (!fingerprint_.count(device)) {
+      FingerprintState state;
+      CUmodule module = nullptr;
+      Status s = api_.fingerprints() ? Status::Ok() : Status::Error(Code::kUnsupported, "the driver cannot launch kernels");
+      if (s.ok()) s = check(api_.cuModuleLoadData(&module, fingerprint_kernel_ptx()), "cuModuleLoadData(fingerprint)");
+      if (s.ok()) s = check(api_.cuModuleGetFunction(&state.function, module, kFingerprintKernelName), "cuModuleGetFunction");
+      if (s.ok()) s = check(api_.cuMemAlloc(&state.key, sizeof(key.nh) + sizeof(key.poly)), "cuMemAlloc(fingerprint key)");
+      if (s.ok()) {
+        s = check(api_.cuMemAlloc(&state.values, FingerprintState::kSegments * kFingerprintLanes * sizeof(uint64_t)),
+                  "cuMemAlloc(fingerprint values)");
+      }
+      // (A module or buffer made before a failure is kept: the state is never tried again.)
+      state.failed = !s.ok();
+      fingerprint_[device] = state;
+      if (!s.ok()) return Status::Error(Code::kUnsupported, "fingerprints on device " + std::to_string(device) + ": " + s.message());
+    }
+    FingerprintState& state = fingerprint_[device];
+    if (state.failed) return Status::Error(Code::kUnsupported, "fingerprints failed on device " + std::to_string(device));
+    if (memcmp(&state.uploaded, &key, sizeof(key)) != 0) {
+      CUstream stream = devices_[device].copy_stream;
+      Status s = check(api_.cuMemcpyHtoDAsync(state.key, key.nh, sizeof(key.nh), stream), "cuMemcpyHtoDAsync(key)");
+      if (s.ok()) s = check(api_.cuMemcpyHtoDAsync(state.key + sizeof(key.nh), key.poly, sizeof(key.poly), stream), "cuMemcpyHtoDAsync(key)");
+      if (s.ok()) s = check(api_.cuStreamSynchronize(stream), "cuStreamSynchronize(key)");
+      if (!s.ok()) return s;
+      state.uploaded = key;
+    }
+    *out = &state;
+    return Status::Ok();
+  }
+
   const DriverApi api_;
   std::mutex mu_;
+  std::mutex fingerprint_mu_;
+  std::map<int, FingerprintState> fingerprint_;
   std::unique_ptr<DeviceState[]> devices_;
   size_t device_count_ = 0;
 };

@@ -29,7 +29,7 @@ class FaultPlan {
     static const std::set<std::string> names = {
         "reserve", "free_reservation", "create_physical", "release_physical", "map", "unmap",
         "set_access", "register_host", "register_host_read_only", "copy_to_host_async", "copy_from_host_async",
-        "wait_copies", "synchronize_device"};
+        "wait_copies", "synchronize_device", "fingerprint"};
     return names;
   }
 
@@ -235,6 +235,13 @@ class HostBackend final : public Backend {
 
   Status fill_async(int, uintptr_t va, size_t size, unsigned char value) override {
     memset(reinterpret_cast<void*>(va), value, size);
+    return Status::Ok();
+  }
+
+  // The CPU half, over the mapped pages themselves.
+  Status fingerprint(int, uintptr_t va, size_t bytes, const FingerprintKey& key, uint64_t* out) override {
+    TMSL_FAULT_POINT("fingerprint");
+    fingerprint_segments(reinterpret_cast<const char*>(va), bytes, key, out);
     return Status::Ok();
   }
 

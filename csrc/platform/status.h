@@ -21,7 +21,8 @@ namespace tmsl {
   X(kNoDriver, "no_driver")                                                               \
   X(kDriverError, "driver_error")                                                         \
   X(kHostError, "host_error")                                                             \
-  X(kTagPaused, "tag_paused") /* entering or allocating in a paused tag */
+  X(kTagPaused, "tag_paused") /* entering or allocating in a paused tag */             \
+  X(kUnsupported, "unsupported") /* the backend or driver cannot do it: the caller does without */
 
 enum class Code : int {
 #define TMSL_CODE_ENUM(name, text) name,
