@@ -95,10 +95,7 @@ std::vector<std::shared_ptr<HostArena>> Saver::prepare_backups_now(const TagSele
 }
 
 void Saver::release_host_cache() {
-  {
-    BackupTiers::Waiting waiting(tiers_);  // a sharing pass queued before it ends early
-    tiers_.background().wait_idle();  // a preparation asked for before this call does not refill it after
-  }
+  tiers_.background().wait_idle();  // a preparation asked for before this call does not refill it after
   ForegroundOp op(*this);  // no pause is reusing these meanwhile
   tiers_.release_cache();
 }
@@ -111,10 +108,7 @@ void Saver::set_host_cache_bytes(size_t bytes) {
 
 void Saver::give_cache_back_on_request() {
   std::unique_lock<std::mutex> op(op_mu_, std::try_to_lock);
-  if (!op.owns_lock()) {
-    tiers_.note_cache_wanted();  // a sharing pass under way stops; the ledger asks again shortly
-    return;
-  }
+  if (!op.owns_lock()) return;  // the saver is busy: the ledger asks again shortly
   tiers_.give_cache_back(std::move(op));
 }
 

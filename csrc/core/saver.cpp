@@ -131,7 +131,7 @@ Status Saver::free(uintptr_t va, void* stream) {
         node = table_.extract(it);
         index_.erase(va);
         // Its copies too, before its address is released and may be another allocation's.
-        host_copy = tiers_.copies().erase(va);
+        host_copy = tiers_.copies().take(va);
         disk_copy = tiers_.disk_copies().take(va);  // its file is removed once this call ends
         break;
       }
@@ -224,9 +224,8 @@ void Saver::settle(const std::vector<Allocation*>& batch, size_t done, State don
     // paused otherwise) keeps.
     if (backups != nullptr) {
       tiers_.copies().settle_pause(vas, devices, done, backups, &let_go);
-    } else if (tiers_.copies().settle_resume(resumed_batch, done, drop_backups, retain_backups_.load(), &let_go,
-                                             &free_now)) {
-      shared_copy_dropped_.store(true);
+    } else {
+      tiers_.copies().settle_resume(resumed_batch, done, drop_backups, retain_backups_.load(), &let_go, &free_now);
     }
   }
   settled_.notify_all();  // first: nothing below may keep a waiting free asleep
@@ -268,9 +267,6 @@ Status Saver::pause(const TagSelection& selection) {
     if (s.ok()) note_duration(moved, started, &TagInfo::last_pause_seconds);
     tiers_.publish_cache();
   }
-  if (s.ok() && tiers_.budget().shares_backups()) {
-    tiers_.background().run([this] { tiers_.share_paused_copies(retain_backups_.load()); });
-  }
   return s;
 }
 
@@ -284,11 +280,6 @@ Status Saver::resume(const TagSelection& selection) {
     if (s.ok()) note_duration(moved, started, &TagInfo::last_resume_seconds);
     tiers_.publish_cache();
   }
-  // A shared copy is dropped at resume (it is never written again): host memory for the
-  // next pause is set aside in the background, as before a first pause, where the cache's
-  // budget has room, so that pause runs at the link's speed too. After the operation lock
-  // is let go: without a background thread the preparation runs here and takes it.
-  if (s.ok() && shared_copy_dropped_.exchange(false)) prepare_backups(TagSelection{false, moved});
   return s;
 }
 
@@ -350,6 +341,8 @@ Status Saver::pause_locked(const TagSelection& selection, std::set<std::string>*
                                    ", call pause again");
       }
       releasing = false;
+      // Its new chunks of the node's store hold their bytes now: named, others may take them.
+      if (backups[done] && backups[done].arena->is_content()) backups[done].arena->publish();
       r = release_physical(*batch[done], &releasing);
       if (r.ok() || releasing) {
         ++done;
@@ -379,10 +372,12 @@ Status Saver::pause_locked(const TagSelection& selection, std::set<std::string>*
 Status Saver::queue_backups(const std::vector<Allocation*>& batch, std::vector<HostBuffer>* backups,
                             CopyMarks* copies) {
   // Where each copy goes: the host memory it kept from its last cycle, else the tiers' (the
-  // pool, fresh memory). "mmap" copies get memory of their own: it goes back at resume.
+  // node's store for large copies where it shares, the pool, fresh memory). "mmap" copies get
+  // memory of their own: it goes back at resume.
   std::vector<CopyRequest> requests(batch.size());
   std::vector<HostBuffer> kept;  // the copies the tiers hold for the batch (moving: this pause's)
   kept = tiers_.copies().peek(addresses_of(batch));
+  const FingerprintKey* key = tiers_.content_key();
   size_t bytes = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     const Allocation& a = *batch[i];
@@ -391,7 +386,14 @@ Status Saver::queue_backups(const std::vector<Allocation*>& batch, std::vector<H
     r.device = a.device;
     r.bytes = a.backup_bytes();
     r.cacheable = a.choice != BackupChoice::kOnUncached;
-    r.tier = !a.backup ? Tier::kNone : copy && copy.size == r.bytes && !copy.arena->has_shared() ? Tier::kKept : Tier::kHost;
+    const bool reusable = copy && copy.size == r.bytes && !copy.arena->is_content();
+    r.tier = !a.backup ? Tier::kNone : reusable ? Tier::kKept : Tier::kHost;
+    if (r.tier == Tier::kHost && key != nullptr && r.cacheable && r.bytes > HostArena::kRangeBytes &&
+        fingerprintable(r.bytes)) {
+      Status s = content_copy(a, *key, copy, &(*backups)[i]);
+      if (!s.ok() && s.code != Code::kUnsupported) return s;
+      if (s.ok()) r.tier = Tier::kContent;
+    }
     if (r.tier == Tier::kKept) {
       (*backups)[i] = copy;  // retained or cached from the last cycle: reused
       copy.arena->note_use();
@@ -414,11 +416,16 @@ Status Saver::queue_backups(const std::vector<Allocation*>& batch, std::vector<H
   }
   for (size_t i = 0; i < batch.size(); ++i) {
     const Allocation& a = *batch[i];
-    if (!(*backups)[i]) continue;
+    const HostBuffer& backup = (*backups)[i];
+    if (!backup) continue;
     copies->begin();
-    s = (*backups)[i].for_each_part([&](char* host, size_t at, size_t n) {
-      return backend_->copy_to_host_async(a.device, host, a.va + at, n);
-    });
+    // Into the whole copy, or into a content arena's new chunks only.
+    for (const auto& [from, n] : backup.arena->writable_parts(backup.offset, backup.size)) {
+      s = backup.for_each_part(from, n, [&](char* host, size_t at, size_t part) {
+        return backend_->copy_to_host_async(a.device, host, a.va + at, part);
+      });
+      if (!s.ok()) break;
+    }
     if (s.ok()) s = copies->mark(i, a.device);
     if (!s.ok()) {
       return with_context(s, "pausing " + describe(batch) + ": copying backups to the host failed; everything "
@@ -426,6 +433,28 @@ Status Saver::queue_backups(const std::vector<Allocation*>& batch, std::vector<H
     }
   }
   return Status::Ok();
+}
+
+Status Saver::content_copy(const Allocation& a, const FingerprintKey& key, const HostBuffer& kept, HostBuffer* out) {
+  std::vector<Fingerprint> chunks;
+  Status s = tiers_.fingerprint_chunks(a.device, a.va, a.backup_bytes(), key, &chunks);
+  if (s.code == Code::kUnsupported) return s;  // copied as before
+  if (!s.ok()) return with_context(s, "fingerprinting tag '" + a.tag + "' (" + format_bytes(a.size) + " at " +
+                                          format_address(a.va) + "); everything stays resident with its content");
+  if (kept && kept.size == a.backup_bytes() && kept.arena->content() == chunks) {
+    // The same bytes as at its last pause: the copy it kept is taken again as it is.
+    kept.arena->note_use();
+    *out = kept;
+    return Status::Ok();
+  }
+  size_t new_bytes = 0;
+  s = tiers_.content_copy(a.device, a.backup_bytes(), chunks, out, &new_bytes);
+  if (!s.ok()) {
+    return with_context(s, "pausing tag '" + a.tag + "': no host memory for its " + format_bytes(new_bytes) +
+                               " of new backup chunks; everything stays resident with its content, call pause "
+                               "again once host memory is free");
+  }
+  return s;
 }
 
 Status Saver::release_physical(Allocation& a, bool* unmapped) {

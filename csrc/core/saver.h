@@ -309,6 +309,10 @@ class Saver {
   // the end of each allocation's copies in `copies`.
   Status queue_backups(const std::vector<Allocation*>& batch, std::vector<HostBuffer>* backups,
                        CopyMarks* copies);
+  // A large backup's copy in chunks of the node's store (tiers/content_copies.cpp): `kept` (its
+  // copy from the last cycle) where its memory still holds those bytes, else a content arena.
+  // kUnsupported: the device cannot fingerprint; the caller copies as before.
+  Status content_copy(const Allocation& a, const FingerprintKey& key, const HostBuffer& kept, HostBuffer* out);
   // Queues the copy of a's host copy (`copy`, the tiers') back into its piece k (freshly
   // mapped), or the piece's poisoning.
   Status restore(const Allocation& a, const HostBuffer& copy, size_t k);
@@ -337,12 +341,11 @@ class Saver {
                                  const Status& cause);
   const Allocation* containing(uintptr_t address) const;  // needs mu_
 
-  // op_mu_ taken for a caller's operation (pause, resume, a lease, a cache change): a
-  // background sharing pass ends at its next range (BackupTiers::Waiting, for the operation's
-  // whole lifetime), and background host work gives way meanwhile (the gate).
+  // op_mu_ taken for a caller's operation (pause, resume, a lease, a cache change):
+  // background host work gives way meanwhile (the gate).
   class ForegroundOp {
    public:
-    explicit ForegroundOp(Saver& saver) : saver_(saver), active_(saver.tiers_.gate()), waiting_(saver.tiers_) {
+    explicit ForegroundOp(Saver& saver) : saver_(saver), active_(saver.tiers_.gate()) {
       saver_.op_mu_.lock();
     }
     ~ForegroundOp() { saver_.op_mu_.unlock(); }
@@ -352,12 +355,10 @@ class Saver {
    private:
     Saver& saver_;
     ForegroundGate::Active active_;
-    BackupTiers::Waiting waiting_;
   };
 
   std::shared_ptr<Backend> backend_;  // shared with host arenas, which leases may keep alive
   std::mutex op_mu_;
-  std::atomic<bool> shared_copy_dropped_{false};  // a resume let a shared copy go (Saver::resume)
   mutable std::mutex mu_;
   std::condition_variable settled_;
   // Allocations by base address, held in place: pointers to them stay valid until erased.

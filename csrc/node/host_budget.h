@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <functional>
 
+#include "platform/fingerprint.h"
 #include "platform/status.h"
 
 namespace tmsl {
@@ -29,12 +30,21 @@ class HostBudget {
   // What could be reserved once the others' caches were given back; SIZE_MAX: no budget.
   virtual size_t room_with_others_caches() = 0;
 
-  // The node's store of shared backups: whether this process shares (TMSL_SHARE_BACKUPS=1);
-  // a chunk holding exactly the `size` bytes at `data` opened (*fd holds it until
-  // release_shared).
-  virtual bool shares_backups() = 0;
-  virtual Status share(const char* data, size_t size, int* fd) = 0;
+  // The node's store of backups held once (node_store.h). The fingerprint key its chunks are
+  // named under; nullptr where this process does not share (TMSL_SHARE_BACKUPS unset, or no
+  // trusted store), and then none of the calls below is made.
+  virtual const FingerprintKey* content_key() = 0;
+  // The chunk of the bytes fingerprinted `f`, held (*fd; -1 where the store has none).
+  virtual Status open_chunk(const Fingerprint& f, int* fd) = 0;
+  // A new, unnamed chunk of `size` bytes for the caller to write (its bytes are the caller's
+  // in the budget until published).
+  virtual Status new_chunk(size_t size, int* fd) = 0;
+  // Names a new chunk, written and never written again, after its fingerprint, and holds it;
+  // *published false: the store has those bytes already, the caller's stays unnamed.
+  virtual Status publish_chunk(int fd, const Fingerprint& f, bool* published) = 0;
+  // Lets go of a chunk open_chunk or publish_chunk holds / of a new chunk never published.
   virtual void release_shared(int fd) = 0;
+  virtual void discard_chunk(int fd) = 0;
 };
 
 }  // namespace tmsl

@@ -542,13 +542,23 @@ Status NodeLedger::set_budget(size_t bytes) {
 
 namespace tmsl {
 
-bool NodeLedger::shares_backups() { return NodeStore::enabled(); }
+const FingerprintKey* NodeLedger::content_key() {
+  if (!NodeStore::enabled() || store_.empty()) return nullptr;
+  // Read (or drawn) once: a store that cannot be trusted or read means no sharing, not an error.
+  std::call_once(key_once_, [this] { has_key_ = NodeStore::key(store_, &key_).ok(); });
+  return has_key_ ? &key_ : nullptr;
+}
 
-Status NodeLedger::share(const char* data, size_t size, int* fd) {
-  std::string path;  // (named in the store; the descriptor is what the caller keeps)
-  return NodeStore::share(*this, store_, data, size, fd, &path);
+Status NodeLedger::open_chunk(const Fingerprint& f, int* fd) { return NodeStore::open(store_, f, fd); }
+
+Status NodeLedger::new_chunk(size_t size, int* fd) { return NodeStore::create(store_, size, fd); }
+
+Status NodeLedger::publish_chunk(int fd, const Fingerprint& f, bool* published) {
+  return NodeStore::publish(store_, fd, f, published);
 }
 
 void NodeLedger::release_shared(int fd) { NodeStore::release(fd); }
+
+void NodeLedger::discard_chunk(int fd) { NodeStore::discard(fd); }
 
 }  // namespace tmsl

@@ -72,10 +72,13 @@ class NodeLedger final : public HostBudget {
   // What could be reserved now once the other processes' host caches were given back;
   // SIZE_MAX where no budget applies.
   size_t room_with_others_caches() override;
-  // The node's store (node_store.h), in this ledger's directory.
-  bool shares_backups() override;
-  Status share(const char* data, size_t size, int* fd) override;
+  // The node's store (node_store.h), in this ledger's directory; its key is read once.
+  const FingerprintKey* content_key() override;
+  Status open_chunk(const Fingerprint& f, int* fd) override;
+  Status new_chunk(size_t size, int* fd) override;
+  Status publish_chunk(int fd, const Fingerprint& f, bool* published) override;
   void release_shared(int fd) override;
+  void discard_chunk(int fd) override;
 
   struct Holder {
     size_t entry;  // the process's entry in the ledger: unique while it lives
@@ -145,6 +148,9 @@ class NodeLedger final : public HostBudget {
   uint64_t start_time_ = 0;
   std::string path_, error_;
   std::string store_;  // the shared backup store's directory (node_store.h)
+  std::once_flag key_once_;
+  FingerprintKey key_;
+  bool has_key_ = false;  // set once, under key_once_
 };
 
 }  // namespace tmsl

@@ -4,7 +4,6 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/file.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,7 +16,6 @@
 #include <mutex>
 
 #include "platform/environment.h"
-#include "node/host_budget.h"
 
 namespace tmsl {
 
@@ -49,7 +47,7 @@ class StoreDirectory {
   StoreDirectory& operator=(const StoreDirectory&) = delete;
   int fd() const { return fd_; }
 
-  // Calls visit(name) for each entry but "." and "..".
+  // Calls visit(name) for each chunk.
   template <typename Visit>
   void each(Visit&& visit) const {
     const int listing = fd_ < 0 ? -1 : dup(fd_);
@@ -59,8 +57,9 @@ class StoreDirectory {
       return;
     }
     rewinddir(dir);
+    // Names starting with a dot are not chunks ("." and "..", the key).
     while (const dirent* entry = readdir(dir)) {
-      if (strcmp(entry->d_name, ".") != 0 && strcmp(entry->d_name, "..") != 0) visit(entry->d_name);
+      if (entry->d_name[0] != '.') visit(entry->d_name);
     }
     closedir(dir);
   }
@@ -212,91 +211,133 @@ size_t NodeStore::bytes_in(const std::string& path) {
   return bytes;
 }
 
-uint64_t content_hash(const char* data, size_t size) {
-  // Four independent lanes over 8-byte words (the loads and multiplies overlap), then mixed.
-  constexpr uint64_t kPrime = 0x9E3779B97F4A7C15ULL;
-  uint64_t lane[4] = {size, ~size, kPrime, 0};
-  size_t at = 0;
-  for (; at + 32 <= size; at += 32) {
-    for (int i = 0; i < 4; ++i) {
-      uint64_t word;
-      memcpy(&word, data + at + 8 * i, 8);
-      lane[i] = (lane[i] ^ word) * kPrime;
-      lane[i] ^= lane[i] >> 29;
-    }
+namespace {
+
+constexpr const char* kKeyName = ".key";
+
+// Reads the key file open at `fd` (trusted as a chunk is).
+Status read_key(int fd, FingerprintKey* out) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !trusted_chunk(st) || st.st_size != static_cast<off_t>(sizeof(FingerprintKey))) {
+    return Status::Error(Code::kHostError, "the shared backup store's key is not this user's read-only key file");
   }
-  uint64_t h = lane[0] ^ (lane[1] * 3) ^ (lane[2] * 5) ^ (lane[3] * 7);
-  for (; at < size; ++at) h = (h ^ static_cast<unsigned char>(data[at])) * kPrime;
-  h ^= h >> 31;
-  h *= kPrime;
-  return h ^ (h >> 29);
+  FingerprintKey key;
+  if (pread(fd, &key, sizeof(key), 0) != static_cast<ssize_t>(sizeof(key)) || !key.valid()) {
+    return Status::Error(Code::kHostError, "the shared backup store's key cannot be read");
+  }
+  *out = key;
+  return Status::Ok();
 }
 
-Status NodeStore::share(HostBudget& budget, const std::string& path, const char* data, size_t size, int* fd,
-                        std::string* chunk_path) {
+// Names the unnamed file open at `fd` `name` in `directory`; false with errno where it cannot.
+bool link_into(int directory, int fd, const char* name) {
+  char link[64];
+  snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+  return linkat(AT_FDCWD, link, directory, name, AT_SYMLINK_FOLLOW) == 0;
+}
+
+Status untrusted_store(const std::string& path) {
+  return Status::Error(Code::kHostError, "the shared backup store " + path +
+                                             " is not a directory of this user that only it may write");
+}
+
+}  // namespace
+
+Status NodeStore::key(const std::string& path, FingerprintKey* out) {
   StoreDirectory directory(path, true);
-  if (directory.fd() < 0) {
-    return Status::Error(Code::kHostError, "the shared backup store " + path +
-                                               " is not a directory of this user that only it may write");
-  }
-  char name[64];
-  snprintf(name, sizeof(name), "%016llx-%zu", static_cast<unsigned long long>(content_hash(data, size)), size);
-  const std::string named_path = path + "/" + name;
-  for (int attempt = 0; attempt < 8; ++attempt) {
-    int chunk = openat(directory.fd(), name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-    if (chunk >= 0) {
-      struct stat st {};
-      if (!shared_lock(chunk) || fstat(chunk, &st) != 0 || st.st_nlink == 0) {
-        close(chunk);  // being removed by its last holder: look again
-        continue;
-      }
-      if (!trusted_chunk(st)) {
-        close(chunk);
-        return Status::Error(Code::kHostError, "the shared backup chunk " + named_path +
-                                                   " is not this user's read-only file");
-      }
-      void* mapped = st.st_size == static_cast<off_t>(size)
-                         ? mmap(nullptr, size, PROT_READ, MAP_SHARED, chunk, 0) : MAP_FAILED;
-      const bool same = mapped != MAP_FAILED && memcmp(mapped, data, size) == 0;
-      if (mapped != MAP_FAILED) munmap(mapped, size);
-      if (!same) {
-        close(chunk);
-        return Status::Error(Code::kHostError, "the shared backup chunk " + named_path + " holds other bytes");
-      }
-    } else {
-      if (errno != ENOENT) return errno_status("opening the shared backup chunk " + named_path, errno);
-      // A new chunk: its bytes are the node's budget's while it is being made, and the
-      // store's (which the ledger counts) once it has its name.
-      Status s = budget.reserve(size);
-      if (!s.ok()) return s;
-      chunk = openat(directory.fd(), ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-      if (chunk < 0) s = errno_status("making a shared backup chunk in " + path, errno);
-      if (s.ok() && ftruncate(chunk, static_cast<off_t>(size)) != 0) s = errno_status("sizing a chunk", errno);
-      if (s.ok()) s = write_all(chunk, data, size);
-      if (s.ok() && fchmod(chunk, 0400) != 0) s = errno_status("making a shared backup chunk read-only", errno);
-      if (s.ok() && flock(chunk, LOCK_SH) != 0) s = errno_status("holding a shared backup chunk", errno);
-      char link[64];
-      snprintf(link, sizeof(link), "/proc/self/fd/%d", chunk);
-      const bool linked = s.ok() && linkat(AT_FDCWD, link, directory.fd(), name, AT_SYMLINK_FOLLOW) == 0;
-      const int error = errno;
-      budget.give_back(size);
-      if (!linked) {
-        if (chunk >= 0) close(chunk);
-        if (!s.ok()) return s;
-        if (error != EEXIST) return errno_status("naming the shared backup chunk " + named_path, error);
-        continue;  // another process published the same bytes first: take theirs
-      }
+  if (directory.fd() < 0) return untrusted_store(path);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const int fd = openat(directory.fd(), kKeyName, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd >= 0) {
+      Status s = read_key(fd, out);
+      close(fd);
+      return s;
     }
-    if (!HeldChunks::instance().add(chunk, named_path)) {  // the process is exiting
-      HeldChunks::let_go(chunk, named_path);
+    if (errno != ENOENT) return errno_status("opening the shared backup store's key", errno);
+    // None yet: drawn, written whole, then named, so no process ever reads half a key.
+    FingerprintKey key;
+    Status s = FingerprintKey::random(&key);
+    if (!s.ok()) return s;
+    const int made = openat(directory.fd(), ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (made < 0) return errno_status("making the shared backup store's key", errno);
+    if (write_all(made, reinterpret_cast<const char*>(&key), sizeof(key)).ok() && fchmod(made, 0400) == 0 &&
+        link_into(directory.fd(), made, kKeyName)) {
+      close(made);
+      *out = key;
+      return Status::Ok();
+    }
+    const int error = errno;
+    close(made);
+    if (error != EEXIST) return errno_status("naming the shared backup store's key", error);
+    // Another process named its key first: read theirs.
+  }
+  return Status::Error(Code::kHostError, "the shared backup store's key kept changing");
+}
+
+Status NodeStore::open(const std::string& path, const Fingerprint& f, int* fd) {
+  *fd = -1;
+  StoreDirectory directory(path, true);
+  if (directory.fd() < 0) return untrusted_store(path);
+  const std::string name = f.name();
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    const int chunk = openat(directory.fd(), name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (chunk < 0) return errno == ENOENT ? Status::Ok() : errno_status("opening the shared backup chunk " + name, errno);
+    struct stat st {};
+    if (!shared_lock(chunk) || fstat(chunk, &st) != 0 || st.st_nlink == 0) {
+      close(chunk);  // being removed by its last holder: look again
+      continue;
+    }
+    if (!trusted_chunk(st) || st.st_size != static_cast<off_t>(f.bytes)) {
+      close(chunk);
+      return Status::Error(Code::kHostError, "the shared backup chunk " + path + "/" + name +
+                                                 " is not this user's read-only file of its size");
+    }
+    if (!HeldChunks::instance().add(chunk, path + "/" + name)) {  // the process is exiting
+      HeldChunks::let_go(chunk, path + "/" + name);
       return Status::Error(Code::kHostError, "the process is exiting: backups are not shared");
     }
     *fd = chunk;
-    *chunk_path = named_path;
     return Status::Ok();
   }
-  return Status::Error(Code::kHostError, "the shared backup chunk " + named_path + " kept changing; kept a private copy");
+  return Status::Error(Code::kHostError, "the shared backup chunk " + path + "/" + name + " kept changing");
 }
+
+Status NodeStore::create(const std::string& path, size_t size, int* fd) {
+  StoreDirectory directory(path, true);
+  if (directory.fd() < 0) return untrusted_store(path);
+  const int chunk = openat(directory.fd(), ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (chunk < 0) return errno_status("making a shared backup chunk in " + path, errno);
+  if (ftruncate(chunk, static_cast<off_t>(size)) != 0) {
+    const int error = errno;
+    close(chunk);
+    return errno_status("sizing a shared backup chunk", error);
+  }
+  *fd = chunk;
+  return Status::Ok();
+}
+
+Status NodeStore::publish(const std::string& path, int fd, const Fingerprint& f, bool* published) {
+  *published = false;
+  StoreDirectory directory(path, false);
+  if (directory.fd() < 0) return untrusted_store(path);
+  const std::string name = f.name();
+  if (fchmod(fd, 0400) != 0) return errno_status("making a shared backup chunk read-only", errno);
+  if (flock(fd, LOCK_SH) != 0) return errno_status("holding a shared backup chunk", errno);
+  if (!link_into(directory.fd(), fd, name.c_str())) {
+    const int error = errno;
+    flock(fd, LOCK_UN);
+    return error == EEXIST ? Status::Ok() : errno_status("naming the shared backup chunk " + name, error);
+  }
+  if (!HeldChunks::instance().add(fd, path + "/" + name)) {  // the process is exiting: the name goes again
+    HeldChunks::with_directory(path + "/" + name, [&](int dir, const char* chunk) { unlink_if_unheld(dir, fd, chunk); });
+    flock(fd, LOCK_UN);
+    return Status::Ok();
+  }
+  *published = true;
+  return Status::Ok();
+}
+
+void NodeStore::discard(int fd) { close(fd); }
 
 void NodeStore::release(int fd) {
   std::string path;

@@ -1,15 +1,18 @@
 // Backups stored once per node: the content of a paused backup that another process of the
 // node holds too (data-parallel replicas and colocated engines hold the same weights) is kept
-// in one file both map, instead of a copy in each.
+// in one file every holder maps, instead of a copy in each.
 //
 // The store is a directory beside the node's ledger (<ledger>.store) of content-addressed
-// chunks, each a file named after a hash of its bytes and its size. A chunk is taken only
-// after comparing it byte for byte, so a hash collision costs a copy, never content. Each
+// chunks, each a file named after the fingerprint of its bytes (platform/fingerprint.h): a
+// pause fingerprints its memory on the device first and takes the chunks the store has by
+// reference, so only new bytes cross the link. The fingerprint's key, which the node's
+// processes share, is the store's `.key`. A new chunk is an unnamed file the pause copies into
+// and names once its bytes are in, so it never holds bytes other than its name says. Each
 // holder keeps the file open with a shared flock, which the kernel drops when the holder dies
 // (kill -9 included); the last holder to let go, or any process that finds a chunk nobody
 // holds, removes it. The ledger counts the store's bytes once, beside the processes' own.
 //
-// Off unless TMSL_SHARE_BACKUPS=1: sharing runs after each pause, in the background.
+// Off unless TMSL_SHARE_BACKUPS=1.
 #pragma once
 
 #include <sys/stat.h>
@@ -17,7 +20,7 @@
 #include <cstddef>
 #include <string>
 
-#include "node/host_budget.h"
+#include "platform/fingerprint.h"
 #include "platform/status.h"
 
 namespace tmsl {
@@ -32,17 +35,26 @@ class NodeStore {
   // what the ledger counts.
   static size_t bytes_in(const std::string& directory);
 
-  // Opens a chunk in the store `directory` holding exactly the `size` bytes at `data`: one of
-  // the store's, compared byte for byte, or a new one (a copy, whose bytes are taken from
-  // `budget` while it is being made). *fd is open and holds the chunk (a shared flock) until release();
-  // *path names it. The store is used only if it is this user's directory that nobody else
-  // may write, and a chunk only if it is this user's read-only file.
-  static Status share(HostBudget& budget, const std::string& directory, const char* data, size_t size, int* fd,
-                      std::string* path);
-  // Lets go of a chunk share() opened (its mappings must be gone): closes it, and removes its
-  // file when no other process holds it. Chunks still held at exit are let go of then; a
-  // forked child closes its copies when it starts.
+  // The node's fingerprint key: the store's `.key`, drawn by the first process that asks.
+  // The store is used only if it is this user's directory that nobody else may write, and a
+  // chunk or the key only if it is this user's read-only file.
+  static Status key(const std::string& directory, FingerprintKey* out);
+  // Opens the chunk holding the bytes whose fingerprint is `f`, and holds it (a shared flock)
+  // until release(); *fd is -1 where the store has none.
+  static Status open(const std::string& directory, const Fingerprint& f, int* fd);
+  // A new chunk of `size` bytes, unnamed (nobody else can find it), for the caller to write;
+  // discard() closes it if it is never published.
+  static Status create(const std::string& directory, size_t size, int* fd);
+  // Names the new chunk at `fd`, whose bytes are written and never written again, after their
+  // fingerprint `f`, and holds it until release(). *published is false where another process
+  // named the same bytes first: the caller keeps its own, unnamed.
+  static Status publish(const std::string& directory, int fd, const Fingerprint& f, bool* published);
+  // Lets go of a chunk open() or publish() holds (its mappings must be gone): closes it, and
+  // removes its file when no other process holds it. Chunks still held at exit are let go of
+  // then; a forked child closes its copies when it starts.
   static void release(int fd);
+  // Closes a new chunk that was never published.
+  static void discard(int fd);
   // Removes the chunks in `directory` nobody holds (what processes that died left behind).
   static void collect_garbage(const std::string& directory);
 };
@@ -51,8 +63,5 @@ class NodeStore {
 // user's (the effective one), and nobody else may write it. The one check for the store and
 // the ledger.
 bool private_to_this_user(const struct stat& st);
-
-// A 64-bit hash of the bytes (names chunks; equality is always checked byte for byte).
-uint64_t content_hash(const char* data, size_t size);
 
 }  // namespace tmsl

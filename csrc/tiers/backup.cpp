@@ -1,5 +1,6 @@
 #include "tiers/backup.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -95,27 +96,65 @@ Status HostArena::create(std::shared_ptr<Backend> backend, HostBudget& budget, F
   madvise(p, arena->size_, MADV_HUGEPAGE);  // advisory: a kernel without THP still works
   keep_from_children(p, arena->size_);
   arena->data_ = static_cast<char*>(p);
-  HostArena* a = arena.get();
-  auto start = [&](void (HostArena::*work)()) {
-    try {
-      arena->workers_.emplace_back([a, work] { (a->*work)(); });
-      return true;
-    } catch (const std::exception&) {
-      return false;  // a thread, memory or address-space limit: the caller does that part itself
+  arena->start_workers();
+  *out = std::move(arena);
+  return Status::Ok();
+}
+
+Status HostArena::create_content(std::shared_ptr<Backend> backend, HostBudget& budget, ForegroundGate& gate, int device,
+                                 size_t size, const std::vector<Chunk>& chunks, std::unique_ptr<HostArena>* out) {
+  bool any_new = false;
+  for (const Chunk& chunk : chunks) any_new = any_new || chunk.fd < 0;
+  std::unique_ptr<HostArena> arena(new HostArena(std::move(backend), budget, gate, any_new, device, {size}));
+  HostArena& a = *arena;
+  // From here on the arena holds the chunks: its destructor lets go of them, whatever fails.
+  const bool laid_out = a.ranges_.size() == chunks.size() && a.buffer_offsets_[0] == 0;
+  for (size_t r = 0; r < a.ranges_.size() && r < chunks.size(); ++r) a.ranges_[r].shared_fd = chunks[r].fd;
+  if (!laid_out || size % static_cast<size_t>(sysconf(_SC_PAGESIZE)) != 0) {
+    for (size_t r = a.ranges_.size(); r < chunks.size(); ++r) {
+      if (chunks[r].fd >= 0) budget.release_shared(chunks[r].fd);
     }
-  };
-  // Room for every thread first: a vector that failed to grow after the registrar started
-  // would leave it waiting for pages nobody faults in.
-  const size_t faulters = fault_in_workers(arena->pieces_.size());
-  arena->workers_.reserve(faulters + 1);
-  const bool registrar = start(&HostArena::page_lock);
-  size_t faulting = 0;
-  while (faulting < faulters && start(&HostArena::fault_in)) ++faulting;
-  // Work done on the caller's thread is done now: giving way there would hold up whoever
-  // waits for the caller (a pause waiting for the background thread's preparation).
-  if (faulting == 0 || !registrar) arena->hurry();
-  if (faulting == 0) arena->fault_in();
-  if (!registrar) arena->page_lock();
+    return Status::Error(Code::kInvalidArgument, "a content arena's chunks do not match its size");
+  }
+  size_t held = 0;  // bytes of chunks the store has: the store's, not this process's
+  a.pieces_.clear();
+  for (size_t r = 0; r < a.ranges_.size(); ++r) {
+    Range& range = a.ranges_[r];
+    range.pieces_left = 0;
+    a.content_.push_back(chunks[r].fingerprint);
+    if (range.shared_fd >= 0) {
+      range.counted = true;
+      held += range.size;
+      a.shared_ranges_++;
+      continue;
+    }
+    for (size_t at = 0; at < range.size; at += kPieceBytes) {
+      a.pieces_.push_back(Piece{r, range.start + at, std::min(kPieceBytes, range.size - at)});
+      ++range.pieces_left;
+    }
+  }
+  a.shared_bytes_ = held;
+  Status s = budget.reserve(a.used_ - held);
+  if (!s.ok()) return s;
+  a.reserved_ = true;
+  a.note_use();
+  // The address range first, then each chunk's file over its part of it.
+  void* p = mmap(nullptr, a.size_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return errno_status("reserving " + format_bytes(a.size_) + " of addresses for backups", errno);
+  a.data_ = static_cast<char*>(p);
+  for (Range& range : a.ranges_) {
+    if (range.shared_fd < 0) {
+      s = budget.new_chunk(range.size, &range.new_fd);
+      if (!s.ok()) return s;
+    }
+    const bool fresh = range.new_fd >= 0;
+    if (mmap(a.data_ + range.start, range.size, fresh ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED | MAP_FIXED,
+             fresh ? range.new_fd : range.shared_fd, 0) == MAP_FAILED) {
+      return errno_status("mapping a backup chunk", errno);
+    }
+    keep_from_children(a.data_ + range.start, range.size);
+  }
+  a.start_workers();
   *out = std::move(arena);
   return Status::Ok();
 }
@@ -165,7 +204,30 @@ std::vector<std::pair<size_t, size_t>> HostArena::spans() {
 
 bool HostArena::poolable() {
   std::lock_guard<std::mutex> lock(mu_);
-  return !leased_ && shared_ranges_.load() == 0 && !stopping();
+  return !leased_ && content_.empty() && !stopping();
+}
+
+void HostArena::start_workers() {
+  auto start = [&](void (HostArena::*work)()) {
+    try {
+      workers_.emplace_back([this, work] { (this->*work)(); });
+      return true;
+    } catch (const std::exception&) {
+      return false;  // a thread, memory or address-space limit: the caller does that part itself
+    }
+  };
+  // Room for every thread first: a vector that failed to grow after the registrar started
+  // would leave it waiting for pages nobody faults in.
+  const size_t faulters = fault_in_workers(pieces_.size());
+  workers_.reserve(faulters + 1);
+  const bool registrar = start(&HostArena::page_lock);
+  size_t faulting = 0;
+  while (faulting < faulters && start(&HostArena::fault_in)) ++faulting;
+  // Work done on the caller's thread is done now: giving way there would hold up whoever
+  // waits for the caller (a pause waiting for the background thread's preparation).
+  if (faulting == 0 || !registrar) hurry();
+  if (faulting == 0) fault_in();
+  if (!registrar) page_lock();
 }
 
 void HostArena::hurry() {
@@ -199,7 +261,12 @@ void HostArena::fault_in() {
     give_way();  // page faults take the process's memory-map lock, which the driver's calls need too
     if (stopping()) break;
     // Faulting the pages in here, in parallel, is much faster than inside the registration.
-    for (size_t off = 0; off < piece.size; off += page) data_[piece.start + off] = 0;
+    // A new chunk's pages are its file's: allocated in the file, which is faster still.
+    const int file = ranges_[piece.range].new_fd;
+    const size_t in_file = piece.start - ranges_[piece.range].start;
+    if (file < 0 || fallocate(file, 0, static_cast<off_t>(in_file), static_cast<off_t>(piece.size)) != 0) {
+      for (size_t off = 0; off < piece.size; off += page) data_[piece.start + off] = 0;
+    }
     std::lock_guard<std::mutex> lock(mu_);
     if (--ranges_[piece.range].pieces_left == 0) changed_.notify_all();
   }
@@ -212,7 +279,16 @@ void HostArena::fault_in() {
 void HostArena::page_lock() {
   Live live;
   // One thread, in order: registrations on many threads at once run slower in the driver.
+  // A content arena's chunks the store has come last: nothing is copied into them.
+  std::vector<Range*> order;
   for (Range& range : ranges_) {
+    if (range.shared_fd < 0) order.push_back(&range);
+  }
+  for (Range& range : ranges_) {
+    if (range.shared_fd >= 0) order.push_back(&range);
+  }
+  for (Range* next : order) {
+    Range& range = *next;
     {
       std::unique_lock<std::mutex> lock(mu_);
       changed_.wait(lock, [&] { return range.pieces_left == 0 || stopping(); });
@@ -223,7 +299,8 @@ void HostArena::page_lock() {
     }
     give_way();
     // A failure is not final: the range's first copy tries again (for_each_part).
-    const bool registered = range.size != 0 && backend_->register_host(device_, data_ + range.start, range.size, false).ok();
+    const bool registered =
+        range.size != 0 && backend_->register_host(device_, data_ + range.start, range.size, range.shared_fd >= 0).ok();
     std::lock_guard<std::mutex> lock(mu_);
     range.registered = registered;
     range.done = true;
@@ -330,6 +407,7 @@ HostArena::~HostArena() {
   if (data_ != nullptr) munmap(data_, size_);
   for (const Range& range : ranges_) {
     if (range.shared_fd >= 0) budget_.release_shared(range.shared_fd);
+    if (range.new_fd >= 0) budget_.discard_chunk(range.new_fd);
   }
   if (reserved_) budget_.give_back(used_ - shared_bytes_.load());
 }
@@ -343,7 +421,7 @@ void HostArena::give_back_gently() {
   for (std::thread& worker : workers_) worker.join();
   workers_.clear();
   for (Range& range : ranges_) {
-    if (range.shared_fd >= 0) continue;
+    if (range.shared_fd >= 0 || range.new_fd >= 0) continue;  // a file's pages go when it is closed
     gate_.wait_quiet([] { return g_exiting.load(); });
     if (g_exiting.load()) return;  // the process is ending: the destructor does the rest at once
     if (range.registered) range.registered = !backend_->unregister_host(device_, data_ + range.start).ok();
@@ -379,55 +457,37 @@ Status HostArena::unshare(Range& range) {
   return Status::Ok();
 }
 
-std::vector<size_t> HostArena::ranges_within(size_t offset, size_t size) {
+void HostArena::publish() {
   std::lock_guard<std::mutex> lock(mu_);
-  std::vector<size_t> within;
   for (size_t r = 0; r < ranges_.size(); ++r) {
-    if (ranges_[r].start >= offset && ranges_[r].start + ranges_[r].size <= offset + size) within.push_back(r);
+    Range& range = ranges_[r];
+    bool published = false;
+    if (range.new_fd < 0 || !budget_.publish_chunk(range.new_fd, content_[r], &published).ok() || !published) continue;
+    // Other processes read it from now on: never written here again.
+    mprotect(data_ + range.start, range.size, PROT_READ);
+    range.shared_fd = range.new_fd;
+    range.new_fd = -1;
+    range.counted = true;
+    shared_ranges_++;
+    shared_bytes_ += range.size;
+    if (reserved_) budget_.give_back(range.size);
   }
-  return within;
 }
 
-Status HostArena::share_range(size_t index) {
-  std::unique_lock<std::mutex> lock(mu_);
-  changed_.wait(lock, [&] { return ranges_left_ == 0 || stopping(); });
-  if (index >= ranges_.size() || leased_ || stopping()) return Status::Ok();
-  Range& range = ranges_[index];
-  if (range.shared_fd >= 0 || !range.done || range.size == 0) return Status::Ok();
-  char* at = data_ + range.start;
-  int fd = -1;
-  Status s = budget_.share(at, range.size, &fd);
-  if (!s.ok()) return s;
-  if (range.registered) range.registered = !backend_->unregister_host(device_, at).ok();
-  if (range.registered) {  // still page-locked: its pages cannot be replaced
-    budget_.release_shared(fd);
-    return Status::Error(Code::kHostError, "a backup range could not be unpinned to be shared");
+std::vector<std::pair<size_t, size_t>> HostArena::writable_parts(size_t offset, size_t size) {
+  if (content_.empty()) return {{0, size}};
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::pair<size_t, size_t>> parts;
+  for (const Range& range : ranges_) {
+    if (range.new_fd < 0 || range.start < offset || range.start + range.size > offset + size) continue;
+    parts.emplace_back(range.start - offset, range.size);
   }
-  // The chunk holds the same bytes: mapped over the range, the range's own pages go back.
-  if (mmap(at, range.size, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
-    // The range may be gone: its bytes come back from the chunk, into fresh private memory.
-    const int error = errno;
-    const bool back = private_copy(at, range.size, fd);
-    budget_.release_shared(fd);
-    return back ? errno_status("mapping a shared backup chunk", error)
-                : Status::Error(Code::kHostError, "a backup range lost its mapping and could not be read back");
-  }
-  range.shared_fd = fd;
-  shared_ranges_++;
-  keep_from_children(at, range.size);  // the ledger counts the chunk once
-  range.registered = backend_->register_host(device_, at, range.size, true).ok();
-  if (!range.registered) {
-    // A driver that cannot page-lock it read-only: private again now, while its bytes are
-    // still this process's in the budget (a resume must never need room to copy it back).
-    Status back = unshare(range);
-    if (back.ok()) range.registered = backend_->register_host(device_, at, range.size, false).ok();
-    return back.ok() ? Status::Error(Code::kHostError, "read-only page-locking refused: the range stays private")
-                     : back;
-  }
-  range.counted = true;
-  shared_bytes_ += range.size;
-  if (reserved_) budget_.give_back(range.size);
-  return Status::Ok();
+  return parts;
+}
+
+std::vector<Fingerprint> HostArena::content() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return leased_ ? std::vector<Fingerprint>() : content_;
 }
 
 BackgroundWork::BackgroundWork() {

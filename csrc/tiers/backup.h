@@ -32,6 +32,7 @@
 
 #include "node/host_budget.h"
 #include "platform/backend.h"
+#include "platform/fingerprint.h"
 #include "tiers/foreground_gate.h"
 #include "platform/status.h"
 
@@ -51,6 +52,21 @@ class HostArena {
   // Not `urgent`: prepared ahead, its workers wait for a quiet foreground until hurry().
   static Status create(std::shared_ptr<Backend> backend, HostBudget& budget, ForegroundGate& gate, bool urgent,
                        int device, const std::vector<size_t>& buffer_sizes, std::unique_ptr<HostArena>* out);
+  // A content arena: one buffer of `size` bytes (a multiple of the page) for one allocation's
+  // copy, whose ranges (kRangeBytes each, the last shorter: chunks_in(size) of them) are
+  // chunks of the node's store (node_store.h), chunks[i] for range i. A chunk the store has
+  // (fd held open by open_chunk) is mapped read-only as it is: no memory of this process, no
+  // copy. A new one (fd -1) is made here, a file the pause copies into and publish() names,
+  // its bytes taken from `budget` until then. It never goes to the pool and is never written
+  // again (a lease makes its ranges private first). Takes the fds, on failure too. Urgent
+  // when some chunk is new (the pause copies into it); otherwise its page-locking gives way.
+  struct Chunk {
+    Fingerprint fingerprint;
+    int fd = -1;
+  };
+  static size_t chunks_in(size_t size) { return (size + kRangeBytes - 1) / kRangeBytes; }
+  static Status create_content(std::shared_ptr<Backend> backend, HostBudget& budget, ForegroundGate& gate, int device,
+                               size_t size, const std::vector<Chunk>& chunks, std::unique_ptr<HostArena>* out);
   ~HostArena();  // waits for its workers, unregisters, unmaps
   // Gives its pages back range by range, each once the foreground is quiet: the background's
   // way of freeing it. Unpinning and freeing gigabytes at once holds the driver's lock and
@@ -87,19 +103,24 @@ class HostArena {
   // Shared ranges in the span are made private first (node_store.h): a lease may be written.
   Status register_as_one(size_t offset, size_t size);
 
-  // Sharing with the node's other processes (node_store.h). The ranges lying wholly in
-  // [offset, offset + size): what share_range takes.
-  std::vector<size_t> ranges_within(size_t offset, size_t size);
-  // Puts range `index` in the node's store: its bytes are compared with (or published as) a
-  // chunk there, then the chunk's file is mapped read-only in its place, at the same
-  // address, and its own memory goes back to the node. Only while nothing copies into it or
-  // leases it (a paused copy marked busy in HostCopies, which holds takes, leases and a
-  // resume's reads of it off meanwhile); the content is never changed.
-  Status share_range(size_t index);
-  // Whether any range is shared: its memory must never be written (no later pause reuses it).
+  // A content arena's: names its new chunks in the store once the pause's copies into them
+  // have landed (their bytes go from this process's budget to the store's); a chunk whose
+  // bytes another process named first stays this process's own.
+  void publish();
+  // A content arena's fingerprints, chunk by chunk, while its bytes are still theirs (never
+  // leased); empty for any other arena.
+  std::vector<Fingerprint> content();
+  bool is_content() const { return !content_.empty(); }
+  // The parts of the buffer at [offset, offset + size) a pause copies into, as (offset in the
+  // buffer, bytes): all of it, or a content arena's new chunks only (the store's hold their
+  // bytes already, and are never written).
+  std::vector<std::pair<size_t, size_t>> writable_parts(size_t offset, size_t size);
+  // Whether any range is a chunk of the store: its memory must never be written.
   bool has_shared() const { return shared_ranges_.load() != 0; }
-  // Whether its memory may serve other buffers once nobody holds it: nothing shared (never
-  // written again) and nothing ever leased (a user may hold its address).
+  // The memory it holds that is this process's own, not the store's.
+  size_t own_bytes() const { return used_ - shared_bytes_.load(); }
+  // Whether its memory may serve other buffers once nobody holds it: an ordinary arena
+  // (not a content arena) never leased (a user may hold its address).
   bool poolable();
 
  private:
@@ -110,6 +131,7 @@ class HostArena {
     bool done = false;
     bool registered = false;  // false once done: page-locking failed, tried again at its copy
     int shared_fd = -1;       // a chunk of the node's store mapped here, read-only
+    int new_fd = -1;          // a new chunk of a content arena mapped here, not named (yet)
     bool counted = false;     // its bytes given back to the node's budget (the store counts them)
   };
   struct Piece {
@@ -120,6 +142,7 @@ class HostArena {
 
   HostArena(std::shared_ptr<Backend> backend, HostBudget& budget, ForegroundGate& gate, bool urgent, int device,
             const std::vector<size_t>& buffer_sizes);
+  void start_workers();  // the registrar and the workers that fault pages in (or does it all here)
   void give_way();  // before a step of a worker's: waits for a quiet foreground unless urgent
   void start_range(size_t at);
   void fault_in();         // a worker: faults pieces in, in order
@@ -148,7 +171,8 @@ class HostArena {
   bool reserved_ = false;  // its bytes are taken from the node's budget (node_ledger.h)
   std::atomic<size_t> shared_bytes_{0};  // of them, in the node's store now (given back)
   std::atomic<int> shared_ranges_{0};    // ranges mapping a chunk of the store
-  bool leased_ = false;  // register_as_one ran: a user may hold its memory; never shared
+  bool leased_ = false;  // register_as_one ran: a user may hold its memory; its content is no longer known
+  std::vector<Fingerprint> content_;  // a content arena's, range by range
   size_t ranges_left_ = 0;  // not yet done
   std::mutex mu_;
   std::condition_variable changed_;

@@ -4,8 +4,8 @@
 // arenas for a batch), the host cache's budget and its policy (which copies stay after a
 // resume, which cached arenas give way, the figure the node's ledger is told: host_cache.cpp),
 // the node's budget it is handed (host_budget.h), the spill's choice (which copies a pause
-// sends to the disk tier instead: spill_choice.cpp), the pass that offers paused copies to the
-// node's store (share_pass.cpp), the background thread that prepares and frees host memory,
+// sends to the disk tier instead: spill_choice.cpp), the copies made of chunks of the node's
+// store (content_copies.cpp), the background thread that prepares and frees host memory,
 // and the gate that makes that thread give way to the foreground (foreground_gate.h). It
 // chooses, per batch, where each allocation's copy goes: memory the allocation kept, the
 // pool, fresh memory.
@@ -44,6 +44,7 @@ enum class Tier {
   kKept,    // the host memory it kept from its last cycle (retained or cached)
   kHost,    // host memory: the pool's, else fresh
   kDisk,    // the disk tier (its files hold the content)
+  kContent, // a content arena: chunks of the node's store, new ones copied into
 };
 
 // What a batch asks of the tiers for one allocation.
@@ -136,27 +137,19 @@ class BackupTiers {
   // lock: not under the saver's table lock.
   std::vector<uintptr_t> choose_spill(const std::vector<SpillCandidate>& selected, bool everything);
 
-  // The share pass (share_pass.cpp), on the background thread after a pause: offers the
-  // large paused copies to the node's store, range by range, each range's copy busy
-  // meanwhile (HostCopies). Foreground work goes first: the pass ends as soon as a foreground
-  // operation is under way or waits (Waiting), another process wants this one's cache
-  // (note_cache_wanted), or the saver is closing. `retain`: nothing is shared (a retained
-  // copy is written again by the next pause).
-  void share_paused_copies(bool retain);
-  // Counts a foreground operation the share pass and the preparation make way for, for its
-  // lifetime.
-  class Waiting {
-   public:
-    explicit Waiting(BackupTiers& tiers) : count_(tiers.foreground_waiting_) { count_++; }
-    ~Waiting() { count_--; }
-    Waiting(const Waiting&) = delete;
-    Waiting& operator=(const Waiting&) = delete;
-
-   private:
-    std::atomic<int>& count_;
-  };
-  // Another process asked for this one's cache while the saver was busy: a share pass stops.
-  void note_cache_wanted() { cache_wanted_.store(true); }
+  // The node's store (content_copies.cpp). The key chunks are fingerprinted under; nullptr
+  // where this process does not share.
+  const FingerprintKey* content_key() { return budget_.content_key(); }
+  // The fingerprints of the chunks of [va, va + bytes) on `device`, computed there
+  // (Backend::fingerprint); kUnsupported where the device cannot: the pause copies instead.
+  Status fingerprint_chunks(int device, uintptr_t va, size_t bytes, const FingerprintKey& key,
+                            std::vector<Fingerprint>* out);
+  // A copy of `bytes` on `device` whose chunks (HostArena::chunks_in(bytes) of them, kRangeBytes
+  // each) have the fingerprints `chunks`, in a content arena: the chunks the store has are
+  // taken as they are, the others made new for the pause to copy into (*new_bytes: theirs).
+  // Takes room for the new ones as host_memory does (the pool and the caches give way).
+  Status content_copy(int device, size_t bytes, const std::vector<Fingerprint>& chunks, HostBuffer* out,
+                      size_t* new_bytes);
   // The saver is going: background passes and preparations stop.
   void close() { closing_.store(true); }
   bool closing() const { return closing_.load(); }
@@ -170,8 +163,6 @@ class BackupTiers {
   std::atomic<size_t> cache_bytes_{default_cache_bytes()};
   std::atomic<size_t> fresh_arenas_{0};
   std::atomic<size_t> published_cache_{0};  // what the node's ledger was last told
-  std::atomic<int> foreground_waiting_{0};  // foreground operations under way or waiting (Waiting)
-  std::atomic<bool> cache_wanted_{false};   // another process asked for this one's cache meanwhile
   std::atomic<bool> closing_{false};
   ForegroundGate gate_;
   BackgroundWork background_;  // after the gate: its tasks wait on it

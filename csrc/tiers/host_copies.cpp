@@ -5,18 +5,10 @@
 
 namespace tmsl {
 
-void HostCopies::wait_not_busy(Lock& lock, uintptr_t va) {
-  shared_.wait(lock, [&] {
-    auto it = entries_.find(va);
-    return it == entries_.end() || !it->second.busy;
-  });
-}
-
 HostBuffer HostCopies::put(uintptr_t va, HostBuffer copy, int device, CopyState state) {
   std::lock_guard<std::mutex> lock(mu_);
   Entry& e = entries_[va];
   HostBuffer old = std::move(e.copy);
-  if (!old || old.arena != copy.arena) e.leased = false;  // another arena: never handed out
   e.copy = std::move(copy);
   e.state = state;
   e.retained = false;
@@ -36,16 +28,6 @@ bool HostCopies::put_if_absent(uintptr_t va, HostBuffer& copy, int device, CopyS
 }
 
 HostBuffer HostCopies::take(uintptr_t va) {
-  Lock lock(mu_);
-  wait_not_busy(lock, va);
-  auto it = entries_.find(va);
-  if (it == entries_.end()) return HostBuffer();
-  HostBuffer copy = std::move(it->second.copy);
-  entries_.erase(it);
-  return copy;
-}
-
-HostBuffer HostCopies::erase(uintptr_t va) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(va);
   if (it == entries_.end()) return HostBuffer();
@@ -54,12 +36,11 @@ HostBuffer HostCopies::erase(uintptr_t va) {
   return copy;
 }
 
-std::vector<HostBuffer> HostCopies::peek(const std::vector<uintptr_t>& vas, bool wait) {
+std::vector<HostBuffer> HostCopies::peek(const std::vector<uintptr_t>& vas) {
   std::vector<HostBuffer> out(vas.size());
-  Lock lock(mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (entries_.empty()) return out;
   for (size_t i = 0; i < vas.size(); ++i) {
-    if (wait) wait_not_busy(lock, vas[i]);
     auto it = entries_.find(vas[i]);
     if (it != entries_.end()) out[i] = it->second.copy;
   }
@@ -94,7 +75,6 @@ void HostCopies::settle_pause(const std::vector<uintptr_t>& vas, const std::vect
         continue;
       }
       Entry& e = entries_[vas[i]];
-      if (!e.copy || e.copy.arena != backup.arena) e.leased = false;  // another arena: never handed out
       if (e.copy) let_go->push_back(std::move(e.copy));
       e.copy = std::move(backup);
       e.state = CopyState::kPaused;
@@ -107,14 +87,12 @@ void HostCopies::settle_pause(const std::vector<uintptr_t>& vas, const std::vect
   }
 }
 
-bool HostCopies::settle_resume(const std::vector<Resumed>& batch, size_t done, bool drop, bool retain,
+void HostCopies::settle_resume(const std::vector<Resumed>& batch, size_t done, bool drop, bool retain,
                                std::vector<HostBuffer>* let_go, std::vector<HostBuffer>* free_now) {
-  bool shared_dropped = false;
-  Lock lock(mu_);
-  if (entries_.empty()) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (entries_.empty()) return;
   for (size_t i = 0; i < batch.size(); ++i) {
     const Resumed& r = batch[i];
-    wait_not_busy(lock, r.va);  // (claimed by the resume: the share pass starts no range of it)
     auto it = entries_.find(r.va);
     if (it == entries_.end()) continue;
     Entry& e = it->second;
@@ -123,27 +101,24 @@ bool HostCopies::settle_resume(const std::vector<Resumed>& batch, size_t done, b
       continue;
     }
     e.state = CopyState::kResident;
-    if (drop || !cached_after_resume(e.copy, r.cacheable, retain)) {
-      if (e.copy.arena->has_shared()) shared_dropped = true;
+    const bool content = e.copy && e.copy.arena->is_content();
+    if ((drop && !content) || !cached_after_resume(e.copy, r.cacheable, retain)) {
       (r.uncached ? free_now : let_go)->push_back(std::move(e.copy));
       entries_.erase(it);
     } else {
       e.retained = retain;
     }
   }
-  return shared_dropped;
 }
 
 HostBuffer HostCopies::lease(uintptr_t va, bool paused, bool* has_copy) {
-  Lock lock(mu_);
-  wait_not_busy(lock, va);
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(va);
   *has_copy = it != entries_.end();
   if (!*has_copy) return HostBuffer();
   // Resident, a copy kept by the cache is stale; one kept by retention is handed out, as
   // torch_memory_saver does (its content is that of the last pause).
   if (!paused && !it->second.retained) return HostBuffer();
-  it->second.leased = true;  // under this lock: a share pass about to begin on it gives up
   return it->second.copy;
 }
 
@@ -185,7 +160,7 @@ size_t HostCopies::cached_bytes_locked(const std::vector<HostBuffer>& more) cons
   std::set<const HostArena*> arenas;
   size_t bytes = 0;
   auto count = [&](const HostBuffer& buffer) {
-    if (buffer && arenas.insert(buffer.arena.get()).second) bytes += buffer.arena->used_bytes();
+    if (buffer && arenas.insert(buffer.arena.get()).second) bytes += buffer.arena->own_bytes();
   };
   for (const auto& entry : entries_) {
     if (entry.second.state == CopyState::kResident) count(entry.second.copy);
@@ -198,7 +173,7 @@ size_t HostCopies::cached_arena_bytes(const std::set<const HostArena*>& except) 
   std::lock_guard<std::mutex> lock(mu_);
   size_t bytes = 0;
   for (const CachedArena& cached : cached_arenas_locked()) {
-    if (except.count(cached.arena) == 0) bytes += cached.arena->used_bytes();
+    if (except.count(cached.arena) == 0) bytes += cached.arena->own_bytes();
   }
   return bytes;
 }
@@ -233,7 +208,7 @@ std::vector<HostBuffer> HostCopies::take_cache(size_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   for (CachedArena& cached : cached_arenas_locked()) {
     if (taken >= bytes) break;
-    taken += cached.arena->used_bytes();
+    taken += cached.arena->own_bytes();
     for (uintptr_t va : cached.holders) {
       auto it = entries_.find(va);
       let_go.push_back(std::move(it->second.copy));
@@ -257,47 +232,6 @@ std::vector<HostBuffer> HostCopies::take_cached_for(std::map<int, size_t>* missi
     }
   }
   return taken;
-}
-
-std::vector<std::pair<uintptr_t, std::shared_ptr<HostArena>>> HostCopies::paused_large(size_t more_than) const {
-  std::vector<std::pair<uintptr_t, std::shared_ptr<HostArena>>> out;
-  std::lock_guard<std::mutex> lock(mu_);
-  for (const auto& entry : entries_) {
-    const Entry& e = entry.second;
-    if (e.state == CopyState::kPaused && e.copy && e.copy.size > more_than) out.emplace_back(entry.first, e.copy.arena);
-  }
-  return out;
-}
-
-bool HostCopies::begin_share(uintptr_t va, const HostArena* arena) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = entries_.find(va);
-  if (it == entries_.end()) return false;
-  Entry& e = it->second;
-  if (e.state != CopyState::kPaused || e.copy.arena.get() != arena || e.busy || e.leased) return false;
-  e.busy = true;
-  return true;
-}
-
-void HostCopies::end_share(uintptr_t va, const HostArena* arena) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = entries_.find(va);
-    // (Erased meanwhile by a free, perhaps replaced: a new copy was never marked.)
-    if (it != entries_.end() && it->second.copy.arena.get() == arena) it->second.busy = false;
-  }
-  shared_.notify_all();
-}
-
-std::vector<size_t> HostCopies::ranges_of(uintptr_t va, const HostArena* arena) {
-  HostBuffer copy;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = entries_.find(va);
-    if (it == entries_.end() || it->second.copy.arena.get() != arena) return {};
-    copy = it->second.copy;
-  }
-  return copy.arena->ranges_within(copy.offset, copy.size);
 }
 
 }  // namespace tmsl

@@ -11,16 +11,17 @@
 // they hold (cached_bytes), and taking them (take_cache). The budget's side of it (how
 // much stays, the node's figure) is BackupTiers' (host_cache.cpp).
 //
-// A copy is busy while the share pass replaces the pages of one of its ranges
-// (share_pass.cpp): take(), lease() and the batch reads of a resume wait until that range is
-// done; erase() (a free) does not wait, as the pass holds the arena itself meanwhile.
+// A copy in a content arena (backup.h: chunks of the node's store) stays after a resume,
+// whatever the cache's budget: the next pause of unchanged bytes takes it again as it is, and
+// a resume sets no private memory aside for it. It is cache like any other all the same (given
+// back on request, or when the budget needs the room), counted by the memory that is this
+// process's own.
 //
 // Locking: its own mutex, taken after the saver's table lock where both are held; under it
-// only an arena's own lock is taken (poolable), never across share_range. Host buffers it lets go are returned to the caller, who drops
-// them off its lock (an arena's last holder may free it).
+// only an arena's own lock is taken (poolable, content). Host buffers it lets go are returned
+// to the caller, who drops them off its lock (an arena's last holder may free it).
 #pragma once
 
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -51,13 +52,10 @@ class HostCopies {
   HostBuffer put(uintptr_t va, HostBuffer copy, int device, CopyState state);
   // Puts `copy` only where va has none; false (and `copy` untouched) where it has one.
   bool put_if_absent(uintptr_t va, HostBuffer& copy, int device, CopyState state);
-  // Takes va's copy out (none: an empty buffer), once no range of it is being shared.
+  // Takes va's copy out (none: an empty buffer).
   HostBuffer take(uintptr_t va);
-  // Takes va's copy out at once, shared or not (a free: the share pass holds the arena).
-  HostBuffer erase(uintptr_t va);
-  // A copy of each va's buffer (empty where it has none), once no range of them is being
-  // shared (`wait` false: at once, for what reads no byte of them: sizes, arenas).
-  std::vector<HostBuffer> peek(const std::vector<uintptr_t>& vas, bool wait = true);
+  // A copy of each va's buffer (empty where it has none).
+  std::vector<HostBuffer> peek(const std::vector<uintptr_t>& vas);
   // Sets the state of each va's copy (those without one are skipped).
   void note_state(const std::vector<uintptr_t>& vas, CopyState state);
 
@@ -73,20 +71,20 @@ class HostCopies {
     bool uncached = false;  // its region asked for "mmap" copies: host memory given back at once
   };
   // A resume settled: batch[i < done] are resident and keep their copies where they may stay
-  // in the cache (cached_after_resume) and `drop` is false (retained where `retain`); the
-  // copies that go are returned in *free_now ("mmap" regions: before the resume returns) or
-  // *let_go. batch[i >= done] stay paused. Returns whether a shared copy was let go.
-  bool settle_resume(const std::vector<Resumed>& batch, size_t done, bool drop, bool retain,
+  // in the cache (cached_after_resume) and `drop` is false (retained where `retain`); a copy
+  // in a content arena stays whatever `drop` says. The copies that go are returned in
+  // *free_now ("mmap" regions: before the resume returns) or *let_go. batch[i >= done] stay
+  // paused.
+  void settle_resume(const std::vector<Resumed>& batch, size_t done, bool drop, bool retain,
                      std::vector<HostBuffer>* let_go, std::vector<HostBuffer>* free_now);
-  // Whether a copy may stay cached after a resume: never a shared one (it is never written
-  // again); otherwise when backups are retained or its region and tag cache them.
+  // Whether a copy may stay cached after a resume: always one in a content arena (its bytes
+  // are the store's); otherwise when backups are retained or its region and tag cache them.
   static bool cached_after_resume(const HostBuffer& copy, bool cacheable, bool retain) {
-    if (copy && copy.arena->has_shared()) return false;
-    return retain || cacheable;
+    return (copy && copy.arena->is_content()) || retain || cacheable;
   }
 
   // What a lease finds at va: whether it has a copy, and the copy handed out (while paused,
-  // or retained), once no range of it is being shared.
+  // or retained).
   HostBuffer lease(uintptr_t va, bool paused, bool* has_copy);
 
   // The copies of resident allocations, all taken out (the cache and retained copies).
@@ -97,7 +95,8 @@ class HostCopies {
   size_t total_bytes() const;
 
   // Host memory the cache holds: every arena a resident allocation keeps a copy in, counted
-  // whole (an arena stays while any buffer of it is kept), and those of `more`.
+  // whole (an arena stays while any buffer of it is kept) by what is this process's own, and
+  // those of `more`.
   size_t cached_bytes(const std::vector<HostBuffer>& more = {}) const;
   // One whole cached arena: every copy in it a resident allocation's, none retained.
   struct CachedArena {
@@ -115,33 +114,17 @@ class HostCopies {
   // (*missing is lowered by what each gives).
   std::vector<HostBuffer> take_cached_for(std::map<int, size_t>* missing);
 
-  // The share pass's side (share_pass.cpp). The large paused copies: (va, arena) each.
-  std::vector<std::pair<uintptr_t, std::shared_ptr<HostArena>>> paused_large(size_t more_than) const;
-  // Marks va's copy busy if it is still paused in `arena` and nothing else shares it: false
-  // where it is not (resumed, freed, replaced).
-  bool begin_share(uintptr_t va, const HostArena* arena);
-  // The range is done: waiters on va go on.
-  void end_share(uintptr_t va, const HostArena* arena);
-  // The ranges of va's copy (within `arena`) that share_range may take; empty where it is gone.
-  std::vector<size_t> ranges_of(uintptr_t va, const HostArena* arena);
-
  private:
   struct Entry {
     HostBuffer copy;
     CopyState state = CopyState::kResident;
     bool retained = false;  // outlived a resume because backups were retained: handed out while resident
-    bool busy = false;      // a range of it is being shared
-    bool leased = false;    // handed out by lease(): a user may write it, so it is never shared
     int device = 0;
   };
-  using Lock = std::unique_lock<std::mutex>;
-  // Waits until va's entry (if any) is not busy; the lock is held again on return.
-  void wait_not_busy(Lock& lock, uintptr_t va);
   size_t cached_bytes_locked(const std::vector<HostBuffer>& more) const;
   std::vector<CachedArena> cached_arenas_locked() const;
 
   mutable std::mutex mu_;
-  std::condition_variable shared_;  // a range is done
   std::map<uintptr_t, Entry> entries_;
 };
 

@@ -17,7 +17,7 @@ std::vector<uintptr_t> BackupTiers::choose_spill(const std::vector<SpillCandidat
   std::vector<uintptr_t> vas;
   vas.reserve(selected.size());
   for (const SpillCandidate& c : selected) vas.push_back(c.va);
-  const std::vector<HostBuffer> copies = copies_.peek(vas, false);
+  const std::vector<HostBuffer> copies = copies_.peek(vas);
   std::set<const HostArena*> reused;
   std::vector<const SpillCandidate*> candidates;
   size_t need = 0;

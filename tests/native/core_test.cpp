@@ -3,6 +3,7 @@
 // AddressSanitizer + UndefinedBehaviorSanitizer and under ThreadSanitizer
 // (`make sanitize`). Prints "N passed, M failed"; exits non-zero on any failure.
 #include <dirent.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -20,6 +21,7 @@
 #include "../../csrc/api/c_api_testing.h"
 #include "../../csrc/node/host_budget.h"
 #include "../../csrc/platform/backend.h"
+#include "../../csrc/tiers/backup.h"
 #include "../../csrc/tiers/host_copies.h"
 
 namespace {
@@ -445,9 +447,28 @@ struct NoLimit : tmsl::HostBudget {
   void forget(const void*) override {}
   bool ask_others_for(size_t, std::chrono::milliseconds) override { return true; }
   size_t room_with_others_caches() override { return SIZE_MAX; }
-  bool shares_backups() override { return false; }
-  tmsl::Status share(const char*, size_t, int*) override { return tmsl::Status::Error(tmsl::Code::kHostError, "no store"); }
-  void release_shared(int) override {}
+  // A store of memfds: new chunks are memfds, publishing names nothing but says it did.
+  const tmsl::FingerprintKey* content_key() override { return nullptr; }
+  tmsl::Status open_chunk(const tmsl::Fingerprint&, int* fd) override {
+    *fd = -1;
+    return tmsl::Status::Ok();
+  }
+  tmsl::Status new_chunk(size_t size, int* fd) override {
+    *fd = memfd_create("chunk", MFD_CLOEXEC);
+    return *fd >= 0 && ftruncate(*fd, static_cast<off_t>(size)) == 0 ? tmsl::Status::Ok()
+                                                                       : tmsl::Status::Error(tmsl::Code::kHostError, "memfd");
+  }
+  tmsl::Status publish_chunk(int, const tmsl::Fingerprint&, bool* published) override {
+    *published = true;
+    ++published_;
+    return tmsl::Status::Ok();
+  }
+  void release_shared(int fd) override {
+    close(fd);
+    ++released_;
+  }
+  void discard_chunk(int fd) override { close(fd); }
+  std::atomic<int> published_{0}, released_{0};
 };
 
 struct CopiesFixture {
@@ -467,46 +488,43 @@ struct CopiesFixture {
   }
 };
 
-void host_copies_take_waits_for_a_range_being_shared() {
+void content_arena_maps_held_chunks_and_copies_into_new_ones_only() {
   CopiesFixture f;
-  auto arena = f.arena(1);
-  CHECK(arena != nullptr);
-  if (arena == nullptr) return;
-  tmsl::HostCopies copies;
-  const uintptr_t va = 0x10000;
-  copies.put(va, CopiesFixture::buffer(arena, 0), 0, tmsl::CopyState::kPaused);
-  CHECK(copies.begin_share(va, arena.get()));
-  CHECK(!copies.begin_share(va, arena.get()));  // busy already
-  std::atomic<bool> taken{false};
-  tmsl::HostBuffer got;
-  std::thread taker([&] {
-    got = copies.take(va);
-    taken.store(true);
-  });
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  CHECK(!taken.load());  // the range is still being shared
-  bool has_copy = false;
-  std::atomic<bool> leased{false};
-  std::thread leaser([&] {
-    copies.lease(va, true, &has_copy);
-    leased.store(true);
-  });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  CHECK(!leased.load());
-  copies.end_share(va, arena.get());
-  taker.join();
-  leaser.join();
-  CHECK(taken.load() && leased.load());
-  CHECK(got.arena == arena);
-  CHECK(copies.take(va).arena == nullptr);  // taken once
-  // A resident copy is never shared, and a free (erase) does not wait for a busy one.
-  copies.put(va, CopiesFixture::buffer(arena, 0), 0, tmsl::CopyState::kResident);
-  CHECK(!copies.begin_share(va, arena.get()));
-  copies.note_state({va}, tmsl::CopyState::kPaused);
-  CHECK(copies.begin_share(va, arena.get()));
-  CHECK(copies.erase(va).arena == arena);
-  copies.end_share(va, arena.get());  // of a copy gone: nothing to wake, nothing broken
-  CHECK(copies.total_bytes() == 0);
+  const size_t range = tmsl::HostArena::kRangeBytes, size = range + 2 * MiB;
+  // Chunk 0 is the store's already (a file holding 0x5A), chunk 1 is new.
+  const int held = memfd_create("held", MFD_CLOEXEC);
+  CHECK(held >= 0 && ftruncate(held, static_cast<off_t>(range)) == 0);
+  std::vector<char> bytes(range, 0x5A);
+  CHECK(pwrite(held, bytes.data(), range, 0) == static_cast<ssize_t>(range));
+  std::vector<tmsl::HostArena::Chunk> chunks(2);
+  chunks[0].fd = held;
+  chunks[0].fingerprint.bytes = range;
+  chunks[1].fingerprint.bytes = 2 * MiB;
+  chunks[1].fingerprint.lanes[0] = 1;
+  CHECK(tmsl::HostArena::chunks_in(size) == 2);
+  std::unique_ptr<tmsl::HostArena> made;
+  CHECK(tmsl::HostArena::create_content(f.backend, f.budget, f.gate, 0, size, chunks, &made).ok());
+  if (made == nullptr) return;
+  std::shared_ptr<tmsl::HostArena> arena(std::move(made));
+  tmsl::HostBuffer buffer{arena, 0, size};
+  CHECK(arena->is_content() && arena->has_shared() && !arena->poolable());
+  CHECK(arena->own_bytes() == 2 * MiB);  // the held chunk is the store's
+  CHECK(buffer.data()[0] == 0x5A && buffer.data()[range - 1] == 0x5A);
+  const auto parts = arena->writable_parts(0, size);
+  CHECK(parts.size() == 1 && parts[0].first == range && parts[0].second == 2 * MiB);
+  CHECK(buffer.for_each_part(range, 2 * MiB, [&](char* host, size_t, size_t n) {
+          memset(host, 0x33, n);  // what the pause's copy would write
+          return tmsl::Status::Ok();
+        }).ok());
+  arena->publish();
+  CHECK(f.budget.published_.load() == 1 && arena->own_bytes() == 0);
+  const std::vector<tmsl::Fingerprint> content = arena->content();
+  CHECK(content.size() == 2 && content[0] == chunks[0].fingerprint && content[1] == chunks[1].fingerprint);
+  CHECK(arena->writable_parts(0, size).empty());  // published: never written again
+  CHECK(buffer.data()[range] == 0x33);
+  buffer = tmsl::HostBuffer();
+  arena.reset();
+  CHECK(f.budget.released_.load() == 2);  // both chunks let go with the arena
 }
 
 void host_copies_cache_goes_least_recently_used_first() {
@@ -562,7 +580,7 @@ int main() {
       {"disk_backup_round_trips_and_removes_its_files", disk_backup_round_trips_and_removes_its_files},
       {"failed_disk_write_leaves_everything_resident", failed_disk_write_leaves_everything_resident},
       {"disk_directory_on_host_memory_is_refused", disk_directory_on_host_memory_is_refused},
-      {"host_copies_take_waits_for_a_range_being_shared", host_copies_take_waits_for_a_range_being_shared},
+      {"content_arena_maps_held_chunks_and_copies_into_new_ones_only", content_arena_maps_held_chunks_and_copies_into_new_ones_only},
       {"host_copies_cache_goes_least_recently_used_first", host_copies_cache_goes_least_recently_used_first},
   };
   int passed = 0, failed = 0;
