@@ -1,8 +1,10 @@
 """Identical backups stored once per node (TMSL_SHARE_BACKUPS=1): processes that pause the same
-content hold it once between them, in the node's store beside the ledger, and each gets its
-own content back bit for bit, whatever another does meanwhile (resume, free, change its
-content and pause again, or die with SIGKILL); nothing is left in the store once nobody holds
-it. Each test runs its processes on a ledger (and so a store) of its own."""
+content hold it once between them, in the node's store beside the ledger, decided from
+fingerprints before any copy (processes pausing at once copy each chunk once between them);
+each gets its own content back bit for bit, whatever another does meanwhile (resume, free,
+change its content and pause again, or die with SIGKILL); a resume keeps its chunks, so the
+next pause of the same bytes copies nothing and takes no memory; nothing is left in the store
+once nobody holds it. Each test runs its processes on a ledger (and so a store) of its own."""
 
 from __future__ import annotations
 
@@ -50,6 +52,9 @@ for line in sys.stdin:
     if command[0] == "resume":
         host.resume("weights")
         print("content", all(mem.read(p, 96 * MiB) == d for p, d in zip(ptrs, expected)), flush=True)
+    elif command[0] == "pause":  # resident, the same content: paused again
+        host.pause("weights")
+        print("paused again", flush=True)
     elif command[0] == "change":  # resident: new content in the first allocation, then pause
         expected[0] = content(7)
         mem.write(ptrs[0], expected[0])
@@ -111,8 +116,11 @@ def ask(child: subprocess.Popen, command: str, timeout: float = 300) -> str:
 
 
 def store_bytes(ledger: Path) -> int:
+    """The bytes of the store's chunks (not its 4 KiB key, nor claims: names with a dot)."""
     store = Path(str(ledger) + ".store")
-    return sum(f.stat().st_size for f in store.iterdir() if f.exists()) if store.exists() else 0
+    if not store.exists():
+        return 0
+    return sum(f.stat().st_size for f in store.iterdir() if not f.name.startswith(".") and f.exists())
 
 
 def store_drains(ledger: Path) -> bool:
@@ -174,17 +182,20 @@ def test_four_processes_pausing_the_same_backups_hold_them_once_and_get_them_bac
     assert store_drains(ledger) and node_figures() == [0, 0]
 
 
-def test_a_resumed_shared_backup_has_private_memory_set_aside_for_the_next_pause(ledger):
-    # A shared copy is never written again, so the resume drops it; the next pause would take
-    # fresh host memory in the foreground (measured on an H100: 20 GB/s instead of 53) unless
-    # it is set aside in the background, as before a first pause.
+def test_a_resume_keeps_its_chunks_so_the_next_pause_of_the_same_bytes_takes_no_memory(ledger):
+    # No re-inflation: after a resume no private memory is set aside for the next pause, whose
+    # unchanged bytes are the chunks the process kept; changed bytes are copied and shared afresh.
     children = paused_children(2)
     try:
         assert ask(children[0], "held") == "held 0"
         assert ask(children[0], "resume") == "content True"
-        assert ask(children[0], "held") == "held 192"  # the next pause's memory, in the budget
+        assert ask(children[0], "held") == "held 0"
+        assert ask(children[0], "pause") == "paused again"  # the same bytes: its chunks again
+        assert ask(children[0], "held") == "held 0"
+        assert store_bytes(ledger) == 192 * MiB
+        assert ask(children[0], "resume") == "content True"
         assert ask(children[0], "change") == "paused again"
-        assert ask(children[0], "held") == "held 0"  # written, then shared again
+        assert ask(children[0], "held") == "held 0"  # written, then shared at once
         assert store_bytes(ledger) == 3 * 192 * MiB // 2  # A, B (the other child's) and A'
         for child in children:
             assert ask(child, "resume") == "content True"
@@ -195,8 +206,8 @@ def test_a_resumed_shared_backup_has_private_memory_set_aside_for_the_next_pause
 
 def test_a_process_where_no_thread_can_start_shares_and_resumes_without_hanging(ledger, tmp_path,
                                                                               shared_library_builder):
-    # Without a background thread (a thread or memory limit) the sharing pass and the
-    # preparation after a resume run on the caller's thread, outside the operation lock.
+    # Without a background thread (a thread or memory limit) the work of arenas and the
+    # background's runs on the caller's thread, outside the operation lock.
     source, shim = tmp_path / "no_threads.c", tmp_path / "no_threads.so"
     source.write_text("#include <errno.h>\n#include <pthread.h>\n"
                       "int pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*f)(void *), void *arg) {\n"
@@ -208,7 +219,7 @@ def test_a_process_where_no_thread_can_start_shares_and_resumes_without_hanging(
         assert paused[0] == "paused", child.stderr.read()
         assert int(paused[1]) < 32 and int(paused[2]) == 0, paused  # shared at once
         assert ask(child, "resume", 120) == "content True"
-        assert ask(child, "held", 120) == "held 192"  # set aside for the next pause
+        assert ask(child, "held", 120) == "held 0"  # its chunks kept, nothing set aside
         assert ask(child, "change", 120) == "paused again"
         assert ask(child, "resume", 120) == "content True"
     finally:
@@ -237,13 +248,14 @@ def test_holders_killed_with_sigkill_leave_nothing_in_the_store_once_nobody_hold
         children[0].send_signal(signal.SIGKILL)
         children[0].wait()
         assert ask(children[1], "resume") == "content True"  # the killed one's hold did not matter
-        assert ask(children[1], "held") == "held 192"  # set aside for its next pause
-        assert store_bytes(ledger) == 192 * MiB  # still held by the third
-        children[2].send_signal(signal.SIGKILL)
-        children[2].wait()
+        assert ask(children[1], "held") == "held 0"  # its chunks kept, nothing set aside
+        assert store_bytes(ledger) == 192 * MiB  # held by the second and the third
+        for child in children[1:]:
+            child.send_signal(signal.SIGKILL)
+            child.wait()
         assert store_bytes(ledger) == 192 * MiB  # nobody holds it, nobody has looked yet
-        # A process opening the ledger removes what nobody holds.
-        assert node_figures() == [0, 192 * MiB]
+        # A process opening the ledger removes what nobody holds; nobody holds a share either.
+        assert node_figures() == [0, 0]
         assert store_drains(ledger)
     finally:
         finish(children)
@@ -261,15 +273,22 @@ def test_without_the_variable_nothing_is_shared(ledger, monkeypatch):
         finish([child])
 
 
-def test_where_the_driver_cannot_page_lock_read_only_memory_backups_stay_private(ledger):
-    child = start(NO_READ_ONLY_PAGE_LOCKING="1")
+def test_where_the_driver_cannot_page_lock_read_only_memory_a_taken_chunk_becomes_private_at_once(ledger):
+    # The first process writes its chunks and page-locks them writable; a second one taking them
+    # needs read-only page-locking, and without it copies them into memory of its own at once
+    # (in the background, while paused), so that its resume never needs room.
+    first = paused_children(1)[0]
+    second = start(NO_READ_ONLY_PAGE_LOCKING="1")
     try:
-        line = line_of(child).split()
-        assert line[0] == "paused" and int(line[2]) == 192, line + [child.stderr.read()]  # its own copy, whole
-        assert store_drains(ledger)  # each range was put back at once: a resume never needs room
-        assert ask(child, "resume") == "content True", child.stderr.read()
+        line = line_of(second).split()
+        assert line[0] == "paused", line + [second.stderr.read()]
+        assert ask(second, "held") == "held 192"  # its own copy, whole
+        assert ask(first, "held") == "held 0"
+        assert ask(second, "resume") == "content True", second.stderr.read()
+        assert ask(first, "resume") == "content True"
     finally:
-        finish([child])
+        finish([first, second])
+    assert store_drains(ledger)
 
 
 def test_a_zero_copy_lease_of_a_shared_backup_is_private_and_writable(ledger):
@@ -277,7 +296,8 @@ def test_a_zero_copy_lease_of_a_shared_backup_is_private_and_writable(ledger):
     try:
         assert ask(children[0], "lease") == "leased True", children[0].stderr.read()
         assert ask(children[1], "resume") == "content True"  # the shared copy was never written
-        assert store_bytes(ledger) == 96 * MiB  # B: A's copy went private with the lease
+        assert ask(children[0], "held") == "held 96"  # A's copy went private with the lease
+        assert store_bytes(ledger) == 192 * MiB  # A (the second child keeps it after its resume) and B
     finally:
         finish(children)
     assert store_drains(ledger)
@@ -295,7 +315,7 @@ def test_a_store_directory_others_may_write_is_never_trusted(ledger):
     try:
         line = line_of(child).split()
         assert line[0] == "paused" and int(line[2]) == 192, line + [child.stderr.read()]  # kept private
-        assert sorted(p.name for p in store.iterdir()) == ["0000000000000000-1099511627776", "fifo"]
+        assert sorted(p.name for p in store.iterdir()) == ["0000000000000000-1099511627776", "fifo"]  # no key
         assert ask(child, "resume") == "content True"
     finally:
         finish([child])
@@ -331,8 +351,9 @@ def test_a_forked_child_holds_none_of_the_stores_chunks(ledger):
         while held_by_grandchild() and time.monotonic() < deadline:
             time.sleep(0.01)
         assert held_by_grandchild() == []
-        assert ask(child, "resume") == "content True"
-        assert store_drains(ledger)
+        assert ask(child, "resume") == "content True"  # it keeps its chunks after the resume
+        finish([child])
+        assert store_drains(ledger)  # the grandchild, alive, holds none of them
     finally:
         if grandchild is not None:
             os.kill(grandchild, signal.SIGKILL)

@@ -49,7 +49,10 @@ std::vector<std::shared_ptr<HostArena>> Saver::prepare_backups_now(const TagSele
   // Whether `a` is resident, backed up, may keep its backup cached and has none yet (the
   // tiers hold no copy of it: `copies`, their addresses in order). Needs mu_.
   const bool retain = retain_backups_.load();
+  // A backup the node's store takes needs no memory of this process's set aside.
+  const FingerprintKey* key = tiers_.content_key();
   auto wants = [&](const Allocation& a, const std::vector<std::pair<uintptr_t, size_t>>& copies) {
+    if (content_addressed(a, key)) return false;
     auto has_copy = std::lower_bound(copies.begin(), copies.end(), std::make_pair(a.va, size_t{0}));
     if (has_copy != copies.end() && has_copy->first == a.va) return false;
     return a.state == State::kActive && a.backs_up() && (retain || resumed(a).cacheable);

@@ -330,7 +330,7 @@ Status Saver::pause_locked(const TagSelection& selection, std::set<std::string>*
     r = write_disk_backups(batch);
     if (!r.ok()) return r;
     // Then each allocation goes as soon as its own copies have landed: releasing overlaps the copies of the ones after it.
-    r = queue_backups(batch, &backups, &copies);
+    r = queue_backups(&batch, &backups, &copies);
     while (r.ok() && done < batch.size()) {
       r = copies.wait(done);
       if (!r.ok()) {
@@ -342,8 +342,8 @@ Status Saver::pause_locked(const TagSelection& selection, std::set<std::string>*
       }
       releasing = false;
       // Its new chunks of the node's store hold their bytes now: named, others may take them.
-      if (backups[done] && backups[done].arena->is_content()) backups[done].arena->publish();
-      r = release_physical(*batch[done], &releasing);
+      r = finish_content(batch, backups, &copies, done);
+      if (r.ok()) r = release_physical(*batch[done], &releasing);
       if (r.ok() || releasing) {
         ++done;
         releasing = false;
@@ -369,8 +369,9 @@ Status Saver::pause_locked(const TagSelection& selection, std::set<std::string>*
   return s;
 }
 
-Status Saver::queue_backups(const std::vector<Allocation*>& batch, std::vector<HostBuffer>* backups,
+Status Saver::queue_backups(std::vector<Allocation*>* batch_in, std::vector<HostBuffer>* backups,
                             CopyMarks* copies) {
+  std::vector<Allocation*>& batch = *batch_in;
   // Where each copy goes: the host memory it kept from its last cycle, else the tiers' (the
   // node's store for large copies where it shares, the pool, fresh memory). "mmap" copies get
   // memory of their own: it goes back at resume.
@@ -388,8 +389,8 @@ Status Saver::queue_backups(const std::vector<Allocation*>& batch, std::vector<H
     r.cacheable = a.choice != BackupChoice::kOnUncached;
     const bool reusable = copy && copy.size == r.bytes && !copy.arena->is_content();
     r.tier = !a.backup ? Tier::kNone : reusable ? Tier::kKept : Tier::kHost;
-    if (r.tier == Tier::kHost && key != nullptr && r.cacheable && r.bytes > HostArena::kRangeBytes &&
-        fingerprintable(r.bytes)) {
+    if (a.backup && content_addressed(a, key)) {
+      // (A private copy it kept goes at settle: the store's chunks replace it.)
       Status s = content_copy(a, *key, copy, &(*backups)[i]);
       if (!s.ok() && s.code != Code::kUnsupported) return s;
       if (s.ok()) r.tier = Tier::kContent;
@@ -414,6 +415,9 @@ Status Saver::queue_backups(const std::vector<Allocation*>& batch, std::vector<H
                                " of backups; everything stays resident with its content, call pause "
                                "again once host memory is free");
   }
+  // Copies waiting for chunks other processes are making go last: everything this pause makes
+  // itself is named before it waits for theirs (so no two pauses wait for each other).
+  order_pending_last(&batch, backups);
   for (size_t i = 0; i < batch.size(); ++i) {
     const Allocation& a = *batch[i];
     const HostBuffer& backup = (*backups)[i];
@@ -433,28 +437,6 @@ Status Saver::queue_backups(const std::vector<Allocation*>& batch, std::vector<H
     }
   }
   return Status::Ok();
-}
-
-Status Saver::content_copy(const Allocation& a, const FingerprintKey& key, const HostBuffer& kept, HostBuffer* out) {
-  std::vector<Fingerprint> chunks;
-  Status s = tiers_.fingerprint_chunks(a.device, a.va, a.backup_bytes(), key, &chunks);
-  if (s.code == Code::kUnsupported) return s;  // copied as before
-  if (!s.ok()) return with_context(s, "fingerprinting tag '" + a.tag + "' (" + format_bytes(a.size) + " at " +
-                                          format_address(a.va) + "); everything stays resident with its content");
-  if (kept && kept.size == a.backup_bytes() && kept.arena->content() == chunks) {
-    // The same bytes as at its last pause: the copy it kept is taken again as it is.
-    kept.arena->note_use();
-    *out = kept;
-    return Status::Ok();
-  }
-  size_t new_bytes = 0;
-  s = tiers_.content_copy(a.device, a.backup_bytes(), chunks, out, &new_bytes);
-  if (!s.ok()) {
-    return with_context(s, "pausing tag '" + a.tag + "': no host memory for its " + format_bytes(new_bytes) +
-                               " of new backup chunks; everything stays resident with its content, call pause "
-                               "again once host memory is free");
-  }
-  return s;
 }
 
 Status Saver::release_physical(Allocation& a, bool* unmapped) {

@@ -307,12 +307,27 @@ class Saver {
                                  const DiskSettings& settings);
   // Queues the copy of every backed-up allocation of the batch into host memory, marking
   // the end of each allocation's copies in `copies`.
-  Status queue_backups(const std::vector<Allocation*>& batch, std::vector<HostBuffer>* backups,
-                       CopyMarks* copies);
-  // A large backup's copy in chunks of the node's store (tiers/content_copies.cpp): `kept` (its
-  // copy from the last cycle) where its memory still holds those bytes, else a content arena.
-  // kUnsupported: the device cannot fingerprint; the caller copies as before.
+  // (Reorders the batch and its backups: see order_pending_last.)
+  Status queue_backups(std::vector<Allocation*>* batch, std::vector<HostBuffer>* backups, CopyMarks* copies);
+  // Content backups (content_backups.cpp): a large backup's copy in chunks of the node's store
+  // (tiers/content_copies.cpp): `kept` (its copy from the last cycle) where its memory still
+  // holds those bytes, else a content arena. kUnsupported: the device cannot fingerprint; the
+  // caller copies as before.
   Status content_copy(const Allocation& a, const FingerprintKey& key, const HostBuffer& kept, HostBuffer* out);
+  // Whether a's backup goes to the node's store (where this process shares: `key`): large
+  // (more than one chunk) and kept after a resume (not an "mmap" copy).
+  static bool content_addressed(const Allocation& a, const FingerprintKey* key) {
+    return key != nullptr && a.choice != BackupChoice::kOnUncached && a.backup_bytes() > HostArena::kRangeBytes &&
+           fingerprintable(a.backup_bytes());
+  }
+  // Moves the copies that wait for chunks other processes are making (and their allocations)
+  // to the end of the batch, in order.
+  static void order_pending_last(std::vector<Allocation*>* batch, std::vector<HostBuffer>* backups);
+  // Once batch[i]'s copies have landed: its content arena's new chunks are named; where it
+  // waits for other processes' chunks, the new chunks of every copy after it are named first
+  // (their copies waited for), then the pending ones settled or made and copied here.
+  Status finish_content(const std::vector<Allocation*>& batch, const std::vector<HostBuffer>& backups,
+                        CopyMarks* copies, size_t i);
   // Queues the copy of a's host copy (`copy`, the tiers') back into its piece k (freshly
   // mapped), or the piece's poisoning.
   Status restore(const Allocation& a, const HostBuffer& copy, size_t k);

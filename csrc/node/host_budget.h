@@ -42,6 +42,13 @@ class HostBudget {
   // Names a new chunk, written and never written again, after its fingerprint, and holds it;
   // *published false: the store has those bytes already, the caller's stays unnamed.
   virtual Status publish_chunk(int fd, const Fingerprint& f, bool* published) = 0;
+  // Claims the making of the chunk of `f` (*claim >= 0, held until unclaim_chunk, after
+  // publishing it or giving up; -1: a live process of the node makes it), and waits until a
+  // chunk another process makes is in the store (*fd held; -1: nobody makes it any more, or
+  // `patience` ran out).
+  virtual Status claim_chunk(const Fingerprint& f, int* claim) = 0;
+  virtual void unclaim_chunk(const Fingerprint& f, int claim) = 0;
+  virtual Status wait_for_chunk(const Fingerprint& f, std::chrono::milliseconds patience, int* fd) = 0;
   // Lets go of a chunk open_chunk or publish_chunk holds / of a new chunk never published.
   virtual void release_shared(int fd) = 0;
   virtual void discard_chunk(int fd) = 0;

@@ -557,6 +557,14 @@ Status NodeLedger::publish_chunk(int fd, const Fingerprint& f, bool* published) 
   return NodeStore::publish(store_, fd, f, published);
 }
 
+Status NodeLedger::claim_chunk(const Fingerprint& f, int* claim) { return NodeStore::claim(store_, f, claim); }
+
+void NodeLedger::unclaim_chunk(const Fingerprint& f, int claim) { NodeStore::unclaim(store_, f, claim); }
+
+Status NodeLedger::wait_for_chunk(const Fingerprint& f, std::chrono::milliseconds patience, int* fd) {
+  return NodeStore::wait_for(store_, f, patience, fd);
+}
+
 void NodeLedger::release_shared(int fd) { NodeStore::release(fd); }
 
 void NodeLedger::discard_chunk(int fd) { NodeStore::discard(fd); }

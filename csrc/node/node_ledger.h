@@ -77,6 +77,9 @@ class NodeLedger final : public HostBudget {
   Status open_chunk(const Fingerprint& f, int* fd) override;
   Status new_chunk(size_t size, int* fd) override;
   Status publish_chunk(int fd, const Fingerprint& f, bool* published) override;
+  Status claim_chunk(const Fingerprint& f, int* claim) override;
+  void unclaim_chunk(const Fingerprint& f, int claim) override;
+  Status wait_for_chunk(const Fingerprint& f, std::chrono::milliseconds patience, int* fd) override;
   void release_shared(int fd) override;
   void discard_chunk(int fd) override;
 

@@ -50,6 +50,21 @@ class StoreDirectory {
   // Calls visit(name) for each chunk.
   template <typename Visit>
   void each(Visit&& visit) const {
+    each_name([&](const char* name) {
+      if (name[0] != '.') visit(name);  // not ".", "..", the key or a claim
+    });
+  }
+  // Calls visit(name) for each claim.
+  template <typename Visit>
+  void each_claim(Visit&& visit) const {
+    each_name([&](const char* name) {
+      if (strncmp(name, ".claim-", 7) == 0) visit(name);
+    });
+  }
+
+ private:
+  template <typename Visit>
+  void each_name(Visit&& visit) const {
     const int listing = fd_ < 0 ? -1 : dup(fd_);
     DIR* dir = listing < 0 ? nullptr : fdopendir(listing);
     if (dir == nullptr) {
@@ -57,14 +72,10 @@ class StoreDirectory {
       return;
     }
     rewinddir(dir);
-    // Names starting with a dot are not chunks ("." and "..", the key).
-    while (const dirent* entry = readdir(dir)) {
-      if (entry->d_name[0] != '.') visit(entry->d_name);
-    }
+    while (const dirent* entry = readdir(dir)) visit(entry->d_name);
     closedir(dir);
   }
 
- private:
   int fd_ = -1;
 };
 
@@ -339,6 +350,75 @@ Status NodeStore::publish(const std::string& path, int fd, const Fingerprint& f,
 
 void NodeStore::discard(int fd) { close(fd); }
 
+namespace {
+
+std::string claim_name(const Fingerprint& f) { return ".claim-" + f.name(); }
+
+// Whether the claim named `name` (if any) is held by a live process; a stale one (its holder
+// died) is removed. false where there is none.
+bool claim_held(int directory, const std::string& name) {
+  const int fd = openat(directory, name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) return false;
+  struct stat st {};
+  bool held = fstat(fd, &st) == 0 && private_to_this_user(st) && flock(fd, LOCK_SH | LOCK_NB) != 0 &&
+              errno == EWOULDBLOCK;
+  if (!held) unlink_if_unheld(directory, fd, name.c_str());  // stale (or not ours to trust)
+  close(fd);
+  return held;
+}
+
+}  // namespace
+
+Status NodeStore::claim(const std::string& path, const Fingerprint& f, int* claim) {
+  *claim = -1;
+  StoreDirectory directory(path, true);
+  if (directory.fd() < 0) return untrusted_store(path);
+  const std::string name = claim_name(f);
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    // Locked before it has its name: nobody can find it unheld.
+    const int made = openat(directory.fd(), ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (made < 0) return errno_status("making a claim in the shared backup store", errno);
+    if (flock(made, LOCK_EX) == 0 && link_into(directory.fd(), made, name.c_str())) {
+      *claim = made;
+      return Status::Ok();
+    }
+    const int error = errno;
+    close(made);
+    if (error != EEXIST) return errno_status("claiming a shared backup chunk", error);
+    if (claim_held(directory.fd(), name)) return Status::Ok();  // being made by another process
+  }
+  return Status::Error(Code::kHostError, "the claim of shared backup chunk " + f.name() + " kept changing");
+}
+
+void NodeStore::unclaim(const std::string& path, const Fingerprint& f, int claim) {
+  StoreDirectory directory(path, false);
+  const std::string name = claim_name(f);
+  struct stat named {}, held {};
+  // Only our own claim's name goes (a stale one may have been replaced by another's).
+  if (directory.fd() >= 0 && fstat(claim, &held) == 0 &&
+      fstatat(directory.fd(), name.c_str(), &named, AT_SYMLINK_NOFOLLOW) == 0 && named.st_ino == held.st_ino &&
+      named.st_dev == held.st_dev) {
+    unlinkat(directory.fd(), name.c_str(), 0);
+  }
+  close(claim);
+}
+
+Status NodeStore::wait_for(const std::string& path, const Fingerprint& f, std::chrono::milliseconds patience, int* fd) {
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  const std::string name = claim_name(f);
+  for (;;) {
+    Status s = open(path, f, fd);
+    if (!s.ok() || *fd >= 0) return s;
+    StoreDirectory directory(path, false);
+    if (directory.fd() < 0 || !claim_held(directory.fd(), name)) {
+      // Named meanwhile (its maker lets the claim go after naming it), or given up.
+      return open(path, f, fd);
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return Status::Ok();
+    usleep(500);
+  }
+}
+
 void NodeStore::release(int fd) {
   std::string path;
   if (HeldChunks::instance().take(fd, &path)) HeldChunks::let_go(fd, path);
@@ -346,6 +426,7 @@ void NodeStore::release(int fd) {
 
 void NodeStore::collect_garbage(const std::string& path) {
   StoreDirectory directory(path, false);
+  directory.each_claim([&](const char* name) { claim_held(directory.fd(), name); });
   directory.each([&](const char* name) {
     const int chunk = open_chunk(directory.fd(), name);
     if (chunk >= 0) {

@@ -17,6 +17,7 @@
 
 #include <sys/stat.h>
 
+#include <chrono>
 #include <cstddef>
 #include <string>
 
@@ -49,13 +50,24 @@ class NodeStore {
   // fingerprint `f`, and holds it until release(). *published is false where another process
   // named the same bytes first: the caller keeps its own, unnamed.
   static Status publish(const std::string& directory, int fd, const Fingerprint& f, bool* published);
+  // Claims the making of the chunk of `f` for this process, so that processes pausing the same
+  // bytes at once copy each chunk once between them: *claim is held until unclaim() (after
+  // publish(), or when giving up); -1 where a live process of the node claims it already. A
+  // claim is a flock on `.claim-<name>`, which the kernel drops when its holder dies.
+  static Status claim(const std::string& directory, const Fingerprint& f, int* claim);
+  static void unclaim(const std::string& directory, const Fingerprint& f, int claim);
+  // Waits until the chunk of `f` is in the store (*fd held, as by open()), or nobody claims it
+  // any more, or `patience` ran out (*fd -1 for both: the caller makes it itself).
+  static Status wait_for(const std::string& directory, const Fingerprint& f, std::chrono::milliseconds patience,
+                         int* fd);
   // Lets go of a chunk open() or publish() holds (its mappings must be gone): closes it, and
   // removes its file when no other process holds it. Chunks still held at exit are let go of
   // then; a forked child closes its copies when it starts.
   static void release(int fd);
   // Closes a new chunk that was never published.
   static void discard(int fd);
-  // Removes the chunks in `directory` nobody holds (what processes that died left behind).
+  // Removes the chunks in `directory` nobody holds, and the claims nobody holds (what processes
+  // that died left behind).
   static void collect_garbage(const std::string& directory);
 };
 

@@ -109,23 +109,29 @@ Status HostArena::create_content(std::shared_ptr<Backend> backend, HostBudget& b
   HostArena& a = *arena;
   // From here on the arena holds the chunks: its destructor lets go of them, whatever fails.
   const bool laid_out = a.ranges_.size() == chunks.size() && a.buffer_offsets_[0] == 0;
-  for (size_t r = 0; r < a.ranges_.size() && r < chunks.size(); ++r) a.ranges_[r].shared_fd = chunks[r].fd;
+  for (size_t r = 0; r < a.ranges_.size() && r < chunks.size(); ++r) {
+    a.ranges_[r].shared_fd = chunks[r].fd;
+    a.ranges_[r].claim_fd = chunks[r].claim;
+    a.ranges_[r].pending = chunks[r].pending;
+  }
   if (!laid_out || size % static_cast<size_t>(sysconf(_SC_PAGESIZE)) != 0) {
     for (size_t r = a.ranges_.size(); r < chunks.size(); ++r) {
       if (chunks[r].fd >= 0) budget.release_shared(chunks[r].fd);
+      if (chunks[r].claim >= 0) budget.unclaim_chunk(chunks[r].fingerprint, chunks[r].claim);
     }
     return Status::Error(Code::kInvalidArgument, "a content arena's chunks do not match its size");
   }
-  size_t held = 0;  // bytes of chunks the store has: the store's, not this process's
+  // Bytes of chunks the store has, or another process makes: the store's, not this process's.
+  size_t held = 0;
   a.pieces_.clear();
   for (size_t r = 0; r < a.ranges_.size(); ++r) {
     Range& range = a.ranges_[r];
-    range.pieces_left = 0;
+    range.pieces_left = range.pending ? 1 : 0;  // a pending chunk is ready once it is settled
     a.content_.push_back(chunks[r].fingerprint);
-    if (range.shared_fd >= 0) {
+    if (range.shared_fd >= 0 || range.pending) {
       range.counted = true;
       held += range.size;
-      a.shared_ranges_++;
+      if (range.shared_fd >= 0) a.shared_ranges_++;
       continue;
     }
     for (size_t at = 0; at < range.size; at += kPieceBytes) {
@@ -143,6 +149,7 @@ Status HostArena::create_content(std::shared_ptr<Backend> backend, HostBudget& b
   if (p == MAP_FAILED) return errno_status("reserving " + format_bytes(a.size_) + " of addresses for backups", errno);
   a.data_ = static_cast<char*>(p);
   for (Range& range : a.ranges_) {
+    if (range.pending) continue;
     if (range.shared_fd < 0) {
       s = budget.new_chunk(range.size, &range.new_fd);
       if (!s.ok()) return s;
@@ -282,10 +289,10 @@ void HostArena::page_lock() {
   // A content arena's chunks the store has come last: nothing is copied into them.
   std::vector<Range*> order;
   for (Range& range : ranges_) {
-    if (range.shared_fd < 0) order.push_back(&range);
+    if (range.shared_fd < 0 && !range.pending) order.push_back(&range);
   }
   for (Range& range : ranges_) {
-    if (range.shared_fd >= 0) order.push_back(&range);
+    if (range.shared_fd >= 0 || range.pending) order.push_back(&range);
   }
   for (Range* next : order) {
     Range& range = *next;
@@ -299,9 +306,14 @@ void HostArena::page_lock() {
     }
     give_way();
     // A failure is not final: the range's first copy tries again (for_each_part).
-    const bool registered =
+    bool registered =
         range.size != 0 && backend_->register_host(device_, data_ + range.start, range.size, range.shared_fd >= 0).ok();
     std::lock_guard<std::mutex> lock(mu_);
+    if (!registered && range.shared_fd >= 0 && unshare(range).ok()) {
+      // A driver that cannot page-lock it read-only: private now, while nothing waits for the
+      // room (a resume must never need room to copy it back).
+      registered = backend_->register_host(device_, data_ + range.start, range.size, false).ok();
+    }
     range.registered = registered;
     range.done = true;
     --ranges_left_;
@@ -408,6 +420,7 @@ HostArena::~HostArena() {
   for (const Range& range : ranges_) {
     if (range.shared_fd >= 0) budget_.release_shared(range.shared_fd);
     if (range.new_fd >= 0) budget_.discard_chunk(range.new_fd);
+    if (range.claim_fd >= 0) budget_.unclaim_chunk(content_[&range - ranges_.data()], range.claim_fd);
   }
   if (reserved_) budget_.give_back(used_ - shared_bytes_.load());
 }
@@ -421,7 +434,7 @@ void HostArena::give_back_gently() {
   for (std::thread& worker : workers_) worker.join();
   workers_.clear();
   for (Range& range : ranges_) {
-    if (range.shared_fd >= 0 || range.new_fd >= 0) continue;  // a file's pages go when it is closed
+    if (range.shared_fd >= 0 || range.new_fd >= 0 || range.pending) continue;  // a file's pages go when it is closed
     gate_.wait_quiet([] { return g_exiting.load(); });
     if (g_exiting.load()) return;  // the process is ending: the destructor does the rest at once
     if (range.registered) range.registered = !backend_->unregister_host(device_, data_ + range.start).ok();
@@ -462,16 +475,77 @@ void HostArena::publish() {
   for (size_t r = 0; r < ranges_.size(); ++r) {
     Range& range = ranges_[r];
     bool published = false;
-    if (range.new_fd < 0 || !budget_.publish_chunk(range.new_fd, content_[r], &published).ok() || !published) continue;
-    // Other processes read it from now on: never written here again.
-    mprotect(data_ + range.start, range.size, PROT_READ);
-    range.shared_fd = range.new_fd;
-    range.new_fd = -1;
-    range.counted = true;
-    shared_ranges_++;
-    shared_bytes_ += range.size;
-    if (reserved_) budget_.give_back(range.size);
+    if (range.new_fd >= 0 && budget_.publish_chunk(range.new_fd, content_[r], &published).ok() && published) {
+      // Other processes read it from now on: never written here again.
+      mprotect(data_ + range.start, range.size, PROT_READ);
+      range.shared_fd = range.new_fd;
+      range.new_fd = -1;
+      range.counted = true;
+      shared_ranges_++;
+      shared_bytes_ += range.size;
+      if (reserved_) budget_.give_back(range.size);
+    }
+    // Named, or the store had it first: whoever waits for it finds it now.
+    if (range.claim_fd >= 0) budget_.unclaim_chunk(content_[r], range.claim_fd);
+    range.claim_fd = -1;
   }
+}
+
+std::vector<size_t> HostArena::pending_chunks() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<size_t> pending;
+  for (size_t r = 0; r < ranges_.size(); ++r) {
+    if (ranges_[r].pending) pending.push_back(r);
+  }
+  return pending;
+}
+
+// (A pending range is this thread's alone until it is settled: the registrar waits for it.)
+Status HostArena::settle_chunk(size_t index, int fd) {
+  Range& range = ranges_[index];
+  if (mmap(data_ + range.start, range.size, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+    const int error = errno;
+    budget_.release_shared(fd);
+    return errno_status("mapping a shared backup chunk", error);
+  }
+  keep_from_children(data_ + range.start, range.size);
+  std::lock_guard<std::mutex> lock(mu_);
+  range.shared_fd = fd;
+  range.pending = false;
+  range.pieces_left = 0;  // counted as the store's since the arena was made
+  shared_ranges_++;
+  changed_.notify_all();
+  return Status::Ok();
+}
+
+Status HostArena::make_chunk(size_t index, int claim) {
+  Range& range = ranges_[index];
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    range.claim_fd = claim;  // let go with the arena should anything below fail
+  }
+  Status s = budget_.reserve(range.size);
+  if (!s.ok()) return s;
+  int fd = -1;
+  s = budget_.new_chunk(range.size, &fd);
+  if (s.ok() && mmap(data_ + range.start, range.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+    s = errno_status("mapping a new backup chunk", errno);
+  }
+  if (s.ok() && fallocate(fd, 0, 0, static_cast<off_t>(range.size)) != 0) s = errno_status("allocating a backup chunk", errno);
+  if (!s.ok()) {
+    if (fd >= 0) budget_.discard_chunk(fd);
+    budget_.give_back(range.size);
+    return s;
+  }
+  keep_from_children(data_ + range.start, range.size);
+  std::lock_guard<std::mutex> lock(mu_);
+  range.new_fd = fd;
+  range.pending = false;
+  range.counted = false;  // this process's own from here until it is published
+  shared_bytes_ -= range.size;
+  range.pieces_left = 0;
+  changed_.notify_all();
+  return Status::Ok();
 }
 
 std::vector<std::pair<size_t, size_t>> HostArena::writable_parts(size_t offset, size_t size) {
@@ -479,7 +553,7 @@ std::vector<std::pair<size_t, size_t>> HostArena::writable_parts(size_t offset, 
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::pair<size_t, size_t>> parts;
   for (const Range& range : ranges_) {
-    if (range.new_fd < 0 || range.start < offset || range.start + range.size > offset + size) continue;
+    if (range.new_fd < 0 || range.pending || range.start < offset || range.start + range.size > offset + size) continue;
     parts.emplace_back(range.start - offset, range.size);
   }
   return parts;
@@ -487,7 +561,9 @@ std::vector<std::pair<size_t, size_t>> HostArena::writable_parts(size_t offset, 
 
 std::vector<Fingerprint> HostArena::content() {
   std::lock_guard<std::mutex> lock(mu_);
-  return leased_ ? std::vector<Fingerprint>() : content_;
+  bool pending = false;
+  for (const Range& range : ranges_) pending = pending || range.pending;
+  return leased_ || pending ? std::vector<Fingerprint>() : content_;
 }
 
 BackgroundWork::BackgroundWork() {

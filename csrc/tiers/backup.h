@@ -58,11 +58,15 @@ class HostArena {
   // (fd held open by open_chunk) is mapped read-only as it is: no memory of this process, no
   // copy. A new one (fd -1) is made here, a file the pause copies into and publish() names,
   // its bytes taken from `budget` until then. It never goes to the pool and is never written
-  // again (a lease makes its ranges private first). Takes the fds, on failure too. Urgent
-  // when some chunk is new (the pause copies into it); otherwise its page-locking gives way.
+  // again (a lease makes its ranges private first). A chunk another process is making
+  // (`pending`) is left unmapped until settle_chunk or make_chunk. Takes the fds and claims,
+  // on failure too. Urgent when some chunk is new (the pause copies into it); otherwise its
+  // page-locking gives way.
   struct Chunk {
     Fingerprint fingerprint;
-    int fd = -1;
+    int fd = -1;        // the store's chunk, held
+    int claim = -1;     // a new chunk's claim (node_store.h), let go once it is published
+    bool pending = false;
   };
   static size_t chunks_in(size_t size) { return (size + kRangeBytes - 1) / kRangeBytes; }
   static Status create_content(std::shared_ptr<Backend> backend, HostBudget& budget, ForegroundGate& gate, int device,
@@ -107,10 +111,19 @@ class HostArena {
   // have landed (their bytes go from this process's budget to the store's); a chunk whose
   // bytes another process named first stays this process's own.
   void publish();
+  // The chunks another process was making when the arena was made.
+  std::vector<size_t> pending_chunks();
+  // Pending chunk `index` is in the store now (fd held): mapped in, read-only.
+  Status settle_chunk(size_t index, int fd);
+  // Pending chunk `index` is nobody's to make any more: made here, new, for the caller to copy
+  // into and publish (`claim`: its claim, or -1).
+  Status make_chunk(size_t index, int claim);
   // A content arena's fingerprints, chunk by chunk, while its bytes are still theirs (never
   // leased); empty for any other arena.
   std::vector<Fingerprint> content();
   bool is_content() const { return !content_.empty(); }
+  // A content arena's chunk `index`'s fingerprint (fixed when it was made).
+  const Fingerprint& chunk_fingerprint(size_t index) const { return content_[index]; }
   // The parts of the buffer at [offset, offset + size) a pause copies into, as (offset in the
   // buffer, bytes): all of it, or a content arena's new chunks only (the store's hold their
   // bytes already, and are never written).
@@ -132,6 +145,8 @@ class HostArena {
     bool registered = false;  // false once done: page-locking failed, tried again at its copy
     int shared_fd = -1;       // a chunk of the node's store mapped here, read-only
     int new_fd = -1;          // a new chunk of a content arena mapped here, not named (yet)
+    int claim_fd = -1;        // the claim of that new chunk, let go once it is published
+    bool pending = false;     // a chunk another process makes: not mapped yet
     bool counted = false;     // its bytes given back to the node's budget (the store counts them)
   };
   struct Piece {

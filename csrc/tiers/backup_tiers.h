@@ -150,6 +150,11 @@ class BackupTiers {
   // Takes room for the new ones as host_memory does (the pool and the caches give way).
   Status content_copy(int device, size_t bytes, const std::vector<Fingerprint>& chunks, HostBuffer* out,
                       size_t* new_bytes);
+  // Pending chunk `index` of a content arena (another process was making it): settled once
+  // the store has it; made new here (*made: the caller copies into it and publishes) where
+  // nobody makes it any more, or it takes longer than kPatienceForChunks.
+  Status wait_for_chunk(HostArena& arena, size_t index, const Fingerprint& f, bool* made);
+  static constexpr std::chrono::milliseconds kPatienceForChunks{30000};
   // The saver is going: background passes and preparations stop.
   void close() { closing_.store(true); }
   bool closing() const { return closing_.load(); }

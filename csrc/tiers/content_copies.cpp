@@ -26,17 +26,23 @@ Status BackupTiers::content_copy(int device, size_t bytes, const std::vector<Fin
   std::unique_ptr<HostArena> made;
   Status s = with_room(bytes, [&] {
     // Opened again at each attempt: the arena takes the chunks, also when it fails.
+    // A chunk nobody has is claimed: of processes pausing the same bytes at once, one copies
+    // it and the others wait for it (pending), after copying what they claimed themselves.
     std::vector<HostArena::Chunk> chunks(fingerprints.size());
     *new_bytes = 0;
     Status opened;
-    for (size_t i = 0; i < chunks.size(); ++i) {
-      chunks[i].fingerprint = fingerprints[i];
-      if (opened.ok()) opened = budget_.open_chunk(fingerprints[i], &chunks[i].fd);
-      if (chunks[i].fd < 0) *new_bytes += fingerprints[i].bytes;
+    for (size_t i = 0; i < chunks.size() && opened.ok(); ++i) {
+      HostArena::Chunk& chunk = chunks[i];
+      chunk.fingerprint = fingerprints[i];
+      opened = budget_.open_chunk(chunk.fingerprint, &chunk.fd);
+      if (opened.ok() && chunk.fd < 0) opened = budget_.claim_chunk(chunk.fingerprint, &chunk.claim);
+      chunk.pending = opened.ok() && chunk.fd < 0 && chunk.claim < 0;
+      if (chunk.fd < 0 && !chunk.pending) *new_bytes += chunk.fingerprint.bytes;
     }
     if (!opened.ok()) {
       for (const HostArena::Chunk& chunk : chunks) {
         if (chunk.fd >= 0) budget_.release_shared(chunk.fd);
+        if (chunk.claim >= 0) budget_.unclaim_chunk(chunk.fingerprint, chunk.claim);
       }
       return opened;
     }
@@ -46,6 +52,24 @@ Status BackupTiers::content_copy(int device, size_t bytes, const std::vector<Fin
   // Never pooled: its memory is chunks of the store, never written again.
   *out = HostBuffer{pool_.track(std::move(made), false), 0, bytes};
   return Status::Ok();
+}
+
+Status BackupTiers::wait_for_chunk(HostArena& arena, size_t index, const Fingerprint& f, bool* made) {
+  *made = false;
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    int fd = -1;
+    Status s = budget_.wait_for_chunk(f, kPatienceForChunks, &fd);
+    if (!s.ok()) return s;
+    if (fd >= 0) return arena.settle_chunk(index, fd);
+    int claim = -1;
+    s = budget_.claim_chunk(f, &claim);
+    if (!s.ok()) return s;
+    // Claimed again by another process meanwhile: wait for that one, but not for ever.
+    if (claim < 0 && attempt + 1 < 4) continue;
+    *made = true;
+    return arena.make_chunk(index, claim);
+  }
+  return Status::Ok();  // (not reached)
 }
 
 }  // namespace tmsl

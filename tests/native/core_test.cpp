@@ -468,6 +468,15 @@ struct NoLimit : tmsl::HostBudget {
     ++released_;
   }
   void discard_chunk(int fd) override { close(fd); }
+  tmsl::Status claim_chunk(const tmsl::Fingerprint&, int* claim) override {
+    *claim = -1;
+    return tmsl::Status::Ok();
+  }
+  void unclaim_chunk(const tmsl::Fingerprint&, int) override {}
+  tmsl::Status wait_for_chunk(const tmsl::Fingerprint&, std::chrono::milliseconds, int* fd) override {
+    *fd = -1;
+    return tmsl::Status::Ok();
+  }
   std::atomic<int> published_{0}, released_{0};
 };
 

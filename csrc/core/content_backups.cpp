@@ -1,0 +1,84 @@
+// The saver's side of content backups: a pause fingerprints each large backup's memory on its
+// device and takes its copy in chunks of the node's store (tiers/content_copies.cpp), copying
+// only what no process of the node holds yet.
+#include <algorithm>
+
+#include "core/copy_marks.h"
+#include "core/saver.h"
+
+namespace tmsl {
+
+Status Saver::content_copy(const Allocation& a, const FingerprintKey& key, const HostBuffer& kept, HostBuffer* out) {
+  std::vector<Fingerprint> chunks;
+  Status s = tiers_.fingerprint_chunks(a.device, a.va, a.backup_bytes(), key, &chunks);
+  if (s.code == Code::kUnsupported) return s;  // copied as before
+  if (!s.ok()) return with_context(s, "fingerprinting tag '" + a.tag + "' (" + format_bytes(a.size) + " at " +
+                                          format_address(a.va) + "); everything stays resident with its content");
+  if (kept && kept.size == a.backup_bytes() && kept.arena->content() == chunks) {
+    // The same bytes as at its last pause: the copy it kept is taken again as it is.
+    kept.arena->note_use();
+    *out = kept;
+    return Status::Ok();
+  }
+  size_t new_bytes = 0;
+  s = tiers_.content_copy(a.device, a.backup_bytes(), chunks, out, &new_bytes);
+  if (!s.ok()) {
+    return with_context(s, "pausing tag '" + a.tag + "': no host memory for its " + format_bytes(new_bytes) +
+                               " of new backup chunks; everything stays resident with its content, call pause "
+                               "again once host memory is free");
+  }
+  return s;
+}
+
+void Saver::order_pending_last(std::vector<Allocation*>* batch, std::vector<HostBuffer>* backups) {
+  std::vector<size_t> order(batch->size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_partition(order.begin(), order.end(), [&](size_t i) {
+    const HostBuffer& b = (*backups)[i];
+    return !b || !b.arena->is_content() || b.arena->pending_chunks().empty();
+  });
+  std::vector<Allocation*> allocations;
+  std::vector<HostBuffer> copies;
+  for (size_t i : order) {
+    allocations.push_back((*batch)[i]);
+    copies.push_back(std::move((*backups)[i]));
+  }
+  *batch = std::move(allocations);
+  *backups = std::move(copies);
+}
+
+Status Saver::finish_content(const std::vector<Allocation*>& batch, const std::vector<HostBuffer>& backups,
+                             CopyMarks* copies, size_t i) {
+  const HostBuffer& backup = backups[i];
+  if (!backup || !backup.arena->is_content()) return Status::Ok();
+  backup.arena->publish();
+  const std::vector<size_t> pending = backup.arena->pending_chunks();
+  if (pending.empty()) return Status::Ok();
+  // Another process may be waiting for the chunks this pause makes: all named first.
+  for (size_t j = i + 1; j < batch.size(); ++j) {
+    Status s = copies->wait(j);
+    if (!s.ok()) return with_context(s, "copying backups to the host");
+    if (backups[j] && backups[j].arena->is_content()) backups[j].arena->publish();
+  }
+  const Allocation& a = *batch[i];
+  for (size_t k : pending) {
+    bool made = false;
+    Status s = tiers_.wait_for_chunk(*backup.arena, k, backup.arena->chunk_fingerprint(k), &made);
+    if (s.ok() && made) {
+      // Nobody else makes it: copied here, from the memory still resident.
+      const size_t from = k * HostArena::kRangeBytes, n = std::min(HostArena::kRangeBytes, backup.size - from);
+      s = backup.for_each_part(from, n, [&](char* host, size_t at, size_t part) {
+        return backend_->copy_to_host_async(a.device, host, a.va + at, part);
+      });
+      if (s.ok()) s = backend_->wait_copies(a.device);
+      if (s.ok()) backup.arena->publish();
+    }
+    if (!s.ok()) {
+      return with_context(s, "pausing tag '" + a.tag + "': a backup chunk another process was making did not "
+                                 "come; it stays resident with its content, call pause again");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace tmsl
