@@ -352,7 +352,9 @@ def test_a_forked_child_holds_none_of_the_stores_chunks(ledger):
             time.sleep(0.01)
         assert held_by_grandchild() == []
         assert ask(child, "resume") == "content True"  # it keeps its chunks after the resume
-        finish([child])
+        child.stdin.write("exit\n")
+        child.stdin.flush()
+        child.wait(timeout=60)  # (its output stays open in the grandchild: not communicate())
         assert store_drains(ledger)  # the grandchild, alive, holds none of them
     finally:
         if grandchild is not None:
