@@ -142,6 +142,16 @@ def node_figures(**env: str) -> list[int]:
     return [int(x) for x in result.stdout.split()]
 
 
+def sharers(**env: str) -> list[tuple[int, int, int]]:
+    """(pid, bytes held, bytes of the store mapped) of each process the node's figures list."""
+    code = "from torch_mem_saver_lite import saver; " \
+           "print([(h.pid, h.bytes, h.shared_bytes) for h in saver.host_memory().holders])"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, **env})
+    assert result.returncode == 0, result.stderr
+    return sorted(eval(result.stdout))  # a list of int tuples, printed by Python
+
+
 def paused_children(count: int) -> list[subprocess.Popen]:
     """Children started and paused (each says so before this returns)."""
     children = [start() for _ in range(count)]
@@ -174,6 +184,8 @@ def test_four_processes_pausing_the_same_backups_hold_them_once_and_get_them_bac
             assert grown < 32 and held == 0, paused  # (without sharing: 192 MiB each)
         assert store_bytes(ledger) == 192 * MiB
         assert node_figures() == [192 * MiB, 0]  # counted once, in the budget
+        # Which processes share the store's bytes: each of the four maps all 192 MiB.
+        assert sharers() == sorted((child.pid, 0, 192 * MiB) for child in children)
         assert node_figures(TMSL_SHARE_BACKUPS="0") == [192 * MiB, 0]  # also by a process that does not share
         for child in children:
             assert ask(child, "resume") == "content True"

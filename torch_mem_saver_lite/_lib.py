@@ -78,6 +78,7 @@ class HostMemoryFigures(ctypes.Structure):
         ("shared_bytes", ctypes.c_uint64),
         ("holder_entry", ctypes.c_uint64 * MAX_HOLDERS),
         ("holder_this_process", ctypes.c_int32 * MAX_HOLDERS),
+        ("holder_shared_bytes", ctypes.c_uint64 * MAX_HOLDERS),
     ]
 
 

@@ -231,6 +231,14 @@ def render(env: Environment) -> str:
                      f"this process {mib(host['held_by_this_process'])}, others {mib(host['held_by_others'])} "
                      f"({len([h for h in host['holders'] if not h['this_process']])} processes)")
         if not host["error"]:
+            sharers = [h for h in host["holders"] if h.get("shared_bytes")]
+            lines.append(f"held once:        {mib(host['shared_bytes'])} of distinct backups in the node's store, "
+                         f"mapped by {len(sharers)} processes"
+                         + ("" if not sharers else " (" + ", ".join(
+                             f"pid {h['pid']}{' (this one)' if h['this_process'] else ''}: {mib(h['shared_bytes'])}"
+                             for h in sharers) + ")")
+                         + ("" if host["shared_bytes"] or sharers else
+                            " (TMSL_SHARE_BACKUPS=1 holds identical backups once per node)"))
             lines.append(f"disk tier:        {host['disk_tier']} (what the budget cannot hold goes there)"
                          if host["disk_tier"] else
                          f"disk tier:        none ({host['disk_tier_problem']}; a pause beyond the budget is refused)"

@@ -63,6 +63,9 @@ class HostMemoryHolder:
         bytes: host memory its backups and host cache hold.
         cached_bytes: of which its host cache, which it could give back.
         this_process: it is the process asking.
+        shared_bytes: backups of the node's store it maps (held once by the node, counted in
+            the report's ``shared_bytes``, not in its ``bytes``): the processes sharing the
+            store's bytes are those with some.
     """
 
     entry: int
@@ -70,6 +73,7 @@ class HostMemoryHolder:
     bytes: int
     cached_bytes: int
     this_process: bool
+    shared_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -102,9 +106,10 @@ class HostMemoryReport:
             serve, and such pauses are refused.
         disk_tier_problem: why the environment's directory (``TMSL_DISK_BACKUP_DIR``) cannot
             serve, naming the variable and the directory ("" where it can, or none is named).
-        shared_bytes: backups the node's processes hold once between them
-            (``TMSL_SHARE_BACKUPS=1``: identical content stored once per node), counted in
-            the budget once and in no holder's share.
+        shared_bytes: the distinct bytes of the node's store of backups held once
+            (``TMSL_SHARE_BACKUPS=1``: identical content stored once per node, whichever
+            processes map it), counted in the budget once and in no holder's ``bytes``; each
+            holder's ``shared_bytes`` says how much of it that process maps.
     """
 
     budget_bytes: int
@@ -125,7 +130,8 @@ def host_memory_report(figures: Any, max_holders: int, **ours: Any) -> HostMemor
     own (``on_disk_bytes``, ``spilled_bytes``, ``disk_tier``, ``disk_tier_problem``)."""
     holders = [HostMemoryHolder(entry=int(figures.holder_entry[i]), pid=int(figures.holder_pid[i]),
                                 bytes=int(figures.holder_bytes[i]), cached_bytes=int(figures.holder_cached_bytes[i]),
-                                this_process=bool(figures.holder_this_process[i]))
+                                this_process=bool(figures.holder_this_process[i]),
+                                shared_bytes=int(figures.holder_shared_bytes[i]))
                for i in range(min(figures.holder_count, max_holders))]
     return HostMemoryReport(budget_bytes=int(figures.budget_bytes) if figures.active else 0,
                             held_by_this_process=int(figures.held_by_this_process),

@@ -138,6 +138,7 @@ TMSL_API int tmsl_host_memory(TmslHostMemory* out) {
       out->holder_cached_bytes[i] = f.holders[i].cached;
       out->holder_entry[i] = f.holders[i].entry;
       out->holder_this_process[i] = f.holders[i].this_process ? 1 : 0;
+      out->holder_shared_bytes[i] = f.holders[i].shared;
     }
     snprintf(out->path, sizeof(out->path), "%s", f.path.c_str());
     snprintf(out->error, sizeof(out->error), "%s", f.error.c_str());

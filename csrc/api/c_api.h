@@ -53,6 +53,8 @@ typedef struct TmslHostMemory {
   uint64_t shared_bytes;  // the node's shared backups (TMSL_SHARE_BACKUPS), counted once
   uint64_t holder_entry[TMSL_MAX_HOLDERS];
   int32_t holder_this_process[TMSL_MAX_HOLDERS];
+  // Bytes of the node's shared backups each holder maps (its copies held once by the node).
+  uint64_t holder_shared_bytes[TMSL_MAX_HOLDERS];
 } TmslHostMemory;
 TMSL_API int tmsl_host_memory(TmslHostMemory* out);
 // Sets the node's budget, for every process of the node (bytes > 0).

@@ -21,6 +21,9 @@ class HostBudget {
   virtual void give_back(size_t bytes) = 0;
   // How much of what `owner` holds it could give back at once (its host cache).
   virtual void note_cached(const void* owner, size_t bytes) = 0;
+  // How much of the node's store `owner` maps (its copies held once by the node): shown beside
+  // what it holds, so that the node's figures say which processes share the store's bytes.
+  virtual void note_shared(const void* owner, size_t bytes) = 0;
   // `give_back` lets `owner`'s cache go when another process needs the room; forget()
   // returns once no call of it runs.
   virtual void on_pressure(const void* owner, std::function<void()> give_back) = 0;

@@ -43,7 +43,7 @@ std::string default_path() {
 // (process_identity.h: the node's one liveness check).
 struct NodeLedger::Slot {
   int32_t pid;  // for people reading who holds what; the lock says who is alive
-  uint32_t unused;
+  uint32_t shared_mib;  // MiB of the node's store it maps (counted once, in the store's bytes)
   uint64_t start_time;
   uint64_t held;    // bytes of host memory this process's backups and cache hold
   uint64_t cached;  // of which its host cache, which it could give back
@@ -216,8 +216,8 @@ Status NodeLedger::load() {
   }
   loaded_ = true;
   // This process's entry, from what it knows: a file cut short or made again lost it.
-  if (slot_ < 0 && my_held_ != 0) my_slot();
-  if (slot_ >= 0) shared_->slots[slot_] = Slot{owner_, 0, start_time_, my_held_, my_cached_};
+  if (slot_ < 0 && (my_held_ != 0 || my_shared_mib_ != 0)) my_slot();
+  if (slot_ >= 0) shared_->slots[slot_] = Slot{owner_, my_shared_mib_, start_time_, my_held_, my_cached_};
   return Status::Ok();
 }
 
@@ -225,6 +225,7 @@ Status NodeLedger::store() {
   if (slot_ >= 0) {
     my_held_ = shared_->slots[slot_].held;
     my_cached_ = shared_->slots[slot_].cached;
+    my_shared_mib_ = shared_->slots[slot_].shared_mib;
   }
   budget_seen_ = shared_->budget;
   explicit_seen_ = shared_->explicit_budget;
@@ -385,6 +386,21 @@ void NodeLedger::note_cached(const void* owner, size_t bytes) {
   });
 }
 
+void NodeLedger::note_shared(const void* owner, size_t bytes) {
+  locked([&] {
+    if (bytes == 0) {
+      shared_by_.erase(owner);
+    } else {
+      shared_by_[owner] = bytes;
+    }
+    size_t total = 0;
+    for (const auto& entry : shared_by_) total += entry.second;
+    Slot* mine = my_slot();
+    if (mine != nullptr) mine->shared_mib = static_cast<uint32_t>(std::min<size_t>(total >> 20, UINT32_MAX));
+    return Status::Ok();
+  });
+}
+
 void NodeLedger::on_pressure(const void* owner, std::function<void()> give_back) {
   {
     std::lock_guard<std::mutex> lock(givers_mu_);
@@ -418,6 +434,7 @@ void NodeLedger::forget(const void* owner) {
   {
     std::lock_guard<std::mutex> cached(mu_);
     cached_.erase(owner);
+    shared_by_.erase(owner);
   }
 }
 
@@ -515,7 +532,9 @@ NodeLedger::Figures NodeLedger::figures() {
       if (slot.pid == 0) continue;
       const bool mine = static_cast<int>(i) == slot_;
       (mine ? f.held_here : f.held_by_others) += slot.held;
-      if (slot.held != 0) f.holders.push_back(Holder{i, slot.pid, slot.held, slot.cached, mine});
+      if (slot.held != 0 || slot.shared_mib != 0) {
+        f.holders.push_back(Holder{i, slot.pid, slot.held, slot.cached, mine, size_t{slot.shared_mib} << 20});
+      }
     }
     f.shared = NodeStore::bytes_in(store_);
     return Status::Ok();

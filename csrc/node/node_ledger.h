@@ -61,6 +61,8 @@ class NodeLedger final : public HostBudget {
   // How much of what `owner` (a saver) holds it could give back at once (its host cache);
   // the process's total is shown to the others.
   void note_cached(const void* owner, size_t bytes) override;
+  // How much of the node's store `owner` maps; the process's total is shown to the others.
+  void note_shared(const void* owner, size_t bytes) override;
 
   // `give_back` gives `owner`'s host cache back; it is called, on a thread of the ledger's,
   // when another process of the node needs the room. forget() returns once no call of it runs.
@@ -88,6 +90,7 @@ class NodeLedger final : public HostBudget {
     pid_t pid;     // as the process saw itself (pids of other pid namespaces may repeat)
     size_t bytes, cached;
     bool this_process;
+    size_t shared;  // bytes of the node's store it maps (its copies held once by the node)
   };
   struct Figures {
     bool active = false;     // false: no ledger (error says why); no budget applies
@@ -135,6 +138,7 @@ class NodeLedger final : public HostBudget {
 
   std::mutex mu_;  // the threads of this process, around the file lock
   std::map<const void*, size_t> cached_;  // per saver, under mu_
+  std::map<const void*, size_t> shared_by_;  // per saver, under mu_
   std::mutex givers_mu_;  // held while a give_back runs
   std::map<const void*, std::function<void()>> givers_;
   bool watching_ = false;  // under givers_mu_
@@ -144,6 +148,7 @@ class NodeLedger final : public HostBudget {
   std::atomic<uint32_t*> pressure_word_{nullptr};  // the file's pressure word, mapped for futex calls only
   bool loaded_ = false;  // the file was read once: one cut short is this ledger, made whole
   uint64_t my_held_ = 0, my_cached_ = 0;  // this process's entry as it knows it (the file may lose it)
+  uint32_t my_shared_mib_ = 0;
   uint64_t budget_seen_ = 0;       // the budget as last read, for a file made again
   uint32_t explicit_seen_ = 0;
   pid_t owner_ = 0;  // the process that opened it: a forked child neither takes nor gives

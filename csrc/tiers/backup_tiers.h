@@ -108,7 +108,8 @@ class BackupTiers {
   // them for the pause. Only while no pause is reusing cached copies (the saver's operation).
   std::vector<HostBuffer> take_stale_cache(const std::vector<CopyRequest>& requests);
   // Tells the node's ledger how much host cache could be given back (the whole cached
-  // arenas and the pool), and lets the pool keep what the budget leaves beside the copies kept.
+  // arenas and the pool) and how much of its store this process maps, and lets the pool keep
+  // what the budget leaves beside the copies kept.
   void publish_cache();
   // Another process of the node needs the room: gives the whole cache back at once (the pool
   // too), letting `op` (the saver's operation lock, held) go once the copies are taken.
@@ -168,6 +169,7 @@ class BackupTiers {
   std::atomic<size_t> cache_bytes_{default_cache_bytes()};
   std::atomic<size_t> fresh_arenas_{0};
   std::atomic<size_t> published_cache_{0};  // what the node's ledger was last told
+  std::atomic<size_t> published_shared_{0};  // and of the store's bytes this process maps
   std::atomic<bool> closing_{false};
   ForegroundGate gate_;
   BackgroundWork background_;  // after the gate: its tasks wait on it

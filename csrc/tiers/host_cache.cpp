@@ -66,6 +66,9 @@ void BackupTiers::publish_cache() {
   evictable += pool_.bytes();
   // The ledger takes the node's lock.
   if (published_cache_.exchange(evictable) != evictable) budget_.note_cached(this, evictable);
+  // And how much of the node's store this process maps (its copies held once by the node).
+  const size_t mapped = copies_.store_bytes();
+  if (published_shared_.exchange(mapped) != mapped) budget_.note_shared(this, mapped);
 }
 
 void BackupTiers::give_cache_back(std::unique_lock<std::mutex> op) {

@@ -151,6 +151,19 @@ size_t HostCopies::total_bytes() const {
   return bytes;
 }
 
+size_t HostCopies::store_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::set<const HostArena*> arenas;
+  size_t bytes = 0;
+  for (const auto& entry : entries_) {
+    const HostBuffer& copy = entry.second.copy;
+    if (copy && copy.arena->is_content() && arenas.insert(copy.arena.get()).second) {
+      bytes += copy.arena->used_bytes() - copy.arena->own_bytes();
+    }
+  }
+  return bytes;
+}
+
 size_t HostCopies::cached_bytes(const std::vector<HostBuffer>& more) const {
   std::lock_guard<std::mutex> lock(mu_);
   return cached_bytes_locked(more);

@@ -93,6 +93,8 @@ class HostCopies {
   std::vector<std::pair<uintptr_t, size_t>> sizes() const;
   // Bytes of every copy (what figures and tests observe).
   size_t total_bytes() const;
+  // Bytes of the node's store its copies map (content arenas' chunks held once by the node).
+  size_t store_bytes() const;
 
   // Host memory the cache holds: every arena a resident allocation keeps a copy in, counted
   // whole (an arena stays while any buffer of it is kept) by what is this process's own, and

@@ -443,6 +443,7 @@ struct NoLimit : tmsl::HostBudget {
   tmsl::Status reserve(size_t) override { return tmsl::Status::Ok(); }
   void give_back(size_t) override {}
   void note_cached(const void*, size_t) override {}
+  void note_shared(const void*, size_t) override {}
   void on_pressure(const void*, std::function<void()>) override {}
   void forget(const void*) override {}
   bool ask_others_for(size_t, std::chrono::milliseconds) override { return true; }
