@@ -31,6 +31,7 @@ LEVELS: dict[str, dict[str, str]] = {
         "test_host_memory_pool.py": "host memory as a pool any pause takes; background host work gives way",
         "test_host_memory_budget.py": "one host-memory budget for the node's processes, never exceeded",
         "test_host_shared_backups.py": "identical backups stored once per node (TMSL_SHARE_BACKUPS)",
+        "test_fingerprint.py": "the content fingerprint: its CPU half against the definition, its PTX",
         "test_host_memory_limit.py": "the host cache's default budget from the memory this process may use",
         "test_host_pieces.py": "large backed-up allocations resumed in pieces",
         "test_host_disk_backup.py": "disk backup",
@@ -44,6 +45,7 @@ LEVELS: dict[str, dict[str, str]] = {
         "test_cuda_backend_fake_driver.py": "the CUDA backend over the stand-in driver",
         "test_doctor.py": "the doctor's facts and verdict",
         "gpu/test_cuda_graphs.py": "pauseable graph pools, nested regions, disable(), expandable segments",
+        "gpu/test_fingerprint_gpu.py": "the GPU fingerprint gives what the CPU half gives, bit for bit",
         "gpu/test_multi_gpu.py": "several GPUs and NCCL processes",
     },
     "robustness": {

@@ -324,8 +324,8 @@ def test_the_defaults_and_limits_the_docs_state_are_the_codes(tmp_path):
     # Stored once: allocations over 64 MiB, 64 MiB at a time (the arena's range).
     stored_once = section(GUIDE, "### Identical backups stored once per node")
     assert "(allocations over 64 MiB)" in stored_once and "64 MiB at a time" in stored_once
-    assert "kRangeBytes = 64 << 20" in CODE and "paused_large(HostArena::kRangeBytes)" in CODE
-    assert "e.copy.size > more_than" in CODE  # (HostCopies::paused_large: over it, not at it)
+    assert "kRangeBytes = 64 << 20" in CODE and "a.backup_bytes() > HostArena::kRangeBytes" in CODE
+    assert "(size + kRangeBytes - 1) / kRangeBytes" in CODE  # (chunks_in: 64 MiB each, the last shorter)
     assert "one file per 64 MiB chunk of content" in side_effects
     # The disk backup's threads: as many as its workers, 4 by default.
     assert "threads named `tmsl-disk-N` (4 by default" in side_effects

@@ -11,6 +11,10 @@
 #include <new>
 #include <system_error>
 
+#ifndef MADV_POPULATE_WRITE  // Linux 5.14; older C libraries' headers lack it (the kernel answers EINVAL)
+#define MADV_POPULATE_WRITE 23
+#endif
+
 
 namespace tmsl {
 namespace {
@@ -62,17 +66,29 @@ void run_quietly(const std::function<void()>& task) {
   }
 }
 
-// A forked child gets none of an arena's pages (each new mapping over it is marked again): its
-// savers refuse every call, and pages it kept would be memory the node's ledger counts as the
-// parent's alone.
-void keep_from_children(void* at, size_t size) { madvise(at, size, MADV_DONTFORK); }
 
 // Maps fresh private memory over [at, at + size) and fills it from the chunk open at `fd`.
 bool private_copy(char* at, size_t size, int fd) {
   if (mmap(at, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED) return false;
-  keep_from_children(at, size);
+  HostArena::keep_from_children(at, size);
   return pread(fd, at, size, 0) == static_cast<ssize_t>(size);
 }
+
+}  // namespace
+
+// A forked child gets none of an arena's pages (each new mapping over it is marked again): its
+// savers refuse every call, and pages it kept would be memory the node's ledger counts as the
+// parent's alone.
+void HostArena::keep_from_children(void* at, size_t size) { madvise(at, size, MADV_DONTFORK); }
+
+void HostArena::fault_in_pages(char* at, size_t size, bool file) {
+  // A file's pages in the kernel, in one call, where it can (Linux 5.14); else a write to each page.
+  if (file && madvise(at, size, MADV_POPULATE_WRITE) == 0) return;
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  for (size_t off = 0; off < size; off += page) at[off] = 0;
+}
+
+namespace {
 
 size_t fault_in_workers(size_t pieces) {
   // One core is left to the thread that page-locks and the one that copies.
@@ -97,71 +113,6 @@ Status HostArena::create(std::shared_ptr<Backend> backend, HostBudget& budget, F
   keep_from_children(p, arena->size_);
   arena->data_ = static_cast<char*>(p);
   arena->start_workers();
-  *out = std::move(arena);
-  return Status::Ok();
-}
-
-Status HostArena::create_content(std::shared_ptr<Backend> backend, HostBudget& budget, ForegroundGate& gate, int device,
-                                 size_t size, const std::vector<Chunk>& chunks, std::unique_ptr<HostArena>* out) {
-  bool any_new = false;
-  for (const Chunk& chunk : chunks) any_new = any_new || chunk.fd < 0;
-  std::unique_ptr<HostArena> arena(new HostArena(std::move(backend), budget, gate, any_new, device, {size}));
-  HostArena& a = *arena;
-  // From here on the arena holds the chunks: its destructor lets go of them, whatever fails.
-  const bool laid_out = a.ranges_.size() == chunks.size() && a.buffer_offsets_[0] == 0;
-  for (size_t r = 0; r < a.ranges_.size() && r < chunks.size(); ++r) {
-    a.ranges_[r].shared_fd = chunks[r].fd;
-    a.ranges_[r].claim_fd = chunks[r].claim;
-    a.ranges_[r].pending = chunks[r].pending;
-  }
-  if (!laid_out || size % static_cast<size_t>(sysconf(_SC_PAGESIZE)) != 0) {
-    for (size_t r = a.ranges_.size(); r < chunks.size(); ++r) {
-      if (chunks[r].fd >= 0) budget.release_shared(chunks[r].fd);
-      if (chunks[r].claim >= 0) budget.unclaim_chunk(chunks[r].fingerprint, chunks[r].claim);
-    }
-    return Status::Error(Code::kInvalidArgument, "a content arena's chunks do not match its size");
-  }
-  // Bytes of chunks the store has, or another process makes: the store's, not this process's.
-  size_t held = 0;
-  a.pieces_.clear();
-  for (size_t r = 0; r < a.ranges_.size(); ++r) {
-    Range& range = a.ranges_[r];
-    range.pieces_left = range.pending ? 1 : 0;  // a pending chunk is ready once it is settled
-    a.content_.push_back(chunks[r].fingerprint);
-    if (range.shared_fd >= 0 || range.pending) {
-      range.counted = true;
-      held += range.size;
-      if (range.shared_fd >= 0) a.shared_ranges_++;
-      continue;
-    }
-    for (size_t at = 0; at < range.size; at += kPieceBytes) {
-      a.pieces_.push_back(Piece{r, range.start + at, std::min(kPieceBytes, range.size - at)});
-      ++range.pieces_left;
-    }
-  }
-  a.shared_bytes_ = held;
-  Status s = budget.reserve(a.used_ - held);
-  if (!s.ok()) return s;
-  a.reserved_ = true;
-  a.note_use();
-  // The address range first, then each chunk's file over its part of it.
-  void* p = mmap(nullptr, a.size_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED) return errno_status("reserving " + format_bytes(a.size_) + " of addresses for backups", errno);
-  a.data_ = static_cast<char*>(p);
-  for (Range& range : a.ranges_) {
-    if (range.pending) continue;
-    if (range.shared_fd < 0) {
-      s = budget.new_chunk(range.size, &range.new_fd);
-      if (!s.ok()) return s;
-    }
-    const bool fresh = range.new_fd >= 0;
-    if (mmap(a.data_ + range.start, range.size, fresh ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED | MAP_FIXED,
-             fresh ? range.new_fd : range.shared_fd, 0) == MAP_FAILED) {
-      return errno_status("mapping a backup chunk", errno);
-    }
-    keep_from_children(a.data_ + range.start, range.size);
-  }
-  a.start_workers();
   *out = std::move(arena);
   return Status::Ok();
 }
@@ -261,19 +212,14 @@ bool HostArena::stopping() const { return stopping_.load() || g_exiting.load(); 
 
 void HostArena::fault_in() {
   Live live;
-  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   // Pieces are taken in order, so the first ranges are ready first.
   for (size_t p = next_piece_++; p < pieces_.size() && !stopping(); p = next_piece_++) {
     const Piece& piece = pieces_[p];
     give_way();  // page faults take the process's memory-map lock, which the driver's calls need too
     if (stopping()) break;
-    // Faulting the pages in here, in parallel, is much faster than inside the registration.
-    // A new chunk's pages are its file's: allocated in the file, which is faster still.
-    const int file = ranges_[piece.range].new_fd;
-    const size_t in_file = piece.start - ranges_[piece.range].start;
-    if (file < 0 || fallocate(file, 0, static_cast<off_t>(in_file), static_cast<off_t>(piece.size)) != 0) {
-      for (size_t off = 0; off < piece.size; off += page) data_[piece.start + off] = 0;
-    }
+    // Faulting the pages in here, in parallel, is much faster than inside the registration
+    // (a new chunk's file pages above all: 4 KiB each, where /dev/shm has no huge pages).
+    fault_in_pages(data_ + piece.start, piece.size, ranges_[piece.range].new_fd >= 0);
     std::lock_guard<std::mutex> lock(mu_);
     if (--ranges_[piece.range].pieces_left == 0) changed_.notify_all();
   }
@@ -468,102 +414,6 @@ Status HostArena::unshare(Range& range) {
   if (range.counted) shared_bytes_ -= range.size;
   range.counted = false;
   return Status::Ok();
-}
-
-void HostArena::publish() {
-  std::lock_guard<std::mutex> lock(mu_);
-  for (size_t r = 0; r < ranges_.size(); ++r) {
-    Range& range = ranges_[r];
-    bool published = false;
-    if (range.new_fd >= 0 && budget_.publish_chunk(range.new_fd, content_[r], &published).ok() && published) {
-      // Other processes read it from now on: never written here again.
-      mprotect(data_ + range.start, range.size, PROT_READ);
-      range.shared_fd = range.new_fd;
-      range.new_fd = -1;
-      range.counted = true;
-      shared_ranges_++;
-      shared_bytes_ += range.size;
-      if (reserved_) budget_.give_back(range.size);
-    }
-    // Named, or the store had it first: whoever waits for it finds it now.
-    if (range.claim_fd >= 0) budget_.unclaim_chunk(content_[r], range.claim_fd);
-    range.claim_fd = -1;
-  }
-}
-
-std::vector<size_t> HostArena::pending_chunks() {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::vector<size_t> pending;
-  for (size_t r = 0; r < ranges_.size(); ++r) {
-    if (ranges_[r].pending) pending.push_back(r);
-  }
-  return pending;
-}
-
-// (A pending range is this thread's alone until it is settled: the registrar waits for it.)
-Status HostArena::settle_chunk(size_t index, int fd) {
-  Range& range = ranges_[index];
-  if (mmap(data_ + range.start, range.size, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
-    const int error = errno;
-    budget_.release_shared(fd);
-    return errno_status("mapping a shared backup chunk", error);
-  }
-  keep_from_children(data_ + range.start, range.size);
-  std::lock_guard<std::mutex> lock(mu_);
-  range.shared_fd = fd;
-  range.pending = false;
-  range.pieces_left = 0;  // counted as the store's since the arena was made
-  shared_ranges_++;
-  changed_.notify_all();
-  return Status::Ok();
-}
-
-Status HostArena::make_chunk(size_t index, int claim) {
-  Range& range = ranges_[index];
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    range.claim_fd = claim;  // let go with the arena should anything below fail
-  }
-  Status s = budget_.reserve(range.size);
-  if (!s.ok()) return s;
-  int fd = -1;
-  s = budget_.new_chunk(range.size, &fd);
-  if (s.ok() && mmap(data_ + range.start, range.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
-    s = errno_status("mapping a new backup chunk", errno);
-  }
-  if (s.ok() && fallocate(fd, 0, 0, static_cast<off_t>(range.size)) != 0) s = errno_status("allocating a backup chunk", errno);
-  if (!s.ok()) {
-    if (fd >= 0) budget_.discard_chunk(fd);
-    budget_.give_back(range.size);
-    return s;
-  }
-  keep_from_children(data_ + range.start, range.size);
-  std::lock_guard<std::mutex> lock(mu_);
-  range.new_fd = fd;
-  range.pending = false;
-  range.counted = false;  // this process's own from here until it is published
-  shared_bytes_ -= range.size;
-  range.pieces_left = 0;
-  changed_.notify_all();
-  return Status::Ok();
-}
-
-std::vector<std::pair<size_t, size_t>> HostArena::writable_parts(size_t offset, size_t size) {
-  if (content_.empty()) return {{0, size}};
-  std::lock_guard<std::mutex> lock(mu_);
-  std::vector<std::pair<size_t, size_t>> parts;
-  for (const Range& range : ranges_) {
-    if (range.new_fd < 0 || range.pending || range.start < offset || range.start + range.size > offset + size) continue;
-    parts.emplace_back(range.start - offset, range.size);
-  }
-  return parts;
-}
-
-std::vector<Fingerprint> HostArena::content() {
-  std::lock_guard<std::mutex> lock(mu_);
-  bool pending = false;
-  for (const Range& range : ranges_) pending = pending || range.pending;
-  return leased_ || pending ? std::vector<Fingerprint>() : content_;
 }
 
 BackgroundWork::BackgroundWork() {

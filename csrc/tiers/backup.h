@@ -72,6 +72,10 @@ class HostArena {
   static Status create_content(std::shared_ptr<Backend> backend, HostBudget& budget, ForegroundGate& gate, int device,
                                size_t size, const std::vector<Chunk>& chunks, std::unique_ptr<HostArena>* out);
   ~HostArena();  // waits for its workers, unregisters, unmaps
+  // Marks memory a forked child must not get (MADV_DONTFORK); faults pages in by writing them
+  // (file pages too).
+  static void keep_from_children(void* at, size_t size);
+  static void fault_in_pages(char* at, size_t size, bool file);
   // Gives its pages back range by range, each once the foreground is quiet: the background's
   // way of freeing it. Unpinning and freeing gigabytes at once holds the driver's lock and
   // the process's memory map for a tenth of a second, which an allocation or a copy starting

@@ -1,0 +1,178 @@
+// Content arenas (backup.h): a copy made of chunks of the node's store, each mapped at its
+// range of one buffer: the store's chunks as they are (read-only), new ones as files the
+// pause copies into and names once their bytes are in (publish), and chunks another process
+// is making settled (or made here) once the pause has named its own.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "tiers/backup.h"
+
+namespace tmsl {
+
+Status HostArena::create_content(std::shared_ptr<Backend> backend, HostBudget& budget, ForegroundGate& gate, int device,
+                                 size_t size, const std::vector<Chunk>& chunks, std::unique_ptr<HostArena>* out) {
+  bool any_new = false;
+  for (const Chunk& chunk : chunks) any_new = any_new || chunk.fd < 0;
+  std::unique_ptr<HostArena> arena(new HostArena(std::move(backend), budget, gate, any_new, device, {size}));
+  HostArena& a = *arena;
+  // From here on the arena holds the chunks: its destructor lets go of them, whatever fails.
+  const bool laid_out = a.ranges_.size() == chunks.size() && a.buffer_offsets_[0] == 0;
+  for (size_t r = 0; r < a.ranges_.size() && r < chunks.size(); ++r) {
+    a.ranges_[r].shared_fd = chunks[r].fd;
+    a.ranges_[r].claim_fd = chunks[r].claim;
+    a.ranges_[r].pending = chunks[r].pending;
+  }
+  if (!laid_out || size % static_cast<size_t>(sysconf(_SC_PAGESIZE)) != 0) {
+    for (size_t r = a.ranges_.size(); r < chunks.size(); ++r) {
+      if (chunks[r].fd >= 0) budget.release_shared(chunks[r].fd);
+      if (chunks[r].claim >= 0) budget.unclaim_chunk(chunks[r].fingerprint, chunks[r].claim);
+    }
+    return Status::Error(Code::kInvalidArgument, "a content arena's chunks do not match its size");
+  }
+  // Bytes of chunks the store has, or another process makes: the store's, not this process's.
+  size_t held = 0;
+  a.pieces_.clear();
+  for (size_t r = 0; r < a.ranges_.size(); ++r) {
+    Range& range = a.ranges_[r];
+    range.pieces_left = range.pending ? 1 : 0;  // a pending chunk is ready once it is settled
+    a.content_.push_back(chunks[r].fingerprint);
+    if (range.shared_fd >= 0 || range.pending) {
+      range.counted = true;
+      held += range.size;
+      if (range.shared_fd >= 0) a.shared_ranges_++;
+      continue;
+    }
+    for (size_t at = 0; at < range.size; at += kPieceBytes) {
+      a.pieces_.push_back(Piece{r, range.start + at, std::min(kPieceBytes, range.size - at)});
+      ++range.pieces_left;
+    }
+  }
+  a.shared_bytes_ = held;
+  Status s = budget.reserve(a.used_ - held);
+  if (!s.ok()) return s;
+  a.reserved_ = true;
+  a.note_use();
+  // The address range first, then each chunk's file over its part of it.
+  void* p = mmap(nullptr, a.size_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return errno_status("reserving " + format_bytes(a.size_) + " of addresses for backups", errno);
+  a.data_ = static_cast<char*>(p);
+  for (Range& range : a.ranges_) {
+    if (range.pending) continue;
+    if (range.shared_fd < 0) {
+      s = budget.new_chunk(range.size, &range.new_fd);
+      if (!s.ok()) return s;
+    }
+    const bool fresh = range.new_fd >= 0;
+    if (mmap(a.data_ + range.start, range.size, fresh ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED | MAP_FIXED,
+             fresh ? range.new_fd : range.shared_fd, 0) == MAP_FAILED) {
+      return errno_status("mapping a backup chunk", errno);
+    }
+    if (fresh) madvise(a.data_ + range.start, range.size, MADV_HUGEPAGE);  // where /dev/shm allows them
+    keep_from_children(a.data_ + range.start, range.size);
+  }
+  a.start_workers();
+  *out = std::move(arena);
+  return Status::Ok();
+}
+
+void HostArena::publish() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t r = 0; r < ranges_.size(); ++r) {
+    Range& range = ranges_[r];
+    bool published = false;
+    if (range.new_fd >= 0 && budget_.publish_chunk(range.new_fd, content_[r], &published).ok() && published) {
+      // Other processes read it from now on: never written here again.
+      mprotect(data_ + range.start, range.size, PROT_READ);
+      range.shared_fd = range.new_fd;
+      range.new_fd = -1;
+      range.counted = true;
+      shared_ranges_++;
+      shared_bytes_ += range.size;
+      if (reserved_) budget_.give_back(range.size);
+    }
+    // Named, or the store had it first: whoever waits for it finds it now.
+    if (range.claim_fd >= 0) budget_.unclaim_chunk(content_[r], range.claim_fd);
+    range.claim_fd = -1;
+  }
+}
+
+std::vector<size_t> HostArena::pending_chunks() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<size_t> pending;
+  for (size_t r = 0; r < ranges_.size(); ++r) {
+    if (ranges_[r].pending) pending.push_back(r);
+  }
+  return pending;
+}
+
+// (A pending range is this thread's alone until it is settled: the registrar waits for it.)
+Status HostArena::settle_chunk(size_t index, int fd) {
+  Range& range = ranges_[index];
+  if (mmap(data_ + range.start, range.size, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+    const int error = errno;
+    budget_.release_shared(fd);
+    return errno_status("mapping a shared backup chunk", error);
+  }
+  keep_from_children(data_ + range.start, range.size);
+  std::lock_guard<std::mutex> lock(mu_);
+  range.shared_fd = fd;
+  range.pending = false;
+  range.pieces_left = 0;  // counted as the store's since the arena was made
+  shared_ranges_++;
+  changed_.notify_all();
+  return Status::Ok();
+}
+
+Status HostArena::make_chunk(size_t index, int claim) {
+  Range& range = ranges_[index];
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    range.claim_fd = claim;  // let go with the arena should anything below fail
+  }
+  Status s = budget_.reserve(range.size);
+  if (!s.ok()) return s;
+  int fd = -1;
+  s = budget_.new_chunk(range.size, &fd);
+  if (s.ok() && mmap(data_ + range.start, range.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+    s = errno_status("mapping a new backup chunk", errno);
+  }
+  if (s.ok()) {
+    madvise(data_ + range.start, range.size, MADV_HUGEPAGE);
+    fault_in_pages(data_ + range.start, range.size, true);
+  }
+  if (!s.ok()) {
+    if (fd >= 0) budget_.discard_chunk(fd);
+    budget_.give_back(range.size);
+    return s;
+  }
+  keep_from_children(data_ + range.start, range.size);
+  std::lock_guard<std::mutex> lock(mu_);
+  range.new_fd = fd;
+  range.pending = false;
+  range.counted = false;  // this process's own from here until it is published
+  shared_bytes_ -= range.size;
+  range.pieces_left = 0;
+  changed_.notify_all();
+  return Status::Ok();
+}
+
+std::vector<std::pair<size_t, size_t>> HostArena::writable_parts(size_t offset, size_t size) {
+  if (content_.empty()) return {{0, size}};
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::pair<size_t, size_t>> parts;
+  for (const Range& range : ranges_) {
+    if (range.new_fd < 0 || range.pending || range.start < offset || range.start + range.size > offset + size) continue;
+    parts.emplace_back(range.start - offset, range.size);
+  }
+  return parts;
+}
+
+std::vector<Fingerprint> HostArena::content() {
+  std::lock_guard<std::mutex> lock(mu_);
+  bool pending = false;
+  for (const Range& range : ranges_) pending = pending || range.pending;
+  return leased_ || pending ? std::vector<Fingerprint>() : content_;
+}
+
+}  // namespace tmsl
