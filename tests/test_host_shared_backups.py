@@ -372,3 +372,84 @@ def test_a_forked_child_holds_none_of_the_stores_chunks(ledger):
         if grandchild is not None:
             os.kill(grandchild, signal.SIGKILL)
         finish([child])
+
+
+def test_under_a_budget_of_one_processs_bytes_four_pausing_the_same_bytes_at_once_all_pause(ledger, monkeypatch):
+    # 192 MiB each, a node budget of 192 MiB + 10 %: each chunk is copied once between them,
+    # by whichever claims it, and the others take it; none is refused, nothing goes to disk.
+    monkeypatch.setenv("TMSL_HOST_MEMORY_BUDGET", str(int(1.1 * 192 * MiB)))
+    children = [start() for _ in range(4)]
+    try:
+        paused = [line_of(child).split() for child in children]
+        for line, child in zip(paused, children, strict=True):
+            assert line[:1] == ["paused"], child.stderr.read()
+            assert int(line[2]) == 0, paused
+        assert store_bytes(ledger) == 192 * MiB
+        for child in children:
+            assert ask(child, "resume") == "content True"
+    finally:
+        finish(children)
+    assert store_drains(ledger) and node_figures() == [0, 0]
+
+
+# A process that pauses, resumes and changes the same content as the others, in a loop, until
+# it is killed: at any point of a pause (fingerprinting, claiming, copying, naming, waiting for
+# another's chunk), of a resume, or of letting chunks go.
+VICTIM = """
+import os, sys
+sys.path.insert(0, {tests!r})
+from host_memory import HostMemory
+from torch_mem_saver_lite.testing import HostSaver
+MiB = 1 << 20
+mem, host = HostMemory(), HostSaver()
+def content(seed):
+    return bytes((i * 31 + seed) % 256 for i in range(4096)) * (96 * MiB // 4096)
+with host.region("weights", enable_cpu_backup=True):
+    ptrs = [mem.malloc(96 * MiB), mem.malloc(96 * MiB)]
+mem.write(ptrs[1], content(2))
+print("ready", flush=True)
+seed = 1
+while True:
+    mem.write(ptrs[0], content(seed))
+    host.pause("weights")
+    host.resume("weights")
+    seed = 8 - seed  # 1, 7, 1, ...: the others' content and their changed content in turn
+"""
+
+
+@pytest.mark.slow
+def test_processes_killed_at_random_points_leave_the_others_bit_exact_and_nothing_behind(ledger):
+    import random
+
+    rng = random.Random(34)
+    survivors = paused_children(2)
+    paused = [True, True]
+    try:
+        for kill in range(100):
+            victim = subprocess.Popen([sys.executable, "-c", VICTIM.format(tests=str(TESTS))],
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True)
+            assert line_of(victim, 120) == "ready", victim.stderr.read()
+            # A survivor resumes (its content checked), or pauses (the same or changed content),
+            # while the victim works and is killed.
+            k = kill % 2
+            command = "resume" if paused[k] else rng.choice(["pause", "change"])
+            survivors[k].stdin.write(command + "\n")
+            survivors[k].stdin.flush()
+            time.sleep(rng.uniform(0, 0.4))
+            victim.send_signal(signal.SIGKILL)
+            victim.communicate()
+            answer = line_of(survivors[k], 120)
+            assert answer == ("content True" if paused[k] else "paused again"), (kill, answer)
+            paused[k] = not paused[k]
+        for k, survivor in enumerate(survivors):
+            if not paused[k]:
+                assert ask(survivor, "pause") == "paused again"
+            assert ask(survivor, "resume") == "content True"
+    finally:
+        finish(survivors)
+    # Nothing left once all are gone: a process opening the ledger collects what nobody holds.
+    assert node_figures() == [0, 0]
+    assert store_drains(ledger)
+    store = Path(str(ledger) + ".store")
+    assert sorted(p.name for p in store.iterdir()) == [".key"]  # no chunk, no claim
