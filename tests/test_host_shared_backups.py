@@ -453,3 +453,53 @@ def test_processes_killed_at_random_points_leave_the_others_bit_exact_and_nothin
     assert store_drains(ledger)
     store = Path(str(ledger) + ".store")
     assert sorted(p.name for p in store.iterdir()) == [".key"]  # no chunk, no claim
+
+
+# A process whose backups repeat one chunk (zeros): 192 MiB and 128 MiB of them.
+ZEROS = """
+import os, sys
+sys.path.insert(0, {tests!r})
+from host_memory import HostMemory
+from torch_mem_saver_lite.testing import HostSaver
+MiB = 1 << 20
+mem, host = HostMemory(), HostSaver()
+with host.region("zeros", enable_cpu_backup=True):
+    ptrs = [mem.malloc(192 * MiB), mem.malloc(128 * MiB)]
+for ptr, size in zip(ptrs, (192 * MiB, 128 * MiB)):
+    mem.write(ptr, bytes(size))
+store = os.environ["TMSL_HOST_LEDGER"] + ".store"
+def mapped():  # how many times each of the store's files (by inode) is mapped here
+    counts = {{}}
+    for line in open("/proc/self/maps"):
+        if store in line:
+            inode = line.split()[4]
+            counts[inode] = counts.get(inode, 0) + 1
+    return counts
+for cycle in range(2):
+    host.pause("zeros")
+    held = host.host_memory().held_by_this_process // MiB
+    print("paused", held, len(mapped()), max(mapped().values()), flush=True)
+    host.resume("zeros")
+    print("content", all(mem.read(p, n) == bytes(n) for p, n in zip(ptrs, (192 * MiB, 128 * MiB))), flush=True)
+"""
+
+
+def test_a_chunk_repeated_in_one_process_is_mapped_there_once_and_its_repeats_are_its_own(ledger):
+    # The driver page-locks a file's pages once per process: the zero chunk is the store's,
+    # mapped once; its four repeats are files of the process's own (held in its share).
+    child = subprocess.Popen([sys.executable, "-c", ZEROS.format(tests=str(TESTS))], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(2):
+            line = line_of(child).split()
+            assert line[0] == "paused", child.stderr.read()
+            held, files, most = int(line[1]), int(line[2]), int(line[3])
+            assert (held, files, most) == (4 * 64, 5, 1), line  # 5 files, each mapped once
+            assert store_bytes(ledger) == 64 * MiB  # the one named: the store's
+            assert line_of(child) == "content True"
+        child.communicate(timeout=60)  # it ends: what it held goes with it
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+    assert store_drains(ledger)

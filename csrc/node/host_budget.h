@@ -37,8 +37,9 @@ class HostBudget {
   // named under; nullptr where this process does not share (TMSL_SHARE_BACKUPS unset, or no
   // trusted store), and then none of the calls below is made.
   virtual const FingerprintKey* content_key() = 0;
-  // The chunk of the bytes fingerprinted `f`, held (*fd; -1 where the store has none).
-  virtual Status open_chunk(const Fingerprint& f, int* fd) = 0;
+  // The chunk of the bytes fingerprinted `f`, held (*fd; -1 where the store has none, or where
+  // this process holds or claims it already: *here).
+  virtual Status open_chunk(const Fingerprint& f, int* fd, bool* here) = 0;
   // A new, unnamed chunk of `size` bytes for the caller to write (its bytes are the caller's
   // in the budget until published).
   virtual Status new_chunk(size_t size, int* fd) = 0;

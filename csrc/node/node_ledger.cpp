@@ -568,7 +568,9 @@ const FingerprintKey* NodeLedger::content_key() {
   return has_key_ ? &key_ : nullptr;
 }
 
-Status NodeLedger::open_chunk(const Fingerprint& f, int* fd) { return NodeStore::open(store_, f, fd); }
+Status NodeLedger::open_chunk(const Fingerprint& f, int* fd, bool* here) {
+  return NodeStore::open(store_, f, fd, here);
+}
 
 Status NodeLedger::new_chunk(size_t size, int* fd) { return NodeStore::create(store_, size, fd); }
 

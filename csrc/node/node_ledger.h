@@ -76,7 +76,7 @@ class NodeLedger final : public HostBudget {
   size_t room_with_others_caches() override;
   // The node's store (node_store.h), in this ledger's directory; its key is read once.
   const FingerprintKey* content_key() override;
-  Status open_chunk(const Fingerprint& f, int* fd) override;
+  Status open_chunk(const Fingerprint& f, int* fd, bool* here) override;
   Status new_chunk(size_t size, int* fd) override;
   Status publish_chunk(int fd, const Fingerprint& f, bool* published) override;
   Status claim_chunk(const Fingerprint& f, int* claim) override;

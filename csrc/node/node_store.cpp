@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
 #include <mutex>
 
 #include "platform/environment.h"
@@ -142,6 +143,26 @@ class HeldChunks {
     static HeldChunks* chunks = new HeldChunks();  // never destroyed: used at exit
     return *chunks;
   }
+  // Whether this process holds the chunk at `path` (or claims it: `claim`).
+  bool holds(const std::string& path) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& entry : paths_) {
+      if (entry.second == path) return true;
+    }
+    return false;
+  }
+  bool claims(const std::string& name) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return claims_.count(name) != 0;
+  }
+  void note_claim(const std::string& name, bool held) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (held) {
+      claims_.insert(name);
+    } else {
+      claims_.erase(name);
+    }
+  }
   // False once the process is exiting: the caller lets the chunk go itself.
   bool add(int fd, const std::string& path) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -181,6 +202,7 @@ class HeldChunks {
 
   std::mutex mu_;
   std::map<int, std::string> paths_;
+  std::set<std::string> claims_;  // the names of the claims this process holds
   bool exiting_ = false;
 
  public:
@@ -225,6 +247,8 @@ size_t NodeStore::bytes_in(const std::string& path) {
 namespace {
 
 constexpr const char* kKeyName = ".key";
+
+std::string claim_name(const Fingerprint& f) { return ".claim-" + f.name(); }
 
 // Reads the key file open at `fd` (trusted as a chunk is).
 Status read_key(int fd, FingerprintKey* out) {
@@ -285,11 +309,15 @@ Status NodeStore::key(const std::string& path, FingerprintKey* out) {
   return Status::Error(Code::kHostError, "the shared backup store's key kept changing");
 }
 
-Status NodeStore::open(const std::string& path, const Fingerprint& f, int* fd) {
+Status NodeStore::open(const std::string& path, const Fingerprint& f, int* fd, bool* here) {
   *fd = -1;
   StoreDirectory directory(path, true);
   if (directory.fd() < 0) return untrusted_store(path);
   const std::string name = f.name();
+  // A chunk this process holds or makes already: one file is never mapped twice in a process
+  // (the driver page-locks its pages once).
+  *here = HeldChunks::instance().holds(path + "/" + name) || HeldChunks::instance().claims(claim_name(f));
+  if (*here) return Status::Ok();
   for (int attempt = 0; attempt < 8; ++attempt) {
     const int chunk = openat(directory.fd(), name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (chunk < 0) return errno == ENOENT ? Status::Ok() : errno_status("opening the shared backup chunk " + name, errno);
@@ -352,8 +380,6 @@ void NodeStore::discard(int fd) { close(fd); }
 
 namespace {
 
-std::string claim_name(const Fingerprint& f) { return ".claim-" + f.name(); }
-
 // Whether the claim named `name` (if any) is held by a live process; a stale one (its holder
 // died) is removed. false where there is none.
 bool claim_held(int directory, const std::string& name) {
@@ -380,6 +406,7 @@ Status NodeStore::claim(const std::string& path, const Fingerprint& f, int* clai
     if (made < 0) return errno_status("making a claim in the shared backup store", errno);
     if (flock(made, LOCK_EX) == 0 && link_into(directory.fd(), made, name.c_str())) {
       *claim = made;
+      HeldChunks::instance().note_claim(name, true);
       return Status::Ok();
     }
     const int error = errno;
@@ -400,19 +427,21 @@ void NodeStore::unclaim(const std::string& path, const Fingerprint& f, int claim
       named.st_dev == held.st_dev) {
     unlinkat(directory.fd(), name.c_str(), 0);
   }
+  HeldChunks::instance().note_claim(name, false);
   close(claim);
 }
 
 Status NodeStore::wait_for(const std::string& path, const Fingerprint& f, std::chrono::milliseconds patience, int* fd) {
   const auto deadline = std::chrono::steady_clock::now() + patience;
   const std::string name = claim_name(f);
+  bool here = false;  // (never: the caller waits for another process's chunk)
   for (;;) {
-    Status s = open(path, f, fd);
+    Status s = open(path, f, fd, &here);
     if (!s.ok() || *fd >= 0) return s;
     StoreDirectory directory(path, false);
     if (directory.fd() < 0 || !claim_held(directory.fd(), name)) {
       // Named meanwhile (its maker lets the claim go after naming it), or given up.
-      return open(path, f, fd);
+      return open(path, f, fd, &here);
     }
     if (std::chrono::steady_clock::now() >= deadline) return Status::Ok();
     usleep(500);

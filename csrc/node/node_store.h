@@ -41,8 +41,9 @@ class NodeStore {
   // chunk or the key only if it is this user's read-only file.
   static Status key(const std::string& directory, FingerprintKey* out);
   // Opens the chunk holding the bytes whose fingerprint is `f`, and holds it (a shared flock)
-  // until release(); *fd is -1 where the store has none.
-  static Status open(const std::string& directory, const Fingerprint& f, int* fd);
+  // until release(); *fd is -1 where the store has none, or where this process holds or
+  // claims it already (*here: one file is never mapped twice in a process).
+  static Status open(const std::string& directory, const Fingerprint& f, int* fd, bool* here);
   // A new chunk of `size` bytes, unnamed (nobody else can find it), for the caller to write;
   // discard() closes it if it is never published.
   static Status create(const std::string& directory, size_t size, int* fd);

@@ -67,6 +67,7 @@ class HostArena {
     int fd = -1;        // the store's chunk, held
     int claim = -1;     // a new chunk's claim (node_store.h), let go once it is published
     bool pending = false;
+    bool own = false;   // a new chunk never named: this process holds or makes those bytes already
   };
   static size_t chunks_in(size_t size) { return (size + kRangeBytes - 1) / kRangeBytes; }
   static Status create_content(std::shared_ptr<Backend> backend, HostBudget& budget, ForegroundGate& gate, int device,
@@ -151,6 +152,7 @@ class HostArena {
     int new_fd = -1;          // a new chunk of a content arena mapped here, not named (yet)
     int claim_fd = -1;        // the claim of that new chunk, let go once it is published
     bool pending = false;     // a chunk another process makes: not mapped yet
+    bool own = false;         // a new chunk that is never published (Chunk::own)
     bool counted = false;     // its bytes given back to the node's budget (the store counts them)
   };
   struct Piece {

@@ -22,6 +22,7 @@ Status HostArena::create_content(std::shared_ptr<Backend> backend, HostBudget& b
     a.ranges_[r].shared_fd = chunks[r].fd;
     a.ranges_[r].claim_fd = chunks[r].claim;
     a.ranges_[r].pending = chunks[r].pending;
+    a.ranges_[r].own = chunks[r].own;
   }
   if (!laid_out || size % static_cast<size_t>(sysconf(_SC_PAGESIZE)) != 0) {
     for (size_t r = a.ranges_.size(); r < chunks.size(); ++r) {
@@ -49,7 +50,7 @@ Status HostArena::create_content(std::shared_ptr<Backend> backend, HostBudget& b
     }
   }
   a.shared_bytes_ = held;
-  Status s = budget.reserve(a.used_ - held);
+  Status s = a.used_ > held ? budget.reserve(a.used_ - held) : Status::Ok();  // (none needed: none asked)
   if (!s.ok()) return s;
   a.reserved_ = true;
   a.note_use();
@@ -81,7 +82,8 @@ void HostArena::publish() {
   for (size_t r = 0; r < ranges_.size(); ++r) {
     Range& range = ranges_[r];
     bool published = false;
-    if (range.new_fd >= 0 && budget_.publish_chunk(range.new_fd, content_[r], &published).ok() && published) {
+    if (range.new_fd >= 0 && !range.own && budget_.publish_chunk(range.new_fd, content_[r], &published).ok() &&
+        published) {
       // Other processes read it from now on: never written here again.
       mprotect(data_ + range.start, range.size, PROT_READ);
       range.shared_fd = range.new_fd;

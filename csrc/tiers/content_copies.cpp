@@ -2,6 +2,9 @@
 // identical bytes once per node: a pause fingerprints a large backup's memory where it lies,
 // chunk by chunk (kRangeBytes each), and its copy becomes a content arena (backup.h) whose
 // chunks the store has are taken as they are; only the new ones are copied, then named.
+#include <set>
+#include <string>
+
 #include "tiers/backup_tiers.h"
 
 namespace tmsl {
@@ -28,15 +31,20 @@ Status BackupTiers::content_copy(int device, size_t bytes, const std::vector<Fin
     // Opened again at each attempt: the arena takes the chunks, also when it fails.
     // A chunk nobody has is claimed: of processes pausing the same bytes at once, one copies
     // it and the others wait for it (pending), after copying what they claimed themselves.
+    // The same bytes twice in this process (a chunk repeated in the copy, or one another copy
+    // holds: zeros, say) get a file of their own, never named: the driver page-locks a file's
+    // pages once per process.
     std::vector<HostArena::Chunk> chunks(fingerprints.size());
+    std::set<std::string> seen;
     *new_bytes = 0;
     Status opened;
     for (size_t i = 0; i < chunks.size() && opened.ok(); ++i) {
       HostArena::Chunk& chunk = chunks[i];
       chunk.fingerprint = fingerprints[i];
-      opened = budget_.open_chunk(chunk.fingerprint, &chunk.fd);
-      if (opened.ok() && chunk.fd < 0) opened = budget_.claim_chunk(chunk.fingerprint, &chunk.claim);
-      chunk.pending = opened.ok() && chunk.fd < 0 && chunk.claim < 0;
+      chunk.own = !seen.insert(chunk.fingerprint.name()).second;
+      if (!chunk.own) opened = budget_.open_chunk(chunk.fingerprint, &chunk.fd, &chunk.own);
+      if (opened.ok() && chunk.fd < 0 && !chunk.own) opened = budget_.claim_chunk(chunk.fingerprint, &chunk.claim);
+      chunk.pending = opened.ok() && chunk.fd < 0 && chunk.claim < 0 && !chunk.own;
       if (chunk.fd < 0 && !chunk.pending) *new_bytes += chunk.fingerprint.bytes;
     }
     if (!opened.ok()) {

@@ -450,8 +450,9 @@ struct NoLimit : tmsl::HostBudget {
   size_t room_with_others_caches() override { return SIZE_MAX; }
   // A store of memfds: new chunks are memfds, publishing names nothing but says it did.
   const tmsl::FingerprintKey* content_key() override { return nullptr; }
-  tmsl::Status open_chunk(const tmsl::Fingerprint&, int* fd) override {
+  tmsl::Status open_chunk(const tmsl::Fingerprint&, int* fd, bool* here) override {
     *fd = -1;
+    *here = false;
     return tmsl::Status::Ok();
   }
   tmsl::Status new_chunk(size_t size, int* fd) override {
