@@ -39,7 +39,8 @@ if torch.cuda.is_available():
 # removed when the session ends. Each pytest-xdist worker (make test) has its own beside it:
 # tests set the budget and read the holdings, which another worker's tests would change.
 if "TMSL_HOST_LEDGER" not in os.environ:
-    _ledger_dir = tempfile.mkdtemp(prefix="ledger-")
+    # In memory, as the default one is: the store of shared backups beside it must be (tmpfs).
+    _ledger_dir = tempfile.mkdtemp(prefix="tmsl-test-ledger-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
     os.environ["TMSL_HOST_LEDGER"] = os.path.join(_ledger_dir, "host-memory.ledger")
     atexit.register(shutil.rmtree, _ledger_dir, True)
 if os.environ.get("PYTEST_XDIST_WORKER"):

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import select
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -88,12 +91,15 @@ for line in sys.stdin:
 
 
 @pytest.fixture
-def ledger(tmp_path, monkeypatch) -> Path:
-    path = tmp_path / "host-memory.ledger"
+def ledger(monkeypatch) -> Iterator[Path]:
+    """A ledger (and store) of the test's own, in memory: the store must be on tmpfs."""
+    directory = Path(tempfile.mkdtemp(prefix="tmsl-test-", dir="/dev/shm"))
+    path = directory / "host-memory.ledger"
     monkeypatch.setenv("TMSL_HOST_LEDGER", str(path))
     monkeypatch.setenv("TMSL_SHARE_BACKUPS", "1")
     monkeypatch.delenv("TMSL_HOST_MEMORY_BUDGET", raising=False)
-    return path
+    yield path
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def start(**env: str) -> subprocess.Popen:
@@ -503,3 +509,21 @@ def test_a_chunk_repeated_in_one_process_is_mapped_there_once_and_its_repeats_ar
             child.kill()
             child.communicate()
     assert store_drains(ledger)
+
+
+def test_a_store_outside_memory_is_not_used(tmp_path, monkeypatch):
+    # Chunks are page-locked host memory: a file system on disk (where the kernel refuses to
+    # page-lock file pages for long) never holds them; backups stay private.
+    file_system = subprocess.run(["stat", "-f", "-c", "%T", str(tmp_path)], capture_output=True, text=True).stdout
+    if file_system.strip() in ("tmpfs", "ramfs"):
+        pytest.skip("pytest's temporary directory is in memory here")
+    monkeypatch.setenv("TMSL_HOST_LEDGER", str(tmp_path / "host-memory.ledger"))
+    monkeypatch.setenv("TMSL_SHARE_BACKUPS", "1")
+    child = start()
+    try:
+        line = line_of(child).split()
+        assert line[0] == "paused" and int(line[2]) == 192, line + [child.stderr.read()]  # private
+        assert ask(child, "resume") == "content True"
+    finally:
+        finish([child])
+    assert not any(p.name != ".key" for p in (tmp_path / "host-memory.ledger.store").glob("*"))

@@ -4,7 +4,9 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/file.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -281,6 +283,13 @@ Status untrusted_store(const std::string& path) {
 Status NodeStore::key(const std::string& path, FingerprintKey* out) {
   StoreDirectory directory(path, true);
   if (directory.fd() < 0) return untrusted_store(path);
+  // Chunks are host memory every holder page-locks: files of a disk's file system can be
+  // neither (the kernel refuses to page-lock them for long), only tmpfs's.
+  struct statfs fs {};
+  if (fstatfs(directory.fd(), &fs) != 0 || fs.f_type != TMPFS_MAGIC) {
+    return Status::Error(Code::kHostError, "the shared backup store " + path +
+                                               " is not in memory (tmpfs, as /dev/shm is): backups are not shared");
+  }
   for (int attempt = 0; attempt < 2; ++attempt) {
     const int fd = openat(directory.fd(), kKeyName, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd >= 0) {
