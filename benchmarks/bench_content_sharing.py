@@ -13,12 +13,13 @@ Scenarios, each a fresh set of processes and a node ledger (and store) of its ow
 - changed: the same in every process, new every cycle (the weights after a training step);
 - budget: identical, under a node budget of one process's bytes plus 10 %.
 
-Per scenario and cycle: the pause of all processes (from the first start to the last end) and
+Per scenario and cycle: the pause of all processes (from the first start to the last end),
 against the time one process's bytes take over the link; the fastest and slowest single pause;
-the resume of all, as GB/s summed (they share the link); the node's host memory (the sum of the processes' PSS growth from /proc,
-sampled every 0.5 s through every phase: the peak over the whole run); refusals and spills;
-content checked bit for bit after every resume. The pinned link's bandwidth is measured in the
-same run; the bars of issue 34 are printed beside.
+the resume of all, as GB/s summed (they share the link); the node's host memory (the sum of
+the processes' PSS growth from /proc, sampled every 0.5 s through every phase: the peak over
+the whole run); refusals and spills; content checked bit for bit after every resume. The
+pinned link's bandwidth is measured in the same run; the identical-content bar of issue 34
+(1.1 x one process's bytes + 200 MiB per process) is printed beside the peak.
 """
 
 from __future__ import annotations

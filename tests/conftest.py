@@ -40,7 +40,8 @@ if torch.cuda.is_available():
 # tests set the budget and read the holdings, which another worker's tests would change.
 if "TMSL_HOST_LEDGER" not in os.environ:
     # In memory, as the default one is: the store of shared backups beside it must be (tmpfs).
-    _ledger_dir = tempfile.mkdtemp(prefix="tmsl-test-ledger-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
+    in_memory = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    _ledger_dir = tempfile.mkdtemp(prefix="tmsl-test-ledger-", dir=in_memory)
     os.environ["TMSL_HOST_LEDGER"] = os.path.join(_ledger_dir, "host-memory.ledger")
     atexit.register(shutil.rmtree, _ledger_dir, True)
 if os.environ.get("PYTEST_XDIST_WORKER"):

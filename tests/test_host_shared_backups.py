@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import select
+import shutil
 import signal
 import subprocess
 import sys
