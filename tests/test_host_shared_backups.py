@@ -55,6 +55,9 @@ for line in sys.stdin:
     if command[0] == "resume":
         host.resume("weights")
         print("content", all(mem.read(p, 96 * MiB) == d for p, d in zip(ptrs, expected)), flush=True)
+    elif command[0] == "nocache":  # a host cache of no bytes: nothing kept after a resume
+        host.host_cache_bytes = 0
+        print("no cache", flush=True)
     elif command[0] == "pause":  # resident, the same content: paused again
         host.pause("weights")
         print("paused again", flush=True)
@@ -220,6 +223,19 @@ def test_a_resume_keeps_its_chunks_so_the_next_pause_of_the_same_bytes_takes_no_
     finally:
         finish(children)
     assert store_drains(ledger)
+
+
+def test_a_host_cache_of_no_bytes_keeps_no_chunk_after_a_resume(ledger):
+    child = paused_children(1)[0]
+    try:
+        assert ask(child, "nocache") == "no cache"
+        assert ask(child, "resume") == "content True"
+        assert store_drains(ledger)  # its chunks went with the resume (it held them alone)
+        assert ask(child, "pause") == "paused again"  # copied and shared afresh
+        assert store_bytes(ledger) == 192 * MiB
+        assert ask(child, "resume") == "content True"
+    finally:
+        finish([child])
 
 
 def test_a_process_where_no_thread_can_start_shares_and_resumes_without_hanging(ledger, tmp_path,

@@ -225,7 +225,9 @@ void Saver::settle(const std::vector<Allocation*>& batch, size_t done, State don
     if (backups != nullptr) {
       tiers_.copies().settle_pause(vas, devices, done, backups, &let_go);
     } else {
-      tiers_.copies().settle_resume(resumed_batch, done, drop_backups, retain_backups_.load(), &let_go, &free_now);
+      // (A cache of no bytes keeps nothing after a resume, the store's chunks neither.)
+      tiers_.copies().settle_resume(resumed_batch, done, drop_backups, retain_backups_.load(), tiers_.cache_bytes() > 0,
+                                    &let_go, &free_now);
     }
   }
   settled_.notify_all();  // first: nothing below may keep a waiting free asleep

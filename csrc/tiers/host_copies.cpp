@@ -88,7 +88,7 @@ void HostCopies::settle_pause(const std::vector<uintptr_t>& vas, const std::vect
 }
 
 void HostCopies::settle_resume(const std::vector<Resumed>& batch, size_t done, bool drop, bool retain,
-                               std::vector<HostBuffer>* let_go, std::vector<HostBuffer>* free_now) {
+                               bool keep_content, std::vector<HostBuffer>* let_go, std::vector<HostBuffer>* free_now) {
   std::lock_guard<std::mutex> lock(mu_);
   if (entries_.empty()) return;
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -101,7 +101,7 @@ void HostCopies::settle_resume(const std::vector<Resumed>& batch, size_t done, b
       continue;
     }
     e.state = CopyState::kResident;
-    const bool content = e.copy && e.copy.arena->is_content();
+    const bool content = keep_content && e.copy && e.copy.arena->is_content();
     if ((drop && !content) || !cached_after_resume(e.copy, r.cacheable, retain)) {
       (r.uncached ? free_now : let_go)->push_back(std::move(e.copy));
       entries_.erase(it);

@@ -72,10 +72,10 @@ class HostCopies {
   };
   // A resume settled: batch[i < done] are resident and keep their copies where they may stay
   // in the cache (cached_after_resume) and `drop` is false (retained where `retain`); a copy
-  // in a content arena stays whatever `drop` says. The copies that go are returned in
-  // *free_now ("mmap" regions: before the resume returns) or *let_go. batch[i >= done] stay
-  // paused.
-  void settle_resume(const std::vector<Resumed>& batch, size_t done, bool drop, bool retain,
+  // in a content arena stays whatever `drop` says while `keep_content` (the cache has a
+  // budget at all). The copies that go are returned in *free_now ("mmap" regions: before the
+  // resume returns) or *let_go. batch[i >= done] stay paused.
+  void settle_resume(const std::vector<Resumed>& batch, size_t done, bool drop, bool retain, bool keep_content,
                      std::vector<HostBuffer>* let_go, std::vector<HostBuffer>* free_now);
   // Whether a copy may stay cached after a resume: always one in a content arena (its bytes
   // are the store's); otherwise when backups are retained or its region and tag cache them.

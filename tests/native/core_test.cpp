@@ -567,7 +567,7 @@ void host_copies_cache_goes_least_recently_used_first() {
   // A resume settling: a "pinned" copy stays (retained when asked), an "mmap" one goes at once.
   copies.note_state({0x4000, 0x5000}, tmsl::CopyState::kMoving);
   std::vector<tmsl::HostBuffer> let_go, free_now;
-  copies.settle_resume({{0x4000, false, true}, {0x5000, true, false}}, 2, false, false, &let_go, &free_now);
+  copies.settle_resume({{0x4000, false, true}, {0x5000, true, false}}, 2, false, false, true, &let_go, &free_now);
   CHECK(let_go.empty() && free_now.size() == 1 && copies.sizes().size() == 1);
   bool has_copy = false;
   CHECK(!copies.lease(0x5000, false, &has_copy) && has_copy);  // resident and not retained: stale
