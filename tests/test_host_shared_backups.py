@@ -543,3 +543,39 @@ def test_a_store_outside_memory_is_not_used(tmp_path, monkeypatch):
     finally:
         finish([child])
     assert not any(p.name != ".key" for p in (tmp_path / "host-memory.ledger.store").glob("*"))
+
+
+def test_a_full_store_fails_the_pause_with_everything_resident_and_ends_no_process(tmp_path, monkeypatch):
+    # A tmpfs smaller than the backups (Docker's /dev/shm is 64 MiB): its chunks' pages are
+    # allocated in their files first, so the pause fails cleanly instead of the process
+    # dying of SIGBUS, and the content stays resident and intact.
+    mount = tmp_path / "small-tmpfs"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=100m", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        monkeypatch.setenv("TMSL_HOST_LEDGER", str(mount / "host-memory.ledger"))
+        monkeypatch.setenv("TMSL_SHARE_BACKUPS", "1")
+        code = textwrap.dedent(f"""
+            import os, sys
+            sys.path.insert(0, {str(TESTS)!r})
+            from host_memory import HostMemory
+            from torch_mem_saver_lite import MemorySaverError
+            from torch_mem_saver_lite.testing import HostSaver
+            MiB = 1 << 20
+            mem, host = HostMemory(), HostSaver()
+            with host.region("weights", enable_cpu_backup=True):
+                ptr = mem.malloc(192 * MiB)
+            data = os.urandom(4096) * (192 * MiB // 4096)
+            mem.write(ptr, data)
+            try:
+                host.pause("weights")
+                print("paused")
+            except MemorySaverError as e:
+                print("refused", type(e).__name__, host.stats()["weights"].paused_bytes, mem.read(ptr, 192 * MiB) == data)
+        """)
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr  # (SIGBUS: -7)
+        assert result.stdout.split() == ["refused", "OutOfMemoryError", "0", "True"], result.stdout + result.stderr
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)

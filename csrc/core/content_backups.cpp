@@ -61,16 +61,21 @@ Status Saver::finish_content(const std::vector<Allocation*>& batch, const std::v
     if (backups[j] && backups[j].arena->is_content()) backups[j].arena->publish();
   }
   const Allocation& a = *batch[i];
+  // One deadline for all of this copy's pending chunks: a process that stopped making them
+  // (stopped, not dead) holds the pause up once, not once per chunk.
+  const auto deadline = std::chrono::steady_clock::now() + BackupTiers::kPatienceForChunks;
   for (size_t k : pending) {
     bool made = false;
-    Status s = tiers_.wait_for_chunk(*backup.arena, k, backup.arena->chunk_fingerprint(k), &made);
+    Status s = tiers_.wait_for_chunk(*backup.arena, k, backup.arena->chunk_fingerprint(k), deadline, &made);
     if (s.ok() && made) {
       // Nobody else makes it: copied here, from the memory still resident.
       const size_t from = k * HostArena::kRangeBytes, n = std::min(HostArena::kRangeBytes, backup.size - from);
       s = backup.for_each_part(from, n, [&](char* host, size_t at, size_t part) {
         return backend_->copy_to_host_async(a.device, host, a.va + at, part);
       });
-      if (s.ok()) s = backend_->wait_copies(a.device);
+      // (Waited for also when queuing failed midway: nothing may still write into it.)
+      const Status waited = backend_->wait_copies(a.device);
+      if (s.ok()) s = waited;
       if (s.ok()) backup.arena->publish();
     }
     if (!s.ok()) {

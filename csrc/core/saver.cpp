@@ -355,6 +355,12 @@ Status Saver::pause_locked(const TagSelection& selection, std::set<std::string>*
   });
   if (releasing) ++done;  // an exception escaped midway: what is left of it went to orphans
   copies.finish();  // also after an error: copies in flight still write into the host memory
+  if (!s.ok()) {
+    // Chunks this pause claimed and did not name: the processes waiting for them go on at once.
+    for (size_t i = done; i < backups.size(); ++i) {
+      if (backups[i] && backups[i].arena->is_content()) backups[i].arena->drop_claims();
+    }
+  }
   if (!s.ok() && done == 0) backups.assign(batch.size(), HostBuffer());  // nothing released: none kept
   settle(batch, done, State::kPaused, State::kActive, &backups, false);
   if (!s.ok()) {

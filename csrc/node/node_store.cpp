@@ -157,6 +157,16 @@ class HeldChunks {
     std::lock_guard<std::mutex> lock(mu_);
     return claims_.count(name) != 0;
   }
+  // The descriptors of new chunks not yet named and of claims: a forked child closes its
+  // copies of them too (they would keep a parent's chunk memory, or its claims, alive).
+  void note_unnamed(int fd, bool held) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (held) {
+      unnamed_.insert(fd);
+    } else {
+      unnamed_.erase(fd);
+    }
+  }
   void note_claim(const std::string& name, bool held) {
     std::lock_guard<std::mutex> lock(mu_);
     if (held) {
@@ -198,13 +208,16 @@ class HeldChunks {
   // In a forked child (the map locked by the fork): its copies of the descriptors closed.
   void forget_in_child() {
     for (const auto& entry : paths_) close(entry.first);
+    for (int fd : unnamed_) close(fd);
     paths_.clear();
+    unnamed_.clear();
     mu_.unlock();
   }
 
   std::mutex mu_;
   std::map<int, std::string> paths_;
   std::set<std::string> claims_;  // the names of the claims this process holds
+  std::set<int> unnamed_;         // descriptors of unnamed new chunks and of claims
   bool exiting_ = false;
 
  public:
@@ -360,6 +373,7 @@ Status NodeStore::create(const std::string& path, size_t size, int* fd) {
     close(chunk);
     return errno_status("sizing a shared backup chunk", error);
   }
+  HeldChunks::instance().note_unnamed(chunk, true);
   *fd = chunk;
   return Status::Ok();
 }
@@ -381,11 +395,16 @@ Status NodeStore::publish(const std::string& path, int fd, const Fingerprint& f,
     flock(fd, LOCK_UN);
     return Status::Ok();
   }
+  HeldChunks::instance().note_unnamed(fd, false);  // held by its name from here
   *published = true;
   return Status::Ok();
 }
 
-void NodeStore::discard(int fd) { close(fd); }
+void NodeStore::discard(int fd) {
+  if (in_forked_child()) return;  // closed when the child started
+  HeldChunks::instance().note_unnamed(fd, false);
+  close(fd);
+}
 
 namespace {
 
@@ -416,6 +435,7 @@ Status NodeStore::claim(const std::string& path, const Fingerprint& f, int* clai
     if (flock(made, LOCK_EX) == 0 && link_into(directory.fd(), made, name.c_str())) {
       *claim = made;
       HeldChunks::instance().note_claim(name, true);
+      HeldChunks::instance().note_unnamed(made, true);
       return Status::Ok();
     }
     const int error = errno;
@@ -427,6 +447,7 @@ Status NodeStore::claim(const std::string& path, const Fingerprint& f, int* clai
 }
 
 void NodeStore::unclaim(const std::string& path, const Fingerprint& f, int claim) {
+  if (in_forked_child()) return;  // the parent's claim: closed when the child started
   StoreDirectory directory(path, false);
   const std::string name = claim_name(f);
   struct stat named {}, held {};
@@ -437,6 +458,7 @@ void NodeStore::unclaim(const std::string& path, const Fingerprint& f, int claim
     unlinkat(directory.fd(), name.c_str(), 0);
   }
   HeldChunks::instance().note_claim(name, false);
+  HeldChunks::instance().note_unnamed(claim, false);
   close(claim);
 }
 

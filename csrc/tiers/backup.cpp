@@ -81,11 +81,17 @@ bool private_copy(char* at, size_t size, int fd) {
 // parent's alone.
 void HostArena::keep_from_children(void* at, size_t size) { madvise(at, size, MADV_DONTFORK); }
 
-void HostArena::fault_in_pages(char* at, size_t size, bool file) {
-  // A file's pages in the kernel, in one call, where it can (Linux 5.14); else a write to each page.
-  if (file && madvise(at, size, MADV_POPULATE_WRITE) == 0) return;
+bool HostArena::fault_in_pages(char* at, size_t size, int file, size_t in_file) {
+  if (file >= 0) {
+    // A file's pages are allocated in the file first: a full tmpfs answers ENOSPC here, where
+    // a write to a page it cannot back would end the process with SIGBUS.
+    if (fallocate(file, 0, static_cast<off_t>(in_file), static_cast<off_t>(size)) != 0) return false;
+    // Then mapped in the kernel, in one call, where it can (Linux 5.14); else by a write to each.
+    if (madvise(at, size, MADV_POPULATE_WRITE) == 0 || errno != EINVAL) return true;
+  }
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   for (size_t off = 0; off < size; off += page) at[off] = 0;
+  return true;
 }
 
 namespace {
@@ -219,8 +225,12 @@ void HostArena::fault_in() {
     if (stopping()) break;
     // Faulting the pages in here, in parallel, is much faster than inside the registration
     // (a new chunk's file pages above all: 4 KiB each, where /dev/shm has no huge pages).
-    fault_in_pages(data_ + piece.start, piece.size, ranges_[piece.range].new_fd >= 0);
+    // (A new chunk's file that cannot get its pages fails the range's page-locking, and so
+    // the copy into it: the pause fails with everything resident.)
+    const bool room =
+        fault_in_pages(data_ + piece.start, piece.size, ranges_[piece.range].new_fd, piece.start - ranges_[piece.range].start);
     std::lock_guard<std::mutex> lock(mu_);
+    if (!room) ranges_[piece.range].no_room = true;
     if (--ranges_[piece.range].pieces_left == 0) changed_.notify_all();
   }
   if (stopping()) {
@@ -252,8 +262,8 @@ void HostArena::page_lock() {
     }
     give_way();
     // A failure is not final: the range's first copy tries again (for_each_part).
-    bool registered =
-        range.size != 0 && backend_->register_host(device_, data_ + range.start, range.size, range.shared_fd >= 0).ok();
+    bool registered = range.size != 0 && !range.no_room &&
+                      backend_->register_host(device_, data_ + range.start, range.size, range.shared_fd >= 0).ok();
     std::lock_guard<std::mutex> lock(mu_);
     if (!registered && range.shared_fd >= 0 && unshare(range).ok()) {
       // A driver that cannot page-lock it read-only: private now, while nothing waits for the
@@ -288,6 +298,10 @@ Status HostArena::for_each_part(size_t offset, size_t size, const std::function<
       changed_.wait(lock, [&] { return range.done || stopping(); });
       // The process is ending (the registrar stopped without finishing this range).
       if (!range.done) return Status::Error(Code::kHostError, "the process is ending: backup host memory was not prepared");
+      if (range.no_room) {
+        return Status::Error(Code::kOutOfMemory, "the shared backup store has no room for a " + format_bytes(range.size) +
+                                                     " chunk (a full /dev/shm)");
+      }
       if (!range.registered && range.size != 0) {
         // Its page-locking failed (prepared in the background, perhaps long before), or it
         // lost it when register_as_one failed to put it back: try again now.
@@ -346,6 +360,10 @@ Status HostArena::register_as_one(size_t offset, size_t size) {
   }
   ranges_[first].size = end - start;
   ranges_[first].registered = true;
+  // The merged ranges' own chunk files (a content arena's) stay mapped in the span: closed with the arena.
+  for (size_t r = first + 1; r <= last; ++r) {
+    if (ranges_[r].new_fd >= 0) retired_files_.push_back(ranges_[r].new_fd);
+  }
   ranges_.erase(ranges_.begin() + static_cast<std::ptrdiff_t>(first) + 1,
                 ranges_.begin() + static_cast<std::ptrdiff_t>(last) + 1);
   return Status::Ok();
@@ -368,6 +386,7 @@ HostArena::~HostArena() {
     if (range.new_fd >= 0) budget_.discard_chunk(range.new_fd);
     if (range.claim_fd >= 0) budget_.unclaim_chunk(content_[&range - ranges_.data()], range.claim_fd);
   }
+  for (int fd : retired_files_) budget_.discard_chunk(fd);
   if (reserved_) budget_.give_back(used_ - shared_bytes_.load());
 }
 

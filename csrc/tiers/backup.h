@@ -74,9 +74,10 @@ class HostArena {
                                size_t size, const std::vector<Chunk>& chunks, std::unique_ptr<HostArena>* out);
   ~HostArena();  // waits for its workers, unregisters, unmaps
   // Marks memory a forked child must not get (MADV_DONTFORK); faults pages in by writing them
-  // (file pages too).
+  // (those of `file` at `in_file`, -1 for anonymous memory, allocated in the file first: false
+  // where it has no room).
   static void keep_from_children(void* at, size_t size);
-  static void fault_in_pages(char* at, size_t size, bool file);
+  static bool fault_in_pages(char* at, size_t size, int file, size_t in_file);
   // Gives its pages back range by range, each once the foreground is quiet: the background's
   // way of freeing it. Unpinning and freeing gigabytes at once holds the driver's lock and
   // the process's memory map for a tenth of a second, which an allocation or a copy starting
@@ -116,6 +117,9 @@ class HostArena {
   // have landed (their bytes go from this process's budget to the store's); a chunk whose
   // bytes another process named first stays this process's own.
   void publish();
+  // Lets go of the claims of new chunks not yet named (a pause that failed: the processes
+  // waiting for them make them themselves at once, and a retry here claims them again).
+  void drop_claims();
   // The chunks another process was making when the arena was made.
   std::vector<size_t> pending_chunks();
   // Pending chunk `index` is in the store now (fd held): mapped in, read-only.
@@ -153,6 +157,7 @@ class HostArena {
     int claim_fd = -1;        // the claim of that new chunk, let go once it is published
     bool pending = false;     // a chunk another process makes: not mapped yet
     bool own = false;         // a new chunk that is never published (Chunk::own)
+    bool no_room = false;     // a new chunk's file could not get its pages: nothing may touch them
     bool counted = false;     // its bytes given back to the node's budget (the store counts them)
   };
   struct Piece {
@@ -194,6 +199,8 @@ class HostArena {
   std::atomic<int> shared_ranges_{0};    // ranges mapping a chunk of the store
   bool leased_ = false;  // register_as_one ran: a user may hold its memory; its content is no longer known
   std::vector<Fingerprint> content_;  // a content arena's, range by range
+  std::vector<int> retired_files_;    // own chunk files of ranges register_as_one merged away
+  bool filled_ = false;               // a content arena's copies landed (publish ran): nothing is written again
   size_t ranges_left_ = 0;  // not yet done
   std::mutex mu_;
   std::condition_variable changed_;

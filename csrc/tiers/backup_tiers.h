@@ -153,8 +153,9 @@ class BackupTiers {
                       size_t* new_bytes);
   // Pending chunk `index` of a content arena (another process was making it): settled once
   // the store has it; made new here (*made: the caller copies into it and publishes) where
-  // nobody makes it any more, or it takes longer than kPatienceForChunks.
-  Status wait_for_chunk(HostArena& arena, size_t index, const Fingerprint& f, bool* made);
+  // nobody makes it any more, or past `deadline` (one for a whole pause: kPatienceForChunks).
+  Status wait_for_chunk(HostArena& arena, size_t index, const Fingerprint& f,
+                        std::chrono::steady_clock::time_point deadline, bool* made);
   static constexpr std::chrono::milliseconds kPatienceForChunks{30000};
   // The saver is going: background passes and preparations stop.
   void close() { closing_.store(true); }

@@ -18,6 +18,7 @@ Status HostArena::create_content(std::shared_ptr<Backend> backend, HostBudget& b
   HostArena& a = *arena;
   // From here on the arena holds the chunks: its destructor lets go of them, whatever fails.
   const bool laid_out = a.ranges_.size() == chunks.size() && a.buffer_offsets_[0] == 0;
+  for (const Chunk& chunk : chunks) a.content_.push_back(chunk.fingerprint);  // (before anything the destructor reads)
   for (size_t r = 0; r < a.ranges_.size() && r < chunks.size(); ++r) {
     a.ranges_[r].shared_fd = chunks[r].fd;
     a.ranges_[r].claim_fd = chunks[r].claim;
@@ -29,7 +30,8 @@ Status HostArena::create_content(std::shared_ptr<Backend> backend, HostBudget& b
       if (chunks[r].fd >= 0) budget.release_shared(chunks[r].fd);
       if (chunks[r].claim >= 0) budget.unclaim_chunk(chunks[r].fingerprint, chunks[r].claim);
     }
-    return Status::Error(Code::kInvalidArgument, "a content arena's chunks do not match its size");
+    // (A size that is no whole number of pages, say: the pause copies it as before.)
+    return Status::Error(Code::kUnsupported, "a content arena's chunks do not match its size");
   }
   // Bytes of chunks the store has, or another process makes: the store's, not this process's.
   size_t held = 0;
@@ -37,7 +39,6 @@ Status HostArena::create_content(std::shared_ptr<Backend> backend, HostBudget& b
   for (size_t r = 0; r < a.ranges_.size(); ++r) {
     Range& range = a.ranges_[r];
     range.pieces_left = range.pending ? 1 : 0;  // a pending chunk is ready once it is settled
-    a.content_.push_back(chunks[r].fingerprint);
     if (range.shared_fd >= 0 || range.pending) {
       range.counted = true;
       held += range.size;
@@ -79,6 +80,7 @@ Status HostArena::create_content(std::shared_ptr<Backend> backend, HostBudget& b
 
 void HostArena::publish() {
   std::lock_guard<std::mutex> lock(mu_);
+  filled_ = true;
   for (size_t r = 0; r < ranges_.size(); ++r) {
     Range& range = ranges_[r];
     bool published = false;
@@ -96,6 +98,14 @@ void HostArena::publish() {
     // Named, or the store had it first: whoever waits for it finds it now.
     if (range.claim_fd >= 0) budget_.unclaim_chunk(content_[r], range.claim_fd);
     range.claim_fd = -1;
+  }
+}
+
+void HostArena::drop_claims() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t r = 0; r < ranges_.size(); ++r) {
+    if (ranges_[r].claim_fd >= 0) budget_.unclaim_chunk(content_[r], ranges_[r].claim_fd);
+    ranges_[r].claim_fd = -1;
   }
 }
 
@@ -141,7 +151,10 @@ Status HostArena::make_chunk(size_t index, int claim) {
   }
   if (s.ok()) {
     madvise(data_ + range.start, range.size, MADV_HUGEPAGE);
-    fault_in_pages(data_ + range.start, range.size, true);
+    if (!fault_in_pages(data_ + range.start, range.size, fd, 0)) {
+      s = Status::Error(Code::kOutOfMemory, "the shared backup store has no room for a " + format_bytes(range.size) +
+                                                " chunk (a full /dev/shm)");
+    }
   }
   if (!s.ok()) {
     if (fd >= 0) budget_.discard_chunk(fd);
@@ -163,6 +176,7 @@ std::vector<std::pair<size_t, size_t>> HostArena::writable_parts(size_t offset, 
   if (content_.empty()) return {{0, size}};
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::pair<size_t, size_t>> parts;
+  if (filled_) return parts;  // taken again as it is: its bytes are the same
   for (const Range& range : ranges_) {
     if (range.new_fd < 0 || range.pending || range.start < offset || range.start + range.size > offset + size) continue;
     parts.emplace_back(range.start - offset, range.size);

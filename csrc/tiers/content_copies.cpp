@@ -27,7 +27,7 @@ Status BackupTiers::fingerprint_chunks(int device, uintptr_t va, size_t bytes, c
 Status BackupTiers::content_copy(int device, size_t bytes, const std::vector<Fingerprint>& fingerprints,
                                  HostBuffer* out, size_t* new_bytes) {
   std::unique_ptr<HostArena> made;
-  Status s = with_room(bytes, [&] {
+  auto attempt = [&] {
     // Opened again at each attempt: the arena takes the chunks, also when it fails.
     // A chunk nobody has is claimed: of processes pausing the same bytes at once, one copies
     // it and the others wait for it (pending), after copying what they claimed themselves.
@@ -55,29 +55,33 @@ Status BackupTiers::content_copy(int device, size_t bytes, const std::vector<Fin
       return opened;
     }
     return HostArena::create_content(backend_, budget_, gate_, device, bytes, chunks, &made);
-  });
+  };
+  // Short of room: the pool and the caches give way for the new chunks' bytes (only those).
+  Status s = attempt();
+  if (s.code == Code::kOutOfMemory) s = with_room(*new_bytes, attempt);
   if (!s.ok()) return s;
   // Never pooled: its memory is chunks of the store, never written again.
   *out = HostBuffer{pool_.track(std::move(made), false), 0, bytes};
   return Status::Ok();
 }
 
-Status BackupTiers::wait_for_chunk(HostArena& arena, size_t index, const Fingerprint& f, bool* made) {
+Status BackupTiers::wait_for_chunk(HostArena& arena, size_t index, const Fingerprint& f,
+                                   std::chrono::steady_clock::time_point deadline, bool* made) {
   *made = false;
-  for (int attempt = 0; attempt < 4; ++attempt) {
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     int fd = -1;
-    Status s = budget_.wait_for_chunk(f, kPatienceForChunks, &fd);
+    Status s = budget_.wait_for_chunk(f, std::max(left, std::chrono::milliseconds(0)), &fd);
     if (!s.ok()) return s;
     if (fd >= 0) return arena.settle_chunk(index, fd);
     int claim = -1;
     s = budget_.claim_chunk(f, &claim);
     if (!s.ok()) return s;
-    // Claimed again by another process meanwhile: wait for that one, but not for ever.
-    if (claim < 0 && attempt + 1 < 4) continue;
+    // Claimed again by another process meanwhile: wait for that one, until the deadline.
+    if (claim < 0 && std::chrono::steady_clock::now() < deadline) continue;
     *made = true;
     return arena.make_chunk(index, claim);
   }
-  return Status::Ok();  // (not reached)
 }
 
 }  // namespace tmsl
