@@ -572,7 +572,8 @@ def test_a_full_store_fails_the_pause_with_everything_resident_and_ends_no_proce
                 host.pause("weights")
                 print("paused")
             except MemorySaverError as e:
-                print("refused", type(e).__name__, host.stats()["weights"].paused_bytes, mem.read(ptr, 192 * MiB) == data)
+                intact = mem.read(ptr, 192 * MiB) == data
+                print("refused", type(e).__name__, host.stats()["weights"].paused_bytes, intact)
         """)
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stderr  # (SIGBUS: -7)
