@@ -371,15 +371,23 @@ void NodeLedger::give_back(size_t bytes) {
   });
 }
 
+namespace {
+// Sets owner's figure (0 removes it) and returns the figures' sum: the process's.
+size_t set_figure(std::map<const void*, size_t>* per_owner, const void* owner, size_t bytes) {
+  if (bytes == 0) {
+    per_owner->erase(owner);
+  } else {
+    (*per_owner)[owner] = bytes;
+  }
+  size_t total = 0;
+  for (const auto& entry : *per_owner) total += entry.second;
+  return total;
+}
+}  // namespace
+
 void NodeLedger::note_cached(const void* owner, size_t bytes) {
   locked([&] {
-    if (bytes == 0) {
-      cached_.erase(owner);
-    } else {
-      cached_[owner] = bytes;
-    }
-    size_t total = 0;
-    for (const auto& entry : cached_) total += entry.second;
+    const size_t total = set_figure(&cached_, owner, bytes);
     Slot* mine = my_slot();
     if (mine != nullptr) mine->cached = std::min<uint64_t>(total, mine->held);
     return Status::Ok();
@@ -388,13 +396,7 @@ void NodeLedger::note_cached(const void* owner, size_t bytes) {
 
 void NodeLedger::note_shared(const void* owner, size_t bytes) {
   locked([&] {
-    if (bytes == 0) {
-      shared_by_.erase(owner);
-    } else {
-      shared_by_[owner] = bytes;
-    }
-    size_t total = 0;
-    for (const auto& entry : shared_by_) total += entry.second;
+    const size_t total = set_figure(&shared_by_, owner, bytes);
     Slot* mine = my_slot();
     if (mine != nullptr) mine->shared_mib = static_cast<uint32_t>(std::min<size_t>(total >> 20, UINT32_MAX));
     return Status::Ok();
