@@ -52,7 +52,6 @@ struct Fingerprint {
   size_t bytes = 0;
 
   bool operator==(const Fingerprint& other) const;
-  bool operator!=(const Fingerprint& other) const { return !(*this == other); }
   // "<64 hex digits>-<bytes>": a chunk's name in the node's store.
   std::string name() const;
 };
