@@ -20,7 +20,9 @@ FLAGS = {
     "poison_on_resume": ("TMSL_POISON_ON_RESUME", None),
     "retain_backups": ("TMSL_RETAIN_CPU_BACKUP", "TMS_RETAIN_CPU_BACKUP"),
     "share_backups": ("TMSL_SHARE_BACKUPS", None),
+    "verify_wake": ("TMSL_VERIFY_WAKE", None),
 }
+ON_BY_DEFAULT = {"verify_wake"}
 # The default region's backup flags show in backup_choice (they exclude each other when both on).
 BACKUP_FLAGS = (("TMSL_DEFAULT_CPU_BACKUP", "TMS_INIT_ENABLE_CPU_BACKUP"),
                 ("TMSL_DEFAULT_DISK_BACKUP", "TMS_INIT_ENABLE_DISK_BACKUP"))
@@ -49,7 +51,8 @@ def test_any_other_flag_value_is_refused_by_name_at_first_use(value, monkeypatch
     assert found["first_use"].startswith("MemorySaverError: ")
     for name in names:
         assert f"{name} {FLAG_TAKES} '{value}'" in found["first_use"], name
-    assert not any(found[field] for field in FLAGS)  # nothing taken from a refused value
+    # Nothing taken from a refused value: each flag keeps its default.
+    assert {field: bool(found[field]) for field in FLAGS} == {field: field in ON_BY_DEFAULT for field in FLAGS}
     monkeypatch.setenv(alias.VARIABLE, value)
     with pytest.raises(MemorySaverError, match=alias.VARIABLE):
         alias.variable()

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
         InvalidArgumentError,
         MemorySaverError,
         OutOfMemoryError,
+        WakeVerificationError,
     )
     from .leftovers import LeftoverReport
     from .memory_saver import MemorySaver
@@ -49,6 +50,7 @@ _HOMES = {
     "InvalidArgumentError": ".errors",
     "MemorySaverError": ".errors",
     "OutOfMemoryError": ".errors",
+    "WakeVerificationError": ".errors",
     "LeftoverReport": ".leftovers",
     "MemorySaver": ".memory_saver",
     "GroupOutcome": ".nccl_suspend",
@@ -106,6 +108,7 @@ __all__ = [
     "OutOfMemoryError",
     "TagStats",
     "TorchMemorySaver",
+    "WakeVerificationError",
     "configure_subprocess",
     "library_path",
     "saver",

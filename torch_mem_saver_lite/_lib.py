@@ -21,6 +21,7 @@ from .errors import (
     InvalidArgumentError,
     MemorySaverError,
     OutOfMemoryError,
+    WakeVerificationError,
 )
 
 LIBRARY_FILE = "libtorch_mem_saver_lite.so"
@@ -32,7 +33,11 @@ _EXCEPTIONS = {
     "out_of_memory": OutOfMemoryError,
     "no_driver": DriverNotFoundError,
     "driver_error": CudaDriverError,
+    "content_mismatch": WakeVerificationError,
 }
+
+# A tag's last wake check, as TmslTagFigures.last_wake_check reports it (WakeCheck, saver.h).
+WAKE_CHECKS = (None, "passed", "failed", "unchecked")
 
 # A tag's state, as tmsl_tag_state reports it.
 TAG_UNKNOWN, TAG_ACTIVE, TAG_PAUSED = 0, 1, 2
@@ -55,6 +60,7 @@ class ProcessDefaults(ctypes.Structure):
         ("disk_backup_dir", ctypes.c_char * 4096),
         ("share_backups", ctypes.c_int),
         ("host_memory_budget", ctypes.c_uint64),
+        ("verify_wake", ctypes.c_int),
     ]
 
 
@@ -102,6 +108,7 @@ class TagFigures(ctypes.Structure):
         ("last_pause_seconds", ctypes.c_double),
         ("last_resume_seconds", ctypes.c_double),
         ("disk_backup_bytes", ctypes.c_uint64),
+        ("last_wake_check", ctypes.c_int),
     ]
 # Every function of csrc/api/c_api.h (test_abi.py checks the two agree).
 _SIGNATURES = {
@@ -117,6 +124,8 @@ _SIGNATURES = {
     "tmsl_set_thread_region": ([_vp, ctypes.c_char_p, _int], _int),
     "tmsl_set_poison_on_resume": ([_vp, _int], _int),
     "tmsl_get_poison_on_resume": ([_vp, ctypes.POINTER(_int)], _int),
+    "tmsl_set_verify_wake": ([_vp, _int], _int),
+    "tmsl_get_verify_wake": ([_vp, ctypes.POINTER(_int)], _int),
     "tmsl_note_graph_capture": ([], _int),
     "tmsl_tag_state": ([_vp, ctypes.c_char_p, ctypes.POINTER(_int)], _int),
     "tmsl_set_tag_caches_backups": ([_vp, ctypes.c_char_p, _int], _int),
@@ -420,6 +429,14 @@ class NativeSaver:
         check(lib().tmsl_get_poison_on_resume(self.handle, ctypes.byref(out)))
         return bool(out.value)
 
+    def set_verify_wake(self, verify: bool) -> None:
+        check(lib().tmsl_set_verify_wake(self.handle, int(verify)))
+
+    def verify_wake(self) -> bool:
+        out = _int()
+        check(lib().tmsl_get_verify_wake(self.handle, ctypes.byref(out)))
+        return bool(out.value)
+
     def tag_state(self, tag: str) -> int:
         """TAG_UNKNOWN, TAG_ACTIVE or TAG_PAUSED."""
         out = _int()
@@ -528,7 +545,8 @@ class NativeSaver:
                 **dict.fromkeys(_SUMMED, 0), "paused": bool(f.paused), "graph_memory": bool(f.graph_memory),
                 "backs_up": False,
                 "last_pause_seconds": f.last_pause_seconds if f.last_pause_seconds >= 0 else None,
-                "last_resume_seconds": f.last_resume_seconds if f.last_resume_seconds >= 0 else None})
+                "last_resume_seconds": f.last_resume_seconds if f.last_resume_seconds >= 0 else None,
+                "last_wake_check": WAKE_CHECKS[f.last_wake_check] if 0 <= f.last_wake_check < 4 else None})
             for name in _SUMMED:
                 entry[name] += getattr(f, name)
             entry["backs_up"] = entry["backs_up"] or bool(f.backs_up)

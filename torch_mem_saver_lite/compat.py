@@ -357,3 +357,4 @@ class TorchMemorySaver:
     wait_for_released_backups = _Method(MemorySaver.wait_for_released_backups)
     host_cache_bytes = _Setting[int]()
     poison_on_resume = _Setting[bool]()
+    verify_wake = _Setting[bool]()

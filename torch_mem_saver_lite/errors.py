@@ -21,6 +21,13 @@ class InvalidArgumentError(MemorySaverError, ValueError):
     """The native library rejected an argument (an unknown pointer, say)."""
 
 
+class WakeVerificationError(MemorySaverError):
+    """A resume restored bytes other than the pause saw (``verify_wake``): a backup was changed
+    or damaged while paused. The message names the tag, the allocation and where in it; nothing
+    was woken: everything that resume covered stays paused with its backups as they are.
+    """
+
+
 class OutOfMemoryError(MemorySaverError, torch.cuda.OutOfMemoryError):
     """An allocation or a resume found too little free memory.
 

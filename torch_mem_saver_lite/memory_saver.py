@@ -203,6 +203,24 @@ class MemorySaver:
         self._settings.forward(self._core(create=False), _lib.NativeSaver.set_poison_on_resume, poison)
 
     @property
+    def verify_wake(self) -> bool:
+        """Verified wakes: a pause fingerprints every backed-up allocation on its GPU, and a
+        resume checks the restored bytes against that fingerprint. Where they differ (a backup
+        changed or damaged while paused) the resume raises ``WakeVerificationError`` naming the
+        tag and allocation, and everything it covered stays paused with its backups.
+        ``stats()[tag].last_wake_check`` says what the last resume found. Default: on, or
+        ``TMSL_VERIFY_WAKE=0``."""
+        native = self._core(create=False)
+        if native is not None:
+            return native.verify_wake()
+        return self._settings.verify()
+
+    @verify_wake.setter
+    def verify_wake(self, verify: bool) -> None:
+        self._settings.verify_wake = check_bool(verify, "verify_wake")
+        self._settings.forward(self._core(create=False), _lib.NativeSaver.set_verify_wake, verify)
+
+    @property
     def enabled(self) -> bool:
         """Always True (torch_memory_saver compatibility)."""
         return True

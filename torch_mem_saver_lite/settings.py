@@ -114,6 +114,7 @@ def backup_choice(enable_cpu_backup: object, enable_disk_backup: object, cpu_bac
 class EnvironmentDefaults:
     retain_cpu_backup: bool
     poison_on_resume: bool
+    verify_wake: bool
     disk_backup_dir: tuple[str, str] | None  # (variable, path): checked when first used
     default_tag: str  # the tag of the preload-mode process region
     default_caches_backups: bool  # False: the default backend is "mmap"
@@ -131,6 +132,7 @@ def read_environment() -> EnvironmentDefaults:
     return EnvironmentDefaults(
         retain_cpu_backup=bool(d.retain_backups),
         poison_on_resume=bool(d.poison_on_resume),
+        verify_wake=bool(d.verify_wake),
         disk_backup_dir=(variable, os.fsdecode(d.disk_backup_dir)) if variable else None,
         default_tag=d.tag.decode(),
         default_caches_backups=bool(d.caches_backups),
@@ -151,6 +153,7 @@ class Settings:
         self.memory_margin_bytes = 0
         self.retain_cpu_backup: bool | None = None  # None: the environment's default
         self.poison_on_resume: bool | None = None  # None: the process default (environment)
+        self.verify_wake: bool | None = None  # None: the process default (environment)
         self.host_cache_bytes: int | None = None  # None: the core's default
 
     def environment(self) -> EnvironmentDefaults:
@@ -166,6 +169,10 @@ class Settings:
     def poison(self) -> bool:
         """Before the core exists: what it will start with."""
         return self.poison_on_resume if self.poison_on_resume is not None else self.environment().poison_on_resume
+
+    def verify(self) -> bool:
+        """Before the core exists: whether it will verify wakes."""
+        return self.verify_wake if self.verify_wake is not None else self.environment().verify_wake
 
     def default_caches(self) -> bool | None:
         """TMS_INIT_CPU_BACKUP_BACKEND / TMSL_DEFAULT_CPU_BACKUP_BACKEND for backed-up regions
@@ -186,5 +193,7 @@ class Settings:
             native.set_retain_backups(self.retain_cpu_backup)
         if self.poison_on_resume is not None:
             native.set_poison_on_resume(self.poison_on_resume)
+        if self.verify_wake is not None:
+            native.set_verify_wake(self.verify_wake)
         if self.host_cache_bytes is not None:
             native.set_host_cache_bytes(self.host_cache_bytes)

@@ -29,6 +29,11 @@ class TagStats:
         last_pause_seconds: wall time of the last successful ``pause`` call that released
             memory of the tag (the whole call, every tag it released); None before the first.
         last_resume_seconds: the same for ``resume`` and restored memory.
+        last_wake_check: what the last resume that restored the tag's backed-up content found
+            when it compared the restored bytes with the fingerprints its pause took
+            (``verify_wake``): "passed", "failed" (the resume raised ``WakeVerificationError``
+            and the tag stayed paused), "unchecked" (some of its bytes were not checked: the
+            check was off, or the device cannot fingerprint), or None (none yet).
     """
 
     allocations: int = 0
@@ -43,6 +48,7 @@ class TagStats:
     # Timings describe the past, not what the tag holds: equality ignores them.
     last_pause_seconds: float | None = field(default=None, compare=False)
     last_resume_seconds: float | None = field(default=None, compare=False)
+    last_wake_check: str | None = field(default=None, compare=False)
 
     @classmethod
     def from_native(cls, values: Mapping[str, Any]) -> TagStats:

@@ -372,6 +372,21 @@ TMSL_API int tmsl_get_poison_on_resume(void* handle, int* out) {
   });
 }
 
+TMSL_API int tmsl_set_verify_wake(void* handle, int verify) {
+  return on_saver(handle, [&](Saver& saver) {
+    saver.set_verify_wake(verify != 0);
+    return Status::Ok();
+  });
+}
+
+TMSL_API int tmsl_get_verify_wake(void* handle, int* out) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = require(out != nullptr, "out must not be NULL");
+    if (s.ok()) *out = saver.verify_wake() ? 1 : 0;
+    return s;
+  });
+}
+
 TMSL_API int tmsl_wait_for_released_backups(void* handle) {
   return on_saver(handle, [&](Saver& saver) {
     saver.wait_for_released_backups();
@@ -406,6 +421,7 @@ TMSL_API int tmsl_tag_figures(void* handle, TmslTagFigures* out, size_t capacity
       o.last_pause_seconds = f.info.last_pause_seconds;
       o.last_resume_seconds = f.info.last_resume_seconds;
       o.disk_backup_bytes = f.disk_backup;
+      o.last_wake_check = static_cast<int>(f.info.last_wake_check);
     }
     return Status::Ok();
   });
@@ -456,6 +472,7 @@ TMSL_API int tmsl_process_defaults(TmslProcessDefaults* out) {
     memcpy(out->disk_backup_dir, d.disk_backup_dir.c_str(), d.disk_backup_dir.size());
     out->share_backups = d.share_backups;
     out->host_memory_budget = d.host_memory_budget;
+    out->verify_wake = d.verify_wake;
     return Status::Ok();
   });
 }

@@ -121,6 +121,10 @@ TMSL_API int tmsl_release_host_cache(void* saver);
 // Fill resumed memory that has no backup with 0xFF bytes (NaN as floats); *out reads it.
 TMSL_API int tmsl_set_poison_on_resume(void* saver, int poison);
 TMSL_API int tmsl_get_poison_on_resume(void* saver, int* out);
+// Verified wakes (on by default, TMSL_VERIFY_WAKE): a pause fingerprints backed-up memory, a
+// resume checks the restored bytes and fails with "content_mismatch" where they differ.
+TMSL_API int tmsl_set_verify_wake(void* saver, int verify);
+TMSL_API int tmsl_get_verify_wake(void* saver, int* out);
 // Returns once the background work handed over has run: backups a resume let go of freed,
 // host memory asked for by tmsl_prepare_backups set aside (its pages may still be arriving).
 TMSL_API int tmsl_wait_for_released_backups(void* saver);
@@ -138,6 +142,7 @@ typedef struct TmslTagFigures {
   uint64_t allocations, reserved_bytes, resident_bytes, paused_bytes, host_backup_bytes;
   double last_pause_seconds, last_resume_seconds;  // negative: never
   uint64_t disk_backup_bytes;  // paused bytes whose content is in disk files
+  int last_wake_check;  // 0 never, 1 passed, 2 failed, 3 unchecked (WakeCheck, saver.h)
 } TmslTagFigures;
 TMSL_API int tmsl_tag_figures(void* saver, TmslTagFigures* out, size_t capacity, size_t* count);
 // 0 when `tag` ([tag, tag + length)) is a valid tag name: 1 to 256 characters of UTF-8
@@ -165,6 +170,7 @@ typedef struct TmslProcessDefaults {
   char disk_backup_dir[4096];            // TMSL_DISK_BACKUP_DIR / TMS_DISK_BACKUP_DIR
   int share_backups;                     // TMSL_SHARE_BACKUPS
   uint64_t host_memory_budget;           // TMSL_HOST_MEMORY_BUDGET (0: not set)
+  int verify_wake;                       // TMSL_VERIFY_WAKE (default 1)
 } TmslProcessDefaults;
 TMSL_API int tmsl_process_defaults(TmslProcessDefaults* out);
 // The disk backup's chunk (TMSL_DISK_BACKUP_CHUNK_MB / TMS_DISK_BACKUP_CHUNK_MB, in bytes) and

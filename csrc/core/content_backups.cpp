@@ -8,8 +8,9 @@
 
 namespace tmsl {
 
-Status Saver::content_copy(const Allocation& a, const FingerprintKey& key, const HostBuffer& kept, HostBuffer* out) {
-  std::vector<Fingerprint> chunks;
+Status Saver::content_copy(const Allocation& a, const FingerprintKey& key, const HostBuffer& kept, HostBuffer* out,
+                           std::vector<Fingerprint>* fingerprints) {
+  std::vector<Fingerprint>& chunks = *fingerprints;
   Status s = tiers_.fingerprint_chunks(a.device, a.va, a.backup_bytes(), key, &chunks);
   if (s.code == Code::kUnsupported) return s;  // copied as before
   if (!s.ok()) return with_context(s, "fingerprinting tag '" + a.tag + "' (" + format_bytes(a.size) + " at " +

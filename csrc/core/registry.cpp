@@ -69,7 +69,7 @@ Status publish(Registry& r, Saver* saver, SaverHandle* out, bool permanent = fal
 }
 
 // The environment's defaults a new saver starts with (TMSL_POISON_ON_RESUME,
-// TMSL_RETAIN_CPU_BACKUP, TMSL_DISK_BACKUP_DIR): the library owns them, so a saver the hooks
+// TMSL_RETAIN_CPU_BACKUP, TMSL_VERIFY_WAKE, TMSL_DISK_BACKUP_DIR): the library owns them, so a saver the hooks
 // made has them too (tms_pause pauses disk-backed tags). A directory that cannot serve leaves
 // the saver without one: its disk-backed pauses are refused, and the Python side, setting
 // it again, says why.
@@ -77,6 +77,7 @@ void take_process_defaults(Saver* saver) {
   const ProcessDefaults& d = process_defaults();
   saver->set_poison_on_resume(d.poison_on_resume);
   saver->set_retain_backups(d.retain_backups);
+  saver->set_verify_wake(d.verify_wake);
   if (!d.disk_backup_dir.empty()) saver->set_disk_directory(d.disk_backup_dir);
 }
 

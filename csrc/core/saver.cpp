@@ -12,6 +12,11 @@ namespace tmsl {
 
 Saver::Saver(std::unique_ptr<Backend> backend, HostBudget& budget)
     : backend_(std::move(backend)), mappings_(*backend_), tiers_(backend_, budget) {
+  // (Without the kernel's random source, a key of the clock's: it guards against damage, not
+  // an adversary, and the store's own key is never this one.)
+  if (!FingerprintKey::random(&wake_key_).ok()) {
+    wake_key_ = FingerprintKey::from_seed(static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
+  }
   // The tiers own the cache: the ledger's figure and its requests are theirs (by their address).
   budget.on_pressure(&tiers_, [this] { give_cache_back_on_request(); });
 }
@@ -333,6 +338,7 @@ Status Saver::pause_locked(const TagSelection& selection, std::set<std::string>*
     if (!r.ok()) return r;
     // Then each allocation goes as soon as its own copies have landed: releasing overlaps the copies of the ones after it.
     r = queue_backups(&batch, &backups, &copies);
+    if (r.ok()) r = take_wake_fingerprints(batch);  // beside the copies, before anything is released
     while (r.ok() && done < batch.size()) {
       r = copies.wait(done);
       if (!r.ok()) {
@@ -389,9 +395,11 @@ Status Saver::queue_backups(std::vector<Allocation*>* batch_in, std::vector<Host
   const FingerprintKey* key = tiers_.content_key();
   size_t bytes = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
-    const Allocation& a = *batch[i];
+    Allocation& a = *batch[i];
     const HostBuffer& copy = kept[i];
     CopyRequest& r = requests[i];
+    a.wake_fingerprints.clear();  // this pause's, below or in take_wake_fingerprints
+    a.wake_unchecked = false;
     r.device = a.device;
     r.bytes = a.backup_bytes();
     r.cacheable = a.choice != BackupChoice::kOnUncached;
@@ -399,9 +407,11 @@ Status Saver::queue_backups(std::vector<Allocation*>* batch_in, std::vector<Host
     r.tier = !a.backup ? Tier::kNone : reusable ? Tier::kKept : Tier::kHost;
     if (a.backup && content_addressed(a, key)) {
       // (A private copy it kept goes at settle: the store's chunks replace it.)
-      Status s = content_copy(a, *key, copy, &(*backups)[i]);
+      Status s = content_copy(a, *key, copy, &(*backups)[i], &a.wake_fingerprints);
       if (!s.ok() && s.code != Code::kUnsupported) return s;
       if (s.ok()) r.tier = Tier::kContent;
+      if (s.ok() && verify_wake_.load()) a.wake_key = key;
+      if (!s.ok() || !verify_wake_.load()) a.wake_fingerprints.clear();
     }
     if (r.tier == Tier::kKept) {
       (*backups)[i] = copy;  // retained or cached from the last cycle: reused
@@ -492,6 +502,7 @@ Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>
     }
     if (r.ok()) r = read_disk_backups(batch, copies);  // everything is mapped now
     Status waited = wait_copies(batch);
+    if (r.ok() && waited.ok()) r = check_wake(batch);
     return r.ok() ? with_context(waited, "restoring backups") : r;
   });
   if (!s.ok()) {
@@ -502,6 +513,7 @@ Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>
         mappings_.take_down(batch[i]->device, batch[i]->va, batch[i]->size, batch[i]->physical);
       }
       if (s.code == Code::kOutOfMemory && done < batch.size()) return out_of_memory_on_resume(batch, *batch[done], s);
+      if (s.code == Code::kContentMismatch) return s;  // it says what stays paused
       return with_context(s, "resuming " + describe(batch) + " failed; everything it covered stays paused with "
                                  "its backups kept, call resume again");
     });
@@ -509,6 +521,7 @@ Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>
     settle(batch, 0, State::kActive, State::kPaused, nullptr, false);
     return s;
   }
+  note_wake_checks(batch);
   {
     std::lock_guard<std::mutex> lock(mu_);
     set_paused(selection, false);

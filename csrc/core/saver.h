@@ -45,6 +45,11 @@ Status tag_paused_error(const std::string& tag);
 // What poison-on-resume writes into every byte: 0xFF.. is NaN in every float format.
 constexpr unsigned char kPoisonByte = 0xFF;
 
+// What a tag's last resume found when it checked the restored bytes against the fingerprints
+// its pause took (core/wake_checks.cpp). kUnchecked: some backed-up bytes were not checked
+// (the check is off, or the device cannot fingerprint); kNever: no resume restored content.
+enum class WakeCheck { kNever, kPassed, kFailed, kUnchecked };
+
 // What the saver knows of one tag: its catalogue entry, created by the first region or
 // allocation that names it.
 struct TagInfo {
@@ -60,6 +65,7 @@ struct TagInfo {
   // the tag (the whole call, every tag it moved together); negative until there was one.
   double last_pause_seconds = -1;
   double last_resume_seconds = -1;
+  WakeCheck last_wake_check = WakeCheck::kNever;
   bool backs_up() const {
     return backup == BackupChoice::kOn || (backup == BackupChoice::kAuto && graph_memory);
   }
@@ -207,6 +213,12 @@ class Saver {
   // discarded content sees NaN instead of plausible leftovers (a debugging aid).
   void set_poison_on_resume(bool poison) { poison_on_resume_.store(poison); }
   bool poison_on_resume() const { return poison_on_resume_.load(); }
+  // Verified wakes (on unless turned off): a pause fingerprints every backed-up allocation on
+  // its device, and a resume checks the restored bytes against it; on a mismatch the resume
+  // fails with Code::kContentMismatch naming the tag and allocation, and everything it
+  // covered stays paused with its backups.
+  void set_verify_wake(bool verify) { verify_wake_.store(verify); }
+  bool verify_wake() const { return verify_wake_.load(); }
 
  private:
   enum class State { kActive, kPausing, kPaused, kResuming };
@@ -225,6 +237,12 @@ class Saver {
     BackupChoice effective_choice() const { return disk_marked ? BackupChoice::kDisk : choice; }
     bool backup = false;  // whether the pause that claimed it copies it out (backs_up())
     State state = State::kActive;
+    // What its resume checks the restored bytes against (wake_checks.cpp): the fingerprints of
+    // its backed-up bytes, chunk by chunk (HostArena::kRangeBytes), when its pause copied them,
+    // under `wake_key`. Empty: not checked. Written by the pause or resume that claimed it.
+    std::vector<Fingerprint> wake_fingerprints;
+    const FingerprintKey* wake_key = nullptr;
+    bool wake_unchecked = false;  // its pause copied it without fingerprints
     // Written only by the pause/resume that has claimed the allocation (state kPausing or
     // kResuming) or under mu_. Its host copy, while paused with backup (or kept by the cache
     // or retention after a resume), is the tiers' (HostCopies, by va).
@@ -309,11 +327,22 @@ class Saver {
   // the end of each allocation's copies in `copies`.
   // (Reorders the batch and its backups: see order_pending_last.)
   Status queue_backups(std::vector<Allocation*>* batch, std::vector<HostBuffer>* backups, CopyMarks* copies);
+  // Verified wakes (wake_checks.cpp). take_wake_fingerprints: once a pause's copies are queued,
+  // fingerprints the batch's backed-up allocations that have none from their content copy,
+  // beside the copies (the devices are idle: nothing else writes there). check_wake: once a
+  // resume's copies have landed, compares each checked allocation's restored bytes with them;
+  // kContentMismatch names the first that differs (its tag's verdict: failed).
+  // note_wake_checks: a resume's verdict for its tags, once it succeeded.
+  Status take_wake_fingerprints(const std::vector<Allocation*>& batch);
+  Status check_wake(const std::vector<Allocation*>& batch);
+  void note_wake_checks(const std::vector<Allocation*>& batch);
   // Content backups (content_backups.cpp): a large backup's copy in chunks of the node's store
   // (tiers/content_copies.cpp): `kept` (its copy from the last cycle) where its memory still
   // holds those bytes, else a content arena. kUnsupported: the device cannot fingerprint; the
   // caller copies as before.
-  Status content_copy(const Allocation& a, const FingerprintKey& key, const HostBuffer& kept, HostBuffer* out);
+  // Its chunks' fingerprints go to *fingerprints.
+  Status content_copy(const Allocation& a, const FingerprintKey& key, const HostBuffer& kept, HostBuffer* out,
+                      std::vector<Fingerprint>* fingerprints);
   // Whether a's backup goes to the node's store (where this process shares: `key`): large
   // (more than one chunk) and kept after a resume (not an "mmap" copy).
   static bool content_addressed(const Allocation& a, const FingerprintKey* key) {
@@ -386,6 +415,8 @@ class Saver {
   std::atomic<size_t> margin_bytes_{0};
   std::atomic<bool> retain_backups_{false};
   std::atomic<bool> poison_on_resume_{false};
+  std::atomic<bool> verify_wake_{true};
+  FingerprintKey wake_key_;  // this process's, drawn at construction (content copies use the store's)
   // The disk tier (null: none); set under op_mu_ and mu_, read under either.
   std::shared_ptr<DiskTier> disk_;
   // Tags whose host memory is to be prepared, and whether a task to do it is queued.

@@ -76,11 +76,12 @@ class Backend {
 
   // The content fingerprint's segment values (platform/fingerprint.h) of the mapped memory
   // [va, va + bytes) (fingerprintable), computed where it lies, into host memory `out`
-  // (fingerprint_segments_in(bytes) * kFingerprintLanes values). Runs after the work queued on
-  // the backend's copy stream and returns once `out` is written. kUnsupported where the
-  // device cannot (a driver without the entry points, no room for its small buffers): the
-  // caller copies instead.
-  virtual Status fingerprint(int device, uintptr_t va, size_t bytes, const FingerprintKey& key, uint64_t* out) = 0;
+  // (fingerprint_segments_in(bytes) * kFingerprintLanes values); returns once `out` is written.
+  // It runs beside the copies, after those before the mark `after` where given (the mark is
+  // still the caller's to wait for). kUnsupported where the device cannot (a driver without
+  // the entry points, no room for its small buffers): the caller does without.
+  virtual Status fingerprint(int device, uintptr_t va, size_t bytes, const FingerprintKey& key, uint64_t* out,
+                             const CopyMark* after = nullptr) = 0;
 };
 
 // Opens the CUDA driver (libcuda.so.1, or $TMSL_CUDA_DRIVER_LIBRARY) at run time.

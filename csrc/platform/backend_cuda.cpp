@@ -57,7 +57,10 @@ struct DriverApi {
   PFN_cuModuleGetFunction_v2000 cuModuleGetFunction = nullptr;
   PFN_cuLaunchKernel_v4000 cuLaunchKernel = nullptr;
   PFN_cuMemAlloc_v3020 cuMemAlloc = nullptr;
-  bool fingerprints() const { return cuModuleLoadData && cuModuleGetFunction && cuLaunchKernel && cuMemAlloc; }
+  PFN_cuStreamWaitEvent_v3020 cuStreamWaitEvent = nullptr;
+  bool fingerprints() const {
+    return cuModuleLoadData && cuModuleGetFunction && cuLaunchKernel && cuMemAlloc && cuStreamWaitEvent;
+  }
 };
 
 // Page-locking host memory counts as "unsafe" while any thread captures a CUDA graph in
@@ -132,6 +135,7 @@ Status load_driver(DriverApi* api) {
   driver.resolve("cuModuleGetFunction", &api->cuModuleGetFunction, &optional);
   driver.resolve("cuLaunchKernel", &api->cuLaunchKernel, &optional);
   driver.resolve("cuMemAlloc", &api->cuMemAlloc, &optional);
+  driver.resolve("cuStreamWaitEvent", &api->cuStreamWaitEvent, &optional);
   return Status::Ok();
 }
 
@@ -296,13 +300,19 @@ class CudaBackend final : public Backend {
                       [&] { return check(api_.cuMemGetInfo(free_bytes, total_bytes), "cuMemGetInfo"); });
   }
 
-  Status fingerprint(int device, uintptr_t va, size_t bytes, const FingerprintKey& key, uint64_t* out) override {
+  Status fingerprint(int device, uintptr_t va, size_t bytes, const FingerprintKey& key, uint64_t* out,
+                     const CopyMark* after) override {
     return in_context(device, [&] {
       std::lock_guard<std::mutex> lock(fingerprint_mu_);  // one device buffer per device
       FingerprintState* state = nullptr;
       Status s = fingerprint_state(device, key, &state);
       if (!s.ok()) return s;
-      CUstream stream = devices_[device].copy_stream;
+      // Its own stream: it runs beside the copies, after the marked ones where asked.
+      CUstream stream = state->stream;
+      if (after != nullptr) {
+        s = check(api_.cuStreamWaitEvent(stream, reinterpret_cast<CUevent>(*after), 0), "cuStreamWaitEvent");
+        if (!s.ok()) return s;
+      }
       // A launch per portion of the memory whose segment values fit the device buffer.
       const size_t portion = FingerprintState::kSegments * kFingerprintSegmentBytes;
       for (size_t at = 0; at < bytes; at += portion) {
@@ -437,6 +447,7 @@ class CudaBackend final : public Backend {
     CUfunction function = nullptr;
     CUdeviceptr key = 0;     // FingerprintKey's nh then poly, as the kernel reads them
     CUdeviceptr values = 0;  // kSegments * kFingerprintLanes values
+    CUstream stream = nullptr;  // its launches', apart from the copies and the user's streams
     FingerprintKey uploaded;
     bool failed = false;     // tried and refused: the caller copies instead
   };
@@ -447,6 +458,7 @@ class CudaBackend final : public Backend {
       FingerprintState state;
       CUmodule module = nullptr;
       Status s = api_.fingerprints() ? Status::Ok() : Status::Error(Code::kUnsupported, "the driver cannot launch kernels");
+      if (s.ok()) s = check(api_.cuStreamCreate(&state.stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate(fingerprint)");
       if (s.ok()) s = check(api_.cuModuleLoadData(&module, fingerprint_kernel_ptx()), "cuModuleLoadData(fingerprint)");
       if (s.ok()) s = check(api_.cuModuleGetFunction(&state.function, module, kFingerprintKernelName), "cuModuleGetFunction");
       if (s.ok()) s = check(api_.cuMemAlloc(&state.key, sizeof(key.nh) + sizeof(key.poly)), "cuMemAlloc(fingerprint key)");
@@ -462,7 +474,7 @@ class CudaBackend final : public Backend {
     FingerprintState& state = fingerprint_[device];
     if (state.failed) return Status::Error(Code::kUnsupported, "fingerprints failed on device " + std::to_string(device));
     if (memcmp(&state.uploaded, &key, sizeof(key)) != 0) {
-      CUstream stream = devices_[device].copy_stream;
+      CUstream stream = state.stream;
       Status s = check(api_.cuMemcpyHtoDAsync(state.key, key.nh, sizeof(key.nh), stream), "cuMemcpyHtoDAsync(key)");
       if (s.ok()) s = check(api_.cuMemcpyHtoDAsync(state.key + sizeof(key.nh), key.poly, sizeof(key.poly), stream), "cuMemcpyHtoDAsync(key)");
       if (s.ok()) s = check(api_.cuStreamSynchronize(stream), "cuStreamSynchronize(key)");

@@ -39,6 +39,8 @@ constexpr size_t kMaxDiskBackupDirBytes = 4096;  // with its NUL: what TmslProce
 //                               region's choice is kOnUncached
 //   TMSL_POISON_ON_RESUME (flag)   savers start with poison on resume turned on
 //   TMSL_RETAIN_CPU_BACKUP / TMS_RETAIN_CPU_BACKUP (flag)   keep host backups after a resume
+//   TMSL_VERIFY_WAKE (flag, default 1)   savers check restored content against the pause's
+//                               fingerprints
 //   TMSL_DISK_BACKUP_DIR / TMS_DISK_BACKUP_DIR (path)   where disk backups go; checked where used
 //   TMSL_SHARE_BACKUPS (flag)   identical large backups are stored once per node
 //   TMSL_HOST_MEMORY_BUDGET (size)   the node's host-memory budget, set when the ledger opens
@@ -51,6 +53,7 @@ struct ProcessDefaults {
   bool caches_backups = true;  // the default backend is "pinned"
   bool poison_on_resume = false;
   bool retain_backups = false;
+  bool verify_wake = true;
   std::string disk_backup_dir_variable;  // the variable that named it ("": none did)
   std::string disk_backup_dir;
   bool share_backups = false;

@@ -22,7 +22,8 @@ namespace tmsl {
   X(kDriverError, "driver_error")                                                         \
   X(kHostError, "host_error")                                                             \
   X(kTagPaused, "tag_paused") /* entering or allocating in a paused tag */             \
-  X(kUnsupported, "unsupported") /* the backend or driver cannot do it: the caller does without */
+  X(kUnsupported, "unsupported") /* the backend or driver cannot do it: the caller does without */ \
+  X(kContentMismatch, "content_mismatch") /* a resume restored bytes other than its pause saw */
 
 enum class Code : int {
 #define TMSL_CODE_ENUM(name, text) name,

@@ -1,0 +1,89 @@
+// Verified wakes: a pause fingerprints each backed-up allocation where it lies (on its GPU,
+// beside the copies), and the resume fingerprints the restored bytes and compares, so a backup
+// changed or damaged while paused (host memory written by mistake, a disk file, a store chunk)
+// fails the resume instead of waking an engine on wrong bytes. The fingerprint is the content
+// store's (platform/fingerprint.h): 2^-127 for two different chunks to match.
+#include "core/saver.h"
+
+namespace tmsl {
+
+namespace {
+
+// "0x7f00.. (+64.00 MiB .. +128.00 MiB)": where in an allocation a chunk lies.
+std::string chunk_range(uintptr_t va, size_t chunk, size_t bytes) {
+  const size_t from = chunk * HostArena::kRangeBytes;
+  return "bytes " + format_bytes(from) + " to " + format_bytes(std::min(bytes, from + HostArena::kRangeBytes)) +
+         " of it (from " + format_address(va + from) + ")";
+}
+
+}  // namespace
+
+Status Saver::take_wake_fingerprints(const std::vector<Allocation*>& batch) {
+  for (Allocation* a : batch) {
+    if (!(a->backup || a->disk_marked) || !a->wake_fingerprints.empty()) continue;  // (content copies: theirs)
+    a->wake_unchecked = !verify_wake_.load() || !fingerprintable(a->backup_bytes());
+    if (a->wake_unchecked) continue;
+    Status s = tiers_.fingerprint_chunks(a->device, a->va, a->backup_bytes(), wake_key_, &a->wake_fingerprints);
+    if (s.code == Code::kUnsupported) {
+      a->wake_fingerprints.clear();  // not checked: the tag's stats say so
+      a->wake_unchecked = true;
+      continue;
+    }
+    if (!s.ok()) {
+      return with_context(s, "fingerprinting tag '" + a->tag + "' (" + format_bytes(a->size) + " at " +
+                                 format_address(a->va) + ") for its wake's check; everything stays resident "
+                                 "with its content, call pause again (or turn verify_wake off)");
+    }
+    a->wake_key = &wake_key_;
+  }
+  return Status::Ok();
+}
+
+Status Saver::check_wake(const std::vector<Allocation*>& batch) {
+  std::vector<Fingerprint> restored;
+  for (const Allocation* a : batch) {
+    if (a->wake_fingerprints.empty()) continue;
+    Status s = tiers_.fingerprint_chunks(a->device, a->va, a->backup_bytes(), *a->wake_key, &restored);
+    if (!s.ok()) {
+      return with_context(s, "checking the restored content of tag '" + a->tag + "' at " + format_address(a->va) +
+                                 "; everything this resume covered stays paused with its backups kept, call "
+                                 "resume again");
+    }
+    for (size_t k = 0; k < restored.size() && k < a->wake_fingerprints.size(); ++k) {
+      if (restored[k] == a->wake_fingerprints[k]) continue;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        a->tag_info->last_wake_check = WakeCheck::kFailed;
+      }
+      return Status::Error(
+          Code::kContentMismatch,
+          "resuming tag '" + a->tag + "': its allocation of " + format_bytes(a->size) + " at " +
+              format_address(a->va) + " on device " + std::to_string(a->device) +
+              " came back with bytes other than its pause saw, in " + chunk_range(a->va, k, a->backup_bytes()) +
+              ": its backup was changed or damaged while paused (a write into a CPU backup view, a "
+              "damaged disk file or host memory). Nothing was woken: everything this resume covered stays "
+              "paused with its backups as they are. Repair or rewrite the content and resume again, or "
+              "turn verify_wake off to take the backup as it is.");
+    }
+  }
+  return Status::Ok();
+}
+
+void Saver::note_wake_checks(const std::vector<Allocation*>& batch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<TagInfo*, WakeCheck> verdicts;
+  for (Allocation* a : batch) {
+    WakeCheck& verdict = verdicts.emplace(a->tag_info, WakeCheck::kNever).first->second;
+    if (a->wake_unchecked) {
+      verdict = WakeCheck::kUnchecked;
+    } else if (!a->wake_fingerprints.empty() && verdict == WakeCheck::kNever) {
+      verdict = WakeCheck::kPassed;
+    }
+    a->wake_fingerprints = std::vector<Fingerprint>();  // checked: not needed again
+  }
+  for (const auto& [info, verdict] : verdicts) {
+    if (verdict != WakeCheck::kNever) info->last_wake_check = verdict;
+  }
+}
+
+}  // namespace tmsl

@@ -1,0 +1,116 @@
+"""Verified wakes (``verify_wake``, on by default): a pause fingerprints every backed-up
+allocation where it lies, and the resume checks the restored bytes against it. A backup changed
+or damaged while paused fails the resume with WakeVerificationError naming the tag and the
+allocation, and everything that resume covered stays paused with its backups; put right, the
+next resume wakes it bit for bit. Checked on each place the core runs (the `backend` fixture);
+the stand-in driver cannot fingerprint, so there the wake is "unchecked" and says so."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import pytest
+
+from torch_mem_saver_lite import MemorySaverError, WakeVerificationError, _lib
+
+MiB = 1 << 20
+
+
+def flip_backup_byte(saver, address: int, nbytes: int, offset: int) -> None:
+    """Inverts one byte of a paused allocation's host copy, through a zero-copy lease of it (as
+    a write into ``get_cpu_backup(x, zero_copy=True)`` would)."""
+    leased = saver._core().lease_backup(address, nbytes)
+    assert leased is not None, "the allocation must be paused with a host copy"
+    host, lease = leased
+    byte = ctypes.c_uint8.from_address(host + offset)
+    byte.value ^= 0xFF
+    _lib.release_lease(lease)
+
+
+def checks(backend) -> bool:
+    """Whether the core can fingerprint there (the stand-in driver launches no kernels)."""
+    return backend.name != "stand_in"
+
+
+def test_a_resume_checks_the_restored_bytes_and_the_tags_stats_say_so(backend):
+    backed, bare = backend.tag("weights"), backend.tag("kv")
+    ptr = backend.allocate(backed, 8 * MiB, backup=True)
+    backend.allocate(bare, 4 * MiB)
+    data = os.urandom(8 * MiB)
+    backend.write(ptr, data)
+    assert backend.saver.verify_wake is True  # the default
+    assert backend.saver.stats()[backed].last_wake_check is None  # no wake yet
+
+    backend.saver.pause([backed, bare])
+    backend.saver.resume([backed, bare])
+
+    assert backend.read(ptr, len(data)) == data
+    stats = backend.saver.stats()
+    assert stats[backed].last_wake_check == ("passed" if checks(backend) else "unchecked")
+    assert stats[bare].last_wake_check is None  # nothing of it was kept, so nothing to check
+
+
+def test_a_backup_damaged_while_paused_fails_the_resume_and_everything_stays_paused(backend):
+    tag, other = backend.tag("weights"), backend.tag("cache")
+    big = backend.allocate(tag, 8 * MiB, backup=True)
+    small = backend.allocate(tag, 64 * 1024, backup=True)
+    elsewhere = backend.allocate(other, 1 * MiB, backup=True)
+    contents = {big: os.urandom(8 * MiB), small: os.urandom(64 * 1024), elsewhere: os.urandom(1 * MiB)}
+    for ptr, data in contents.items():
+        backend.write(ptr, data)
+    backend.saver.pause([tag, other])
+    paused = backend.saver.stats()
+    flip_backup_byte(backend.saver, big, 8 * MiB, 5 * MiB + 17)
+    if not checks(backend):  # what a device that cannot fingerprint does: it wakes, and says so
+        backend.saver.resume([tag, other])
+        assert backend.saver.stats()[tag].last_wake_check == "unchecked"
+        assert backend.read(big + 5 * MiB + 17, 1) != contents[big][5 * MiB + 17:5 * MiB + 18]
+        return
+
+    with pytest.raises(WakeVerificationError) as raised:
+        backend.saver.resume([tag, other])
+
+    message = str(raised.value)
+    assert isinstance(raised.value, MemorySaverError)
+    assert f"'{tag}'" in message and hex(big) in message, message  # the tag and the allocation
+    assert "stays paused" in message and "verify_wake" in message, message  # what happened, what to do
+    after = backend.saver.stats()
+    for name in (tag, other):  # all or nothing: the resume woke neither tag
+        assert after[name].paused and after[name].resident_bytes == 0
+        assert after[name].host_backup_bytes == paused[name].host_backup_bytes  # backups kept as they are
+    assert after[tag].last_wake_check == "failed"
+    assert not any(backend.is_mapped(ptr) for ptr in contents)
+
+    flip_backup_byte(backend.saver, big, 8 * MiB, 5 * MiB + 17)  # put right
+    backend.saver.resume([tag, other])
+
+    for ptr, data in contents.items():
+        assert backend.read(ptr, len(data)) == data
+    assert backend.saver.stats()[tag].last_wake_check == "passed"
+
+
+def test_with_verify_wake_off_a_resume_takes_the_backup_as_it_is_and_says_it_was_unchecked(backend):
+    tag = backend.tag("weights")
+    ptr = backend.allocate(tag, 4 * MiB, backup=True)
+    data = bytearray(os.urandom(4 * MiB))
+    backend.write(ptr, bytes(data))
+    backend.saver.verify_wake = False
+    try:
+        backend.saver.pause(tag)
+        flip_backup_byte(backend.saver, ptr, len(data), 123)
+        backend.saver.resume(tag)
+    finally:
+        backend.saver.verify_wake = True
+
+    data[123] ^= 0xFF
+    assert backend.read(ptr, len(data)) == bytes(data)  # what the backup held, unchecked
+    assert backend.saver.stats()[tag].last_wake_check == "unchecked"
+
+
+def test_verify_wake_takes_only_a_bool(host_saver):
+    with pytest.raises(TypeError, match="verify_wake"):
+        host_saver.verify_wake = "no"
+    host_saver.verify_wake = False  # before the core exists: handed to it when made
+    host_saver._core()
+    assert host_saver.verify_wake is False
