@@ -1,5 +1,6 @@
 // What the saver says of a batch of allocations a pause or resume works on: its devices,
-// its tags, how a message names it, and what the tiers need of it at a resume.
+// its tags, how a message names it (and a resume short of device memory), and what the tiers
+// need of it at a resume.
 #include "core/saver.h"
 
 namespace tmsl {
@@ -46,6 +47,24 @@ HostCopies::Resumed Saver::resumed(const Allocation& a) {
   r.cacheable = a.choice != BackupChoice::kOnUncached && a.tag_info->caches_backups;
   r.uncached = a.choice == BackupChoice::kOnUncached;
   return r;
+}
+
+Status Saver::out_of_memory_on_resume(const std::vector<Allocation*>& batch,
+                                      const Allocation& failed, const Status& cause) {
+  size_t needed = 0;
+  for (const Allocation* a : batch) {
+    if (a->device == failed.device) needed += a->size;
+  }
+  size_t free_bytes = 0, total = 0;
+  backend_->memory_info(failed.device, &free_bytes, &total);
+  Status s = Status::Error(
+      Code::kOutOfMemory,
+      "cannot resume tag '" + failed.tag + "' on device " + std::to_string(failed.device) +
+          ": this resume needs " + format_bytes(needed) + " there and " + format_bytes(free_bytes) +
+          " is free (" + cause.message() + "). Everything it covered stays paused" +
+          " with its backups kept; free memory and call resume again.");
+  s.set_oom({failed.tag, needed, free_bytes, failed.device});
+  return s;
 }
 
 }  // namespace tmsl

@@ -481,6 +481,7 @@ Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>
   }
   std::vector<HostBuffer> copies;  // the batch's host copies, the tiers'
   size_t done = 0;
+  WakeCheckBehind behind;
   // Whatever happens in here (an exception too), what was mapped is rolled back below.
   Status s = status_of([&] {
     copies = tiers_.copies().peek(addresses_of(batch));  // once no range of them is being shared
@@ -498,9 +499,11 @@ Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>
       if (r.ok() && a.physical.empty()) r = plan_pieces(a, static_cast<bool>(copies[done]));
       if (r.ok()) r = map_next_piece(a);
       if (r.ok()) r = restore(a, copies[done], a.physical.handles.size() - 1);
+      if (r.ok() && copies[done]) r = check_wake_behind(a, a.physical.offset(a.physical.handles.size()), &behind);
       if (r.ok() && a.physical.handles.size() == a.physical.count(a.size)) ++done;
     }
     if (r.ok()) r = read_disk_backups(batch, copies);  // everything is mapped now
+    drop_wake_mark(&behind);
     Status waited = wait_copies(batch);
     if (r.ok() && waited.ok()) r = check_wake(batch);
     return r.ok() ? with_context(waited, "restoring backups") : r;
@@ -508,6 +511,7 @@ Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>
   if (!s.ok()) {
     // Whatever happens in here too, the batch is settled below: a free waiting on it wakes.
     s = status_of([&] {
+      drop_wake_mark(&behind);
       wait_copies(batch);  // the memory must not be unmapped under a running copy
       for (size_t i = 0; i < batch.size() && i <= done; ++i) {  // batch[done]: the pieces mapped so far
         mappings_.take_down(batch[i]->device, batch[i]->va, batch[i]->size, batch[i]->physical);
@@ -546,6 +550,7 @@ Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>
 Status Saver::plan_pieces(Allocation& a, bool has_copy) {
   Pieces& pieces = a.physical;
   pieces.piece_bytes = a.size;
+  a.wake_checked_chunks = 0;  // this resume checks them all
   const size_t wanted = backend_->resume_piece_bytes(a.device);
   if (has_copy && a.size > wanted) {
     size_t granularity = 0;
@@ -585,24 +590,6 @@ Status Saver::restore(const Allocation& a, const HostBuffer& copy, size_t k) {
   if (copied_end == end || !poison_on_resume_.load() || tiers_.disk_copies().has(a.va)) return Status::Ok();  // a file fills it
   return with_context(backend_->fill_async(a.device, a.va + copied_end, end - copied_end, kPoisonByte),
                       "poisoning resumed memory");
-}
-
-Status Saver::out_of_memory_on_resume(const std::vector<Allocation*>& batch,
-                                      const Allocation& failed, const Status& cause) {
-  size_t needed = 0;
-  for (const Allocation* a : batch) {
-    if (a->device == failed.device) needed += a->size;
-  }
-  size_t free_bytes = 0, total = 0;
-  backend_->memory_info(failed.device, &free_bytes, &total);
-  Status s = Status::Error(
-      Code::kOutOfMemory,
-      "cannot resume tag '" + failed.tag + "' on device " + std::to_string(failed.device) +
-          ": this resume needs " + format_bytes(needed) + " there and " + format_bytes(free_bytes) +
-          " is free (" + cause.message() + "). Everything it covered stays paused" +
-          " with its backups kept; free memory and call resume again.");
-  s.set_oom({failed.tag, needed, free_bytes, failed.device});
-  return s;
 }
 
 }  // namespace tmsl

@@ -243,6 +243,7 @@ class Saver {
     std::vector<Fingerprint> wake_fingerprints;
     const FingerprintKey* wake_key = nullptr;
     bool wake_unchecked = false;  // its pause copied it without fingerprints
+    size_t wake_checked_chunks = 0;  // of wake_fingerprints, those its resume checked so far
     // Written only by the pause/resume that has claimed the allocation (state kPausing or
     // kResuming) or under mu_. Its host copy, while paused with backup (or kept by the cache
     // or retention after a resume), is the tiers' (HostCopies, by va).
@@ -333,8 +334,22 @@ class Saver {
   // resume's copies have landed, compares each checked allocation's restored bytes with them;
   // kContentMismatch names the first that differs (its tag's verdict: failed).
   // note_wake_checks: a resume's verdict for its tags, once it succeeded.
+  // check_wake_behind runs the checks one piece behind the copies: once a's bytes
+  // [0, restored) are queued, the chunks the pieces queued before are checked (after their
+  // copies' mark) while the newest piece's copy runs, so a wake's check costs about one piece's
+  // fingerprint; check_wake then checks what is left. drop_wake_mark: the mark, waited for.
+  struct WakeCheckBehind {
+    Allocation* a = nullptr;  // its bytes [0, restored) lie before `mark` on the copy stream
+    size_t restored = 0;
+    CopyMark mark = 0;
+    bool marked = false;
+  };
   Status take_wake_fingerprints(const std::vector<Allocation*>& batch);
+  Status check_wake_behind(Allocation& a, size_t restored, WakeCheckBehind* behind);
+  void drop_wake_mark(WakeCheckBehind* behind);
   Status check_wake(const std::vector<Allocation*>& batch);
+  // Checks a's chunks [wake_checked_chunks, end) (after `after`, where given).
+  Status check_wake_chunks(Allocation& a, size_t end, const CopyMark* after);
   void note_wake_checks(const std::vector<Allocation*>& batch);
   // Content backups (content_backups.cpp): a large backup's copy in chunks of the node's store
   // (tiers/content_copies.cpp): `kept` (its copy from the last cycle) where its memory still

@@ -3,6 +3,8 @@
 // changed or damaged while paused (host memory written by mistake, a disk file, a store chunk)
 // fails the resume instead of waking an engine on wrong bytes. The fingerprint is the content
 // store's (platform/fingerprint.h): 2^-127 for two different chunks to match.
+#include <algorithm>
+
 #include "core/saver.h"
 
 namespace tmsl {
@@ -39,32 +41,65 @@ Status Saver::take_wake_fingerprints(const std::vector<Allocation*>& batch) {
   return Status::Ok();
 }
 
-Status Saver::check_wake(const std::vector<Allocation*>& batch) {
+Status Saver::check_wake_chunks(Allocation& a, size_t end, const CopyMark* after) {
+  const size_t first = a.wake_checked_chunks;
+  if (end <= first) return Status::Ok();
+  const size_t from = first * HostArena::kRangeBytes, to = std::min(a.backup_bytes(), end * HostArena::kRangeBytes);
   std::vector<Fingerprint> restored;
-  for (const Allocation* a : batch) {
+  Status s = tiers_.fingerprint_chunks(a.device, a.va + from, to - from, *a.wake_key, &restored, after);
+  if (!s.ok()) {
+    return with_context(s, "checking the restored content of tag '" + a.tag + "' at " + format_address(a.va) +
+                               "; everything this resume covered stays paused with its backups kept, call "
+                               "resume again");
+  }
+  for (size_t k = first; k < end; ++k) {
+    if (restored[k - first] == a.wake_fingerprints[k]) continue;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      a.tag_info->last_wake_check = WakeCheck::kFailed;
+    }
+    return Status::Error(
+        Code::kContentMismatch,
+        "resuming tag '" + a.tag + "': its allocation of " + format_bytes(a.size) + " at " + format_address(a.va) +
+            " on device " + std::to_string(a.device) + " came back with bytes other than its pause saw, in " +
+            chunk_range(a.va, k, a.backup_bytes()) +
+            ": its backup was changed or damaged while paused (a write into a CPU backup view, a "
+            "damaged disk file or host memory). Nothing was woken: everything this resume covered stays "
+            "paused with its backups as they are. Repair or rewrite the content and resume again, or "
+            "turn verify_wake off to take the backup as it is.");
+  }
+  a.wake_checked_chunks = end;
+  return Status::Ok();
+}
+
+Status Saver::check_wake_behind(Allocation& a, size_t restored, WakeCheckBehind* behind) {
+  if (behind->marked) {
+    // The chunks wholly restored by the pieces before this one (all of them, at the end).
+    Allocation& earlier = *behind->a;
+    const size_t chunks = earlier.wake_fingerprints.size();
+    const size_t end = behind->restored >= earlier.backup_bytes() ? chunks : behind->restored / HostArena::kRangeBytes;
+    Status s = check_wake_chunks(earlier, end, &behind->mark);
+    drop_wake_mark(behind);
+    if (!s.ok()) return s;
+  }
+  if (a.wake_fingerprints.empty()) return Status::Ok();
+  Status s = backend_->mark_copies(a.device, &behind->mark);
+  if (!s.ok()) return s;
+  *behind = WakeCheckBehind{&a, restored, behind->mark, true};
+  return Status::Ok();
+}
+
+void Saver::drop_wake_mark(WakeCheckBehind* behind) {
+  if (!behind->marked) return;
+  backend_->wait_copy_mark(behind->a->device, behind->mark);  // (a failure shows in the resume's wait)
+  behind->marked = false;
+}
+
+Status Saver::check_wake(const std::vector<Allocation*>& batch) {
+  for (Allocation* a : batch) {
     if (a->wake_fingerprints.empty()) continue;
-    Status s = tiers_.fingerprint_chunks(a->device, a->va, a->backup_bytes(), *a->wake_key, &restored);
-    if (!s.ok()) {
-      return with_context(s, "checking the restored content of tag '" + a->tag + "' at " + format_address(a->va) +
-                                 "; everything this resume covered stays paused with its backups kept, call "
-                                 "resume again");
-    }
-    for (size_t k = 0; k < restored.size() && k < a->wake_fingerprints.size(); ++k) {
-      if (restored[k] == a->wake_fingerprints[k]) continue;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        a->tag_info->last_wake_check = WakeCheck::kFailed;
-      }
-      return Status::Error(
-          Code::kContentMismatch,
-          "resuming tag '" + a->tag + "': its allocation of " + format_bytes(a->size) + " at " +
-              format_address(a->va) + " on device " + std::to_string(a->device) +
-              " came back with bytes other than its pause saw, in " + chunk_range(a->va, k, a->backup_bytes()) +
-              ": its backup was changed or damaged while paused (a write into a CPU backup view, a "
-              "damaged disk file or host memory). Nothing was woken: everything this resume covered stays "
-              "paused with its backups as they are. Repair or rewrite the content and resume again, or "
-              "turn verify_wake off to take the backup as it is.");
-    }
+    Status s = check_wake_chunks(*a, a->wake_fingerprints.size(), nullptr);
+    if (!s.ok()) return s;
   }
   return Status::Ok();
 }

@@ -143,8 +143,9 @@ class BackupTiers {
   const FingerprintKey* content_key() { return budget_.content_key(); }
   // The fingerprints of the chunks of [va, va + bytes) on `device`, computed there
   // (Backend::fingerprint); kUnsupported where the device cannot: the pause copies instead.
+  // (After the copies before the mark `after`, where given: Backend::fingerprint.)
   Status fingerprint_chunks(int device, uintptr_t va, size_t bytes, const FingerprintKey& key,
-                            std::vector<Fingerprint>* out);
+                            std::vector<Fingerprint>* out, const CopyMark* after = nullptr);
   // A copy of `bytes` on `device` whose chunks (HostArena::chunks_in(bytes) of them, kRangeBytes
   // each) have the fingerprints `chunks`, in a content arena: the chunks the store has are
   // taken as they are, the others made new for the pause to copy into (*new_bytes: theirs).

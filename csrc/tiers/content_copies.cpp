@@ -10,9 +10,9 @@
 namespace tmsl {
 
 Status BackupTiers::fingerprint_chunks(int device, uintptr_t va, size_t bytes, const FingerprintKey& key,
-                                       std::vector<Fingerprint>* out) {
+                                       std::vector<Fingerprint>* out, const CopyMark* after) {
   std::vector<uint64_t> segments(fingerprint_segments_in(bytes) * kFingerprintLanes);
-  Status s = backend_->fingerprint(device, va, bytes, key, segments.data());
+  Status s = backend_->fingerprint(device, va, bytes, key, segments.data(), after);
   if (!s.ok()) return s;
   out->clear();
   // A chunk is a whole number of segments: its fingerprint joins theirs.
