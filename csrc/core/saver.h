@@ -431,7 +431,7 @@ class Saver {
   std::atomic<bool> retain_backups_{false};
   std::atomic<bool> poison_on_resume_{false};
   std::atomic<bool> verify_wake_{true};
-  FingerprintKey wake_key_;  // this process's, drawn at construction (content copies use the store's)
+  FingerprintKey wake_key_;  // drawn at construction; where the process shares, the store key serves instead
   // The disk tier (null: none); set under op_mu_ and mu_, read under either.
   std::shared_ptr<DiskTier> disk_;
   // Tags whose host memory is to be prepared, and whether a task to do it is queued.

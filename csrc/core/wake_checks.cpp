@@ -25,7 +25,9 @@ Status Saver::take_wake_fingerprints(const std::vector<Allocation*>& batch) {
     if (!(a->backup || a->disk_marked) || !a->wake_fingerprints.empty()) continue;  // (content copies: theirs)
     a->wake_unchecked = !verify_wake_.load() || !fingerprintable(a->backup_bytes());
     if (a->wake_unchecked) continue;
-    Status s = tiers_.fingerprint_chunks(a->device, a->va, a->backup_bytes(), wake_key_, &a->wake_fingerprints);
+    // One key per process (the store's where it shares): the device keeps the last one it had.
+    const FingerprintKey* key = tiers_.content_key() != nullptr ? tiers_.content_key() : &wake_key_;
+    Status s = tiers_.fingerprint_chunks(a->device, a->va, a->backup_bytes(), *key, &a->wake_fingerprints);
     if (s.code == Code::kUnsupported) {
       a->wake_fingerprints.clear();  // not checked: the tag's stats say so
       a->wake_unchecked = true;
@@ -36,7 +38,7 @@ Status Saver::take_wake_fingerprints(const std::vector<Allocation*>& batch) {
                                  format_address(a->va) + ") for its wake's check; everything stays resident "
                                  "with its content, call pause again (or turn verify_wake off)");
     }
-    a->wake_key = &wake_key_;
+    a->wake_key = key;
   }
   return Status::Ok();
 }

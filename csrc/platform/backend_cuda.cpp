@@ -58,8 +58,10 @@ struct DriverApi {
   PFN_cuLaunchKernel_v4000 cuLaunchKernel = nullptr;
   PFN_cuMemAlloc_v3020 cuMemAlloc = nullptr;
   PFN_cuStreamWaitEvent_v3020 cuStreamWaitEvent = nullptr;
+  PFN_cuMemHostGetDevicePointer_v3020 cuMemHostGetDevicePointer = nullptr;
   bool fingerprints() const {
-    return cuModuleLoadData && cuModuleGetFunction && cuLaunchKernel && cuMemAlloc && cuStreamWaitEvent;
+    return cuModuleLoadData && cuModuleGetFunction && cuLaunchKernel && cuMemAlloc && cuStreamWaitEvent &&
+           cuMemHostGetDevicePointer;
   }
 };
 
@@ -136,6 +138,7 @@ Status load_driver(DriverApi* api) {
   driver.resolve("cuLaunchKernel", &api->cuLaunchKernel, &optional);
   driver.resolve("cuMemAlloc", &api->cuMemAlloc, &optional);
   driver.resolve("cuStreamWaitEvent", &api->cuStreamWaitEvent, &optional);
+  driver.resolve("cuMemHostGetDevicePointer", &api->cuMemHostGetDevicePointer, &optional);
   return Status::Ok();
 }
 
@@ -317,19 +320,17 @@ class CudaBackend final : public Backend {
       const size_t portion = FingerprintState::kSegments * kFingerprintSegmentBytes;
       for (size_t at = 0; at < bytes; at += portion) {
         const size_t n = std::min(portion, bytes - at);
-        CUdeviceptr data = va + at, nh_key = state->key, poly_key = state->key + sizeof(key.nh), values = state->values;
+        CUdeviceptr data = va + at, nh_key = state->key, poly_key = state->key + sizeof(key.nh),
+                    values = state->device_values;
         unsigned long long blocks = n / kFingerprintBlockBytes;
         void* params[] = {&data, &blocks, &nh_key, &poly_key, &values};
         const unsigned grid = static_cast<unsigned>(fingerprint_segments_in(n));
         s = check(api_.cuLaunchKernel(state->function, grid, 1, 1, 256, 1, 1, 0, stream, params, nullptr),
                   "cuLaunchKernel(fingerprint)");
-        if (s.ok()) {
-          s = check(api_.cuMemcpyDtoHAsync(out + at / kFingerprintSegmentBytes * kFingerprintLanes, state->values,
-                                           grid * kFingerprintLanes * sizeof(uint64_t), stream),
-                    "cuMemcpyDtoHAsync(fingerprint)");
-        }
         if (s.ok()) s = check(api_.cuStreamSynchronize(stream), "cuStreamSynchronize(fingerprint)");
         if (!s.ok()) return s;
+        memcpy(out + at / kFingerprintSegmentBytes * kFingerprintLanes, state->values,
+               grid * kFingerprintLanes * sizeof(uint64_t));
       }
       return Status::Ok();
     });
@@ -414,6 +415,10 @@ class CudaBackend final : public Backend {
     s = check(api_.cuCtxPushCurrent(context), "cuCtxPushCurrent");
     if (!s.ok()) return s;
     s = check(api_.cuStreamCreate(&state.copy_stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    if (s.ok()) {
+      std::lock_guard<std::mutex> fingerprint_lock(fingerprint_mu_);
+      if (!fingerprint_.count(device)) prepare_fingerprints(device);  // (a failure: none, the pause copies)
+    }
     CUcontext popped = nullptr;
     api_.cuCtxPopCurrent(&popped);
     if (s.ok()) {
@@ -440,37 +445,51 @@ class CudaBackend final : public Backend {
     return s;
   }
 
-  // What a device needs to fingerprint: the kernel, and a small buffer for the key and the
-  // segment values of one launch, made at its first use and kept (a fixed 1 MiB per device).
+  // What a device needs to fingerprint: the kernel, its own stream, a small device buffer for
+  // the key and page-locked host memory the kernel writes the segment values of one launch into
+  // (no copy: a copy out would queue behind a pause's copies to the host). Made with the device
+  // (prepare_device), so a pause never takes device memory, and kept: a fixed few MiB per device.
   struct FingerprintState {
     static constexpr size_t kSegments = 4096;  // segment values per launch: 1 GiB of memory
     CUfunction function = nullptr;
     CUdeviceptr key = 0;     // FingerprintKey's nh then poly, as the kernel reads them
-    CUdeviceptr values = 0;  // kSegments * kFingerprintLanes values
+    uint64_t* values = nullptr;  // kSegments * kFingerprintLanes values, page-locked, mapped
+    CUdeviceptr device_values = 0;  // the same memory, as the device sees it
     CUstream stream = nullptr;  // its launches', apart from the copies and the user's streams
     FingerprintKey uploaded;
     bool failed = false;     // tried and refused: the caller copies instead
   };
 
+  // Makes the device's fingerprint state; in its context, under fingerprint_mu_. A failure
+  // leaves it marked failed (what was made is kept: it is never tried again).
+  void prepare_fingerprints(int device) {
+    RelaxedCapture relaxed(api_);  // a first allocation may come during a user's capture
+    FingerprintState state;
+    CUmodule module = nullptr;
+    const size_t value_bytes = FingerprintState::kSegments * kFingerprintLanes * sizeof(uint64_t);
+    Status s = api_.fingerprints() ? Status::Ok() : Status::Error(Code::kUnsupported, "the driver cannot launch kernels");
+    if (s.ok()) s = check(api_.cuStreamCreate(&state.stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate(fingerprint)");
+    if (s.ok()) s = check(api_.cuModuleLoadData(&module, fingerprint_kernel_ptx()), "cuModuleLoadData(fingerprint)");
+    if (s.ok()) s = check(api_.cuModuleGetFunction(&state.function, module, kFingerprintKernelName), "cuModuleGetFunction");
+    if (s.ok()) s = check(api_.cuMemAlloc(&state.key, sizeof(FingerprintKey::nh) + sizeof(FingerprintKey::poly)), "cuMemAlloc(fingerprint key)");
+    if (s.ok()) {
+      state.values = static_cast<uint64_t*>(aligned_alloc(4096, value_bytes));
+      if (state.values == nullptr) s = Status::Error(Code::kHostError, "no host memory for fingerprint values");
+    }
+    if (s.ok()) {
+      s = check(api_.cuMemHostRegister(state.values, value_bytes, CU_MEMHOSTREGISTER_DEVICEMAP),
+                "cuMemHostRegister(fingerprint values)");
+    }
+    if (s.ok()) {
+      s = check(api_.cuMemHostGetDevicePointer(&state.device_values, state.values, 0), "cuMemHostGetDevicePointer");
+    }
+    state.failed = !s.ok();
+    fingerprint_[device] = state;
+  }
+
   // The device's state, its key uploaded if it changed; fingerprint_mu_ held, in its context.
   Status fingerprint_state(int device, const FingerprintKey& key, FingerprintState** out) {
-    if (!fingerprint_.count(device)) {
-      FingerprintState state;
-      CUmodule module = nullptr;
-      Status s = api_.fingerprints() ? Status::Ok() : Status::Error(Code::kUnsupported, "the driver cannot launch kernels");
-      if (s.ok()) s = check(api_.cuStreamCreate(&state.stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate(fingerprint)");
-      if (s.ok()) s = check(api_.cuModuleLoadData(&module, fingerprint_kernel_ptx()), "cuModuleLoadData(fingerprint)");
-      if (s.ok()) s = check(api_.cuModuleGetFunction(&state.function, module, kFingerprintKernelName), "cuModuleGetFunction");
-      if (s.ok()) s = check(api_.cuMemAlloc(&state.key, sizeof(key.nh) + sizeof(key.poly)), "cuMemAlloc(fingerprint key)");
-      if (s.ok()) {
-        s = check(api_.cuMemAlloc(&state.values, FingerprintState::kSegments * kFingerprintLanes * sizeof(uint64_t)),
-                  "cuMemAlloc(fingerprint values)");
-      }
-      // (A module or buffer made before a failure is kept: the state is never tried again.)
-      state.failed = !s.ok();
-      fingerprint_[device] = state;
-      if (!s.ok()) return Status::Error(Code::kUnsupported, "fingerprints on device " + std::to_string(device) + ": " + s.message());
-    }
+    if (!fingerprint_.count(device)) prepare_fingerprints(device);
     FingerprintState& state = fingerprint_[device];
     if (state.failed) return Status::Error(Code::kUnsupported, "fingerprints failed on device " + std::to_string(device));
     if (memcmp(&state.uploaded, &key, sizeof(key)) != 0) {
