@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from torch_mem_saver_lite import MemorySaverError, WakeVerificationError, _lib
+from torch_mem_saver_lite import MemorySaverError, TagStatus, WakeVerificationError, _lib
 
 MiB = 1 << 20
 
@@ -114,3 +114,47 @@ def test_verify_wake_takes_only_a_bool(host_saver):
     host_saver.verify_wake = False  # before the core exists: handed to it when made
     host_saver._core()
     assert host_saver.verify_wake is False
+
+
+def test_status_says_each_tags_state_and_where_each_of_its_bytes_is(backend):
+    backed, bare = backend.tag("weights"), backend.tag("kv")
+    ptr = backend.allocate(backed, 8 * MiB, backup=True)
+    backend.allocate(bare, 4 * MiB)
+    data = os.urandom(8 * MiB)
+    backend.write(ptr, data)
+
+    def mine() -> dict:
+        return {s.tag: s for s in backend.saver.status() if s.tag in (backed, bare)}
+
+    awake = mine()
+    assert {s.state for s in awake.values()} == {"awake"}
+    for tag, s in awake.items():
+        reserved = backend.saver.stats()[tag].reserved_bytes
+        assert s.device >= 0 and (s.on_device_bytes, s.in_host_bytes, s.discarded_bytes) == (reserved, 0, 0)
+
+    backend.saver.pause([backed, bare])
+
+    paused = mine()
+    assert {s.state for s in paused.values()} == {"paused"}
+    reserved = {tag: backend.saver.stats()[tag].reserved_bytes for tag in (backed, bare)}
+    assert (paused[backed].on_device_bytes, paused[backed].in_host_bytes, paused[backed].discarded_bytes) == \
+        (0, reserved[backed], 0)  # its content is in this process's host memory
+    assert (paused[bare].on_device_bytes, paused[bare].in_host_bytes, paused[bare].discarded_bytes) == \
+        (0, 0, reserved[bare])  # no backup: its content is gone
+    assert paused[backed].in_store_bytes == paused[backed].on_disk_bytes == 0
+
+    backend.saver.resume([backed, bare])
+
+    woken = mine()
+    assert {s.state for s in woken.values()} == {"awake"}
+    assert woken[backed].on_device_bytes == reserved[backed] and woken[backed].in_host_bytes == 0
+    assert woken[backed].last_wake_check == ("passed" if checks(backend) else "unchecked")
+    assert woken[bare].last_wake_check is None
+    assert backend.read(ptr, len(data)) == data
+
+
+def test_status_lists_a_tag_without_allocations_once_with_no_device(host_saver):
+    with host_saver.region("empty"):
+        pass
+    assert [s for s in host_saver.status() if s.tag == "empty"] == \
+        [TagStatus(tag="empty", device=-1, state="awake")]

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from .memory_saver import MemorySaver
     from .nccl_suspend import GroupOutcome
     from .preload import configure_subprocess
-    from .stats import HostMemoryHolder, HostMemoryReport, TagStats
+    from .stats import HostMemoryHolder, HostMemoryReport, TagStats, TagStatus
 
 try:
     __version__ = _metadata.version("torch-mem-saver-lite")
@@ -58,6 +58,7 @@ _HOMES = {
     "HostMemoryHolder": ".stats",
     "HostMemoryReport": ".stats",
     "TagStats": ".stats",
+    "TagStatus": ".stats",
 }
 _objects_lock = threading.Lock()
 
@@ -107,6 +108,7 @@ __all__ = [
     "MemorySaverError",
     "OutOfMemoryError",
     "TagStats",
+    "TagStatus",
     "TorchMemorySaver",
     "WakeVerificationError",
     "configure_subprocess",

@@ -36,8 +36,7 @@ _EXCEPTIONS = {
     "content_mismatch": WakeVerificationError,
 }
 
-# A tag's last wake check, as TmslTagFigures.last_wake_check reports it (WakeCheck, saver.h).
-WAKE_CHECKS = (None, "passed", "failed", "unchecked")
+
 
 # A tag's state, as tmsl_tag_state reports it.
 TAG_UNKNOWN, TAG_ACTIVE, TAG_PAUSED = 0, 1, 2
@@ -109,6 +108,10 @@ class TagFigures(ctypes.Structure):
         ("last_resume_seconds", ctypes.c_double),
         ("disk_backup_bytes", ctypes.c_uint64),
         ("last_wake_check", ctypes.c_int),
+        ("paused_in_host", ctypes.c_uint64),
+        ("paused_in_store", ctypes.c_uint64),
+        ("paused_on_disk", ctypes.c_uint64),
+        ("paused_discarded", ctypes.c_uint64),
     ]
 # Every function of csrc/api/c_api.h (test_abi.py checks the two agree).
 _SIGNATURES = {
@@ -546,7 +549,7 @@ class NativeSaver:
                 "backs_up": False,
                 "last_pause_seconds": f.last_pause_seconds if f.last_pause_seconds >= 0 else None,
                 "last_resume_seconds": f.last_resume_seconds if f.last_resume_seconds >= 0 else None,
-                "last_wake_check": WAKE_CHECKS[f.last_wake_check] if 0 <= f.last_wake_check < 4 else None})
+                "last_wake_check": f.last_wake_check})
             for name in _SUMMED:
                 entry[name] += getattr(f, name)
             entry["backs_up"] = entry["backs_up"] or bool(f.backs_up)

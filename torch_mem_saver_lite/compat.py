@@ -357,4 +357,5 @@ class TorchMemorySaver:
     wait_for_released_backups = _Method(MemorySaver.wait_for_released_backups)
     host_cache_bytes = _Setting[int]()
     poison_on_resume = _Setting[bool]()
+    status = _Method(MemorySaver.status)
     verify_wake = _Setting[bool]()

@@ -30,7 +30,7 @@ from .hooks import TorchPools
 from .leftovers import LeftoverReport
 from .regions import Region, Undo, prepare_quietly, pushed, refusals_explained, retire_pool
 from .settings import Settings, backup_choice, check_bool, check_bytes, check_selection, check_tag
-from .stats import HostMemoryReport, TagStats, host_memory_report
+from .stats import HostMemoryReport, TagStats, TagStatus, host_memory_report
 from .transitions import Hook, Transitions
 
 
@@ -541,6 +541,14 @@ class MemorySaver:
         native = self._core(create=False)
         values = native.stats() if native is not None else {}
         return {tag: TagStats.from_native(tag_values) for tag, tag_values in sorted(values.items())}
+
+    def status(self) -> list[TagStatus]:
+        """Each tag's state on each of its devices, in tag then device order: awake or paused,
+        where each of its bytes is (device, this process's host memory, the node's store, disk,
+        nowhere) and what its last wake's check found. A tag without allocations appears once,
+        with device -1."""
+        native = self._core(create=False)
+        return [TagStatus.from_figures(f) for f in native.figures()] if native is not None else []
 
     def get_cpu_backup(self, x: torch.Tensor, zero_copy: bool = False) -> torch.Tensor | None:
         """The host copy of a paused tensor from a region with ``enable_cpu_backup=True``.

@@ -1,4 +1,5 @@
-"""Memory figures: per tag (``saver.stats()``) and the node's host memory (``saver.host_memory()``)."""
+"""Memory figures: per tag (``saver.stats()``), each tag's state per device (``saver.status()``)
+and the node's host memory (``saver.host_memory()``)."""
 
 from __future__ import annotations
 
@@ -55,7 +56,61 @@ class TagStats:
         def convert(default: Any, value: Any) -> Any:
             return value if value is None or default is None else type(default)(value)
 
+        values = {**values, "last_wake_check": wake_check(values.get("last_wake_check", 0))}
         return cls(**{f.name: convert(f.default, values.get(f.name, f.default)) for f in fields(cls)})
+
+
+# A tag's last wake check, as the native figures number it (WakeCheck, csrc/core/saver.h).
+WAKE_CHECKS = (None, "passed", "failed", "unchecked")
+
+
+def wake_check(number: int) -> str | None:
+    """The name of a native wake check number (None for none, or one this version does not know)."""
+    return WAKE_CHECKS[number] if 0 <= number < len(WAKE_CHECKS) else None
+
+
+@dataclass(frozen=True)
+class TagStatus:
+    """One tag on one device (``saver.status()``): its state, where each of its bytes is, and
+    what its last wake found.
+
+    Attributes:
+        tag: the tag.
+        device: the CUDA device (-1: the tag has no allocation).
+        state: "awake" (never paused, or resumed since) or "paused". What each state allows is
+            in the guide ("The state of a tag").
+        on_device_bytes: bytes backed by device memory (the tag's resident allocations).
+        in_host_bytes: paused bytes whose content is in this process's host memory.
+        in_store_bytes: paused bytes whose content is in the node's store, held once per node
+            however many processes pause the same bytes (``TMSL_SHARE_BACKUPS=1``).
+        on_disk_bytes: paused bytes whose content is in disk backup files.
+        discarded_bytes: paused bytes without any backup: their content is gone (undefined
+            after the resume, or 0xFF with ``poison_on_resume``).
+        last_wake_check: what the tag's last wake found when it checked the restored bytes
+            against its pause's fingerprints: "passed", "failed", "unchecked", or None (as in
+            ``TagStats``).
+
+    The five byte counts partition the tag's reserved bytes on the device.
+    """
+
+    tag: str
+    device: int
+    state: str
+    on_device_bytes: int = 0
+    in_host_bytes: int = 0
+    in_store_bytes: int = 0
+    on_disk_bytes: int = 0
+    discarded_bytes: int = 0
+    last_wake_check: str | None = None
+
+    @classmethod
+    def from_figures(cls, figures: Any) -> TagStatus:
+        """From one TmslTagFigures entry."""
+        return cls(tag=figures.tag.decode(errors="replace"), device=figures.device,
+                   state="paused" if figures.paused else "awake", on_device_bytes=figures.resident_bytes,
+                   in_host_bytes=figures.paused_in_host, in_store_bytes=figures.paused_in_store,
+                   on_disk_bytes=figures.paused_on_disk, discarded_bytes=figures.paused_discarded,
+                   last_wake_check=wake_check(figures.last_wake_check))
 
 
 @dataclass(frozen=True)

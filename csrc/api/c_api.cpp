@@ -422,6 +422,10 @@ TMSL_API int tmsl_tag_figures(void* handle, TmslTagFigures* out, size_t capacity
       o.last_resume_seconds = f.info.last_resume_seconds;
       o.disk_backup_bytes = f.disk_backup;
       o.last_wake_check = static_cast<int>(f.info.last_wake_check);
+      o.paused_in_host = f.paused_in_host;
+      o.paused_in_store = f.paused_in_store;
+      o.paused_on_disk = f.paused_on_disk;
+      o.paused_discarded = f.paused_discarded;
     }
     return Status::Ok();
   });

@@ -143,6 +143,8 @@ typedef struct TmslTagFigures {
   double last_pause_seconds, last_resume_seconds;  // negative: never
   uint64_t disk_backup_bytes;  // paused bytes whose content is in disk files
   int last_wake_check;  // 0 never, 1 passed, 2 failed, 3 unchecked (WakeCheck, saver.h)
+  // Where the content of its paused allocations is, by their bytes (together: paused_bytes).
+  uint64_t paused_in_host, paused_in_store, paused_on_disk, paused_discarded;
 } TmslTagFigures;
 TMSL_API int tmsl_tag_figures(void* saver, TmslTagFigures* out, size_t capacity, size_t* count);
 // 0 when `tag` ([tag, tag + length)) is a valid tag name: 1 to 256 characters of UTF-8

@@ -78,6 +78,9 @@ struct TagFigures {
   int device = -1;
   size_t allocations = 0, reserved = 0, resident = 0, paused_bytes = 0, host_backup = 0;
   size_t disk_backup = 0;  // paused bytes whose content is in disk files
+  // Where the content of its paused allocations is, by their bytes (together: paused_bytes):
+  // this process's host memory, the node's store (held once per node), disk files, nowhere.
+  size_t paused_in_host = 0, paused_in_store = 0, paused_on_disk = 0, paused_discarded = 0;
   bool backs_up = false;  // a pause copies some of it to host memory
   TagInfo info;
 };

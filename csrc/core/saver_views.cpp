@@ -12,7 +12,9 @@ std::vector<TagFigures> Saver::figures() const {
   std::lock_guard<std::mutex> lock(mu_);
   // The tiers' copies, by address as the table: walked beside it.
   const std::vector<std::pair<uintptr_t, size_t>> copies = tiers_.copies().sizes();
+  const std::vector<uintptr_t> in_store = tiers_.copies().in_store();
   auto copy = copies.begin();
+  auto stored = in_store.begin();
   for (const auto& entry : table_) {
     const Allocation& a = entry.second;
     while (copy != copies.end() && copy->first < a.va) ++copy;
@@ -26,13 +28,23 @@ std::vector<TagFigures> Saver::figures() const {
     (resident ? f.resident : f.paused_bytes) += a.size;
     if (a.state != State::kPausing) f.host_backup += copy_bytes;  // retained copies count too
     if (a.state == State::kPaused) f.disk_backup += tiers_.disk_copies().bytes(a.va);
+    while (stored != in_store.end() && *stored < a.va) ++stored;
+    if (!resident) {
+      const bool on_disk = tiers_.disk_copies().has(a.va), shared = stored != in_store.end() && *stored == a.va;
+      (on_disk ? f.paused_on_disk : copy_bytes == 0 ? f.paused_discarded : shared ? f.paused_in_store : f.paused_in_host) += a.size;
+    }
   }
   std::vector<TagFigures> out;
   out.reserve(per.size() + tags_.size());
   auto next = per.begin();
   for (const auto& entry : tags_) {  // both in tag order
     const bool has_allocations = next != per.end() && next->first.first == entry.first;
-    if (!has_allocations) out.push_back(TagFigures{entry.first, -1, 0, 0, 0, 0, 0, 0, false, entry.second});
+    if (!has_allocations) {
+      TagFigures none;
+      none.tag = entry.first;
+      none.info = entry.second;
+      out.push_back(std::move(none));
+    }
     for (; next != per.end() && next->first.first == entry.first; ++next) {
       TagFigures f = next->second;
       f.tag = entry.first;

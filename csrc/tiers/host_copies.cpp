@@ -144,6 +144,15 @@ std::vector<std::pair<uintptr_t, size_t>> HostCopies::sizes() const {
   return out;
 }
 
+std::vector<uintptr_t> HostCopies::in_store() const {
+  std::vector<uintptr_t> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& entry : entries_) {
+    if (entry.second.copy && entry.second.copy.arena->is_content()) out.push_back(entry.first);
+  }
+  return out;
+}
+
 size_t HostCopies::total_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   size_t bytes = 0;

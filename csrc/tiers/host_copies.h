@@ -91,6 +91,8 @@ class HostCopies {
   std::vector<HostBuffer> take_resident();
   // The vas with a copy and its size, in address order (the saver's figures).
   std::vector<std::pair<uintptr_t, size_t>> sizes() const;
+  // The addresses whose copies are the node's store's chunks (content arenas), in order.
+  std::vector<uintptr_t> in_store() const;
   // Bytes of every copy (what figures and tests observe).
   size_t total_bytes() const;
   // Bytes of the node's store its copies map (content arenas' chunks held once by the node).
