@@ -26,6 +26,7 @@ if TYPE_CHECKING:
         InvalidArgumentError,
         MemorySaverError,
         OutOfMemoryError,
+        PausedTensorError,
         WakeVerificationError,
     )
     from .leftovers import LeftoverReport
@@ -51,6 +52,7 @@ _HOMES = {
     "MemorySaverError": ".errors",
     "OutOfMemoryError": ".errors",
     "WakeVerificationError": ".errors",
+    "PausedTensorError": ".errors",
     "LeftoverReport": ".leftovers",
     "MemorySaver": ".memory_saver",
     "GroupOutcome": ".nccl_suspend",
@@ -107,6 +109,7 @@ __all__ = [
     "MemorySaver",
     "MemorySaverError",
     "OutOfMemoryError",
+    "PausedTensorError",
     "TagStats",
     "TagStatus",
     "TorchMemorySaver",

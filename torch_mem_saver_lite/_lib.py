@@ -128,6 +128,7 @@ _SIGNATURES = {
     "tmsl_set_poison_on_resume": ([_vp, _int], _int),
     "tmsl_get_poison_on_resume": ([_vp, ctypes.POINTER(_int)], _int),
     "tmsl_set_verify_wake": ([_vp, _int], _int),
+    "tmsl_paused_tag_in": ([_vp, _vp, _sz, ctypes.POINTER(_int), ctypes.c_char_p, _sz], _int),
     "tmsl_get_verify_wake": ([_vp, ctypes.POINTER(_int)], _int),
     "tmsl_note_graph_capture": ([], _int),
     "tmsl_tag_state": ([_vp, ctypes.c_char_p, ctypes.POINTER(_int)], _int),
@@ -554,6 +555,13 @@ class NativeSaver:
                 entry[name] += getattr(f, name)
             entry["backs_up"] = entry["backs_up"] or bool(f.backs_up)
         return tags
+
+    def paused_tag_in(self, ptr: int, nbytes: int) -> str | None:
+        """The tag of paused memory (or memory being paused or resumed) that [ptr, ptr + nbytes)
+        overlaps; None when all of it is active or not the saver's."""
+        paused, tag = _int(), ctypes.create_string_buffer(MAX_TAG_BYTES + 1)
+        check(lib().tmsl_paused_tag_in(self.handle, ptr, nbytes, ctypes.byref(paused), tag, len(tag)))
+        return tag.value.decode(errors="replace") if paused.value else None
 
     def lease_backup(self, ptr: int, nbytes: int) -> tuple[int, int | None] | None:
         """(address of the host copy of [ptr, ptr + nbytes), a lease that keeps it alive)

@@ -358,4 +358,5 @@ class TorchMemorySaver:
     host_cache_bytes = _Setting[int]()
     poison_on_resume = _Setting[bool]()
     status = _Method(MemorySaver.status)
+    guard = _Method(MemorySaver.guard)
     verify_wake = _Setting[bool]()

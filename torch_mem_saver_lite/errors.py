@@ -28,6 +28,15 @@ class WakeVerificationError(MemorySaverError):
     """
 
 
+class PausedTensorError(MemorySaverError):
+    """Inside ``saver.guard()``, an op was about to touch memory of a paused tag; it did not
+    run. Attribute ``tag``: the paused tag."""
+
+    def __init__(self, message: str, tag: str):
+        super().__init__(message)
+        self.tag = tag
+
+
 class OutOfMemoryError(MemorySaverError, torch.cuda.OutOfMemoryError):
     """An allocation or a resume found too little free memory.
 

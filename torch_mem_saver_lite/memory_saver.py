@@ -542,6 +542,19 @@ class MemorySaver:
         values = native.stats() if native is not None else {}
         return {tag: TagStats.from_native(tag_values) for tag, tag_values in sorted(values.items())}
 
+    @contextlib.contextmanager
+    def guard(self) -> Iterator[None]:
+        """A debugging aid for eager mode: inside the block, any torch op the calling thread runs
+        whose tensor arguments lie in memory of a paused tag raises ``PausedTensorError`` (naming
+        the tag) before it runs, instead of reaching the GPU, where it would be an illegal address
+        that ends the CUDA context. It checks every op's tensors with the saver (about a
+        microsecond each), so wrap suspect code, not a whole run. It cannot see what bypasses
+        torch's dispatcher: CUDA graph replays, custom kernels given raw pointers."""
+        from .paused_guard import PausedMemoryGuard
+
+        with PausedMemoryGuard(self._core()):
+            yield
+
     def status(self) -> list[TagStatus]:
         """Each tag's state on each of its devices, in tag then device order: awake or paused,
         where each of its bytes is (device, this process's host memory, the node's store, disk,

@@ -445,6 +445,20 @@ TMSL_API int tmsl_lease_backup(void* handle, const void* ptr, size_t nbytes, con
   });
 }
 
+TMSL_API int tmsl_paused_tag_in(void* handle, const void* ptr, size_t nbytes, int* paused, char* tag,
+                                size_t capacity) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = require(paused != nullptr && tag != nullptr && capacity > 0, "paused and tag (with a capacity) must not be NULL");
+    if (!s.ok()) return s;
+    std::string found;
+    *paused = saver.paused_tag_in(reinterpret_cast<uintptr_t>(ptr), nbytes, &found) ? 1 : 0;
+    const size_t n = std::min(found.size(), capacity - 1);
+    memcpy(tag, found.data(), n);
+    tag[n] = '\0';
+    return Status::Ok();
+  });
+}
+
 TMSL_API int tmsl_release_lease(void* lease) {
   return guarded([&] {
     // In a forked child the arena (its threads, its page-locking) is the parent's: leave it.

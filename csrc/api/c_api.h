@@ -155,6 +155,10 @@ TMSL_API int tmsl_check_tag(const char* tag, size_t length);
 // resume or free, until tmsl_release_lease(*lease).
 TMSL_API int tmsl_lease_backup(void* saver, const void* ptr, size_t nbytes, const void** host, void** lease);
 TMSL_API int tmsl_release_lease(void* lease);
+// *paused = 1 when [ptr, ptr + nbytes) overlaps memory of the saver that is not active (paused,
+// or being paused or resumed), with its tag NUL-terminated in tag[0 .. capacity); else 0.
+TMSL_API int tmsl_paused_tag_in(void* saver, const void* ptr, size_t nbytes, int* paused, char* tag,
+                                size_t capacity);
 
 // "" when the TMSL_* environment variables are valid, else what is wrong with them.
 TMSL_API const char* tmsl_process_defaults_error(void);

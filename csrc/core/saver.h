@@ -184,6 +184,10 @@ class Saver {
   // resumes and frees happen meanwhile.
   Status lease_backup(uintptr_t address, size_t nbytes, const void** host, HostBuffer* lease);
 
+  // Whether [address, address + nbytes) overlaps an allocation that is not active (paused, or
+  // being paused or resumed): true with its tag in *tag. The eager guard asks it before an op.
+  bool paused_tag_in(uintptr_t address, size_t nbytes, std::string* tag) const;
+
   // Whether va is the start of one of this saver's allocations; takes no saver-wide lock.
   bool owns(uintptr_t va) const { return index_.contains(va); }
 

@@ -3,6 +3,8 @@
 // tiers', HostCopies).
 #include "core/saver.h"
 
+#include <algorithm>
+#include <iterator>
 #include <map>
 
 namespace tmsl {
@@ -72,6 +74,20 @@ const Saver::Allocation* Saver::containing(uintptr_t address) const {
   --it;
   const Allocation& a = it->second;
   return address < a.va + a.size ? &a : nullptr;
+}
+
+bool Saver::paused_tag_in(uintptr_t address, size_t nbytes, std::string* tag) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  // The allocation holding `address`, then those starting inside the range.
+  auto it = table_.upper_bound(address);
+  if (it != table_.begin() && std::prev(it)->second.va + std::prev(it)->second.size > address) --it;
+  for (; it != table_.end() && it->first < address + std::max<size_t>(nbytes, 1); ++it) {
+    if (it->second.state != State::kActive) {
+      *tag = it->second.tag;
+      return true;
+    }
+  }
+  return false;
 }
 
 Status Saver::lease_backup(uintptr_t address, size_t nbytes, const void** host, HostBuffer* lease) {
