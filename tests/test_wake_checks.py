@@ -108,6 +108,28 @@ def test_with_verify_wake_off_a_resume_takes_the_backup_as_it_is_and_says_it_was
     assert backend.saver.stats()[tag].last_wake_check == "unchecked"
 
 
+def test_a_region_can_turn_its_tags_wake_checks_off(host_saver, mem):
+    with host_saver.region("raw", enable_cpu_backup=True, verify_wake=False):
+        raw = mem.malloc(4 * MiB)
+    with host_saver.region("checked", enable_cpu_backup=True):
+        checked = mem.malloc(4 * MiB)
+    for ptr in (raw, checked):
+        mem.write(ptr, b"\x5a" * (4 * MiB))
+    host_saver.pause(["raw", "checked"])
+    for ptr in (raw, checked):
+        flip_backup_byte(host_saver, ptr, 4 * MiB, 99)
+
+    host_saver.resume("raw")  # taken as it is
+    with pytest.raises(WakeVerificationError, match="'checked'"):
+        host_saver.resume("checked")
+
+    assert mem.read(raw + 99, 1) == bytes([0x5a ^ 0xFF])
+    assert host_saver.stats()["raw"].last_wake_check == "unchecked"
+    assert host_saver.stats()["checked"].paused
+    with pytest.raises(TypeError, match="verify_wake"), host_saver.region("raw", verify_wake="no"):
+        pass
+
+
 def test_verify_wake_takes_only_a_bool(host_saver):
     with pytest.raises(TypeError, match="verify_wake"):
         host_saver.verify_wake = "no"

@@ -133,6 +133,7 @@ _SIGNATURES = {
     "tmsl_note_graph_capture": ([], _int),
     "tmsl_tag_state": ([_vp, ctypes.c_char_p, ctypes.POINTER(_int)], _int),
     "tmsl_set_tag_caches_backups": ([_vp, ctypes.c_char_p, _int], _int),
+    "tmsl_set_tag_verify_wake": ([_vp, ctypes.c_char_p, _int], _int),
     "tmsl_tag_allocations": (
         [_vp, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64),
          ctypes.POINTER(_int), ctypes.POINTER(_int), _sz, ctypes.POINTER(_sz)],
@@ -449,6 +450,9 @@ class NativeSaver:
 
     def set_caches_backups(self, tag: str, caches: bool) -> None:
         check(lib().tmsl_set_tag_caches_backups(self.handle, _c_tag(tag), int(caches)))
+
+    def set_tag_verify_wake(self, tag: str, verify: bool) -> None:
+        check(lib().tmsl_set_tag_verify_wake(self.handle, _c_tag(tag), int(verify)))
 
     def allocations(self, tag: str) -> list[tuple[int, int, int]]:
         """The tag's allocations as (address, size, device), in address order."""

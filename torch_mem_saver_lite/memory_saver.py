@@ -256,7 +256,8 @@ class MemorySaver:
     # ----- regions -------------------------------------------------------------------
     @contextlib.contextmanager
     def region(self, tag: str = "default", enable_cpu_backup: bool | None = None,
-               enable_disk_backup: bool = False, cpu_backup_backend: str | None = None) -> Iterator[None]:
+               enable_disk_backup: bool = False, cpu_backup_backend: str | None = None,
+               verify_wake: bool | None = None) -> Iterator[None]:
         """Allocations made on this thread inside the block become pauseable under ``tag``.
 
         Args:
@@ -277,14 +278,22 @@ class MemorySaver:
             cpu_backup_backend: with ``enable_cpu_backup=True``: ``"pinned"`` (default) lets
                 backups stay in the host cache after a resume (``host_cache_bytes``);
                 ``"mmap"`` gives their host memory back before every resume returns.
+            verify_wake: ``False``: the tag's wakes are not checked against its pauses'
+                fingerprints (``MemorySaver.verify_wake``), for code that writes into its
+                backups on purpose or wants the raw behaviour; ``True``: checked again. Not
+                given: the tag keeps its setting (checked, unless turned off before). A
+                setting of the tag, not of the region's allocations.
         Regions nest; leaving one restores the enclosing one. Allocations on the current
         CUDA device are routed. Routing is per thread: a thread started inside a region is
         not routed.
         """
         choice = self._region_choice(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
         disk = choice == _lib.CHOICE_DISK
+        verify = None if verify_wake is None else check_bool(verify_wake, "verify_wake")
         native = self._enter()
         check_tag(tag)
+        if verify is not None:
+            native.set_tag_verify_wake(tag, verify)
         if disk:
             self._disk.require(native)
         route = self._platform.route(self._torch_pools, tag, choice)

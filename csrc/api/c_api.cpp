@@ -300,6 +300,14 @@ TMSL_API int tmsl_set_tag_caches_backups(void* handle, const char* tag, int cach
   });
 }
 
+TMSL_API int tmsl_set_tag_verify_wake(void* handle, const char* tag, int verify) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = check_tag(tag);
+    if (s.ok()) s = require(verify == 0 || verify == 1, "verify must be 0 or 1");
+    return s.ok() ? saver.set_verifies_wakes(tag, verify == 1) : s;
+  });
+}
+
 TMSL_API int tmsl_tag_allocations(void* handle, const char* tag, uint64_t* addresses, uint64_t* sizes,
                                   int* devices, int* choices, size_t capacity, size_t* count) {
   return on_saver(handle, [&](Saver& saver) {

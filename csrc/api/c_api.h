@@ -107,6 +107,8 @@ TMSL_API int tmsl_tag_state(void* saver, const char* tag, int* state);
 // caches = 0: the tag's backups leave host memory at every resume (cpu_backup_backend
 // "mmap"); 1 (the default): they may stay in the host cache. Enters the tag if new.
 TMSL_API int tmsl_set_tag_caches_backups(void* saver, const char* tag, int caches);
+// Whether the tag's wakes are checked (with tmsl_set_verify_wake on; 1 by default).
+TMSL_API int tmsl_set_tag_verify_wake(void* saver, const char* tag, int verify);
 // The tag's allocations in address order, each with its region's backup choice (as above):
 // *count of them, the first `capacity` written.
 TMSL_API int tmsl_tag_allocations(void* saver, const char* tag, uint64_t* addresses, uint64_t* sizes,

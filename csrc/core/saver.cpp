@@ -178,6 +178,7 @@ std::vector<Saver::Allocation*> Saver::claim(const TagSelection& selection, Stat
     // allocation's mark says its content is in a file, and stays until it is resident).
     if (!disk_ && from == State::kActive) a.disk_marked = false;
     a.backup = a.backs_up();
+    a.verify = a.tag_info->verifies_wakes;
     batch.push_back(&a);
     vas.push_back(a.va);
   };
@@ -410,8 +411,9 @@ Status Saver::queue_backups(std::vector<Allocation*>* batch_in, std::vector<Host
       Status s = content_copy(a, *key, copy, &(*backups)[i], &a.wake_fingerprints);
       if (!s.ok() && s.code != Code::kUnsupported) return s;
       if (s.ok()) r.tier = Tier::kContent;
-      if (s.ok() && verify_wake_.load()) a.wake_key = key;
-      if (!s.ok() || !verify_wake_.load()) a.wake_fingerprints.clear();
+      const bool verify = verify_wake_.load() && a.verify;
+      if (s.ok() && verify) a.wake_key = key;
+      if (!s.ok() || !verify) a.wake_fingerprints.clear();
     }
     if (r.tier == Tier::kKept) {
       (*backups)[i] = copy;  // retained or cached from the last cycle: reused
@@ -503,15 +505,15 @@ Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>
       if (r.ok() && a.physical.handles.size() == a.physical.count(a.size)) ++done;
     }
     if (r.ok()) r = read_disk_backups(batch, copies);  // everything is mapped now
-    drop_wake_mark(&behind);
-    Status waited = wait_copies(batch);
+    Status waited = drop_wake_mark(&behind);
+    if (waited.ok()) waited = wait_copies(batch);
     if (r.ok() && waited.ok()) r = check_wake(batch);
     return r.ok() ? with_context(waited, "restoring backups") : r;
   });
   if (!s.ok()) {
     // Whatever happens in here too, the batch is settled below: a free waiting on it wakes.
     s = status_of([&] {
-      drop_wake_mark(&behind);
+      drop_wake_mark(&behind);  // (the copies are waited for next)
       wait_copies(batch);  // the memory must not be unmapped under a running copy
       for (size_t i = 0; i < batch.size() && i <= done; ++i) {  // batch[done]: the pieces mapped so far
         mappings_.take_down(batch[i]->device, batch[i]->va, batch[i]->size, batch[i]->physical);

@@ -66,6 +66,7 @@ struct TagInfo {
   double last_pause_seconds = -1;
   double last_resume_seconds = -1;
   WakeCheck last_wake_check = WakeCheck::kNever;
+  bool verifies_wakes = true;  // false: its wakes are not checked (a region's verify_wake=False)
   bool backs_up() const {
     return backup == BackupChoice::kOn || (backup == BackupChoice::kAuto && graph_memory);
   }
@@ -111,6 +112,8 @@ class Saver {
   bool tag_info(const std::string& tag, TagInfo* out) const;
   // Whether the tag's backups may stay in the host cache after a resume (see TagInfo).
   Status set_caches_backups(const std::string& tag, bool caches);
+  // Whether the tag's wakes are checked (with the saver's verify_wake; see TagInfo).
+  Status set_verifies_wakes(const std::string& tag, bool verify);
 
   // The tag's allocations (address, size, device, the choice of the region that made it),
   // in address order.
@@ -250,6 +253,7 @@ class Saver {
     std::vector<Fingerprint> wake_fingerprints;
     const FingerprintKey* wake_key = nullptr;
     bool wake_unchecked = false;  // its pause copied it without fingerprints
+    bool verify = true;  // its tag's verifies_wakes when a pause claimed it
     size_t wake_checked_chunks = 0;  // of wake_fingerprints, those its resume checked so far
     // Written only by the pause/resume that has claimed the allocation (state kPausing or
     // kResuming) or under mu_. Its host copy, while paused with backup (or kept by the cache
@@ -353,7 +357,7 @@ class Saver {
   };
   Status take_wake_fingerprints(const std::vector<Allocation*>& batch);
   Status check_wake_behind(Allocation& a, size_t restored, WakeCheckBehind* behind);
-  void drop_wake_mark(WakeCheckBehind* behind);
+  Status drop_wake_mark(WakeCheckBehind* behind);
   Status check_wake(const std::vector<Allocation*>& batch);
   // Checks a's chunks [wake_checked_chunks, end) (after `after`, where given).
   Status check_wake_chunks(Allocation& a, size_t end, const CopyMark* after);

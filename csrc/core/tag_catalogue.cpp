@@ -75,6 +75,14 @@ bool Saver::tag_info(const std::string& tag, TagInfo* out) const {
   return true;
 }
 
+Status Saver::set_verifies_wakes(const std::string& tag, bool verify) {
+  std::lock_guard<std::mutex> lock(mu_);
+  TagInfo* info = nullptr;
+  Status s = admit_name(tag, &info);
+  if (s.ok()) info->verifies_wakes = verify;
+  return s;
+}
+
 Status Saver::set_caches_backups(const std::string& tag, bool caches) {
   std::lock_guard<std::mutex> lock(mu_);
   TagInfo* info = nullptr;

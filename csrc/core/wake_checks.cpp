@@ -23,7 +23,7 @@ std::string chunk_range(uintptr_t va, size_t chunk, size_t bytes) {
 Status Saver::take_wake_fingerprints(const std::vector<Allocation*>& batch) {
   for (Allocation* a : batch) {
     if (!(a->backup || a->disk_marked) || !a->wake_fingerprints.empty()) continue;  // (content copies: theirs)
-    a->wake_unchecked = !verify_wake_.load() || !fingerprintable(a->backup_bytes());
+    a->wake_unchecked = !verify_wake_.load() || !a->verify || !fingerprintable(a->backup_bytes());
     if (a->wake_unchecked) continue;
     // One key per process (the store's where it shares): the device keeps the last one it had.
     const FingerprintKey* key = tiers_.content_key() != nullptr ? tiers_.content_key() : &wake_key_;
@@ -81,8 +81,9 @@ Status Saver::check_wake_behind(Allocation& a, size_t restored, WakeCheckBehind*
     const size_t chunks = earlier.wake_fingerprints.size();
     const size_t end = behind->restored >= earlier.backup_bytes() ? chunks : behind->restored / HostArena::kRangeBytes;
     Status s = check_wake_chunks(earlier, end, &behind->mark);
-    drop_wake_mark(behind);
+    const Status waited = drop_wake_mark(behind);  // its copies have landed: a failure there is theirs
     if (!s.ok()) return s;
+    if (!waited.ok()) return with_context(waited, "restoring backups");
   }
   if (a.wake_fingerprints.empty()) return Status::Ok();
   Status s = backend_->mark_copies(a.device, &behind->mark);
@@ -91,10 +92,10 @@ Status Saver::check_wake_behind(Allocation& a, size_t restored, WakeCheckBehind*
   return Status::Ok();
 }
 
-void Saver::drop_wake_mark(WakeCheckBehind* behind) {
-  if (!behind->marked) return;
-  backend_->wait_copy_mark(behind->a->device, behind->mark);  // (a failure shows in the resume's wait)
+Status Saver::drop_wake_mark(WakeCheckBehind* behind) {
+  if (!behind->marked) return Status::Ok();
   behind->marked = false;
+  return backend_->wait_copy_mark(behind->a->device, behind->mark);
 }
 
 Status Saver::check_wake(const std::vector<Allocation*>& batch) {
