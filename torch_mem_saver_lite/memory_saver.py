@@ -28,6 +28,7 @@ from .disk_backup import DiskDirectory
 from .errors import InvalidArgumentError, MemorySaverError
 from .hooks import TorchPools
 from .leftovers import LeftoverReport
+from .paused_guard import PausedMemoryGuard
 from .regions import Region, Undo, prepare_quietly, pushed, refusals_explained, retire_pool
 from .settings import Settings, backup_choice, check_bool, check_bytes, check_selection, check_tag
 from .stats import HostMemoryReport, TagStats, TagStatus, host_memory_report
@@ -204,12 +205,10 @@ class MemorySaver:
 
     @property
     def verify_wake(self) -> bool:
-        """Verified wakes: a pause fingerprints every backed-up allocation on its GPU, and a
-        resume checks the restored bytes against that fingerprint. Where they differ (a backup
-        changed or damaged while paused) the resume raises ``WakeVerificationError`` naming the
-        tag and allocation, and everything it covered stays paused with its backups.
-        ``stats()[tag].last_wake_check`` says what the last resume found. Default: on, or
-        ``TMSL_VERIFY_WAKE=0``."""
+        """A pause fingerprints every backed-up allocation on its GPU; a resume checks the
+        restored bytes and, where they differ, raises ``WakeVerificationError`` naming the tag
+        and allocation, everything it covered still paused with its backups. Default: on, or
+        ``TMSL_VERIFY_WAKE=0``; per tag: ``region(..., verify_wake=False)``."""
         native = self._core(create=False)
         if native is not None:
             return native.verify_wake()
@@ -553,22 +552,15 @@ class MemorySaver:
 
     @contextlib.contextmanager
     def guard(self) -> Iterator[None]:
-        """A debugging aid for eager mode: inside the block, any torch op the calling thread runs
-        whose tensor arguments lie in memory of a paused tag raises ``PausedTensorError`` (naming
-        the tag) before it runs, instead of reaching the GPU, where it would be an illegal address
-        that ends the CUDA context. It checks every op's tensors with the saver (about a
-        microsecond each), so wrap suspect code, not a whole run. It cannot see what bypasses
-        torch's dispatcher: CUDA graph replays, custom kernels given raw pointers."""
-        from .paused_guard import PausedMemoryGuard
-
+        """Debugging aid (eager mode, calling thread): an op on a paused tag's memory raises
+        ``PausedTensorError`` naming the tag before it runs, instead of an illegal address that
+        ends the CUDA context. About a microsecond per tensor argument; blind to what bypasses
+        torch's dispatcher (graph replays, kernels given raw pointers)."""
         with PausedMemoryGuard(self._core()):
             yield
 
     def status(self) -> list[TagStatus]:
-        """Each tag's state on each of its devices, in tag then device order: awake or paused,
-        where each of its bytes is (device, this process's host memory, the node's store, disk,
-        nowhere) and what its last wake's check found. A tag without allocations appears once,
-        with device -1."""
+        """Each tag's ``TagStatus`` per device: awake or paused, where each byte is, its last wake."""
         native = self._core(create=False)
         return [TagStatus.from_figures(f) for f in native.figures()] if native is not None else []
 
