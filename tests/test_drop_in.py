@@ -55,8 +55,9 @@ def test_every_public_signature_of_torch_memory_saver():
     for name in ("hook_mode", "memory_margin_bytes", "retain_cpu_backup"):
         assert isinstance(inspect.getattr_static(TorchMemorySaver, name), property)
     assert callable(torch_mem_saver_lite.configure_subprocess)
-    # saver takes the same keywords (its graph tag default differs on purpose)
-    assert params(saver.region) == params(tms.region)
+    # saver takes the same keywords (its graph tag default differs on purpose), and its region
+    # one more of its own, last
+    assert params(saver.region) == [*params(tms.region), "verify_wake"]
     assert params(saver.cuda_graph) == params(tms.cuda_graph)
 
 
