@@ -33,12 +33,18 @@ def checks(backend) -> bool:
     return backend.name != "stand_in"
 
 
-def test_a_resume_checks_the_restored_bytes_and_the_tags_stats_say_so(backend):
+def backed_and_bare(backend) -> tuple[str, str, int, bytes]:
+    """A backed-up tag with 8 MiB of random bytes at ptr, and a tag of 4 MiB without backup."""
     backed, bare = backend.tag("weights"), backend.tag("kv")
     ptr = backend.allocate(backed, 8 * MiB, backup=True)
     backend.allocate(bare, 4 * MiB)
     data = os.urandom(8 * MiB)
     backend.write(ptr, data)
+    return backed, bare, ptr, data
+
+
+def test_a_resume_checks_the_restored_bytes_and_the_tags_stats_say_so(backend):
+    backed, bare, ptr, data = backed_and_bare(backend)
     assert backend.saver.verify_wake is True  # the default
     assert backend.saver.stats()[backed].last_wake_check is None  # no wake yet
 
@@ -139,11 +145,7 @@ def test_verify_wake_takes_only_a_bool(host_saver):
 
 
 def test_status_says_each_tags_state_and_where_each_of_its_bytes_is(backend):
-    backed, bare = backend.tag("weights"), backend.tag("kv")
-    ptr = backend.allocate(backed, 8 * MiB, backup=True)
-    backend.allocate(bare, 4 * MiB)
-    data = os.urandom(8 * MiB)
-    backend.write(ptr, data)
+    backed, bare, ptr, data = backed_and_bare(backend)
 
     def mine() -> dict:
         return {s.tag: s for s in backend.saver.status() if s.tag in (backed, bare)}
