@@ -136,6 +136,50 @@ def test_a_region_can_turn_its_tags_wake_checks_off(host_saver, mem):
         pass
 
 
+def test_after_a_failed_wake_turning_the_check_off_takes_the_backup_as_it_is(host_saver, mem):
+    with host_saver.region("weights", enable_cpu_backup=True):
+        ptr = mem.malloc(4 * MiB)
+    mem.write(ptr, b"\x33" * (4 * MiB))
+    host_saver.pause("weights")
+    flip_backup_byte(host_saver, ptr, 4 * MiB, 4096)
+    with pytest.raises(WakeVerificationError):
+        host_saver.resume("weights")
+
+    host_saver.verify_wake = False  # what the error says to do (a paused tag opens no region)
+    host_saver.resume("weights")
+
+    assert mem.read(ptr + 4096, 1) == bytes([0x33 ^ 0xFF]) and mem.read(ptr, 1) == b"\x33"
+    assert host_saver.stats()["weights"].last_wake_check == "unchecked"
+
+
+def test_a_disk_backup_damaged_while_paused_fails_the_resume_and_stays_on_disk(host_saver, mem, disk_dir):
+    host_saver.set_disk_backup_dir(disk_dir)
+    with host_saver.region("weights", enable_disk_backup=True):
+        ptr = mem.malloc(4 * MiB)
+    data = os.urandom(4 * MiB)
+    mem.write(ptr, data)
+    host_saver.pause("weights")
+    (file,) = [f for f in disk_dir.rglob("*") if f.is_file()]
+
+    def flip() -> None:
+        with open(file, "r+b") as backup:
+            backup.seek(3 * MiB)
+            byte = backup.read(1)
+            backup.seek(3 * MiB)
+            backup.write(bytes([byte[0] ^ 0xFF]))
+
+    flip()
+    with pytest.raises(WakeVerificationError, match="'weights'"):
+        host_saver.resume("weights")
+    stats = host_saver.stats()["weights"]
+    assert stats.paused and stats.disk_backup_bytes > 0 and stats.last_wake_check == "failed"
+
+    flip()  # put right
+    host_saver.resume("weights")
+    assert mem.read(ptr, len(data)) == data
+    assert host_saver.stats()["weights"].last_wake_check == "passed"
+
+
 def test_verify_wake_takes_only_a_bool(host_saver):
     with pytest.raises(TypeError, match="verify_wake"):
         host_saver.verify_wake = "no"

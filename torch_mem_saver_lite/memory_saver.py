@@ -291,10 +291,10 @@ class MemorySaver:
         verify = None if verify_wake is None else check_bool(verify_wake, "verify_wake")
         native = self._enter()
         check_tag(tag)
-        if verify is not None:
-            native.set_tag_verify_wake(tag, verify)
         if disk:
             self._disk.require(native)
+        if verify is not None:  # once the region is sure to open
+            native.set_tag_verify_wake(tag, verify)
         route = self._platform.route(self._torch_pools, tag, choice)
         _lib.take_allocation_failure()  # only failures inside this block are explained below
         with pushed(Region(native, tag, choice, route)):

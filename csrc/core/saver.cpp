@@ -339,8 +339,14 @@ Status Saver::pause_locked(const TagSelection& selection, std::set<std::string>*
     if (!r.ok()) return r;
     // Then each allocation goes as soon as its own copies have landed: releasing overlaps the copies of the ones after it.
     r = queue_backups(&batch, &backups, &copies);
-    if (r.ok()) r = take_wake_fingerprints(batch);  // beside the copies, before anything is released
+    bool fingerprinted = false;
     while (r.ok() && done < batch.size()) {
+      // Beside the copies, once those without a copy (first in the batch) are released.
+      if (!fingerprinted && batch[done]->copied()) {
+        fingerprinted = true;
+        r = take_wake_fingerprints(batch);
+        if (!r.ok()) break;
+      }
       r = copies.wait(done);
       if (!r.ok()) {
         return with_context(r, "pausing " + describe(batch) + ": copying backups to the host failed; " +

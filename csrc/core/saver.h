@@ -253,7 +253,9 @@ class Saver {
     std::vector<Fingerprint> wake_fingerprints;
     const FingerprintKey* wake_key = nullptr;
     bool wake_unchecked = false;  // its pause copied it without fingerprints
-    bool verify = true;  // its tag's verifies_wakes when a pause claimed it
+    bool verify = true;  // its tag's verifies_wakes when a pause or resume claimed it
+    // Whether its pause keeps its content: a host copy, or disk files (its region's or the spill's).
+    bool copied() const { return backup || effective_choice() == BackupChoice::kDisk; }
     size_t wake_checked_chunks = 0;  // of wake_fingerprints, those its resume checked so far
     // Written only by the pause/resume that has claimed the allocation (state kPausing or
     // kResuming) or under mu_. Its host copy, while paused with backup (or kept by the cache
@@ -356,6 +358,9 @@ class Saver {
     bool marked = false;
   };
   Status take_wake_fingerprints(const std::vector<Allocation*>& batch);
+  // Whether a's resume checks it now: it has fingerprints, and the check is on for the saver
+  // and its tag (turned off after the pause: its backup is taken as it is).
+  bool checks_wake(const Allocation& a) const { return !a.wake_fingerprints.empty() && verify_wake_.load() && a.verify; }
   Status check_wake_behind(Allocation& a, size_t restored, WakeCheckBehind* behind);
   Status drop_wake_mark(WakeCheckBehind* behind);
   Status check_wake(const std::vector<Allocation*>& batch);

@@ -22,7 +22,7 @@ std::string chunk_range(uintptr_t va, size_t chunk, size_t bytes) {
 
 Status Saver::take_wake_fingerprints(const std::vector<Allocation*>& batch) {
   for (Allocation* a : batch) {
-    if (!(a->backup || a->disk_marked) || !a->wake_fingerprints.empty()) continue;  // (content copies: theirs)
+    if (!a->copied() || !a->wake_fingerprints.empty()) continue;  // (content copies: theirs)
     a->wake_unchecked = !verify_wake_.load() || !a->verify || !fingerprintable(a->backup_bytes());
     if (a->wake_unchecked) continue;
     // One key per process (the store's where it shares): the device keeps the last one it had.
@@ -35,8 +35,8 @@ Status Saver::take_wake_fingerprints(const std::vector<Allocation*>& batch) {
     }
     if (!s.ok()) {
       return with_context(s, "fingerprinting tag '" + a->tag + "' (" + format_bytes(a->size) + " at " +
-                                 format_address(a->va) + ") for its wake's check; everything stays resident "
-                                 "with its content, call pause again (or turn verify_wake off)");
+                                 format_address(a->va) + ") for its wake's check; what has a backup stays "
+                                 "resident with its content, call pause again (or turn verify_wake off)");
     }
     a->wake_key = key;
   }
@@ -85,7 +85,7 @@ Status Saver::check_wake_behind(Allocation& a, size_t restored, WakeCheckBehind*
     if (!s.ok()) return s;
     if (!waited.ok()) return with_context(waited, "restoring backups");
   }
-  if (a.wake_fingerprints.empty()) return Status::Ok();
+  if (!checks_wake(a)) return Status::Ok();
   Status s = backend_->mark_copies(a.device, &behind->mark);
   if (!s.ok()) return s;
   *behind = WakeCheckBehind{&a, restored, behind->mark, true};
@@ -100,7 +100,7 @@ Status Saver::drop_wake_mark(WakeCheckBehind* behind) {
 
 Status Saver::check_wake(const std::vector<Allocation*>& batch) {
   for (Allocation* a : batch) {
-    if (a->wake_fingerprints.empty()) continue;
+    if (!checks_wake(*a)) continue;
     Status s = check_wake_chunks(*a, a->wake_fingerprints.size(), nullptr);
     if (!s.ok()) return s;
   }
@@ -112,7 +112,7 @@ void Saver::note_wake_checks(const std::vector<Allocation*>& batch) {
   std::map<TagInfo*, WakeCheck> verdicts;
   for (Allocation* a : batch) {
     WakeCheck& verdict = verdicts.emplace(a->tag_info, WakeCheck::kNever).first->second;
-    if (a->wake_unchecked) {
+    if (a->wake_unchecked || (!a->wake_fingerprints.empty() && !checks_wake(*a))) {
       verdict = WakeCheck::kUnchecked;
     } else if (!a->wake_fingerprints.empty() && verdict == WakeCheck::kNever) {
       verdict = WakeCheck::kPassed;
