@@ -342,11 +342,8 @@ Status Saver::pause_locked(const TagSelection& selection, std::set<std::string>*
     bool fingerprinted = false;
     while (r.ok() && done < batch.size()) {
       // Beside the copies, once those without a copy (first in the batch) are released.
-      if (!fingerprinted && batch[done]->copied()) {
-        fingerprinted = true;
-        r = take_wake_fingerprints(batch);
-        if (!r.ok()) break;
-      }
+      if (batch[done]->copied()) r = take_wake_fingerprints(batch, &fingerprinted);
+      if (!r.ok()) break;
       r = copies.wait(done);
       if (!r.ok()) {
         return with_context(r, "pausing " + describe(batch) + ": copying backups to the host failed; " +

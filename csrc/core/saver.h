@@ -357,7 +357,8 @@ class Saver {
     CopyMark mark = 0;
     bool marked = false;
   };
-  Status take_wake_fingerprints(const std::vector<Allocation*>& batch);
+  // (Once per pause: *taken says it ran.)
+  Status take_wake_fingerprints(const std::vector<Allocation*>& batch, bool* taken);
   // Whether a's resume checks it now: it has fingerprints, and the check is on for the saver
   // and its tag (turned off after the pause: its backup is taken as it is).
   bool checks_wake(const Allocation& a) const { return !a.wake_fingerprints.empty() && verify_wake_.load() && a.verify; }

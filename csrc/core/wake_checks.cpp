@@ -20,7 +20,9 @@ std::string chunk_range(uintptr_t va, size_t chunk, size_t bytes) {
 
 }  // namespace
 
-Status Saver::take_wake_fingerprints(const std::vector<Allocation*>& batch) {
+Status Saver::take_wake_fingerprints(const std::vector<Allocation*>& batch, bool* taken) {
+  if (*taken) return Status::Ok();
+  *taken = true;
   for (Allocation* a : batch) {
     if (!a->copied() || !a->wake_fingerprints.empty()) continue;  // (content copies: theirs)
     a->wake_unchecked = !verify_wake_.load() || !a->verify || !fingerprintable(a->backup_bytes());
