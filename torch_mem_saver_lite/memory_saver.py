@@ -554,7 +554,7 @@ class MemorySaver:
     def guard(self) -> Iterator[None]:
         """Debugging aid (eager mode, calling thread): an op on a paused tag's memory raises
         ``PausedTensorError`` naming the tag before it runs, instead of an illegal address that
-        ends the CUDA context. About a microsecond per tensor argument; blind to what bypasses
+        ends the CUDA context. A native query per tensor argument; blind to what bypasses
         torch's dispatcher (graph replays, kernels given raw pointers)."""
         with PausedMemoryGuard(self._core()):
             yield
