@@ -19,7 +19,7 @@ import os
 import uuid
 from typing import Any
 
-from host_memory import HostMemory, rss_shmem_bytes
+from host_memory import HostMemory, rss_shmem_bytes, scratch_rss_bytes
 
 STAND_IN_DRIVER = os.environ.get("TMSL_CUDA_DRIVER_LIBRARY")
 NAMES = ["host", *(["stand_in"] if STAND_IN_DRIVER else []), "cuda"]
@@ -80,7 +80,9 @@ class HostBackend(Backend):
         self._memory.free(address)
 
     def held_bytes(self) -> int:
-        return rss_shmem_bytes()
+        # (The stray-access scratch is the saver's fixed memory: on a GPU it is made with the
+        # first allocation; here its pages come in when a pause first fills it.)
+        return rss_shmem_bytes() - scratch_rss_bytes()
 
     def close(self) -> None:
         self.saver.close()
@@ -172,6 +174,12 @@ class CudaBackend(Backend):
         unbacked = [tag for tag, backup in self._tags.items() if not backup]
         if unbacked:
             self.saver.pause(unbacked)
+
+
+def discarded_stays_mapped(backend: Backend) -> bool:
+    """Whether paused memory without a backup keeps an address that answers (the saver's
+    scratch, stray_access "warn" or "raise") rather than none ("off")."""
+    return backend.saver.stray_access != "off"
 
 
 def permissions(address: int) -> str:

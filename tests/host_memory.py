@@ -47,12 +47,28 @@ def rss_shmem_bytes() -> int:
     return _status_bytes("RssShmem")
 
 
+def scratch_rss_bytes(field: str = "Rss") -> int:
+    """Pages of the host backend's stray-access scratches (memfd "tmsl-scratch", the saver's
+    own fixed memory, not an allocation's) mapped into this process: "Rss" counts a page at
+    each mapping of it, "Pss" once."""
+    total, in_scratch = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            if line[:1] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
+                in_scratch = "memfd:tmsl-scratch" in line
+            elif in_scratch and line.startswith(field + ":"):
+                total += int(line.split()[1]) * 1024
+    return total
+
+
 def open_memfds() -> int:
-    """File descriptors open on the host backend's memfds (one per resident allocation)."""
+    """File descriptors open on the host backend's memfds (one per resident allocation; the
+    stray-access scratch, one per device, is not counted)."""
     count = 0
     for fd in os.listdir("/proc/self/fd"):
         try:
-            if os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:tmsl"):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith("/memfd:tmsl") and not target.startswith("/memfd:tmsl-scratch"):
                 count += 1
         except OSError:
             pass

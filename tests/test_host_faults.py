@@ -18,8 +18,12 @@ MiB = 1 << 20
 
 @pytest.fixture
 def setup(mem):
-    """Three backed-up allocations ("weights") and two without backup ("kv"), all filled."""
+    """Three backed-up allocations ("weights") and two without backup ("kv"), all filled.
+    Paused memory stays unmapped (stray_access "off"): the faults counted here are the pause's
+    and resume's own calls, and "resident" is told by the pages mapped; the scratch's own
+    failures are test_stray_access.py's."""
     saver = HostSaver()
+    saver.stray_access = "off"
     with saver.region("weights", enable_cpu_backup=True):
         weights = [mem.malloc(4 * MiB) for _ in range(3)]
     with saver.region("kv"):
@@ -94,6 +98,7 @@ def test_failed_resume_rolls_back_keeps_backups_and_retry_succeeds(setup, mem, o
 @pytest.mark.parametrize("operation", ["reserve", "create_physical", "map", "set_access"])
 def test_failed_allocation_leaves_nothing_behind(mem, operation):
     saver = HostSaver()
+    saver.stray_access = "off"  # no scratch: the memfds counted are the allocation's
     try:
         memfds = open_memfds()
         saver._core().inject_fault(operation, 1)
@@ -118,6 +123,7 @@ def test_memory_whose_release_fails_is_kept_and_released_later_nothing_leaks(mem
 
     baseline = open_memfds()
     saver = HostSaver(capacity_bytes=8 * MiB)
+    saver.stray_access = "off"  # the memfds and mappings counted are the allocation's
     with saver.region("kv"):
         first = mem.malloc(4 * MiB)
     saver.inject_fault("release_physical", 1)

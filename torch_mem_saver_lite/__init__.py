@@ -27,6 +27,8 @@ if TYPE_CHECKING:
         MemorySaverError,
         OutOfMemoryError,
         PausedTensorError,
+        StrayAccessError,
+        StrayAccessWarning,
         WakeVerificationError,
     )
     from .leftovers import LeftoverReport
@@ -53,6 +55,8 @@ _HOMES = {
     "OutOfMemoryError": ".errors",
     "WakeVerificationError": ".errors",
     "PausedTensorError": ".errors",
+    "StrayAccessError": ".errors",
+    "StrayAccessWarning": ".errors",
     "LeftoverReport": ".leftovers",
     "MemorySaver": ".memory_saver",
     "GroupOutcome": ".nccl_suspend",
@@ -110,6 +114,8 @@ __all__ = [
     "MemorySaverError",
     "OutOfMemoryError",
     "PausedTensorError",
+    "StrayAccessError",
+    "StrayAccessWarning",
     "TagStats",
     "TagStatus",
     "TorchMemorySaver",

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ._abi_structs import MAX_HOLDERS, MAX_TAG_BYTES, HostMemoryFigures, ProcessDefaults, TagFigures  # noqa: F401
 from .errors import (
     CudaDriverError,
     DriverNotFoundError,
@@ -36,83 +37,15 @@ _EXCEPTIONS = {
     "content_mismatch": WakeVerificationError,
 }
 
-
-
 # A tag's state, as tmsl_tag_state reports it.
 TAG_UNKNOWN, TAG_ACTIVE, TAG_PAUSED = 0, 1, 2
 
 _vp, _sz, _int = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
-MAX_TAG_BYTES = 1024  # TMSL_MAX_TAG_BYTES (c_api.h)
+
+_SUMMED = ("allocations", "reserved_bytes", "resident_bytes", "paused_bytes", "host_backup_bytes", "disk_backup_bytes",
+           "stray_writes")
 
 
-class ProcessDefaults(ctypes.Structure):
-    """TmslProcessDefaults (c_api.h): the process defaults as the library read them."""
-
-    _fields_ = [
-        ("region_all_threads", ctypes.c_int),
-        ("backup_choice", ctypes.c_int),
-        ("caches_backups", ctypes.c_int),
-        ("poison_on_resume", ctypes.c_int),
-        ("retain_backups", ctypes.c_int),
-        ("tag", ctypes.c_char * (MAX_TAG_BYTES + 1)),
-        ("disk_backup_dir_variable", ctypes.c_char * 32),
-        ("disk_backup_dir", ctypes.c_char * 4096),
-        ("share_backups", ctypes.c_int),
-        ("host_memory_budget", ctypes.c_uint64),
-        ("verify_wake", ctypes.c_int),
-    ]
-
-
-MAX_HOLDERS = 64  # TMSL_MAX_HOLDERS (c_api.h)
-
-
-class HostMemoryFigures(ctypes.Structure):
-    """TmslHostMemory (c_api.h): the node's host-memory budget and who holds it."""
-
-    _fields_ = [
-        ("active", ctypes.c_int),
-        ("budget_bytes", ctypes.c_uint64),
-        ("held_by_this_process", ctypes.c_uint64),
-        ("held_by_others", ctypes.c_uint64),
-        ("holder_count", ctypes.c_uint64),
-        ("holder_pid", ctypes.c_int64 * MAX_HOLDERS),
-        ("holder_bytes", ctypes.c_uint64 * MAX_HOLDERS),
-        ("holder_cached_bytes", ctypes.c_uint64 * MAX_HOLDERS),
-        ("path", ctypes.c_char * 4096),
-        ("error", ctypes.c_char * 1024),
-        ("shared_bytes", ctypes.c_uint64),
-        ("holder_entry", ctypes.c_uint64 * MAX_HOLDERS),
-        ("holder_this_process", ctypes.c_int32 * MAX_HOLDERS),
-        ("holder_shared_bytes", ctypes.c_uint64 * MAX_HOLDERS),
-    ]
-
-
-_SUMMED = ("allocations", "reserved_bytes", "resident_bytes", "paused_bytes", "host_backup_bytes", "disk_backup_bytes")
-
-
-class TagFigures(ctypes.Structure):
-    """TmslTagFigures (c_api.h): what one tag holds on one device (-1: no allocation)."""
-
-    _fields_ = [
-        ("tag", ctypes.c_char * (MAX_TAG_BYTES + 1)),
-        ("device", ctypes.c_int),
-        ("paused", ctypes.c_int),
-        ("graph_memory", ctypes.c_int),
-        ("backs_up", ctypes.c_int),
-        ("allocations", ctypes.c_uint64),
-        ("reserved_bytes", ctypes.c_uint64),
-        ("resident_bytes", ctypes.c_uint64),
-        ("paused_bytes", ctypes.c_uint64),
-        ("host_backup_bytes", ctypes.c_uint64),
-        ("last_pause_seconds", ctypes.c_double),
-        ("last_resume_seconds", ctypes.c_double),
-        ("disk_backup_bytes", ctypes.c_uint64),
-        ("last_wake_check", ctypes.c_int),
-        ("paused_in_host", ctypes.c_uint64),
-        ("paused_in_store", ctypes.c_uint64),
-        ("paused_on_disk", ctypes.c_uint64),
-        ("paused_discarded", ctypes.c_uint64),
-    ]
 # Every function of csrc/api/c_api.h (test_abi.py checks the two agree).
 _SIGNATURES = {
     "tmsl_status_names": ([], ctypes.c_char_p),
@@ -130,6 +63,10 @@ _SIGNATURES = {
     "tmsl_set_verify_wake": ([_vp, _int], _int),
     "tmsl_paused_tag_in": ([_vp, _vp, _sz, ctypes.POINTER(_int), ctypes.c_char_p, _sz], _int),
     "tmsl_get_verify_wake": ([_vp, ctypes.POINTER(_int)], _int),
+    "tmsl_set_stray_access": ([_vp, _int], _int),
+    "tmsl_get_stray_access": ([_vp, ctypes.POINTER(_int)], _int),
+    "tmsl_set_tag_stray_access": ([_vp, ctypes.c_char_p, _int], _int),
+    "tmsl_take_stray_writes": ([_vp, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(_int)], _int),
     "tmsl_note_graph_capture": ([], _int),
     "tmsl_tag_state": ([_vp, ctypes.c_char_p, ctypes.POINTER(_int)], _int),
     "tmsl_set_tag_caches_backups": ([_vp, ctypes.c_char_p, _int], _int),
@@ -140,7 +77,7 @@ _SIGNATURES = {
         _int,
     ),
     "tmsl_pause": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
-    "tmsl_resume": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
+    "tmsl_resume": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int, ctypes.POINTER(_sz)], _int),
     "tmsl_prepare_backups": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
     "tmsl_spilled_bytes": ([_vp, ctypes.POINTER(_sz)], _int),
     "tmsl_tag_figures": ([_vp, ctypes.POINTER(TagFigures), _sz, ctypes.POINTER(_sz)], _int),
@@ -389,6 +326,7 @@ class NativeSaver:
 
     def __init__(self, handle: int | None):
         self.handle = handle  # a c_void_p's value, as ctypes gives it (None would be NULL)
+        self.strays_to_tell = False  # a resume left stray writes to tell (resume)
 
     @classmethod
     def process_wide(cls) -> NativeSaver:
@@ -441,6 +379,25 @@ class NativeSaver:
         out = _int()
         check(lib().tmsl_get_verify_wake(self.handle, ctypes.byref(out)))
         return bool(out.value)
+
+    def set_stray_access(self, mode: int) -> None:
+        """STRAY_OFF, STRAY_WARN or STRAY_RAISE (stray_access.py)."""
+        check(lib().tmsl_set_stray_access(self.handle, mode))
+
+    def stray_access(self) -> int:
+        out = _int()
+        check(lib().tmsl_get_stray_access(self.handle, ctypes.byref(out)))
+        return out.value
+
+    def set_tag_stray_access(self, tag: str, mode: int) -> None:
+        """The tag's mode (-1: the saver's), from its next pause on."""
+        check(lib().tmsl_set_tag_stray_access(self.handle, _c_tag(tag), mode))
+
+    def take_stray_writes(self, tag: str) -> tuple[int, int]:
+        """(stray writes seen in the awake tag's memory since last asked, the mode it follows)."""
+        count, mode = ctypes.c_uint64(), _int()
+        check(lib().tmsl_take_stray_writes(self.handle, _c_tag(tag), ctypes.byref(count), ctypes.byref(mode)))
+        return count.value, mode.value
 
     def tag_state(self, tag: str) -> int:
         """TAG_UNKNOWN, TAG_ACTIVE or TAG_PAUSED."""
@@ -504,8 +461,17 @@ class NativeSaver:
         check(lib().tmsl_pause(self.handle, array, count))
 
     def resume(self, tags: Sequence[str] | None) -> None:
+        """Also notes whether the tags it covered have stray writes to tell (take_stray_report)."""
         array, count = _tag_array(tags)
-        check(lib().tmsl_resume(self.handle, array, count))
+        to_tell = _sz()
+        check(lib().tmsl_resume(self.handle, array, count, ctypes.byref(to_tell)))
+        if to_tell.value:
+            self.strays_to_tell = True
+
+    def take_strays_to_tell(self) -> bool:
+        """Whether a resume since last asked left stray writes to tell (stray_access.report)."""
+        told, self.strays_to_tell = self.strays_to_tell, False
+        return told
 
     def prepare_backups(self, tags: Sequence[str] | None) -> None:
         array, count = _tag_array(tags)

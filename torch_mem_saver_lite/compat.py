@@ -360,3 +360,4 @@ class TorchMemorySaver:
     status = _Method(MemorySaver.status)
     guard = _Method(MemorySaver.guard)
     verify_wake = _Setting[bool]()
+    stray_access = _Setting[str]()

@@ -37,6 +37,22 @@ class PausedTensorError(MemorySaverError):
         self.tag = tag
 
 
+class StrayAccessError(MemorySaverError):
+    """Raised by a resume (with ``stray_access="raise"``) that found writes made into a tag's
+    paused memory without a backup: something still used it while it was paused. The resume
+    itself succeeded: the tags it named are awake, their hooks ran. Attribute ``tags``: the
+    tags written to, with how many checks found writes ({tag: count})."""
+
+    def __init__(self, message: str, tags: dict[str, int]):
+        super().__init__(message)
+        self.tags = tags
+
+
+class StrayAccessWarning(UserWarning):
+    """What a resume warns (``stray_access="warn"``, the default) where it found writes made
+    into a tag's paused memory without a backup; the message names the tag."""
+
+
 class OutOfMemoryError(MemorySaverError, torch.cuda.OutOfMemoryError):
     """An allocation or a resume found too little free memory.
 

@@ -23,6 +23,7 @@ from . import (
     paused_block,
     transition_log,
 )
+from . import stray_access as strays
 from .breakdown import MemoryBreakdown
 from .disk_backup import DiskDirectory
 from .errors import InvalidArgumentError, MemorySaverError
@@ -30,12 +31,13 @@ from .hooks import TorchPools
 from .leftovers import LeftoverReport
 from .paused_guard import PausedMemoryGuard
 from .regions import Region, Undo, prepare_quietly, pushed, refusals_explained, retire_pool
+from .safety_switches import SafetySwitches
 from .settings import Settings, backup_choice, check_bool, check_bytes, check_selection, check_tag
 from .stats import HostMemoryReport, TagStats, TagStatus, host_memory_report
 from .transitions import Hook, Transitions
 
 
-class MemorySaver:
+class MemorySaver(SafetySwitches):
     """Releases the device memory of tagged allocations and gives it back at the same addresses.
 
     There is one per process, ``torch_mem_saver_lite.saver``, and ``MemorySaver()`` returns
@@ -44,8 +46,9 @@ class MemorySaver:
     settings that go with its tags must have one owner too. (``torch_mem_saver_lite.testing.
     HostSaver`` runs the same core over host memory, a new one each time, for tests.)
 
-    Reading a paused tensor is a user error: the GPU reports it as an illegal memory
-    access, which ends the CUDA context. Resume before touching paused memory.
+    Touching a paused tensor is a user error. Where it has no backup, the saver's scratch
+    takes the access (``stray_access``) and the resume reports it; where it has one, the GPU
+    reports an illegal memory access, which ends the CUDA context. Resume before touching it.
     """
 
     _platform: hook_modes.Platform = hook_modes.CUDA  # what the memory is (HostSaver: its own)
@@ -189,37 +192,6 @@ class MemorySaver:
             native.wait_for_released_backups()
 
     @property
-    def poison_on_resume(self) -> bool:
-        """Debugging aid: fill resumed memory that has no backup with 0xFF bytes (NaN in every
-        float format, -1 as integers), so code that wrongly relies on discarded content fails
-        visibly instead of reading leftovers. Default: off, or ``TMSL_POISON_ON_RESUME=1``."""
-        native = self._core(create=False)
-        if native is not None:
-            return native.poison_on_resume()
-        return self._settings.poison()
-
-    @poison_on_resume.setter
-    def poison_on_resume(self, poison: bool) -> None:
-        self._settings.poison_on_resume = check_bool(poison, "poison_on_resume")
-        self._settings.forward(self._core(create=False), _lib.NativeSaver.set_poison_on_resume, poison)
-
-    @property
-    def verify_wake(self) -> bool:
-        """A pause fingerprints every backed-up allocation on its GPU; a resume checks the
-        restored bytes and, where they differ, raises ``WakeVerificationError`` naming the tag
-        and allocation, everything it covered still paused with its backups. Default: on, or
-        ``TMSL_VERIFY_WAKE=0``; per tag: ``region(..., verify_wake=False)``."""
-        native = self._core(create=False)
-        if native is not None:
-            return native.verify_wake()
-        return self._settings.verify()
-
-    @verify_wake.setter
-    def verify_wake(self, verify: bool) -> None:
-        self._settings.verify_wake = check_bool(verify, "verify_wake")
-        self._settings.forward(self._core(create=False), _lib.NativeSaver.set_verify_wake, verify)
-
-    @property
     def enabled(self) -> bool:
         """Always True (torch_memory_saver compatibility)."""
         return True
@@ -256,7 +228,7 @@ class MemorySaver:
     @contextlib.contextmanager
     def region(self, tag: str = "default", enable_cpu_backup: bool | None = None,
                enable_disk_backup: bool = False, cpu_backup_backend: str | None = None,
-               verify_wake: bool | None = None) -> Iterator[None]:
+               verify_wake: bool | None = None, stray_access: str | None = None) -> Iterator[None]:
         """Allocations made on this thread inside the block become pauseable under ``tag``.
 
         Args:
@@ -282,6 +254,9 @@ class MemorySaver:
                 backups on purpose or wants the raw behaviour; ``True``: checked again. Not
                 given: the tag keeps its setting (checked, unless turned off before). A
                 setting of the tag, not of the region's allocations.
+            stray_access: the tag's own ``MemorySaver.stray_access`` ("off", "warn" or
+                "raise"), from its next pause on; not given: the tag keeps its setting (the
+                saver's, unless set before). A setting of the tag, like ``verify_wake``.
         Regions nest; leaving one restores the enclosing one. Allocations on the current
         CUDA device are routed. Routing is per thread: a thread started inside a region is
         not routed.
@@ -289,12 +264,15 @@ class MemorySaver:
         choice = self._region_choice(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
         disk = choice == _lib.CHOICE_DISK
         verify = None if verify_wake is None else check_bool(verify_wake, "verify_wake")
+        stray = None if stray_access is None else strays.check_mode(stray_access)
         native = self._enter()
         check_tag(tag)
         if disk:
             self._disk.require(native)
         if verify is not None:  # once the region is sure to open
             native.set_tag_verify_wake(tag, verify)
+        if stray is not None:
+            native.set_tag_stray_access(tag, stray)
         route = self._platform.route(self._torch_pools, tag, choice)
         _lib.take_allocation_failure()  # only failures inside this block are explained below
         with pushed(Region(native, tag, choice, route)):
@@ -421,6 +399,7 @@ class MemorySaver:
         self._refuse_during_capture("resume")
         with torch.profiler.record_function("torch_mem_saver_lite.resume"):
             self._transitions.resume(native, names, transition_log.wrap("resume", native, native.resume))
+        strays.report(native, names)  # once awake, hooks run
 
     # ----- disk backup -------------------------------------------------------------------
     def set_disk_backup_dir(self, path: str | os.PathLike[str] | None) -> None:

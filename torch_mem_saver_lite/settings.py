@@ -115,6 +115,7 @@ class EnvironmentDefaults:
     retain_cpu_backup: bool
     poison_on_resume: bool
     verify_wake: bool
+    stray_access: int  # stray_access.MODES's index
     disk_backup_dir: tuple[str, str] | None  # (variable, path): checked when first used
     default_tag: str  # the tag of the preload-mode process region
     default_caches_backups: bool  # False: the default backend is "mmap"
@@ -133,6 +134,7 @@ def read_environment() -> EnvironmentDefaults:
         retain_cpu_backup=bool(d.retain_backups),
         poison_on_resume=bool(d.poison_on_resume),
         verify_wake=bool(d.verify_wake),
+        stray_access=d.stray_access,
         disk_backup_dir=(variable, os.fsdecode(d.disk_backup_dir)) if variable else None,
         default_tag=d.tag.decode(),
         default_caches_backups=bool(d.caches_backups),
@@ -154,6 +156,7 @@ class Settings:
         self.retain_cpu_backup: bool | None = None  # None: the environment's default
         self.poison_on_resume: bool | None = None  # None: the process default (environment)
         self.verify_wake: bool | None = None  # None: the process default (environment)
+        self.stray_access: int | None = None  # None: the process default (environment)
         self.host_cache_bytes: int | None = None  # None: the core's default
 
     def environment(self) -> EnvironmentDefaults:
@@ -173,6 +176,10 @@ class Settings:
     def verify(self) -> bool:
         """Before the core exists: whether it will verify wakes."""
         return self.verify_wake if self.verify_wake is not None else self.environment().verify_wake
+
+    def stray(self) -> int:
+        """Before the core exists: its stray-access mode (stray_access.MODES's index)."""
+        return self.stray_access if self.stray_access is not None else self.environment().stray_access
 
     def default_caches(self) -> bool | None:
         """TMS_INIT_CPU_BACKUP_BACKEND / TMSL_DEFAULT_CPU_BACKUP_BACKEND for backed-up regions
@@ -195,5 +202,7 @@ class Settings:
             native.set_poison_on_resume(self.poison_on_resume)
         if self.verify_wake is not None:
             native.set_verify_wake(self.verify_wake)
+        if self.stray_access is not None:
+            native.set_stray_access(self.stray_access)
         if self.host_cache_bytes is not None:
             native.set_host_cache_bytes(self.host_cache_bytes)

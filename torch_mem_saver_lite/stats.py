@@ -35,6 +35,9 @@ class TagStats:
             (``verify_wake``): "passed", "failed" (the resume raised ``WakeVerificationError``
             and the tag stayed paused), "unchecked" (some of its bytes were not checked: the
             check was off, or the device cannot fingerprint), or None (none yet).
+        stray_writes: how many times a pause or resume found that something wrote into the
+            tag's paused memory without a backup (``stray_access``); each such check counts
+            every tag whose memory was paused without a backup on that device then.
     """
 
     allocations: int = 0
@@ -50,6 +53,7 @@ class TagStats:
     last_pause_seconds: float | None = field(default=None, compare=False)
     last_resume_seconds: float | None = field(default=None, compare=False)
     last_wake_check: str | None = field(default=None, compare=False)
+    stray_writes: int = field(default=0, compare=False)
 
     @classmethod
     def from_native(cls, values: Mapping[str, Any]) -> TagStats:
@@ -89,6 +93,8 @@ class TagStatus:
         last_wake_check: what the tag's last wake found when it checked the restored bytes
             against its pause's fingerprints: "passed", "failed", "unchecked", or None (as in
             ``TagStats``).
+        stray_writes: checks that found writes into the tag's paused memory without a backup
+            on this device (as in ``TagStats``).
 
     The five byte counts partition the tag's reserved bytes on the device.
     """
@@ -102,6 +108,7 @@ class TagStatus:
     on_disk_bytes: int = 0
     discarded_bytes: int = 0
     last_wake_check: str | None = None
+    stray_writes: int = 0
 
     @classmethod
     def from_figures(cls, figures: Any) -> TagStatus:
@@ -110,7 +117,7 @@ class TagStatus:
                    state="paused" if figures.paused else "awake", on_device_bytes=figures.resident_bytes,
                    in_host_bytes=figures.paused_in_host, in_store_bytes=figures.paused_in_store,
                    on_disk_bytes=figures.paused_on_disk, discarded_bytes=figures.paused_discarded,
-                   last_wake_check=wake_check(figures.last_wake_check))
+                   last_wake_check=wake_check(figures.last_wake_check), stray_writes=figures.stray_writes)
 
 
 @dataclass(frozen=True)

@@ -210,8 +210,14 @@ TMSL_API int tmsl_pause(void* handle, const char* const* tags, int ntags) {
   return on_tags(handle, tags, ntags, &Saver::pause);
 }
 
-TMSL_API int tmsl_resume(void* handle, const char* const* tags, int ntags) {
-  return on_tags(handle, tags, ntags, &Saver::resume);
+TMSL_API int tmsl_resume(void* handle, const char* const* tags, int ntags, size_t* stray_tags) {
+  return on_saver(handle, [&](Saver& saver) {
+    TagSelection selection;
+    Status s = tag_selection(tags, ntags, &selection);
+    if (s.ok()) s = saver.resume(selection);
+    if (s.ok() && stray_tags != nullptr) *stray_tags = saver.stray_tags_to_tell(selection);
+    return s;
+  });
 }
 
 TMSL_API int tmsl_prepare_backups(void* handle, const char* const* tags, int ntags) {
@@ -308,6 +314,29 @@ TMSL_API int tmsl_set_tag_verify_wake(void* handle, const char* tag, int verify)
   });
 }
 
+TMSL_API int tmsl_set_tag_stray_access(void* handle, const char* tag, int mode) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = check_tag(tag);
+    if (s.ok()) s = require(mode >= -1 && mode <= 2, "mode must be -1, 0, 1 or 2");
+    return s.ok() ? saver.set_stray_mode(tag, mode) : s;
+  });
+}
+
+TMSL_API int tmsl_take_stray_writes(void* handle, const char* tag, uint64_t* count, int* mode) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = check_tag(tag);
+    if (s.ok()) s = require(count != nullptr && mode != nullptr, "count and mode must not be NULL");
+    size_t seen = 0;
+    StrayMode followed = StrayMode::kWarn;
+    if (s.ok()) s = saver.take_stray_writes(tag, &seen, &followed);
+    if (s.ok()) {
+      *count = seen;
+      *mode = static_cast<int>(followed);
+    }
+    return s;
+  });
+}
+
 TMSL_API int tmsl_tag_allocations(void* handle, const char* tag, uint64_t* addresses, uint64_t* sizes,
                                   int* devices, int* choices, size_t capacity, size_t* count) {
   return on_saver(handle, [&](Saver& saver) {
@@ -395,6 +424,22 @@ TMSL_API int tmsl_get_verify_wake(void* handle, int* out) {
   });
 }
 
+TMSL_API int tmsl_set_stray_access(void* handle, int mode) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = require(mode >= 0 && mode <= 2, "mode must be 0, 1 or 2");
+    if (s.ok()) saver.set_stray_mode(static_cast<StrayMode>(mode));
+    return s;
+  });
+}
+
+TMSL_API int tmsl_get_stray_access(void* handle, int* out) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = require(out != nullptr, "out must not be NULL");
+    if (s.ok()) *out = static_cast<int>(saver.stray_mode());
+    return s;
+  });
+}
+
 TMSL_API int tmsl_wait_for_released_backups(void* handle) {
   return on_saver(handle, [&](Saver& saver) {
     saver.wait_for_released_backups();
@@ -434,6 +479,8 @@ TMSL_API int tmsl_tag_figures(void* handle, TmslTagFigures* out, size_t capacity
       o.paused_in_store = f.paused_in_store;
       o.paused_on_disk = f.paused_on_disk;
       o.paused_discarded = f.paused_discarded;
+      const auto writes = f.info.stray_writes.find(f.device);
+      o.stray_writes = writes == f.info.stray_writes.end() ? 0 : writes->second;
     }
     return Status::Ok();
   });
@@ -499,6 +546,7 @@ TMSL_API int tmsl_process_defaults(TmslProcessDefaults* out) {
     out->share_backups = d.share_backups;
     out->host_memory_budget = d.host_memory_budget;
     out->verify_wake = d.verify_wake;
+    out->stray_access = static_cast<int>(d.stray_access);
     return Status::Ok();
   });
 }

@@ -80,7 +80,9 @@ TMSL_API int tmsl_note_graph_capture(void);
 
 // ntags < 0: every tag. A named tag no region has used is an error.
 TMSL_API int tmsl_pause(void* saver, const char* const* tags, int ntags);
-TMSL_API int tmsl_resume(void* saver, const char* const* tags, int ntags);
+// *stray_tags (where given): how many tags the resume covered are awake with stray writes to
+// tell (tmsl_take_stray_writes), so the caller asks only then.
+TMSL_API int tmsl_resume(void* saver, const char* const* tags, int ntags, size_t* stray_tags);
 // Sets host memory aside, in the background, for the backups the next pause of the tags
 // (ntags < 0: all) will take, within the host cache's budget (Saver::prepare_backups).
 // Best effort, and returns at once; tags no region has used are skipped.
@@ -109,6 +111,13 @@ TMSL_API int tmsl_tag_state(void* saver, const char* tag, int* state);
 TMSL_API int tmsl_set_tag_caches_backups(void* saver, const char* tag, int caches);
 // Whether the tag's wakes are checked (with tmsl_set_verify_wake on; 1 by default).
 TMSL_API int tmsl_set_tag_verify_wake(void* saver, const char* tag, int verify);
+// What a stray access to the tag's paused memory without a backup meets, from its next pause
+// on: 0 off (unmapped: an illegal address), 1 warn, 2 raise (the scratch takes it; the resume
+// warns or raises); -1: the saver's (tmsl_set_stray_access).
+TMSL_API int tmsl_set_tag_stray_access(void* saver, const char* tag, int mode);
+// The stray writes seen in the tag's memory since last asked, while it is awake (0 while it
+// is paused: they are told once it resumes), and the mode (0, 1, 2) it follows.
+TMSL_API int tmsl_take_stray_writes(void* saver, const char* tag, uint64_t* count, int* mode);
 // The tag's allocations in address order, each with its region's backup choice (as above):
 // *count of them, the first `capacity` written.
 TMSL_API int tmsl_tag_allocations(void* saver, const char* tag, uint64_t* addresses, uint64_t* sizes,
@@ -127,6 +136,9 @@ TMSL_API int tmsl_get_poison_on_resume(void* saver, int* out);
 // resume checks the restored bytes and fails with "content_mismatch" where they differ.
 TMSL_API int tmsl_set_verify_wake(void* saver, int verify);
 TMSL_API int tmsl_get_verify_wake(void* saver, int* out);
+// The saver's stray-access mode (0 off, 1 warn, 2 raise; TMSL_STRAY_ACCESS, default 1).
+TMSL_API int tmsl_set_stray_access(void* saver, int mode);
+TMSL_API int tmsl_get_stray_access(void* saver, int* out);
 // Returns once the background work handed over has run: backups a resume let go of freed,
 // host memory asked for by tmsl_prepare_backups set aside (its pages may still be arriving).
 TMSL_API int tmsl_wait_for_released_backups(void* saver);
@@ -147,6 +159,7 @@ typedef struct TmslTagFigures {
   int last_wake_check;  // 0 never, 1 passed, 2 failed, 3 unchecked (WakeCheck, saver.h)
   // Where the content of its paused allocations is, by their bytes (together: paused_bytes).
   uint64_t paused_in_host, paused_in_store, paused_on_disk, paused_discarded;
+  uint64_t stray_writes;  // checks that found writes in its paused memory without a backup here
 } TmslTagFigures;
 TMSL_API int tmsl_tag_figures(void* saver, TmslTagFigures* out, size_t capacity, size_t* count);
 // 0 when `tag` ([tag, tag + length)) is a valid tag name: 1 to 256 characters of UTF-8
@@ -179,6 +192,7 @@ typedef struct TmslProcessDefaults {
   int share_backups;                     // TMSL_SHARE_BACKUPS
   uint64_t host_memory_budget;           // TMSL_HOST_MEMORY_BUDGET (0: not set)
   int verify_wake;                       // TMSL_VERIFY_WAKE (default 1)
+  int stray_access;                      // TMSL_STRAY_ACCESS: 0 off, 1 warn (default), 2 raise
 } TmslProcessDefaults;
 TMSL_API int tmsl_process_defaults(TmslProcessDefaults* out);
 // The disk backup's chunk (TMSL_DISK_BACKUP_CHUNK_MB / TMS_DISK_BACKUP_CHUNK_MB, in bytes) and

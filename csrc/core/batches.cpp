@@ -1,6 +1,6 @@
 // What the saver says of a batch of allocations a pause or resume works on: its devices,
-// its tags, how a message names it (and a resume short of device memory), and what the tiers
-// need of it at a resume.
+// its tags, how a message names it (and a resume short of device memory), what the tiers
+// need of it at a resume, and the waits on its devices.
 #include "core/saver.h"
 
 namespace tmsl {
@@ -65,6 +65,23 @@ Status Saver::out_of_memory_on_resume(const std::vector<Allocation*>& batch,
           " with its backups kept; free memory and call resume again.");
   s.set_oom({failed.tag, needed, free_bytes, failed.device});
   return s;
+}
+
+Status Saver::synchronize_devices(const std::vector<Allocation*>& batch) {
+  for (int device : devices_of(batch)) {
+    Status s = backend_->synchronize_device(device);
+    if (!s.ok()) return with_context(s, "waiting for device " + std::to_string(device));
+  }
+  return Status::Ok();
+}
+
+Status Saver::wait_copies(const std::vector<Allocation*>& batch) {
+  Status first;
+  for (int device : devices_of(batch)) {
+    Status s = backend_->wait_copies(device);
+    if (first.ok() && !s.ok()) first = s;
+  }
+  return first;
 }
 
 }  // namespace tmsl

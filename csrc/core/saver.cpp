@@ -11,7 +11,8 @@
 namespace tmsl {
 
 Saver::Saver(std::unique_ptr<Backend> backend, HostBudget& budget)
-    : backend_(std::move(backend)), mappings_(*backend_), tiers_(backend_, budget) {
+    : backend_(std::move(backend)), mappings_(*backend_), catcher_(*backend_, mappings_, kPoisonByte),
+      tiers_(backend_, budget) {
   // (Without the kernel's random source, a key of the clock's: it guards against damage, not
   // an adversary, and the store's own key is never this one.)
   if (!FingerprintKey::random(&wake_key_).ok()) {
@@ -27,6 +28,7 @@ Saver::~Saver() {
   tiers_.budget().forget(&tiers_);  // nor a request of another process
   for (auto& entry : table_) {
     Allocation& a = entry.second;
+    uncover_stray(a);
     mappings_.discard(a.device, a.va, a.size, a.state == State::kActive ? std::move(a.physical) : Pieces());
   }
   mappings_.retry();
@@ -37,10 +39,12 @@ Status Saver::allocate(size_t size, int device, const std::string& tag, BackupCh
   ForegroundGate::Active active(tiers_.gate());  // background host work gives way
   if (size == 0) return Status::Error(Code::kInvalidArgument, "allocation size must be > 0");
   TagInfo* tag_info = nullptr;
+  bool catches_strays = false;  // its tag's, now: a pause may cover it
   {
     std::lock_guard<std::mutex> lock(mu_);
     Status s = admit(tag, backup, &tag_info);
     if (!s.ok()) return s;
+    catches_strays = this->catches_strays(*tag_info) && (backup == BackupChoice::kOff || backup == BackupChoice::kAuto);
   }
   // Built only on error: formatting it for every allocation cost more than a map lookup.
   auto where = [&] {
@@ -112,6 +116,7 @@ Status Saver::allocate(size_t size, int device, const std::string& tag, BackupCh
     mappings_.discard(device, address, rounded, std::move(fresh.physical));
     return refused ? tag_paused_error(tag) : with_context(recorded, where());
   }
+  if (catches_strays && !catcher_.ready(device)) catcher_.prepare(device);  // (else made at the pause)
   *va = address;
   return Status::Ok();
 }
@@ -153,6 +158,7 @@ Status Saver::free(uintptr_t va, void* stream) {
     // business (torch waits for their events before it frees a block).
     keep_first(backend_->synchronize_stream(a.device, stream));
   }
+  keep_first(uncover_stray(a));
   keep_first(mappings_.discard(a.device, a.va, a.size, a.state == State::kActive ? std::move(a.physical) : Pieces()));
   if (host_copy) {
     // Its host memory may be the last of an arena: unpinned and unmapped in the background.
@@ -179,6 +185,7 @@ std::vector<Saver::Allocation*> Saver::claim(const TagSelection& selection, Stat
     if (!disk_ && from == State::kActive) a.disk_marked = false;
     a.backup = a.backs_up();
     a.verify = a.tag_info->verifies_wakes;
+    a.catches_strays = catches_strays(*a.tag_info);
     batch.push_back(&a);
     vas.push_back(a.va);
   };
@@ -241,23 +248,6 @@ void Saver::settle(const std::vector<Allocation*>& batch, size_t done, State don
   HostPool::FreeNow now(tiers_.pool());
   free_now.clear();
   files_let_go.clear();
-}
-
-Status Saver::synchronize_devices(const std::vector<Allocation*>& batch) {
-  for (int device : devices_of(batch)) {
-    Status s = backend_->synchronize_device(device);
-    if (!s.ok()) return with_context(s, "waiting for device " + std::to_string(device));
-  }
-  return Status::Ok();
-}
-
-Status Saver::wait_copies(const std::vector<Allocation*>& batch) {
-  Status first;
-  for (int device : devices_of(batch)) {
-    Status s = backend_->wait_copies(device);
-    if (first.ok() && !s.ok()) first = s;
-  }
-  return first;
 }
 
 Status Saver::pause(const TagSelection& selection) {
@@ -333,6 +323,7 @@ Status Saver::pause_locked(const TagSelection& selection, std::set<std::string>*
       return with_context(r, "pausing " + describe(batch) + ": everything stays resident with its content, "
                              "call pause again");
     }
+    ready_stray_catchers(batch);  // before any copy: it may fill a scratch
     // The disk files are written first, and every copy queued, before anything is released,
     // so a failure to write or queue one (no host memory, say) leaves everything resident.
     r = write_disk_backups(batch);
@@ -464,6 +455,7 @@ Status Saver::queue_backups(std::vector<Allocation*>* batch_in, std::vector<Host
 
 Status Saver::release_physical(Allocation& a, bool* unmapped) {
   Status s = mappings_.take_down(a.device, a.va, a.size, a.physical, unmapped);
+  if (s.ok()) cover_stray(a);
   if (s.ok()) return s;
   const std::string where = "pausing tag '" + a.tag + "' (" + format_bytes(a.size) + " at " +
                             format_address(a.va) + " on device " + std::to_string(a.device) + ")";
@@ -484,6 +476,7 @@ Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>
       return Status::Ok();
     }
   }
+  note_stray_writes(devices_of(batch));  // before the scratch leaves the batch
   std::vector<HostBuffer> copies;  // the batch's host copies, the tiers'
   size_t done = 0;
   WakeCheckBehind behind;
@@ -520,6 +513,7 @@ Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>
       wait_copies(batch);  // the memory must not be unmapped under a running copy
       for (size_t i = 0; i < batch.size() && i <= done; ++i) {  // batch[done]: the pieces mapped so far
         mappings_.take_down(batch[i]->device, batch[i]->va, batch[i]->size, batch[i]->physical);
+        cover_stray(*batch[i]);  // paused again: covered again
       }
       if (s.code == Code::kOutOfMemory && done < batch.size()) return out_of_memory_on_resume(batch, *batch[done], s);
       if (s.code == Code::kContentMismatch) return s;  // it says what stays paused
@@ -553,13 +547,15 @@ Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>
 }
 
 Status Saver::plan_pieces(Allocation& a, bool has_copy) {
+  Status s = uncover_stray(a);
+  if (!s.ok()) return s;
   Pieces& pieces = a.physical;
   pieces.piece_bytes = a.size;
   a.wake_checked_chunks = 0;  // this resume checks them all
   const size_t wanted = backend_->resume_piece_bytes(a.device);
   if (has_copy && a.size > wanted) {
     size_t granularity = 0;
-    Status s = backend_->granularity(a.device, &granularity);
+    s = backend_->granularity(a.device, &granularity);
     if (!s.ok()) return with_context(s, "resuming tag '" + a.tag + "' at " + format_address(a.va));
     pieces.piece_bytes = std::max(granularity, wanted / granularity * granularity);
   }

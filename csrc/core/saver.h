@@ -32,6 +32,7 @@
 #include "tiers/backup_tiers.h"
 #include "tiers/disk_tier.h"
 #include "core/mapping.h"
+#include "core/stray_catcher.h"
 #include "platform/status.h"
 
 namespace tmsl {
@@ -50,6 +51,12 @@ constexpr unsigned char kPoisonByte = 0xFF;
 // (the check is off, or the device cannot fingerprint); kNever: no resume restored content.
 enum class WakeCheck { kNever, kPassed, kFailed, kUnchecked };
 
+// What happens to a stray access to paused memory without a backup (core/stray_catcher.h):
+// kOff: nothing maps it (the raw behaviour: the GPU reports an illegal address); kWarn and
+// kRaise: the scratch takes it, and the resume warns, or raises, naming the tag (the Python
+// side does either; both are the same here).
+enum class StrayMode { kOff = 0, kWarn = 1, kRaise = 2 };
+
 // What the saver knows of one tag: its catalogue entry, created by the first region or
 // allocation that names it.
 struct TagInfo {
@@ -67,6 +74,12 @@ struct TagInfo {
   double last_resume_seconds = -1;
   WakeCheck last_wake_check = WakeCheck::kNever;
   bool verifies_wakes = true;  // false: its wakes are not checked (a region's verify_wake=False)
+  int stray_mode = -1;  // a StrayMode its regions chose; -1: the saver's
+  // Writes found in the scratch while its memory without a backup was covered: the checks
+  // that found some (each counts every tag then covered on the device), by device, and in all
+  // since the last take_stray_writes.
+  std::map<int, size_t> stray_writes;
+  size_t stray_writes_unreported = 0;
   bool backs_up() const {
     return backup == BackupChoice::kOn || (backup == BackupChoice::kAuto && graph_memory);
   }
@@ -114,6 +127,13 @@ class Saver {
   Status set_caches_backups(const std::string& tag, bool caches);
   // Whether the tag's wakes are checked (with the saver's verify_wake; see TagInfo).
   Status set_verifies_wakes(const std::string& tag, bool verify);
+  // The tag's StrayMode (-1: the saver's), from its next pause on.
+  Status set_stray_mode(const std::string& tag, int mode);
+  // The stray writes seen in the tag's memory since last asked, where it is awake (0 while
+  // paused: they are told at its resume), and the StrayMode it follows.
+  Status take_stray_writes(const std::string& tag, size_t* count, StrayMode* mode);
+  // How many awake tags of `selection` have stray writes to tell.
+  size_t stray_tags_to_tell(const TagSelection& selection) const;
 
   // The tag's allocations (address, size, device, the choice of the region that made it),
   // in address order.
@@ -229,6 +249,10 @@ class Saver {
   // covered stays paused with its backups.
   void set_verify_wake(bool verify) { verify_wake_.store(verify); }
   bool verify_wake() const { return verify_wake_.load(); }
+  // Whether pauses cover memory without a backup with the scratch, and what a resume that
+  // finds writes there does (StrayMode; regions may choose their own).
+  void set_stray_mode(StrayMode mode) { stray_mode_.store(static_cast<int>(mode)); }
+  StrayMode stray_mode() const { return static_cast<StrayMode>(stray_mode_.load()); }
 
  private:
   enum class State { kActive, kPausing, kPaused, kResuming };
@@ -257,6 +281,8 @@ class Saver {
     // Whether its pause keeps its content: a host copy, or disk files (its region's or the spill's).
     bool copied() const { return backup || effective_choice() == BackupChoice::kDisk; }
     size_t wake_checked_chunks = 0;  // of wake_fingerprints, those its resume checked so far
+    bool catches_strays = false;  // its tag's StrayMode is not kOff (when a pause or resume claimed it)
+    bool covered = false;  // paused with the scratch mapped over it (written under op_mu_)
     // Written only by the pause/resume that has claimed the allocation (state kPausing or
     // kResuming) or under mu_. Its host copy, while paused with backup (or kept by the cache
     // or retention after a resume), is the tiers' (HostCopies, by va).
@@ -368,6 +394,24 @@ class Saver {
   // Checks a's chunks [wake_checked_chunks, end) (after `after`, where given).
   Status check_wake_chunks(Allocation& a, size_t end, const CopyMark* after);
   void note_wake_checks(const std::vector<Allocation*>& batch);
+  // The key the process fingerprints under: the store's where it shares, else its own.
+  const FingerprintKey& process_key() {
+    return tiers_.content_key() != nullptr ? *tiers_.content_key() : wake_key_;
+  }
+  // Stray access (stray_writes.cpp). catches_strays: whether the tag's memory without a
+  // backup is covered (needs mu_). ready_stray_catchers: at a pause's start, before any copy,
+  // the scratch made and filled on each device that will cover some of the batch, then
+  // note_stray_writes. note_stray_writes: on each device of `devices` where memory is covered,
+  // whether the scratch was written, counted for every tag covered there (before what is
+  // covered changes, so a write is counted for the tags covered when it happened).
+  // cover_stray: once a's memory is released, the scratch over it where its tag catches
+  // strays (a failure leaves it unmapped, as without). uncover_stray: before its memory
+  // comes back, or its range goes.
+  bool catches_strays(const TagInfo& info) const;
+  void ready_stray_catchers(const std::vector<Allocation*>& batch);
+  void note_stray_writes(const std::set<int>& devices);
+  void cover_stray(Allocation& a);
+  Status uncover_stray(Allocation& a);
   // Content backups (content_backups.cpp): a large backup's copy in chunks of the node's store
   // (tiers/content_copies.cpp): `kept` (its copy from the last cycle) where its memory still
   // holds those bytes, else a content arena. kUnsupported: the device cannot fingerprint; the
@@ -443,11 +487,13 @@ class Saver {
   // The tag catalogue, under mu_. Entries are never erased: allocations point at theirs.
   std::map<std::string, TagInfo> tags_;
   Mappings mappings_;  // every take-down and its orphans; after backend_, which it uses
+  StrayCatcher catcher_;  // after mappings_, which it hands its orphans
   AddressIndex index_;
   std::atomic<size_t> margin_bytes_{0};
   std::atomic<bool> retain_backups_{false};
   std::atomic<bool> poison_on_resume_{false};
   std::atomic<bool> verify_wake_{true};
+  std::atomic<int> stray_mode_{static_cast<int>(StrayMode::kWarn)};
   FingerprintKey wake_key_;  // drawn at construction; where the process shares, the store key serves instead
   // The disk tier (null: none); set under op_mu_ and mu_, read under either.
   std::shared_ptr<DiskTier> disk_;

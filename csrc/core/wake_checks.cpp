@@ -28,7 +28,7 @@ Status Saver::take_wake_fingerprints(const std::vector<Allocation*>& batch, bool
     a->wake_unchecked = !verify_wake_.load() || !a->verify || !fingerprintable(a->backup_bytes());
     if (a->wake_unchecked) continue;
     // One key per process (the store's where it shares): the device keeps the last one it had.
-    const FingerprintKey* key = tiers_.content_key() != nullptr ? tiers_.content_key() : &wake_key_;
+    const FingerprintKey* key = &process_key();
     Status s = tiers_.fingerprint_chunks(a->device, a->va, a->backup_bytes(), *key, &a->wake_fingerprints);
     if (s.code == Code::kUnsupported) {
       a->wake_fingerprints.clear();  // not checked: the tag's stats say so

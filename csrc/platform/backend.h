@@ -39,6 +39,21 @@ class Backend {
     return size_t{256} << 20;
   }
 
+  // The scratch that paused memory without a backup maps while paused (core/stray_catcher.h):
+  // its size (rounded up to the granularity), and its making. Each mapping of it costs a map
+  // and an access change (about 40 us on an H100/H200, whatever its size), so it is large
+  // enough that an 8 GiB range takes few, and small beside a GPU's memory.
+  virtual size_t stray_scratch_bytes(int device) const {
+    (void)device;
+    return size_t{128} << 20;
+  }
+  virtual Status create_scratch(int device, size_t size, PhysicalHandle* out) {
+    return create_physical(device, size, out);
+  }
+  virtual Status release_scratch(int device, PhysicalHandle handle, size_t size) {
+    return release_physical(device, handle, size);
+  }
+
   virtual Status reserve(int device, size_t size, size_t alignment, uintptr_t* va) = 0;
   virtual Status free_reservation(int device, uintptr_t va, size_t size) = 0;
 

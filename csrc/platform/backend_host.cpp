@@ -163,14 +163,21 @@ class HostBackend final : public Backend {
       }
       used_ += size;
     }
-    int fd = memfd_create("tmsl", MFD_CLOEXEC);
-    if (fd < 0 || ftruncate(fd, static_cast<off_t>(size)) != 0) {
-      Status s = errno_status("memfd_create/ftruncate " + format_bytes(size), errno);
-      if (fd >= 0) close(fd);
-      give_back(size);
-      return s;
-    }
-    *out = static_cast<PhysicalHandle>(fd);
+    Status s = create_memfd("tmsl", size, out);
+    if (!s.ok()) give_back(size);
+    return s;
+  }
+
+  // Two granules, so that tests' ranges of a few MiB already take several mappings. Its
+  // memory is the saver's own, not the users': outside the capacity, which models theirs.
+  size_t stray_scratch_bytes(int) const override { return 2 * granularity_; }
+  Status create_scratch(int, size_t size, PhysicalHandle* out) override {
+    TMSL_FAULT_POINT("create_physical");
+    return create_memfd("tmsl-scratch", size, out);
+  }
+  Status release_scratch(int, PhysicalHandle handle, size_t) override {
+    TMSL_FAULT_POINT("release_physical");
+    if (close(static_cast<int>(handle)) != 0) return errno_status("close(memfd)", errno);
     return Status::Ok();
   }
 
@@ -286,6 +293,17 @@ class HostBackend final : public Backend {
   }
 
  private:
+  static Status create_memfd(const char* name, size_t size, PhysicalHandle* out) {
+    int fd = memfd_create(name, MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, static_cast<off_t>(size)) != 0) {
+      Status s = errno_status("memfd_create/ftruncate " + format_bytes(size), errno);
+      if (fd >= 0) close(fd);
+      return s;
+    }
+    *out = static_cast<PhysicalHandle>(fd);
+    return Status::Ok();
+  }
+
   void give_back(size_t size) {
     std::lock_guard<std::mutex> lock(mu_);
     used_ -= size;

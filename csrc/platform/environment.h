@@ -41,6 +41,8 @@ constexpr size_t kMaxDiskBackupDirBytes = 4096;  // with its NUL: what TmslProce
 //   TMSL_RETAIN_CPU_BACKUP / TMS_RETAIN_CPU_BACKUP (flag)   keep host backups after a resume
 //   TMSL_VERIFY_WAKE (flag, default 1)   savers check restored content against the pause's
 //                               fingerprints
+//   TMSL_STRAY_ACCESS (off|warn|raise, default warn)   what a stray access to paused memory
+//                               without a backup meets (0, 1, 2: Saver's StrayMode)
 //   TMSL_DISK_BACKUP_DIR / TMS_DISK_BACKUP_DIR (path)   where disk backups go; checked where used
 //   TMSL_SHARE_BACKUPS (flag)   identical large backups are stored once per node
 //   TMSL_HOST_MEMORY_BUDGET (size)   the node's host-memory budget, set when the ledger opens
@@ -54,6 +56,7 @@ struct ProcessDefaults {
   bool poison_on_resume = false;
   bool retain_backups = false;
   bool verify_wake = true;
+  size_t stray_access = 1;  // warn
   std::string disk_backup_dir_variable;  // the variable that named it ("": none did)
   std::string disk_backup_dir;
   bool share_backups = false;

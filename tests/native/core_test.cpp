@@ -47,7 +47,9 @@ struct Saver {
     return tmsl_malloc(handle, size, 0, tag, backup, &p) == 0 ? p : nullptr;
   }
   int pause(const char* tag) { return tag ? tmsl_pause(handle, &tag, 1) : tmsl_pause(handle, nullptr, -1); }
-  int resume(const char* tag) { return tag ? tmsl_resume(handle, &tag, 1) : tmsl_resume(handle, nullptr, -1); }
+  int resume(const char* tag) {
+    return tag ? tmsl_resume(handle, &tag, 1, nullptr) : tmsl_resume(handle, nullptr, -1, nullptr);
+  }
   std::vector<TmslTagFigures> figures() {
     std::vector<TmslTagFigures> out(16);
     size_t count = 0;
@@ -220,7 +222,7 @@ void destroy_races_with_pauses_and_foreign_frees() {
     std::thread pauser([&] {
       while (!go) std::this_thread::yield();
       for (int i = 0; i < 50; ++i) {
-        if (tmsl_pause(handle, nullptr, -1) != 0 || tmsl_resume(handle, nullptr, -1) != 0) break;
+        if (tmsl_pause(handle, nullptr, -1) != 0 || tmsl_resume(handle, nullptr, -1, nullptr) != 0) break;
       }
     });
     std::thread freer([&] {
@@ -336,7 +338,7 @@ void cuda_backend_over_the_fake_driver() {
   // this saver, the process-wide one, outlives the test.
   CHECK(tmsl_set_host_cache_bytes(handle, 0) == 0);
   CHECK(tmsl_pause(handle, nullptr, -1) == 0);
-  CHECK(tmsl_resume(handle, nullptr, -1) == 0);
+  CHECK(tmsl_resume(handle, nullptr, -1, nullptr) == 0);
   for (int t = 0; t < kThreads; ++t) {
     for (int i = 0; i < kEach; ++i) {
       if (ptrs[t][i] == nullptr) continue;

@@ -1,0 +1,67 @@
+"""The saver's switches for what a touch of paused memory meets and what a wake checks:
+``poison_on_resume``, ``verify_wake`` and ``stray_access``. Each is kept in the settings until
+the core exists and forwarded to it afterwards (settings.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from . import _lib, stray_access
+from .settings import Settings, check_bool
+
+
+class SafetySwitches:
+    """MemorySaver's switches (a part of MemorySaver: it gives ``_settings`` and ``_core``)."""
+
+    _settings: Settings
+    _core: Callable[..., _lib.NativeSaver | None]
+
+    @property
+    def poison_on_resume(self) -> bool:
+        """Debugging aid: fill resumed memory that has no backup with 0xFF bytes (NaN in every
+        float format, -1 as integers), so code that wrongly relies on discarded content fails
+        visibly instead of reading leftovers. Default: off, or ``TMSL_POISON_ON_RESUME=1``."""
+        native = self._core(create=False)
+        if native is not None:
+            return native.poison_on_resume()
+        return self._settings.poison()
+
+    @poison_on_resume.setter
+    def poison_on_resume(self, poison: bool) -> None:
+        self._settings.poison_on_resume = check_bool(poison, "poison_on_resume")
+        self._settings.forward(self._core(create=False), _lib.NativeSaver.set_poison_on_resume, poison)
+
+    @property
+    def verify_wake(self) -> bool:
+        """A pause fingerprints every backed-up allocation on its GPU; a resume checks the
+        restored bytes and, where they differ, raises ``WakeVerificationError`` naming the tag
+        and allocation, everything it covered still paused with its backups. Default: on, or
+        ``TMSL_VERIFY_WAKE=0``; per tag: ``region(..., verify_wake=False)``."""
+        native = self._core(create=False)
+        if native is not None:
+            return native.verify_wake()
+        return self._settings.verify()
+
+    @verify_wake.setter
+    def verify_wake(self, verify: bool) -> None:
+        self._settings.verify_wake = check_bool(verify, "verify_wake")
+        self._settings.forward(self._core(create=False), _lib.NativeSaver.set_verify_wake, verify)
+
+    @property
+    def stray_access(self) -> str:
+        """What a kernel that touches paused memory without a backup (a KV cache, say) meets.
+        ``"warn"`` (default) and ``"raise"``: while paused, that memory's addresses map a small
+        scratch of device memory (128 MiB per device, made at the first allocation that may
+        need it), so the kernel reads 0xFF bytes and its writes are dropped, instead of an
+        illegal address that ends the CUDA context. A resume that finds writes there warns
+        (``StrayAccessWarning``) or raises ``StrayAccessError`` once the tags are awake, naming
+        them; ``TagStats.stray_writes`` counts them. Reads are harmless but not seen. ``"off"``:
+        the raw behaviour, the memory unmapped while paused. Default: ``TMSL_STRAY_ACCESS``;
+        per tag: ``region(..., stray_access=...)``. Applies from the next pause on."""
+        native = self._core(create=False)
+        return stray_access.MODES[native.stray_access() if native is not None else self._settings.stray()]
+
+    @stray_access.setter
+    def stray_access(self, mode: str) -> None:
+        self._settings.stray_access = stray_access.check_mode(mode)
+        self._settings.forward(self._core(create=False), _lib.NativeSaver.set_stray_access, self._settings.stray_access)
