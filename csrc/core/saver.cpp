@@ -116,7 +116,7 @@ Status Saver::allocate(size_t size, int device, const std::string& tag, BackupCh
     mappings_.discard(device, address, rounded, std::move(fresh.physical));
     return refused ? tag_paused_error(tag) : with_context(recorded, where());
   }
-  if (catches_strays && !catcher_.ready(device)) catcher_.prepare(device);  // (else made at the pause)
+  if (catches_strays) catcher_.prepare(device, rounded);  // (where it fails: tried again at the pause)
   *va = address;
   return Status::Ok();
 }

@@ -1,13 +1,12 @@
 #include "core/stray_catcher.h"
 
 #include <algorithm>
-#include <vector>
 
 namespace tmsl {
 namespace {
 
 // The fingerprint of `bytes` bytes all `fill`: every full segment has the same value, so the
-// CPU computes one segment (and a short last one) instead of the whole scratch.
+// CPU computes one segment (and a short last one) instead of the whole rung.
 Fingerprint fill_fingerprint(size_t bytes, unsigned char fill, const FingerprintKey& key) {
   std::vector<char> segment(std::min(bytes, kFingerprintSegmentBytes), static_cast<char>(fill));
   uint64_t full[kFingerprintLanes];
@@ -25,79 +24,122 @@ Fingerprint fill_fingerprint(size_t bytes, unsigned char fill, const Fingerprint
 }  // namespace
 
 StrayCatcher::~StrayCatcher() {
-  for (auto& entry : scratches_) {
-    Scratch& s = entry.second;
-    if (backend_.unmap(entry.first, s.va, s.size).ok()) backend_.release_scratch(entry.first, s.handle, s.size);
-    backend_.free_reservation(entry.first, s.va, s.size);
-  }
-}
-
-bool StrayCatcher::ready(int device) const {
-  if (device >= 0 && device < 64) return (ready_low_.load(std::memory_order_acquire) >> device) & 1;
-  std::lock_guard<std::mutex> lock(mu_);
-  return scratches_.count(device) != 0;
-}
-
-StrayCatcher::Scratch* StrayCatcher::find(int device) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = scratches_.find(device);
-  return it == scratches_.end() ? nullptr : &it->second;
-}
-
-Status StrayCatcher::prepare(int device) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (scratches_.count(device) != 0) return Status::Ok();
-  size_t granularity = 0;
-  Status s = backend_.granularity(device, &granularity);
-  if (!s.ok()) return s;
-  Scratch scratch;
-  scratch.size = (backend_.stray_scratch_bytes(device) + granularity - 1) / granularity * granularity;
-  s = backend_.create_scratch(device, scratch.size, &scratch.handle);
-  if (!s.ok()) return s;
-  s = backend_.reserve(device, scratch.size, granularity, &scratch.va);
-  if (s.ok()) {
-    s = backend_.map(device, scratch.va, scratch.size, scratch.handle);
-    if (s.ok()) {
-      s = backend_.set_access(device, scratch.va, scratch.size);
-      if (!s.ok()) backend_.unmap(device, scratch.va, scratch.size);
+  for (auto& ladder : ladders_) {
+    for (auto& entry : ladder.second.rungs) {
+      Rung& r = entry.second;
+      if (backend_.unmap(ladder.first, r.va, r.size).ok()) backend_.release_scratch(ladder.first, r.handle, r.size);
+      backend_.free_reservation(ladder.first, r.va, r.size);
     }
-    if (!s.ok()) backend_.free_reservation(device, scratch.va, scratch.size);
   }
-  if (!s.ok()) {
-    backend_.release_scratch(device, scratch.handle, scratch.size);
-    return s;
+}
+
+std::vector<size_t> StrayCatcher::rungs_for(const Ladder& ladder, size_t size) {
+  std::vector<size_t> sizes;
+  if (size >= ladder.largest) sizes.push_back(ladder.largest);
+  size_t rest = size % ladder.largest;
+  for (size_t rung = ladder.largest / 2; rest > 0 && rung >= ladder.granularity; rung /= 2) {
+    if (rest >= rung) {
+      sizes.push_back(rung);
+      rest -= rung;
+    }
   }
-  scratches_.emplace(device, scratch);
-  if (device >= 0 && device < 64) ready_low_.fetch_or(uint64_t{1} << device, std::memory_order_release);
+  return sizes;
+}
+
+Status StrayCatcher::ladder(int device, Ladder** out) {
+  auto it = ladders_.find(device);
+  if (it == ladders_.end()) {
+    Ladder made;
+    Status s = backend_.granularity(device, &made.granularity);
+    if (!s.ok()) return s;
+    // The largest: the backend's size, to a power-of-two multiple of the granularity.
+    made.largest = made.granularity;
+    while (made.largest * 2 <= backend_.stray_scratch_bytes(device)) made.largest *= 2;
+    it = ladders_.emplace(device, made).first;
+  }
+  *out = &it->second;
   return Status::Ok();
 }
 
-Status StrayCatcher::fill(int device, Scratch* scratch) {
-  scratch->filled = false;
-  Status s = backend_.fill_async(device, scratch->va, scratch->size, fill_);
-  if (s.ok()) s = backend_.wait_copies(device);
-  scratch->filled = s.ok();
+Status StrayCatcher::make_rung(int device, size_t size, Rung* out) {
+  Rung rung;
+  rung.size = size;
+  Status s = backend_.create_scratch(device, size, &rung.handle);
+  if (!s.ok()) return s;
+  size_t granularity = 0;
+  s = backend_.granularity(device, &granularity);
+  if (s.ok()) s = backend_.reserve(device, size, granularity, &rung.va);
+  if (s.ok()) {
+    s = backend_.map(device, rung.va, size, rung.handle);
+    if (s.ok()) {
+      s = backend_.set_access(device, rung.va, size);
+      if (!s.ok()) backend_.unmap(device, rung.va, size);
+    }
+    if (!s.ok()) backend_.free_reservation(device, rung.va, size);
+  }
+  if (!s.ok()) {
+    backend_.release_scratch(device, rung.handle, size);
+    return s;
+  }
+  *out = rung;
+  return Status::Ok();
+}
+
+Status StrayCatcher::prepare(int device, size_t size) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Ladder* rungs = nullptr;
+  Status s = ladder(device, &rungs);
+  for (size_t rung : s.ok() ? rungs_for(*rungs, size) : std::vector<size_t>()) {
+    if (rungs->rungs.count(rung) != 0) continue;
+    Rung made;
+    s = make_rung(device, rung, &made);
+    if (!s.ok()) return s;
+    rungs->rungs.emplace(rung, made);
+  }
   return s;
 }
 
-Status StrayCatcher::ready_to_cover(int device) {
-  Status s = prepare(device);
-  Scratch* scratch = find(device);
-  if (s.ok() && !scratch->filled) s = fill(device, scratch);
+Status StrayCatcher::fill(int device, Rung* rung) {
+  rung->filled = false;
+  Status s = backend_.fill_async(device, rung->va, rung->size, fill_);
+  if (s.ok()) s = backend_.wait_copies(device);
+  rung->filled = s.ok();
+  return s;
+}
+
+Status StrayCatcher::ready_to_cover(int device, size_t size) {
+  Status s = prepare(device, size);
+  if (!s.ok()) return s;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& entry : ladders_[device].rungs) {
+    if (!entry.second.filled) s = fill(device, &entry.second);
+    if (!s.ok()) return s;
+  }
   return s;
 }
 
 Status StrayCatcher::cover(int device, uintptr_t va, size_t size) {
-  Scratch* scratch = find(device);
-  if (scratch == nullptr || !scratch->filled) {
-    return Status::Error(Code::kUnsupported, "no scratch ready on device " + std::to_string(device));
+  std::vector<std::pair<PhysicalHandle, size_t>> steps;  // the rungs, in address order
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto ladder = ladders_.find(device);
+    if (ladder == ladders_.end()) return Status::Error(Code::kUnsupported, "no scratch on device " + std::to_string(device));
+    for (size_t rung : rungs_for(ladder->second, size)) {
+      auto it = ladder->second.rungs.find(rung);
+      if (it == ladder->second.rungs.end() || !it->second.filled) {
+        return Status::Error(Code::kUnsupported, "no scratch of " + format_bytes(rung) + " ready on device " +
+                                                     std::to_string(device));
+      }
+      const size_t times = rung == ladder->second.largest ? size / rung : 1;
+      for (size_t k = 0; k < times; ++k) steps.emplace_back(it->second.handle, rung);
+    }
   }
   size_t mapped = 0;
   Status s;
-  while (s.ok() && mapped < size) {
-    const size_t n = std::min(scratch->size, size - mapped);
-    s = backend_.map(device, va + mapped, n, scratch->handle);
-    if (s.ok()) mapped += n;
+  for (const auto& [handle, bytes] : steps) {
+    s = backend_.map(device, va + mapped, bytes, handle);
+    if (!s.ok()) break;
+    mapped += bytes;
   }
   // One access change for the whole range (the driver takes it across the mappings).
   if (s.ok()) s = backend_.set_access(device, va, size);
@@ -113,18 +155,25 @@ Status StrayCatcher::uncover(int device, uintptr_t va, size_t size) {
 
 Status StrayCatcher::check(int device, const FingerprintKey& key, bool* written) {
   *written = false;
-  Scratch* scratch = find(device);
-  if (scratch == nullptr || !scratch->filled) return Status::Ok();  // nothing covered with it yet
-  if (scratch->key != &key) {
-    scratch->expected = fill_fingerprint(scratch->size, fill_, key);
-    scratch->key = &key;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto ladder = ladders_.find(device);
+  if (ladder == ladders_.end()) return Status::Ok();
+  for (auto& entry : ladder->second.rungs) {
+    Rung& rung = entry.second;
+    if (!rung.filled) continue;  // nothing covered with it yet
+    if (rung.key != &key) {
+      rung.expected = fill_fingerprint(rung.size, fill_, key);
+      rung.key = &key;
+    }
+    std::vector<uint64_t> values(fingerprint_segments_in(rung.size) * kFingerprintLanes);
+    Status s = backend_.fingerprint(device, rung.va, rung.size, key, values.data());
+    if (!s.ok()) return s;
+    if (join_segments(values.data(), rung.size, key) == rung.expected) continue;
+    *written = true;
+    s = fill(device, &rung);
+    if (!s.ok()) return s;
   }
-  std::vector<uint64_t> values(fingerprint_segments_in(scratch->size) * kFingerprintLanes);
-  Status s = backend_.fingerprint(device, scratch->va, scratch->size, key, values.data());
-  if (!s.ok()) return s;
-  if (join_segments(values.data(), scratch->size, key) == scratch->expected) return Status::Ok();
-  *written = true;
-  return fill(device, scratch);
+  return Status::Ok();
 }
 
 }  // namespace tmsl

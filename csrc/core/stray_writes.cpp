@@ -11,11 +11,9 @@ bool Saver::catches_strays(const TagInfo& info) const {
 }
 
 void Saver::ready_stray_catchers(const std::vector<Allocation*>& batch) {
-  std::set<int> covering;
   for (const Allocation* a : batch) {
-    if (a->catches_strays && !a->copied()) covering.insert(a->device);
+    if (a->catches_strays && !a->copied()) catcher_.ready_to_cover(a->device, a->size);  // a failure: it stays unmapped
   }
-  for (int device : covering) catcher_.ready_to_cover(device);  // a failure: those stay unmapped
   note_stray_writes(devices_of(batch));
 }
 

@@ -39,6 +39,7 @@ enum {
   kNotInitialized = 3,
   kInvalidDevice = 101,
   kNotFound = 500,
+  kNotSupported = 801,
   kUnknown = 999,
 };
 
@@ -282,6 +283,7 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGener
   (void)flags;
   struct Physical* p = (struct Physical*)(uintptr_t)handle;
   if (p == NULL || offset + size > p->size) return kInvalidValue;
+  if (offset != 0 || size != p->size) return kNotSupported;  // as drivers 580 answer a part of a handle
   if (fails("cuMemMap")) return kUnknown;
   void* at = mmap((void*)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, p->fd, (off_t)offset);
   return at == MAP_FAILED ? kOutOfMemory : kSuccess;
