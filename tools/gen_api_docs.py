@@ -183,11 +183,29 @@ def signature(function: Any, drop_self: bool = True, returns: bool = True) -> st
     return f"({', '.join(parts)})" + (f" -> {result}" if result else "")
 
 
+def parts_of(cls: type) -> list[type]:
+    """The package's own non-public bases of a class (MemorySaver's SafetySwitches): parts of it,
+    whose members the page shows as the class's own."""
+    return [base for base in cls.__mro__[1:] if base.__module__.startswith(PACKAGE + ".")
+            and base.__name__ not in getattr(importlib.import_module(PACKAGE), "__all__", ())]
+
+
+def part_owner(name: str) -> str:
+    """The public class a part (by name) belongs to; any other name as it is."""
+    package = importlib.import_module(PACKAGE)
+    for public in getattr(package, "__all__", ()):
+        value = getattr(package, public, None)
+        if inspect.isclass(value) and name in {part.__name__ for part in parts_of(value)}:
+            return public
+    return name
+
+
 def source_bases(cls: type) -> list[str]:
-    """A class's bases as its source writes them (stable across torch versions)."""
+    """A class's bases as its source writes them (stable across torch versions), its parts left out."""
     tree = ast.parse(inspect.getsource(cls))
     node = next(n for n in tree.body if isinstance(n, ast.ClassDef))
-    return [ast.unparse(base) for base in node.bases]
+    parts = {part.__name__ for part in parts_of(cls)}
+    return [ast.unparse(base) for base in node.bases if ast.unparse(base) not in parts]
 
 
 def attribute_docs(module: Any) -> dict[str, str]:
@@ -210,8 +228,11 @@ def attribute_docs(module: Any) -> dict[str, str]:
 def public_members(cls: type) -> list[tuple[str, Any]]:
     """Public attributes the class itself defines, in source order (dataclass fields excluded)."""
     fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
-    return [(name, value) for name, value in vars(cls).items()
-            if not name.startswith("_") and name not in fields]
+    members: list[tuple[str, Any]] = []
+    for part in [cls, *parts_of(cls)]:  # the class's own first, then its parts'
+        members += [(name, value) for name, value in vars(part).items()
+                    if not name.startswith("_") and name not in fields and name not in dict(members)]
+    return members
 
 
 def member_kind(value: Any) -> str:
@@ -232,7 +253,7 @@ def _plain(value: Any) -> bool:
 def _owner_of(value: Any) -> str:
     """The class a function or property is defined in, from its qualified name."""
     function = value.fget if isinstance(value, property) else value
-    return getattr(function, "__qualname__", "").rpartition(".")[0]
+    return part_owner(getattr(function, "__qualname__", "").rpartition(".")[0])
 
 
 def describe(owner: str, name: str, value: Any) -> tuple[str, str | None]:

@@ -51,9 +51,9 @@ class SafetySwitches:
     def stray_access(self) -> str:
         """What a kernel that touches paused memory without a backup (a KV cache, say) meets.
         ``"warn"`` (default) and ``"raise"``: while paused, that memory's addresses map a small
-        scratch of device memory (128 MiB per device, made at the first allocation that may
-        need it), so the kernel reads 0xFF bytes and its writes are dropped, instead of an
-        illegal address that ends the CUDA context. A resume that finds writes there warns
+        scratch of device memory (pieces of 128 MiB down to 2 MiB, each made once an allocation
+        needs it: at most 254 MiB per device), so the kernel reads 0xFF bytes and its writes
+        are dropped, instead of an illegal address that ends the CUDA context. A resume that finds writes there warns
         (``StrayAccessWarning``) or raises ``StrayAccessError`` once the tags are awake, naming
         them; ``TagStats.stray_writes`` counts them. Reads are harmless but not seen. ``"off"``:
         the raw behaviour, the memory unmapped while paused. Default: ``TMSL_STRAY_ACCESS``;
