@@ -341,7 +341,7 @@ TOLERANCE = 8 * MiB
 
 
 def parts(b) -> int:
-    return b.cuda_context + b.torch_reserved_outside_regions + b.nccl + b.saver_resident + b.unknown
+    return b.cuda_context + b.torch_reserved_outside_regions + b.nccl + b.saver_resident + b.saver_scratch + b.unknown
 
 
 @pytest.mark.gpu

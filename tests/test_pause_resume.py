@@ -539,5 +539,6 @@ def test_the_doctor_check_pauses_and_resumes_a_region_on_every_gpu():
     assert report["memory"] and report["memory"][0]["used_bytes"] > 0
     assert len(report["breakdown"]) == torch.cuda.device_count()
     for b in report["breakdown"]:  # the parts add up to what the device has in use
-        parts = b["cuda_context"] + b["torch_reserved_outside_regions"] + b["nccl"] + b["saver_resident"] + b["unknown"]
+        parts = (b["cuda_context"] + b["torch_reserved_outside_regions"] + b["nccl"] + b["saver_resident"]
+                 + b["saver_scratch"] + b["unknown"])
         assert b["cuda_context"] > 0 and (parts == b["used"] or any("clamped" in n for n in b["notes"])), b

@@ -66,6 +66,7 @@ _SIGNATURES = {
     "tmsl_set_stray_access": ([_vp, _int], _int),
     "tmsl_get_stray_access": ([_vp, ctypes.POINTER(_int)], _int),
     "tmsl_set_tag_stray_access": ([_vp, ctypes.c_char_p, _int], _int),
+    "tmsl_stray_scratch_bytes": ([_vp, _int, ctypes.POINTER(ctypes.c_uint64)], _int),
     "tmsl_take_stray_writes": ([_vp, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(_int)], _int),
     "tmsl_note_graph_capture": ([], _int),
     "tmsl_tag_state": ([_vp, ctypes.c_char_p, ctypes.POINTER(_int)], _int),
@@ -398,6 +399,12 @@ class NativeSaver:
         count, mode = ctypes.c_uint64(), _int()
         check(lib().tmsl_take_stray_writes(self.handle, _c_tag(tag), ctypes.byref(count), ctypes.byref(mode)))
         return count.value, mode.value
+
+    def stray_scratch_bytes(self, device: int) -> int:
+        """Device memory the stray-access scratch holds on ``device``."""
+        out = ctypes.c_uint64()
+        check(lib().tmsl_stray_scratch_bytes(self.handle, device, ctypes.byref(out)))
+        return out.value
 
     def tag_state(self, tag: str) -> int:
         """TAG_UNKNOWN, TAG_ACTIVE or TAG_PAUSED."""

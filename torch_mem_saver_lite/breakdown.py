@@ -30,7 +30,8 @@ _MiB = 1 << 20
 class MemoryBreakdown:
     """Bytes of one GPU's memory by holder.
 
-    ``cuda_context + torch_reserved_outside_regions + nccl + saver_resident + unknown == used``
+    ``cuda_context + torch_reserved_outside_regions + nccl + saver_resident + saver_scratch +
+    unknown == used``
     unless the known parts exceed ``used`` (then unknown is 0 and ``notes`` says by how much).
 
     Attributes:
@@ -46,6 +47,8 @@ class MemoryBreakdown:
         saver_resident: the saver's tags' device memory that is mapped.
         saver_paused: the saver's tags' memory that is released (not on the device).
         unknown: the rest, never negative.
+        saver_scratch: the device memory of the saver's stray-access scratch (``stray_access``):
+            what paused memory without a backup maps while paused, made as allocations need it.
         notes: how figures were obtained where they are estimates.
     """
 
@@ -59,6 +62,7 @@ class MemoryBreakdown:
     saver_resident: int
     saver_paused: int
     unknown: int
+    saver_scratch: int = 0
     notes: tuple[str, ...] = field(default=(), compare=False)
 
     def as_dict(self) -> dict[str, Any]:
@@ -67,7 +71,8 @@ class MemoryBreakdown:
     def __str__(self) -> str:
         rows = [("total", self.total), ("used", self.used), ("  cuda context", self.cuda_context),
                 ("  torch outside regions", self.torch_reserved_outside_regions), ("  nccl", self.nccl),
-                ("  saver resident", self.saver_resident), ("  unknown", self.unknown),
+                ("  saver resident", self.saver_resident), ("  saver scratch", self.saver_scratch),
+                ("  unknown", self.unknown),
                 ("saver paused (not on GPU)", self.saver_paused),
                 ("nccl suspended (not on GPU)", self.nccl_suspended)]
         lines = [f"GPU {self.device} memory"]
@@ -165,14 +170,15 @@ def breakdown(device: int, native: Any) -> MemoryBreakdown:
         outside = 0
     nccl, nccl_suspended, nccl_notes = nccl_suspend.nccl_bytes(device)
     notes += nccl_notes
-    known = baseline.context_bytes + outside + nccl + resident
+    scratch = native.stray_scratch_bytes(device) if native is not None else 0
+    known = baseline.context_bytes + outside + nccl + resident + scratch
     unknown = used - known
     if unknown < 0:
         notes.append(f"the known parts exceed used memory by {-unknown} bytes (memory another process or NCCL held "
                      "when the baseline was measured has been freed since): unknown clamped to 0")
         unknown = 0
     return MemoryBreakdown(device, total, used, baseline.context_bytes, outside, nccl, nccl_suspended,
-                           resident, paused, unknown, tuple(notes))
+                           resident, paused, unknown, scratch, tuple(notes))
 
 
 def breakdowns(devices: Iterable[int], native: Any) -> tuple[MemoryBreakdown, ...]:

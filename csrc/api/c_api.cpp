@@ -337,6 +337,14 @@ TMSL_API int tmsl_take_stray_writes(void* handle, const char* tag, uint64_t* cou
   });
 }
 
+TMSL_API int tmsl_stray_scratch_bytes(void* handle, int device, uint64_t* out) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = require(out != nullptr, "out must not be NULL");
+    if (s.ok()) *out = saver.stray_scratch_bytes(device);
+    return s;
+  });
+}
+
 TMSL_API int tmsl_tag_allocations(void* handle, const char* tag, uint64_t* addresses, uint64_t* sizes,
                                   int* devices, int* choices, size_t capacity, size_t* count) {
   return on_saver(handle, [&](Saver& saver) {

@@ -118,6 +118,8 @@ TMSL_API int tmsl_set_tag_stray_access(void* saver, const char* tag, int mode);
 // The stray writes seen in the tag's memory since last asked, while it is awake (0 while it
 // is paused: they are told once it resumes), and the mode (0, 1, 2) it follows.
 TMSL_API int tmsl_take_stray_writes(void* saver, const char* tag, uint64_t* count, int* mode);
+// The device memory the saver's stray-access scratch holds on `device` (0: none made).
+TMSL_API int tmsl_stray_scratch_bytes(void* saver, int device, uint64_t* out);
 // The tag's allocations in address order, each with its region's backup choice (as above):
 // *count of them, the first `capacity` written.
 TMSL_API int tmsl_tag_allocations(void* saver, const char* tag, uint64_t* addresses, uint64_t* sizes,

@@ -134,6 +134,8 @@ class Saver {
   Status take_stray_writes(const std::string& tag, size_t* count, StrayMode* mode);
   // How many awake tags of `selection` have stray writes to tell.
   size_t stray_tags_to_tell(const TagSelection& selection) const;
+  // The device memory the stray-access scratch holds on `device` (core/stray_catcher.h).
+  size_t stray_scratch_bytes(int device) { return catcher_.bytes(device); }
 
   // The tag's allocations (address, size, device, the choice of the region that made it),
   // in address order.

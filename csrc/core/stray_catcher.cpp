@@ -147,6 +147,16 @@ Status StrayCatcher::cover(int device, uintptr_t va, size_t size) {
   return s;
 }
 
+size_t StrayCatcher::bytes(int device) {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t total = 0;
+  auto ladder = ladders_.find(device);
+  if (ladder != ladders_.end()) {
+    for (const auto& entry : ladder->second.rungs) total += entry.first;
+  }
+  return total;
+}
+
 Status StrayCatcher::uncover(int device, uintptr_t va, size_t size) {
   Status s = backend_.unmap(device, va, size);
   if (!s.ok()) mappings_.adopt({device, va, size, 0, true, false});

@@ -58,6 +58,8 @@ class StrayCatcher {
   // `key` differs from the fill's); refills those where something did. kUnsupported where
   // the device cannot fingerprint. Call it before queueing copies, like ready_to_cover.
   Status check(int device, const FingerprintKey& key, bool* written);
+  // The device memory the device's rungs hold.
+  size_t bytes(int device);
 
  private:
   struct Rung {

@@ -110,6 +110,8 @@ def memory_figures(run, records: list[dict]) -> dict:
             "engine_bytes": int(engine), "trainer_bytes": int(trainer), "no_saver_need_bytes": need,
             "fits_without_saver": need <= run.capacity,
             "residual_bytes_per_step": residuals, "residual_over_baseline_max_bytes": max(over),
+            # The saver's stray-access scratch (stray_access), within that residual.
+            "stray_scratch_bytes": (records[-1].get("residual_breakdown") or {}).get("saver_scratch", 0),
             "residual_over_baseline_median_bytes": int(_median(over)),
             "residual_breakdown_first": records[0].get("residual_breakdown"),
             "residual_breakdown_last": records[-1].get("residual_breakdown"),
@@ -169,7 +171,8 @@ def headline(summary: dict) -> str:
         lines.append(f"engine {m['engine_bytes'] / GiB:.1f} GiB + trainer {m['trainer_bytes'] / GiB:.1f} GiB "
                      f"would need {m['no_saver_need_bytes'] / GiB:.1f} GiB of {m['capacity_bytes'] / GiB:.1f}; "
                      f"residual after the engine's pause: baseline {m['baseline_context_bytes'] / MiB:.0f} MiB + "
-                     f"{m['residual_over_baseline_max_bytes'] / MiB:.0f} MiB at most")
+                     f"{m['residual_over_baseline_max_bytes'] / MiB:.0f} MiB at most, of which the saver's "
+                     f"stray-access scratch {m.get('stray_scratch_bytes', 0) / MiB:.0f} MiB")
     for rank in summary["ranks"][1:] if len(summary["ranks"]) > 1 else []:
         over = [x - rank["baseline_bytes"] for x in rank["residual_bytes"] if x is not None]
         if over:

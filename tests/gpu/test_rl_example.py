@@ -72,7 +72,10 @@ def test_default_preset_needs_more_than_the_gpu_and_runs_by_handing_it_over(tmp_
     # The engine's pause gave its memory back, and the leftovers went with it: what is left
     # beside the bare CUDA context is the bound, far below the engine's size.
     assert memory["engine_bytes"] > 0.9 * memory["engine_built_bytes"], memory
-    assert memory["residual_over_baseline_max_bytes"] <= 256 * 2**20, memory
+    # The stray-access scratch (stray_access: at most 254 MiB a device, made as allocations
+    # without a backup need it) comes on top, as its own line of the breakdown.
+    assert memory["stray_scratch_bytes"] <= 254 * 2**20, memory
+    assert memory["residual_over_baseline_max_bytes"] - memory["stray_scratch_bytes"] <= 256 * 2**20, memory
 
 
 @pytest.mark.skipif(os.environ.get("TMSL_TEST_HOOK_MODE") == "preload", reason="no saver involved")
