@@ -198,12 +198,12 @@ def test_the_scratch_is_a_few_small_pieces_whatever_is_paused(mem):
     assert scratch_memfds() == before  # given back with the saver
 
 
-@pytest.mark.parametrize("operation", ["map", "set_access"])
-def test_a_scratch_that_cannot_be_mapped_leaves_the_memory_paused_and_unmapped(mem, operation):
+@pytest.mark.parametrize(("operation", "after"), [("map", 1), ("map", 2), ("set_access", 1)])
+def test_a_scratch_that_cannot_be_mapped_leaves_the_memory_paused_and_unmapped(mem, operation, after):
     saver = HostSaver()
     with saver.region("kv"):
-        ptr = mem.malloc(8 * MiB)
-    saver._core().inject_fault(operation, 1)
+        ptr = mem.malloc(8 * MiB)  # two 4 MiB pieces: ("map", 2) fails with the first one mapped
+    saver._core().inject_fault(operation, after)
     saver.pause("kv")  # released all the same, without the scratch: the raw behaviour
     assert saver.stats()["kv"].paused and backends.permissions(ptr) == "---p"
     saver.resume("kv")
@@ -227,14 +227,37 @@ def test_a_scratch_that_cannot_be_unmapped_fails_the_resume_and_a_retry_succeeds
     saver.close()
 
 
-def test_freeing_covered_memory_gives_its_range_back(host_saver, mem):
-    with host_saver.region("kv"):
+def test_a_write_into_memory_freed_while_paused_is_counted_for_its_tag_not_the_next(host_saver, mem):
+    with host_saver.region("a"):
+        gone = mem.malloc(4 * MiB)
+    with host_saver.region("b"):
+        mem.malloc(4 * MiB)
+    host_saver.pause("a")
+    ctypes.memset(gone, 1, 64)
+    mem.free(gone)  # checked before the scratch leaves it (nothing else is covered), range given back
+    assert backends.permissions(gone) == "unmapped" and host_saver.stats()["a"].allocations == 0
+    host_saver.pause("b")  # the scratch it gets is clean: nothing to blame on "b"
+    assert stray_warnings(lambda: host_saver.resume("b")) == []
+    told = stray_warnings(lambda: host_saver.resume("a"))
+    assert len(told) == 1 and "'a'" in told[0]
+    assert (host_saver.stats()["a"].stray_writes, host_saver.stats()["b"].stray_writes) == (1, 0)
+
+
+def test_a_failed_resume_covers_the_memory_again_and_a_retry_succeeds(mem):
+    saver = HostSaver()
+    with saver.region("kv"):
         ptr = mem.malloc(8 * MiB)
-    host_saver.pause("kv")
-    assert backends.permissions(ptr).startswith("rw")
-    mem.free(ptr)
-    assert backends.permissions(ptr) == "unmapped"
-    assert host_saver.stats()["kv"].allocations == 0
+    saver.pause("kv")
+    saver._core().inject_fault("create_physical", 1)
+    with pytest.raises(MemorySaverError):
+        saver.resume("kv")
+    assert saver.stats()["kv"].paused and backends.permissions(ptr).startswith("rw")  # covered again
+    ctypes.memset(ptr, 9, 64)  # harmless still
+    told = stray_warnings(lambda: saver.resume("kv"))
+    assert len(told) == 1 and "'kv'" in told[0]
+    mem.write(ptr, b"awake")
+    assert mem.read(ptr, 5) == b"awake"
+    saver.close()
 
 
 # ----- on a GPU: the vLLM #44395 sequence --------------------------------------------------

@@ -487,8 +487,10 @@ TMSL_API int tmsl_tag_figures(void* handle, TmslTagFigures* out, size_t capacity
       o.paused_in_store = f.paused_in_store;
       o.paused_on_disk = f.paused_on_disk;
       o.paused_discarded = f.paused_discarded;
-      const auto writes = f.info.stray_writes.find(f.device);
-      o.stray_writes = writes == f.info.stray_writes.end() ? 0 : writes->second;
+      o.stray_writes = 0;  // this device's; a tag without allocations (device -1): all of them
+      for (const auto& [device, writes] : f.info.stray_writes) {
+        if (f.device == -1 || device == f.device) o.stray_writes += writes;
+      }
     }
     return Status::Ok();
   });

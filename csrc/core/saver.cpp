@@ -116,7 +116,8 @@ Status Saver::allocate(size_t size, int device, const std::string& tag, BackupCh
     mappings_.discard(device, address, rounded, std::move(fresh.physical));
     return refused ? tag_paused_error(tag) : with_context(recorded, where());
   }
-  if (catches_strays) catcher_.prepare(device, rounded);  // (where it fails: tried again at the pause)
+  // (Where it fails, even for want of host memory, the pause tries again.)
+  if (catches_strays) status_of([&] { return catcher_.prepare(device, rounded); });
   *va = address;
   return Status::Ok();
 }
@@ -157,6 +158,12 @@ Status Saver::free(uintptr_t va, void* stream) {
     // Work queued on the stream may still use the memory; other streams are the caller's
     // business (torch waits for their events before it frees a block).
     keep_first(backend_->synchronize_stream(a.device, stream));
+  }
+  if (a.covered) {
+    // Writes into the scratch are counted before it leaves this range (this tag's too), one
+    // check at a time with pauses and resumes.
+    std::lock_guard<std::mutex> op(op_mu_);
+    note_stray_writes({a.device}, &a);
   }
   keep_first(uncover_stray(a));
   keep_first(mappings_.discard(a.device, a.va, a.size, a.state == State::kActive ? std::move(a.physical) : Pieces()));
@@ -476,7 +483,10 @@ Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>
       return Status::Ok();
     }
   }
-  note_stray_writes(devices_of(batch));  // before the scratch leaves the batch
+  status_of([&] {  // before the scratch leaves the batch (a failure: not counted)
+    note_stray_writes(devices_of(batch));
+    return Status::Ok();
+  });
   std::vector<HostBuffer> copies;  // the batch's host copies, the tiers'
   size_t done = 0;
   WakeCheckBehind behind;
@@ -544,53 +554,6 @@ Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>
   older.clear();  // back to the pool within its limit, else freed after the foreground's work
   settle(batch, batch.size(), State::kActive, State::kPaused, nullptr, !keep);
   return Status::Ok();
-}
-
-Status Saver::plan_pieces(Allocation& a, bool has_copy) {
-  Status s = uncover_stray(a);
-  if (!s.ok()) return s;
-  Pieces& pieces = a.physical;
-  pieces.piece_bytes = a.size;
-  a.wake_checked_chunks = 0;  // this resume checks them all
-  const size_t wanted = backend_->resume_piece_bytes(a.device);
-  if (has_copy && a.size > wanted) {
-    size_t granularity = 0;
-    s = backend_->granularity(a.device, &granularity);
-    if (!s.ok()) return with_context(s, "resuming tag '" + a.tag + "' at " + format_address(a.va));
-    pieces.piece_bytes = std::max(granularity, wanted / granularity * granularity);
-  }
-  pieces.handles.reserve(pieces.count(a.size));  // so that recording a mapped piece cannot throw
-  return Status::Ok();
-}
-
-Status Saver::map_next_piece(Allocation& a) {
-  Pieces& pieces = a.physical;
-  const size_t k = pieces.handles.size();
-  const uintptr_t at = a.va + pieces.offset(k);
-  const size_t bytes = pieces.length(k, a.size);
-  PhysicalHandle physical = 0;
-  Orphan orphan;
-  Status s = map_physical(*backend_, a.device, at, bytes, margin_bytes_.load(), &physical, &orphan);
-  if (orphan.physical != 0) mappings_.adopt(orphan);
-  if (s.code == Code::kOutOfMemory) return s;  // the caller explains what the resume needed
-  if (!s.ok()) return with_context(s, "resuming tag '" + a.tag + "' at " + format_address(at));
-  pieces.handles.push_back(physical);
-  return Status::Ok();
-}
-
-Status Saver::restore(const Allocation& a, const HostBuffer& copy, size_t k) {
-  const size_t from = a.physical.offset(k), end = from + a.physical.length(k, a.size);
-  // The backup covers [0, copy.size); the rest of the piece has no content to restore.
-  const size_t copied_end = copy ? std::min(end, std::max(from, copy.size)) : from;
-  if (copied_end > from) {
-    Status s = copy.for_each_part(from, copied_end - from, [&](char* host, size_t at, size_t n) {
-      return backend_->copy_from_host_async(a.device, a.va + at, host, n);
-    });
-    if (!s.ok()) return with_context(s, "restoring backups");
-  }
-  if (copied_end == end || !poison_on_resume_.load() || tiers_.disk_copies().has(a.va)) return Status::Ok();  // a file fills it
-  return with_context(backend_->fill_async(a.device, a.va + copied_end, end - copied_end, kPoisonByte),
-                      "poisoning resumed memory");
 }
 
 }  // namespace tmsl

@@ -411,7 +411,8 @@ class Saver {
   // comes back, or its range goes.
   bool catches_strays(const TagInfo& info) const;
   void ready_stray_catchers(const std::vector<Allocation*>& batch);
-  void note_stray_writes(const std::set<int>& devices);
+  // (`leaving`: an allocation out of the table, still covered, whose tag is counted too.)
+  void note_stray_writes(const std::set<int>& devices, const Allocation* leaving = nullptr);
   void cover_stray(Allocation& a);
   Status uncover_stray(Allocation& a);
   // Content backups (content_backups.cpp): a large backup's copy in chunks of the node's store

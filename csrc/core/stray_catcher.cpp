@@ -27,7 +27,9 @@ StrayCatcher::~StrayCatcher() {
   for (auto& ladder : ladders_) {
     for (auto& entry : ladder.second.rungs) {
       Rung& r = entry.second;
-      if (backend_.unmap(ladder.first, r.va, r.size).ok()) backend_.release_scratch(ladder.first, r.handle, r.size);
+      // (What cannot be unmapped is leaked rather than given back under a mapping.)
+      if (!backend_.unmap(ladder.first, r.va, r.size).ok()) continue;
+      backend_.release_scratch(ladder.first, r.handle, r.size);
       backend_.free_reservation(ladder.first, r.va, r.size);
     }
   }
@@ -71,10 +73,12 @@ Status StrayCatcher::make_rung(int device, size_t size, Rung* out) {
   if (s.ok()) s = backend_.reserve(device, size, granularity, &rung.va);
   if (s.ok()) {
     s = backend_.map(device, rung.va, size, rung.handle);
+    bool mapped = s.ok();
     if (s.ok()) {
       s = backend_.set_access(device, rung.va, size);
-      if (!s.ok()) backend_.unmap(device, rung.va, size);
+      if (!s.ok()) mapped = !backend_.unmap(device, rung.va, size).ok();
     }
+    if (mapped && !s.ok()) return s;  // still mapped: leaked rather than given back under it
     if (!s.ok()) backend_.free_reservation(device, rung.va, size);
   }
   if (!s.ok()) {
@@ -168,6 +172,7 @@ Status StrayCatcher::check(int device, const FingerprintKey& key, bool* written)
   std::lock_guard<std::mutex> lock(mu_);
   auto ladder = ladders_.find(device);
   if (ladder == ladders_.end()) return Status::Ok();
+  Status first;
   for (auto& entry : ladder->second.rungs) {
     Rung& rung = entry.second;
     if (!rung.filled) continue;  // nothing covered with it yet
@@ -177,13 +182,13 @@ Status StrayCatcher::check(int device, const FingerprintKey& key, bool* written)
     }
     std::vector<uint64_t> values(fingerprint_segments_in(rung.size) * kFingerprintLanes);
     Status s = backend_.fingerprint(device, rung.va, rung.size, key, values.data());
-    if (!s.ok()) return s;
-    if (join_segments(values.data(), rung.size, key) == rung.expected) continue;
-    *written = true;
-    s = fill(device, &rung);
-    if (!s.ok()) return s;
+    if (s.ok() && !(join_segments(values.data(), rung.size, key) == rung.expected)) {
+      *written = true;
+      s = fill(device, &rung);
+    }
+    if (!s.ok() && first.ok()) first = s;  // the other rungs are checked all the same
   }
-  return Status::Ok();
+  return first;
 }
 
 }  // namespace tmsl

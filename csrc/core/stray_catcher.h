@@ -9,11 +9,12 @@
 // ladder of rungs: the largest (Backend::stray_scratch_bytes) and each half of it down to the
 // granularity. A range is covered by the largest as often as it fits, then by at most one of
 // each smaller rung (its remainder's binary digits). A rung is made when an allocation first
-// needs it (so a pause never takes device memory): at most twice the largest per device.
+// needs it (so a pause takes device memory only where that failed): at most twice the
+// largest per device, less the granularity.
 //
 // Costs: the rungs' bytes, a map and an access change per rung mapped (about 25-35 us each on
 // an H100/H200), one unmap per range at resume, and a fingerprint of the rungs where a pause or
-// resume changes what is covered on a device.
+// resume changes what is covered on a device (and a free of covered memory).
 #pragma once
 
 #include <atomic>

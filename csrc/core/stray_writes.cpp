@@ -17,7 +17,7 @@ void Saver::ready_stray_catchers(const std::vector<Allocation*>& batch) {
   note_stray_writes(devices_of(batch));
 }
 
-void Saver::note_stray_writes(const std::set<int>& devices) {
+void Saver::note_stray_writes(const std::set<int>& devices, const Allocation* leaving) {
   for (int device : devices) {
     std::set<TagInfo*> covered;
     {
@@ -25,15 +25,14 @@ void Saver::note_stray_writes(const std::set<int>& devices) {
       for (auto& entry : table_) {
         if (entry.second.covered && entry.second.device == device) covered.insert(entry.second.tag_info);
       }
+      if (leaving != nullptr && leaving->covered && leaving->device == device) covered.insert(leaving->tag_info);
     }
     if (covered.empty()) continue;
     // The stray kernels still queued write first. (A device that cannot fingerprint covers all
     // the same: harmless, but not counted.)
-    bool written = false;
-    if (!backend_->synchronize_device(device).ok() || !catcher_.check(device, process_key(), &written).ok() ||
-        !written) {
-      continue;
-    }
+    bool written = false;  // (set by a check that failed midway too: what it refilled is counted)
+    if (backend_->synchronize_device(device).ok()) catcher_.check(device, process_key(), &written);
+    if (!written) continue;
     std::lock_guard<std::mutex> lock(mu_);
     for (TagInfo* info : covered) {
       ++info->stray_writes[device];
