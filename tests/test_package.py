@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import torch_mem_saver_lite
-from torch_mem_saver_lite import OutOfMemoryError, _lib, alias
+from torch_mem_saver_lite import OutOfMemoryError, StrayAccessWarning, _lib, alias
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
@@ -109,7 +109,19 @@ def test_pause_and_resume_log_tags_bytes_and_speed_at_info(host_saver, mem, capl
     assert len(lines) == 3, lines
     assert lines[0].startswith("pause ['weights']: 0.01 GiB of device memory released, 0.01 GiB backed up")
     assert lines[1].startswith("resume ['weights']: 0.01 GiB of device memory mapped again")
+    assert lines[1].endswith("; weights: wake passed")  # what its check found
     assert all("ms (" in line and "GB/s)" in line for line in lines)
+
+
+def test_a_resume_logs_the_stray_writes_it_found(host_saver, mem, caplog):
+    with host_saver.region("kv"):
+        ptr = mem.malloc(4 * MiB)
+    host_saver.pause("kv")
+    mem.write(ptr, b"stray")
+    with caplog.at_level(logging.INFO, logger="torch_mem_saver_lite"), pytest.warns(StrayAccessWarning):
+        host_saver.resume("kv")
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("resume")]
+    assert len(lines) == 1 and lines[0].endswith("; kv: 1 stray write check(s) found writes"), lines
 
 
 def test_nothing_is_logged_at_info_by_default(host_saver, mem, caplog):

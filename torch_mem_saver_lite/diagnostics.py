@@ -253,7 +253,8 @@ def render(env: Environment) -> str:
     for b in env.breakdown:
         lines.append(f"  GPU {b['device']} breakdown: context {mib(b['cuda_context'])}, torch outside regions "
                      f"{mib(b['torch_reserved_outside_regions'])}, NCCL {mib(b['nccl'])} (suspended "
-                     f"{mib(b['nccl_suspended'])}), saver resident {mib(b['saver_resident'])}, unknown "
+                     f"{mib(b['nccl_suspended'])}), saver resident {mib(b['saver_resident'])}, stray-access "
+                     f"scratch {mib(b['saver_scratch'])}, unknown "
                      f"{mib(b['unknown'])}; saver paused {mib(b['saver_paused'])}")
         lines += [f"    note: {note}" for note in b["notes"]]
     if env.problems:
