@@ -19,7 +19,7 @@ import os
 import uuid
 from typing import Any
 
-from host_memory import HostMemory, rss_shmem_bytes, scratch_rss_bytes
+from host_memory import HostMemory, rss_shmem_bytes, scratch_rss_bytes, soft_copy_rss_bytes
 
 STAND_IN_DRIVER = os.environ.get("TMSL_CUDA_DRIVER_LIBRARY")
 NAMES = ["host", *(["stand_in"] if STAND_IN_DRIVER else []), "cuda"]
@@ -82,7 +82,8 @@ class HostBackend(Backend):
     def held_bytes(self) -> int:
         # (The stray-access scratch is the saver's fixed memory: on a GPU it is made with the
         # first allocation; here its pages come in when a pause first fills it.)
-        return rss_shmem_bytes() - scratch_rss_bytes()
+        # (A soft pause's copies are host memory there, like every backup.)
+        return rss_shmem_bytes() - scratch_rss_bytes() - soft_copy_rss_bytes()
 
     def close(self) -> None:
         self.saver.close()

@@ -51,12 +51,22 @@ def scratch_rss_bytes(field: str = "Rss") -> int:
     """Pages of the host backend's stray-access scratches (memfd "tmsl-scratch", the saver's
     own fixed memory, not an allocation's) mapped into this process: "Rss" counts a page at
     each mapping of it, "Pss" once."""
-    total, in_scratch = 0, False
+    return memfd_rss_bytes("tmsl-scratch", field)
+
+
+def soft_copy_rss_bytes(field: str = "Rss") -> int:
+    """Pages of the host backend's soft-pause copies (memfd "tmsl-soft": host memory, mapped
+    for itself and, while paused, at its allocation's address), as scratch_rss_bytes."""
+    return memfd_rss_bytes("tmsl-soft", field)
+
+
+def memfd_rss_bytes(name: str, field: str) -> int:
+    total, inside = 0, False
     with open("/proc/self/smaps") as smaps:
         for line in smaps:
             if line[:1] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
-                in_scratch = "memfd:tmsl-scratch" in line
-            elif in_scratch and line.startswith(field + ":"):
+                inside = f"memfd:{name} " in line or line.rstrip().endswith(f"memfd:{name}")
+            elif inside and line.startswith(field + ":"):
                 total += int(line.split()[1]) * 1024
     return total
 
@@ -68,7 +78,7 @@ def open_memfds() -> int:
     for fd in os.listdir("/proc/self/fd"):
         try:
             target = os.readlink(f"/proc/self/fd/{fd}")
-            if target.startswith("/memfd:tmsl") and not target.startswith("/memfd:tmsl-scratch"):
+            if target.startswith("/memfd:tmsl") and not target.startswith(("/memfd:tmsl-scratch", "/memfd:tmsl-soft")):
                 count += 1
         except OSError:
             pass

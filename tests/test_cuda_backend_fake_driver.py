@@ -72,7 +72,7 @@ def test_the_promises_every_backend_keeps_hold_over_the_stand_in_driver(fake_dri
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "stand_in",
          str(tests / "test_pause_resume.py"), str(tests / "test_backup_memory.py"), str(tests / "test_wake_checks.py"),
-         str(tests / "test_stray_access.py")],
+         str(tests / "test_stray_access.py"), str(tests / "test_soft_pause.py")],
         capture_output=True, text=True, timeout=300, cwd=tests.parent,
         env={**os.environ, "TMSL_CUDA_DRIVER_LIBRARY": fake_driver},
     )

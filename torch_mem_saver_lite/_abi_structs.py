@@ -24,6 +24,7 @@ class ProcessDefaults(ctypes.Structure):
         ("host_memory_budget", ctypes.c_uint64),
         ("verify_wake", ctypes.c_int),
         ("stray_access", ctypes.c_int),
+        ("soft_pause", ctypes.c_int),
     ]
 
 

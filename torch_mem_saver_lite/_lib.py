@@ -66,6 +66,9 @@ _SIGNATURES = {
     "tmsl_set_stray_access": ([_vp, _int], _int),
     "tmsl_get_stray_access": ([_vp, ctypes.POINTER(_int)], _int),
     "tmsl_set_tag_stray_access": ([_vp, ctypes.c_char_p, _int], _int),
+    "tmsl_set_soft_pause": ([_vp, _int], _int),
+    "tmsl_get_soft_pause": ([_vp, ctypes.POINTER(_int)], _int),
+    "tmsl_set_tag_soft_pause": ([_vp, ctypes.c_char_p, _int], _int),
     "tmsl_stray_scratch_bytes": ([_vp, _int, ctypes.POINTER(ctypes.c_uint64)], _int),
     "tmsl_take_stray_writes": ([_vp, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(_int)], _int),
     "tmsl_note_graph_capture": ([], _int),
@@ -389,6 +392,18 @@ class NativeSaver:
         out = _int()
         check(lib().tmsl_get_stray_access(self.handle, ctypes.byref(out)))
         return out.value
+
+    def set_soft_pause(self, soft: bool) -> None:
+        check(lib().tmsl_set_soft_pause(self.handle, int(soft)))
+
+    def soft_pause(self) -> bool:
+        out = _int()
+        check(lib().tmsl_get_soft_pause(self.handle, ctypes.byref(out)))
+        return bool(out.value)
+
+    def set_tag_soft_pause(self, tag: str, soft: bool) -> None:
+        """Whether the tag's pauses are soft, from its next pause on."""
+        check(lib().tmsl_set_tag_soft_pause(self.handle, _c_tag(tag), int(soft)))
 
     def set_tag_stray_access(self, tag: str, mode: int) -> None:
         """The tag's mode (-1: the saver's), from its next pause on."""

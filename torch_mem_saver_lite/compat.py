@@ -361,3 +361,4 @@ class TorchMemorySaver:
     guard = _Method(MemorySaver.guard)
     verify_wake = _Setting[bool]()
     stray_access = _Setting[str]()
+    soft_pause = _Setting[bool]()

@@ -228,7 +228,8 @@ class MemorySaver(SafetySwitches):
     @contextlib.contextmanager
     def region(self, tag: str = "default", enable_cpu_backup: bool | None = None,
                enable_disk_backup: bool = False, cpu_backup_backend: str | None = None,
-               verify_wake: bool | None = None, stray_access: str | None = None) -> Iterator[None]:
+               verify_wake: bool | None = None, stray_access: str | None = None,
+               soft_pause: bool | None = None) -> Iterator[None]:
         """Allocations made on this thread inside the block become pauseable under ``tag``.
 
         Args:
@@ -257,6 +258,8 @@ class MemorySaver(SafetySwitches):
             stray_access: the tag's own ``MemorySaver.stray_access`` ("off", "warn" or
                 "raise"), from its next pause on; not given: the tag keeps its setting (the
                 saver's, unless set before). A setting of the tag, like ``verify_wake``.
+            soft_pause: the tag's own ``MemorySaver.soft_pause``, from its next pause on; not
+                given: the tag keeps its setting (the saver's, unless set before).
         Regions nest; leaving one restores the enclosing one. Allocations on the current
         CUDA device are routed. Routing is per thread: a thread started inside a region is
         not routed.
@@ -265,6 +268,7 @@ class MemorySaver(SafetySwitches):
         disk = choice == _lib.CHOICE_DISK
         verify = None if verify_wake is None else check_bool(verify_wake, "verify_wake")
         stray = None if stray_access is None else strays.check_mode(stray_access)
+        soft = None if soft_pause is None else check_bool(soft_pause, "soft_pause")
         native = self._enter()
         check_tag(tag)
         if disk:
@@ -273,6 +277,8 @@ class MemorySaver(SafetySwitches):
             native.set_tag_verify_wake(tag, verify)
         if stray is not None:
             native.set_tag_stray_access(tag, stray)
+        if soft is not None:
+            native.set_tag_soft_pause(tag, soft)
         route = self._platform.route(self._torch_pools, tag, choice)
         _lib.take_allocation_failure()  # only failures inside this block are explained below
         with pushed(Region(native, tag, choice, route)):

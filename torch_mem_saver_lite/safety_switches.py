@@ -1,5 +1,5 @@
 """The saver's switches for what a touch of paused memory meets and what a wake checks:
-``poison_on_resume``, ``verify_wake`` and ``stray_access``. Each is kept in the settings until
+``poison_on_resume``, ``verify_wake``, ``stray_access`` and ``soft_pause``. Each is kept in the settings until
 the core exists and forwarded to it afterwards (settings.py)."""
 
 from __future__ import annotations
@@ -65,3 +65,24 @@ class SafetySwitches:
     def stray_access(self, mode: str) -> None:
         self._settings.stray_access = stray_access.check_mode(mode)
         self._settings.forward(self._core(create=False), _lib.NativeSaver.set_stray_access, self._settings.stray_access)
+
+    @property
+    def soft_pause(self) -> bool:
+        """Soft pauses: while a tag is paused, each of its allocations with a host backup keeps
+        that host copy mapped at its own address (host memory the GPU maps, made by the CUDA
+        driver; the copy the pause made, not a second one). A kernel, a graph replay or a copy
+        that touches the paused tensor reads its exact bytes and writes into the copy, over the
+        link, instead of hitting an illegal address; the resume brings back what the copy holds
+        then, so writing into a paused tensor works (a weight update into a sleeping engine).
+        The wake check takes such writes as the tag's content. The copy stays set aside after a
+        resume where the host cache has room (the next pause reuses it: making it costs about
+        0.3 s per GiB). Not soft: allocations without a backup (``stray_access``), on disk or
+        in the node's store. Default: off, or ``TMSL_SOFT_PAUSE=1``; per tag:
+        ``region(..., soft_pause=True)``. Applies from the next pause on."""
+        native = self._core(create=False)
+        return native.soft_pause() if native is not None else self._settings.soft()
+
+    @soft_pause.setter
+    def soft_pause(self, soft: bool) -> None:
+        self._settings.soft_pause = check_bool(soft, "soft_pause")
+        self._settings.forward(self._core(create=False), _lib.NativeSaver.set_soft_pause, soft)

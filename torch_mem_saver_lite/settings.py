@@ -116,6 +116,7 @@ class EnvironmentDefaults:
     poison_on_resume: bool
     verify_wake: bool
     stray_access: int  # stray_access.MODES's index
+    soft_pause: bool
     disk_backup_dir: tuple[str, str] | None  # (variable, path): checked when first used
     default_tag: str  # the tag of the preload-mode process region
     default_caches_backups: bool  # False: the default backend is "mmap"
@@ -135,6 +136,7 @@ def read_environment() -> EnvironmentDefaults:
         poison_on_resume=bool(d.poison_on_resume),
         verify_wake=bool(d.verify_wake),
         stray_access=d.stray_access,
+        soft_pause=bool(d.soft_pause),
         disk_backup_dir=(variable, os.fsdecode(d.disk_backup_dir)) if variable else None,
         default_tag=d.tag.decode(),
         default_caches_backups=bool(d.caches_backups),
@@ -157,6 +159,7 @@ class Settings:
         self.poison_on_resume: bool | None = None  # None: the process default (environment)
         self.verify_wake: bool | None = None  # None: the process default (environment)
         self.stray_access: int | None = None  # None: the process default (environment)
+        self.soft_pause: bool | None = None  # None: the process default (environment)
         self.host_cache_bytes: int | None = None  # None: the core's default
 
     def environment(self) -> EnvironmentDefaults:
@@ -181,6 +184,10 @@ class Settings:
         """Before the core exists: its stray-access mode (stray_access.MODES's index)."""
         return self.stray_access if self.stray_access is not None else self.environment().stray_access
 
+    def soft(self) -> bool:
+        """Before the core exists: whether its pauses will be soft."""
+        return self.soft_pause if self.soft_pause is not None else self.environment().soft_pause
+
     def default_caches(self) -> bool | None:
         """TMS_INIT_CPU_BACKUP_BACKEND / TMSL_DEFAULT_CPU_BACKUP_BACKEND for backed-up regions
         that name no backend: False for "mmap", else None (the default, "pinned")."""
@@ -204,5 +211,7 @@ class Settings:
             native.set_verify_wake(self.verify_wake)
         if self.stray_access is not None:
             native.set_stray_access(self.stray_access)
+        if self.soft_pause is not None:
+            native.set_soft_pause(self.soft_pause)
         if self.host_cache_bytes is not None:
             native.set_host_cache_bytes(self.host_cache_bytes)

@@ -322,6 +322,14 @@ TMSL_API int tmsl_set_tag_stray_access(void* handle, const char* tag, int mode) 
   });
 }
 
+TMSL_API int tmsl_set_tag_soft_pause(void* handle, const char* tag, int soft) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = check_tag(tag);
+    if (s.ok()) s = require(soft >= -1 && soft <= 1, "soft must be -1, 0 or 1");
+    return s.ok() ? saver.set_soft_pause(tag, soft) : s;
+  });
+}
+
 TMSL_API int tmsl_take_stray_writes(void* handle, const char* tag, uint64_t* count, int* mode) {
   return on_saver(handle, [&](Saver& saver) {
     Status s = check_tag(tag);
@@ -428,6 +436,21 @@ TMSL_API int tmsl_get_verify_wake(void* handle, int* out) {
   return on_saver(handle, [&](Saver& saver) {
     Status s = require(out != nullptr, "out must not be NULL");
     if (s.ok()) *out = saver.verify_wake() ? 1 : 0;
+    return s;
+  });
+}
+
+TMSL_API int tmsl_set_soft_pause(void* handle, int soft) {
+  return on_saver(handle, [&](Saver& saver) {
+    saver.set_soft_pause(soft != 0);
+    return Status::Ok();
+  });
+}
+
+TMSL_API int tmsl_get_soft_pause(void* handle, int* out) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = require(out != nullptr, "out must not be NULL");
+    if (s.ok()) *out = saver.soft_pause() ? 1 : 0;
     return s;
   });
 }
@@ -557,6 +580,7 @@ TMSL_API int tmsl_process_defaults(TmslProcessDefaults* out) {
     out->host_memory_budget = d.host_memory_budget;
     out->verify_wake = d.verify_wake;
     out->stray_access = static_cast<int>(d.stray_access);
+    out->soft_pause = d.soft_pause;
     return Status::Ok();
   });
 }

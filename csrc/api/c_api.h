@@ -115,6 +115,9 @@ TMSL_API int tmsl_set_tag_verify_wake(void* saver, const char* tag, int verify);
 // on: 0 off (unmapped: an illegal address), 1 warn, 2 raise (the scratch takes it; the resume
 // warns or raises); -1: the saver's (tmsl_set_stray_access).
 TMSL_API int tmsl_set_tag_stray_access(void* saver, const char* tag, int mode);
+// Whether the tag's pauses are soft, from its next pause on: 1 yes, 0 no, -1 the saver's
+// (tmsl_set_soft_pause).
+TMSL_API int tmsl_set_tag_soft_pause(void* saver, const char* tag, int soft);
 // The stray writes seen in the tag's memory since last asked, while it is awake (0 while it
 // is paused: they are told once it resumes), and the mode (0, 1, 2) it follows.
 TMSL_API int tmsl_take_stray_writes(void* saver, const char* tag, uint64_t* count, int* mode);
@@ -141,6 +144,10 @@ TMSL_API int tmsl_get_verify_wake(void* saver, int* out);
 // The saver's stray-access mode (0 off, 1 warn, 2 raise; TMSL_STRAY_ACCESS, default 1).
 TMSL_API int tmsl_set_stray_access(void* saver, int mode);
 TMSL_API int tmsl_get_stray_access(void* saver, int* out);
+// Soft pauses (off by default, TMSL_SOFT_PAUSE): a pause leaves each host copy mapped at its
+// allocation's address, so touching paused memory with a backup reads and writes the copy.
+TMSL_API int tmsl_set_soft_pause(void* saver, int soft);
+TMSL_API int tmsl_get_soft_pause(void* saver, int* out);
 // Returns once the background work handed over has run: backups a resume let go of freed,
 // host memory asked for by tmsl_prepare_backups set aside (its pages may still be arriving).
 TMSL_API int tmsl_wait_for_released_backups(void* saver);
@@ -195,6 +202,7 @@ typedef struct TmslProcessDefaults {
   uint64_t host_memory_budget;           // TMSL_HOST_MEMORY_BUDGET (0: not set)
   int verify_wake;                       // TMSL_VERIFY_WAKE (default 1)
   int stray_access;                      // TMSL_STRAY_ACCESS: 0 off, 1 warn (default), 2 raise
+  int soft_pause;                        // TMSL_SOFT_PAUSE
 } TmslProcessDefaults;
 TMSL_API int tmsl_process_defaults(TmslProcessDefaults* out);
 // The disk backup's chunk (TMSL_DISK_BACKUP_CHUNK_MB / TMS_DISK_BACKUP_CHUNK_MB, in bytes) and

@@ -79,6 +79,7 @@ void take_process_defaults(Saver* saver) {
   saver->set_retain_backups(d.retain_backups);
   saver->set_verify_wake(d.verify_wake);
   saver->set_stray_mode(static_cast<StrayMode>(d.stray_access));
+  saver->set_soft_pause(d.soft_pause);
   if (!d.disk_backup_dir.empty()) saver->set_disk_directory(d.disk_backup_dir);
 }
 

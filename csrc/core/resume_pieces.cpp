@@ -8,6 +8,7 @@ namespace tmsl {
 
 Status Saver::plan_pieces(Allocation& a, bool has_copy) {
   Status s = uncover_stray(a);
+  if (s.ok()) s = soft_unmap(a);
   if (!s.ok()) return s;
   Pieces& pieces = a.physical;
   pieces.piece_bytes = a.size;
@@ -44,7 +45,8 @@ Status Saver::restore(const Allocation& a, const HostBuffer& copy, size_t k) {
   const size_t copied_end = copy ? std::min(end, std::max(from, copy.size)) : from;
   if (copied_end > from) {
     Status s = copy.for_each_part(from, copied_end - from, [&](char* host, size_t at, size_t n) {
-      return backend_->copy_from_host_async(a.device, a.va + at, host, n);
+      return copy.arena->is_soft() ? backend_->copy_async(a.device, a.va + at, reinterpret_cast<uintptr_t>(host), n)
+                                   : backend_->copy_from_host_async(a.device, a.va + at, host, n);
     });
     if (!s.ok()) return with_context(s, "restoring backups");
   }

@@ -29,6 +29,7 @@ Saver::~Saver() {
   for (auto& entry : table_) {
     Allocation& a = entry.second;
     uncover_stray(a);
+    soft_unmap(a);
     mappings_.discard(a.device, a.va, a.size, a.state == State::kActive ? std::move(a.physical) : Pieces());
   }
   mappings_.retry();
@@ -166,6 +167,7 @@ Status Saver::free(uintptr_t va, void* stream) {
     note_stray_writes({a.device}, &a);
   }
   keep_first(uncover_stray(a));
+  keep_first(soft_unmap(a));  // (before its copy, which the caller lets go below, can go)
   keep_first(mappings_.discard(a.device, a.va, a.size, a.state == State::kActive ? std::move(a.physical) : Pieces()));
   if (host_copy) {
     // Its host memory may be the last of an arena: unpinned and unmapped in the background.
@@ -193,6 +195,7 @@ std::vector<Saver::Allocation*> Saver::claim(const TagSelection& selection, Stat
     a.backup = a.backs_up();
     a.verify = a.tag_info->verifies_wakes;
     a.catches_strays = catches_strays(*a.tag_info);
+    a.soft_pauses = soft_pauses(*a.tag_info);
     batch.push_back(&a);
     vas.push_back(a.va);
   };
@@ -353,7 +356,7 @@ Status Saver::pause_locked(const TagSelection& selection, std::set<std::string>*
       releasing = false;
       // Its new chunks of the node's store hold their bytes now: named, others may take them.
       r = finish_content(batch, backups, &copies, done);
-      if (r.ok()) r = release_physical(*batch[done], &releasing);
+      if (r.ok()) r = release_physical(*batch[done], &releasing, backups[done]);
       if (r.ok() || releasing) {
         ++done;
         releasing = false;
@@ -402,12 +405,15 @@ Status Saver::queue_backups(std::vector<Allocation*>* batch_in, std::vector<Host
     CopyRequest& r = requests[i];
     a.wake_fingerprints.clear();  // this pause's, below or in take_wake_fingerprints
     a.wake_unchecked = false;
+    a.soft_copy_at = 0;
     r.device = a.device;
     r.bytes = a.backup_bytes();
     r.cacheable = a.choice != BackupChoice::kOnUncached;
-    const bool reusable = copy && copy.size == r.bytes && !copy.arena->is_content();
+    const bool soft = soft_request(a, copy);
+    const bool reusable = copy && copy.size == r.bytes && !copy.arena->is_content() && !soft;
     r.tier = !a.backup ? Tier::kNone : reusable ? Tier::kKept : Tier::kHost;
-    if (a.backup && content_addressed(a, key)) {
+    r.soft_span = soft ? a.size : 0;
+    if (a.backup && !a.soft_pauses && content_addressed(a, key)) {
       // (A private copy it kept goes at settle: the store's chunks replace it.)
       Status s = content_copy(a, *key, copy, &(*backups)[i], &a.wake_fingerprints);
       if (!s.ok() && s.code != Code::kUnsupported) return s;
@@ -447,7 +453,9 @@ Status Saver::queue_backups(std::vector<Allocation*>* batch_in, std::vector<Host
     // Into the whole copy, or into a content arena's new chunks only.
     for (const auto& [from, n] : backup.arena->writable_parts(backup.offset, backup.size)) {
       s = backup.for_each_part(from, n, [&](char* host, size_t at, size_t part) {
-        return backend_->copy_to_host_async(a.device, host, a.va + at, part);
+        // (A soft arena is host memory the device maps: a copy between two of its ranges.)
+        return backup.arena->is_soft() ? backend_->copy_async(a.device, reinterpret_cast<uintptr_t>(host), a.va + at, part)
+                                       : backend_->copy_to_host_async(a.device, host, a.va + at, part);
       });
       if (!s.ok()) break;
     }
@@ -460,8 +468,9 @@ Status Saver::queue_backups(std::vector<Allocation*>* batch_in, std::vector<Host
   return Status::Ok();
 }
 
-Status Saver::release_physical(Allocation& a, bool* unmapped) {
+Status Saver::release_physical(Allocation& a, bool* unmapped, const HostBuffer& copy) {
   Status s = mappings_.take_down(a.device, a.va, a.size, a.physical, unmapped);
+  if (s.ok()) soft_map(a, copy);
   if (s.ok()) cover_stray(a);
   if (s.ok()) return s;
   const std::string where = "pausing tag '" + a.tag + "' (" + format_bytes(a.size) + " at " +
@@ -523,7 +532,8 @@ Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>
       wait_copies(batch);  // the memory must not be unmapped under a running copy
       for (size_t i = 0; i < batch.size() && i <= done; ++i) {  // batch[done]: the pieces mapped so far
         mappings_.take_down(batch[i]->device, batch[i]->va, batch[i]->size, batch[i]->physical);
-        cover_stray(*batch[i]);  // paused again: covered again
+        soft_map(*batch[i], i < copies.size() ? copies[i] : HostBuffer());  // paused again: as it was
+        cover_stray(*batch[i]);
       }
       if (s.code == Code::kOutOfMemory && done < batch.size()) return out_of_memory_on_resume(batch, *batch[done], s);
       if (s.code == Code::kContentMismatch) return s;  // it says what stays paused

@@ -17,6 +17,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -75,6 +76,7 @@ struct TagInfo {
   WakeCheck last_wake_check = WakeCheck::kNever;
   bool verifies_wakes = true;  // false: its wakes are not checked (a region's verify_wake=False)
   int stray_mode = -1;  // a StrayMode its regions chose; -1: the saver's
+  int soft_pause = -1;  // 1 / 0: its regions chose soft pauses or not; -1: the saver's
   // Writes found in the scratch while its memory without a backup was covered: the checks
   // that found some (each counts every tag then covered on the device), by device, and in all
   // since the last take_stray_writes.
@@ -129,6 +131,8 @@ class Saver {
   Status set_verifies_wakes(const std::string& tag, bool verify);
   // The tag's StrayMode (-1: the saver's), from its next pause on.
   Status set_stray_mode(const std::string& tag, int mode);
+  // Whether the tag's pauses are soft (1, 0; -1: the saver's), from its next pause on.
+  Status set_soft_pause(const std::string& tag, int soft);
   // The stray writes seen in the tag's memory since last asked, where it is awake (0 while
   // paused: they are told at its resume), and the StrayMode it follows.
   Status take_stray_writes(const std::string& tag, size_t* count, StrayMode* mode);
@@ -255,6 +259,12 @@ class Saver {
   // finds writes there does (StrayMode; regions may choose their own).
   void set_stray_mode(StrayMode mode) { stray_mode_.store(static_cast<int>(mode)); }
   StrayMode stray_mode() const { return static_cast<StrayMode>(stray_mode_.load()); }
+  // Soft pauses (off unless turned on; regions may choose their own): a pause keeps each host
+  // copy mapped at its allocation's own address (soft_pause.cpp), so touching the paused
+  // tensor reads and writes the copy instead of faulting, and the resume brings back what the
+  // copy holds then.
+  void set_soft_pause(bool soft) { soft_pause_.store(soft); }
+  bool soft_pause() const { return soft_pause_.load(); }
 
  private:
   enum class State { kActive, kPausing, kPaused, kResuming };
@@ -285,6 +295,12 @@ class Saver {
     size_t wake_checked_chunks = 0;  // of wake_fingerprints, those its resume checked so far
     bool catches_strays = false;  // its tag's StrayMode is not kOff (when a pause or resume claimed it)
     bool covered = false;  // paused with the scratch mapped over it (written under op_mu_)
+    bool soft_pauses = false;  // its tag's soft pause (when a pause or resume claimed it)
+    // While paused: its host copy (a soft arena), mapped at its address (a soft pause). Held
+    // here too, so the copy's memory never goes while mapped there.
+    std::shared_ptr<HostArena> soft;
+    // Mid-resume: where the soft copy it restores from lies (for the wake check's second look).
+    uintptr_t soft_copy_at = 0;
     // Written only by the pause/resume that has claimed the allocation (state kPausing or
     // kResuming) or under mu_. Its host copy, while paused with backup (or kept by the cache
     // or retention after a resume), is the tiers' (HostCopies, by va).
@@ -415,6 +431,19 @@ class Saver {
   void note_stray_writes(const std::set<int>& devices, const Allocation* leaving = nullptr);
   void cover_stray(Allocation& a);
   Status uncover_stray(Allocation& a);
+  // Soft pauses (soft_pause.cpp). soft_pauses: whether the tag's pauses are soft (needs mu_).
+  // soft_request: whether a's pause needs a soft arena (not `kept`, its copy from the last
+  // cycle). soft_map: once a's memory is released, its soft copy mapped at its address (a
+  // failure leaves it unmapped: paused as without). soft_unmap: before its memory comes back,
+  // or its range goes. soft_write_kept: whether a's chunk `k`, restored as `restored`, is what
+  // its soft copy holds (a write made while paused), which it then expects.
+  bool soft_pauses(const TagInfo& info) const;
+  bool soft_request(const Allocation& a, const HostBuffer& kept) const;
+  void soft_map(Allocation& a, const HostBuffer& copy);
+  Status soft_unmap(Allocation& a);
+  bool soft_write_kept(Allocation& a, size_t k, const Fingerprint& restored);
+  // Sets one of the tag's settings (entering the tag, as a region would).
+  Status set_tag(const std::string& tag, const std::function<void(TagInfo&)>& set);
   // Content backups (content_backups.cpp): a large backup's copy in chunks of the node's store
   // (tiers/content_copies.cpp): `kept` (its copy from the last cycle) where its memory still
   // holds those bytes, else a content arena. kUnsupported: the device cannot fingerprint; the
@@ -440,7 +469,9 @@ class Saver {
   // mapped), or the piece's poisoning.
   Status restore(const Allocation& a, const HostBuffer& copy, size_t k);
   Status wait_copies(const std::vector<Allocation*>& batch);
-  Status release_physical(Allocation& a, bool* unmapped);
+  // Takes a's memory down once its copy (`copy`, where it has one) has landed; then the
+  // scratch or its soft copy goes over its address.
+  Status release_physical(Allocation& a, bool* unmapped, const HostBuffer& copy);
   // Another process of the node needs the room: gives the whole host cache back
   // (BackupTiers::give_cache_back), unless a pause or resume of this saver is under way (the
   // ledger asks again shortly).
@@ -497,6 +528,7 @@ class Saver {
   std::atomic<bool> poison_on_resume_{false};
   std::atomic<bool> verify_wake_{true};
   std::atomic<int> stray_mode_{static_cast<int>(StrayMode::kWarn)};
+  std::atomic<bool> soft_pause_{false};
   FingerprintKey wake_key_;  // drawn at construction; where the process shares, the store key serves instead
   // The disk tier (null: none); set under op_mu_ and mu_, read under either.
   std::shared_ptr<DiskTier> disk_;

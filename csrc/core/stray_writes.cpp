@@ -56,14 +56,6 @@ Status Saver::uncover_stray(Allocation& a) {
                              " at " + format_address(a.va) + ")");
 }
 
-Status Saver::set_stray_mode(const std::string& tag, int mode) {
-  std::lock_guard<std::mutex> lock(mu_);
-  TagInfo* info = nullptr;
-  Status s = admit_name(tag, &info);
-  if (s.ok()) info->stray_mode = mode;
-  return s;
-}
-
 Status Saver::take_stray_writes(const std::string& tag, size_t* count, StrayMode* mode) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = tags_.find(tag);

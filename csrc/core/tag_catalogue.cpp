@@ -75,20 +75,28 @@ bool Saver::tag_info(const std::string& tag, TagInfo* out) const {
   return true;
 }
 
-Status Saver::set_verifies_wakes(const std::string& tag, bool verify) {
-  std::lock_guard<std::mutex> lock(mu_);
-  TagInfo* info = nullptr;
-  Status s = admit_name(tag, &info);
-  if (s.ok()) info->verifies_wakes = verify;
-  return s;
-}
-
-Status Saver::set_caches_backups(const std::string& tag, bool caches) {
+Status Saver::set_tag(const std::string& tag, const std::function<void(TagInfo&)>& set) {
   std::lock_guard<std::mutex> lock(mu_);
   TagInfo* info = nullptr;
   Status s = admit_name(tag, &info);  // enters the tag, as a region would
-  if (s.ok()) info->caches_backups = caches;
+  if (s.ok()) set(*info);
   return s;
+}
+
+Status Saver::set_verifies_wakes(const std::string& tag, bool verify) {
+  return set_tag(tag, [verify](TagInfo& info) { info.verifies_wakes = verify; });
+}
+
+Status Saver::set_caches_backups(const std::string& tag, bool caches) {
+  return set_tag(tag, [caches](TagInfo& info) { info.caches_backups = caches; });
+}
+
+Status Saver::set_stray_mode(const std::string& tag, int mode) {
+  return set_tag(tag, [mode](TagInfo& info) { info.stray_mode = mode; });
+}
+
+Status Saver::set_soft_pause(const std::string& tag, int soft) {
+  return set_tag(tag, [soft](TagInfo& info) { info.soft_pause = soft; });
 }
 
 std::vector<Saver::Range> Saver::allocations_of(const std::string& tag) const {

@@ -57,7 +57,7 @@ Status Saver::check_wake_chunks(Allocation& a, size_t end, const CopyMark* after
                                "resume again");
   }
   for (size_t k = first; k < end; ++k) {
-    if (restored[k - first] == a.wake_fingerprints[k]) continue;
+    if (restored[k - first] == a.wake_fingerprints[k] || soft_write_kept(a, k, restored[k - first])) continue;
     {
       std::lock_guard<std::mutex> lock(mu_);
       a.tag_info->last_wake_check = WakeCheck::kFailed;
@@ -120,6 +120,7 @@ void Saver::note_wake_checks(const std::vector<Allocation*>& batch) {
       verdict = WakeCheck::kPassed;
     }
     a->wake_fingerprints = std::vector<Fingerprint>();  // checked: not needed again
+    a->soft_copy_at = 0;
   }
   for (const auto& [info, verdict] : verdicts) {
     if (verdict != WakeCheck::kNever) info->last_wake_check = verdict;

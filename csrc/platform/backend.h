@@ -54,6 +54,20 @@ class Backend {
     return release_physical(device, handle, size);
   }
 
+  // Host memory the GPU maps like its own (CUDA virtual memory, located on the host NUMA node
+  // nearest `device`): a soft pause's host copy (tiers/soft_arena.cpp), mapped once for itself
+  // with set_host_access (the host and the device may read and write it) and, while its
+  // allocation is paused, at the allocation's own address with set_access. kUnsupported where
+  // the driver cannot make it (the caller pauses as before). Not counted as device memory.
+  virtual Status create_host_physical(int device, size_t size, PhysicalHandle* out) {
+    (void)device, (void)size, (void)out;
+    return Status::Error(Code::kUnsupported, "this backend has no host memory it can map at device addresses");
+  }
+  virtual Status release_host_physical(int device, PhysicalHandle handle, size_t size) {
+    return release_physical(device, handle, size);
+  }
+  virtual Status set_host_access(int device, uintptr_t va, size_t size) { return set_access(device, va, size); }
+
   virtual Status reserve(int device, size_t size, size_t alignment, uintptr_t* va) = 0;
   virtual Status free_reservation(int device, uintptr_t va, size_t size) = 0;
 
@@ -74,6 +88,9 @@ class Backend {
   // copy stream for `device`; wait_copies returns when every queued copy has landed.
   virtual Status copy_to_host_async(int device, void* dst, uintptr_t src, size_t size) = 0;
   virtual Status copy_from_host_async(int device, uintptr_t dst, const void* src, size_t size) = 0;
+  // Copies between two ranges the device maps (its memory, or host memory it maps like its
+  // own: a soft pause's copy), queued like the copies above.
+  virtual Status copy_async(int device, uintptr_t dst, uintptr_t src, size_t size) = 0;
   // Sets every byte of mapped memory to `value`, queued like the copies (poison on resume).
   virtual Status fill_async(int device, uintptr_t va, size_t size, unsigned char value) = 0;
   virtual Status wait_copies(int device) = 0;

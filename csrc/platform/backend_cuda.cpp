@@ -46,6 +46,7 @@ struct DriverApi {
   PFN_cuStreamCreate_v2000 cuStreamCreate = nullptr;
   PFN_cuMemcpyDtoHAsync_v3020 cuMemcpyDtoHAsync = nullptr;
   PFN_cuMemcpyHtoDAsync_v3020 cuMemcpyHtoDAsync = nullptr;
+  PFN_cuMemcpyAsync_v4000 cuMemcpyAsync = nullptr;
   PFN_cuMemsetD8Async_v3020 cuMemsetD8Async = nullptr;
   PFN_cuEventCreate_v2000 cuEventCreate = nullptr;
   PFN_cuEventRecord_v2000 cuEventRecord = nullptr;
@@ -123,6 +124,7 @@ Status load_driver(DriverApi* api) {
   resolve("cuStreamCreate", &api->cuStreamCreate);
   resolve("cuMemcpyDtoHAsync", &api->cuMemcpyDtoHAsync);
   resolve("cuMemcpyHtoDAsync", &api->cuMemcpyHtoDAsync);
+  resolve("cuMemcpyAsync", &api->cuMemcpyAsync);
   resolve("cuMemsetD8Async", &api->cuMemsetD8Async);
   resolve("cuEventCreate", &api->cuEventCreate);
   resolve("cuEventRecord", &api->cuEventRecord);
@@ -200,6 +202,36 @@ class CudaBackend final : public Backend {
     });
   }
 
+  Status create_host_physical(int device, size_t size, PhysicalHandle* out) override {
+    return in_context(device, [&] {
+      CUmemAllocationProp prop = {};
+      prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+      prop.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+      prop.location.id = devices_[device].host_numa;
+      CUmemGenericAllocationHandle handle = 0;
+      CUresult result = api_.cuMemCreate(&handle, size, &prop, 0);
+      *out = static_cast<PhysicalHandle>(handle);
+      if (result == CUDA_ERROR_NOT_SUPPORTED || result == CUDA_ERROR_INVALID_VALUE) {
+        // A driver before CUDA 12.2, or a host without NUMA nodes it knows.
+        return Status::Error(Code::kUnsupported, "cuMemCreate of host memory (HOST_NUMA) is not supported here");
+      }
+      return check(result, [&] { return "cuMemCreate(" + format_bytes(size) + " of host memory)"; });
+    });
+  }
+
+  Status set_host_access(int device, uintptr_t va, size_t size) override {
+    return in_context(device, [&] {
+      CUmemAccessDesc desc[2] = {};
+      desc[0].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      desc[0].location.id = device;
+      desc[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      desc[1].location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+      desc[1].location.id = devices_[device].host_numa;
+      desc[1].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      return check(api_.cuMemSetAccess(va, size, desc, 2), "cuMemSetAccess(host and device)");
+    });
+  }
+
   Status release_physical(int device, PhysicalHandle handle, size_t) override {
     return in_context(device, [&] { return check(api_.cuMemRelease(handle), "cuMemRelease"); });
   }
@@ -248,6 +280,12 @@ class CudaBackend final : public Backend {
     return in_context(device, [&] {
       return check(api_.cuMemcpyHtoDAsync(dst, src, size, devices_[device].copy_stream),
                    "cuMemcpyHtoDAsync");
+    });
+  }
+
+  Status copy_async(int device, uintptr_t dst, uintptr_t src, size_t size) override {
+    return in_context(device, [&] {
+      return check(api_.cuMemcpyAsync(dst, src, size, devices_[device].copy_stream), "cuMemcpyAsync");
     });
   }
 
@@ -341,6 +379,7 @@ class CudaBackend final : public Backend {
     std::atomic<bool> ready{false};  // set once the fields below are, for the process lifetime
     CUcontext context = nullptr;  // the primary context, retained for the process lifetime
     size_t granularity = 0;
+    int host_numa = 0;  // the host NUMA node nearest the device (0 where the driver cannot say)
     CUstream copy_stream = nullptr;  // backups travel here, apart from the user's streams
   };
 
@@ -403,6 +442,10 @@ class CudaBackend final : public Backend {
     if (!vmm) {
       return Status::Error(Code::kDriverError, "device " + std::to_string(device) +
                                                    " does not support CUDA virtual memory management");
+    }
+    int numa = -1;  // (CUDA 12.2's attribute; an older driver refuses it)
+    if (api_.cuDeviceGetAttribute(&numa, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, dev) == CUDA_SUCCESS && numa > 0) {
+      state.host_numa = numa;
     }
     CUmemAllocationProp prop = allocation_prop(device);
     s = check(api_.cuMemGetAllocationGranularity(&state.granularity, &prop,

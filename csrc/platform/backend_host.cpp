@@ -28,8 +28,8 @@ class FaultPlan {
   static const std::set<std::string>& operations() {
     static const std::set<std::string> names = {
         "reserve", "free_reservation", "create_physical", "release_physical", "map", "unmap",
-        "set_access", "register_host", "register_host_read_only", "copy_to_host_async", "copy_from_host_async",
-        "wait_copies", "synchronize_device", "fingerprint"};
+        "set_access", "create_host_physical", "register_host", "register_host_read_only", "copy_to_host_async",
+        "copy_from_host_async", "copy_async", "wait_copies", "synchronize_device", "fingerprint"};
     return names;
   }
 
@@ -181,6 +181,16 @@ class HostBackend final : public Backend {
     return Status::Ok();
   }
 
+  // Host memory is what every mapping here is made of; a soft pause's copies, like the
+  // scratch, are not the users' device memory: outside the capacity.
+  Status create_host_physical(int, size_t size, PhysicalHandle* out) override {
+    TMSL_FAULT_POINT("create_host_physical");
+    return create_memfd("tmsl-soft", size, out);
+  }
+  Status release_host_physical(int device, PhysicalHandle handle, size_t size) override {
+    return release_scratch(device, handle, size);
+  }
+
   Status release_physical(int, PhysicalHandle handle, size_t size) override {
     TMSL_FAULT_POINT("release_physical");
     int rc = close(static_cast<int>(handle));
@@ -238,6 +248,12 @@ class HostBackend final : public Backend {
     Status s = registrations_.check_copy(src, size);
     if (s.ok()) memcpy(reinterpret_cast<void*>(dst), src, size);
     return s;
+  }
+
+  Status copy_async(int, uintptr_t dst, uintptr_t src, size_t size) override {
+    TMSL_FAULT_POINT("copy_async");
+    memcpy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), size);
+    return Status::Ok();
   }
 
   Status fill_async(int, uintptr_t va, size_t size, unsigned char value) override {

@@ -134,6 +134,7 @@ ProcessDefaults read_process_defaults() {
   ok = read_flag("TMSL_POISON_ON_RESUME", nullptr, &d.poison_on_resume, nullptr, &error) && ok;
   ok = read_flag("TMSL_RETAIN_CPU_BACKUP", "TMS_RETAIN_CPU_BACKUP", &d.retain_backups, nullptr, &error) && ok;
   ok = read_flag("TMSL_VERIFY_WAKE", nullptr, &d.verify_wake, nullptr, &error) && ok;
+  ok = read_flag("TMSL_SOFT_PAUSE", nullptr, &d.soft_pause, nullptr, &error) && ok;
   ok = read_setting("TMSL_STRAY_ACCESS", nullptr, choice_of({"off", "warn", "raise"}), "one of off, warn, raise",
                     &d.stray_access, &name, &error) && ok;
   // A path is taken as it is (spaces included): only its length is checked here.

@@ -43,6 +43,7 @@ constexpr size_t kMaxDiskBackupDirBytes = 4096;  // with its NUL: what TmslProce
 //                               fingerprints
 //   TMSL_STRAY_ACCESS (off|warn|raise, default warn)   what a stray access to paused memory
 //                               without a backup meets (0, 1, 2: Saver's StrayMode)
+//   TMSL_SOFT_PAUSE (flag)      savers start with soft pauses turned on
 //   TMSL_DISK_BACKUP_DIR / TMS_DISK_BACKUP_DIR (path)   where disk backups go; checked where used
 //   TMSL_SHARE_BACKUPS (flag)   identical large backups are stored once per node
 //   TMSL_HOST_MEMORY_BUDGET (size)   the node's host-memory budget, set when the ledger opens
@@ -57,6 +58,7 @@ struct ProcessDefaults {
   bool retain_backups = false;
   bool verify_wake = true;
   size_t stray_access = 1;  // warn
+  bool soft_pause = false;
   std::string disk_backup_dir_variable;  // the variable that named it ("": none did)
   std::string disk_backup_dir;
   bool share_backups = false;

@@ -168,7 +168,7 @@ std::vector<std::pair<size_t, size_t>> HostArena::spans() {
 
 bool HostArena::poolable() {
   std::lock_guard<std::mutex> lock(mu_);
-  return !leased_ && content_.empty() && !stopping();
+  return !leased_ && content_.empty() && !soft_ && !stopping();
 }
 
 void HostArena::start_workers() {
@@ -330,6 +330,7 @@ Status HostArena::register_as_one(size_t offset, size_t size) {
   std::unique_lock<std::mutex> lock(mu_);
   changed_.wait(lock, [&] { return ranges_left_ == 0; });
   leased_ = true;
+  if (soft_) return Status::Ok();  // one address range already, which copies may cross
   const size_t first = range_index(offset), last = range_index(offset + size - 1);
   for (size_t r = first; r <= last; ++r) {
     // A user may write what is leased: shared ranges become private first.
@@ -377,10 +378,14 @@ HostArena::~HostArena() {
   }
   changed_.notify_all();
   for (std::thread& worker : workers_) worker.join();
-  for (const Range& range : ranges_) {
-    if (range.registered) backend_->unregister_host(device_, data_ + range.start);
+  if (soft_) {
+    release_soft();
+  } else {
+    for (const Range& range : ranges_) {
+      if (range.registered) backend_->unregister_host(device_, data_ + range.start);
+    }
+    if (data_ != nullptr) munmap(data_, size_);
   }
-  if (data_ != nullptr) munmap(data_, size_);
   for (const Range& range : ranges_) {
     if (range.shared_fd >= 0) budget_.release_shared(range.shared_fd);
     if (range.new_fd >= 0) budget_.discard_chunk(range.new_fd);
@@ -398,6 +403,7 @@ void HostArena::give_back_gently() {
   changed_.notify_all();
   for (std::thread& worker : workers_) worker.join();
   workers_.clear();
+  if (soft_) return;  // its handles go with it, in the destructor
   for (Range& range : ranges_) {
     if (range.shared_fd >= 0 || range.new_fd >= 0 || range.pending) continue;  // a file's pages go when it is closed
     gate_.wait_quiet([] { return g_exiting.load(); });

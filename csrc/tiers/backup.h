@@ -72,6 +72,20 @@ class HostArena {
   static size_t chunks_in(size_t size) { return (size + kRangeBytes - 1) / kRangeBytes; }
   static Status create_content(std::shared_ptr<Backend> backend, HostBudget& budget, ForegroundGate& gate, int device,
                                size_t size, const std::vector<Chunk>& chunks, std::unique_ptr<HostArena>* out);
+  // A soft arena (soft_arena.cpp): one buffer of `size` bytes (a multiple of the device's
+  // granularity: an allocation's reserved bytes) of host memory the GPU maps like its own
+  // (Backend::create_host_physical), one handle per range of kRangeBytes (the last shorter),
+  // mapped here for the host and the device. While its allocation is paused, map_at puts the
+  // same handles at the allocation's own address, so a kernel touching it reads and writes this
+  // copy (a soft pause). Page-locked as made: no workers, no registration. Never pooled (its
+  // handles fit its allocation alone).
+  static Status create_soft(std::shared_ptr<Backend> backend, HostBudget& budget, ForegroundGate& gate, int device,
+                            size_t size, std::unique_ptr<HostArena>* out);
+  bool is_soft() const { return soft_; }
+  // Maps its handles at [va, va + size()) for the device as well (undone on failure).
+  Status map_at(uintptr_t va);
+  // Takes that mapping down again (each range tried; the first failure said).
+  Status unmap_at(uintptr_t va);
   ~HostArena();  // waits for its workers, unregisters, unmaps
   // Marks memory a forked child must not get (MADV_DONTFORK); faults pages in by writing them
   // (those of `file` at `in_file`, -1 for anonymous memory, allocated in the file first: false
@@ -169,6 +183,7 @@ class HostArena {
   HostArena(std::shared_ptr<Backend> backend, HostBudget& budget, ForegroundGate& gate, bool urgent, int device,
             const std::vector<size_t>& buffer_sizes);
   void start_workers();  // the registrar and the workers that fault pages in (or does it all here)
+  void release_soft();   // a soft arena's handles and address range, given back (the destructor's)
   void give_way();  // before a step of a worker's: waits for a quiet foreground unless urgent
   void start_range(size_t at);
   void fault_in();         // a worker: faults pieces in, in order
@@ -197,6 +212,9 @@ class HostArena {
   bool reserved_ = false;  // its bytes are taken from the node's budget (node_ledger.h)
   std::atomic<size_t> shared_bytes_{0};  // of them, in the node's store now (given back)
   std::atomic<int> shared_ranges_{0};    // ranges mapping a chunk of the store
+  bool soft_ = false;  // a soft arena: data_ is a range of the backend's, mapping soft_handles_
+  std::vector<PhysicalHandle> soft_handles_;  // range by range, as made
+  size_t soft_mapped_ = 0;  // of them, those mapped at data_
   bool leased_ = false;  // register_as_one ran: a user may hold its memory; its content is no longer known
   std::vector<Fingerprint> content_;  // a content arena's, range by range
   std::vector<int> retired_files_;    // own chunk files of ranges register_as_one merged away

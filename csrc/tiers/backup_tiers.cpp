@@ -35,8 +35,21 @@ void BackupTiers::note_kept(size_t bytes, bool now) {
   pool_.set_limit(bytes < budget ? budget - bytes : 0, now);
 }
 
-Status BackupTiers::host_memory(const std::vector<CopyRequest>& requests, bool urgent, std::vector<HostBuffer>* out) {
-  std::vector<HostBuffer> got(requests.size());
+Status BackupTiers::host_memory(const std::vector<CopyRequest>& requests_in, bool urgent,
+                                std::vector<HostBuffer>* out) {
+  std::vector<HostBuffer> got(requests_in.size());
+  std::vector<CopyRequest> requests = requests_in;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    CopyRequest& r = requests[i];
+    if (r.tier != Tier::kHost || r.soft_span == 0) continue;
+    std::unique_ptr<HostArena> made;
+    Status s = HostArena::create_soft(backend_, budget_, gate_, r.device, r.soft_span, &made);
+    if (s.code == Code::kOutOfMemory) return s;  // (the budget: the caller makes room and asks again)
+    if (!s.ok()) continue;  // a driver without such memory: an ordinary copy, below
+    fresh_arenas_++;
+    got[i] = HostBuffer{pool_.track(std::move(made), false), 0, r.bytes};
+    r.tier = Tier::kKept;  // served: not the loop's below
+  }
   for (int cacheable = 1; cacheable >= 0; --cacheable) {
     // By device: an arena is page-locked for one.
     std::vector<int> devices;
@@ -85,7 +98,7 @@ Status BackupTiers::host_memory(const std::vector<CopyRequest>& requests, bool u
     }
   }
   for (size_t i = 0; i < requests.size(); ++i) {
-    if (requests[i].tier == Tier::kHost) (*out)[i] = std::move(got[i]);
+    if (requests_in[i].tier == Tier::kHost) (*out)[i] = std::move(got[i]);
   }
   return Status::Ok();
 }

@@ -53,6 +53,9 @@ struct CopyRequest {
   size_t bytes = 0;       // what its copy holds
   bool cacheable = true;  // false: "mmap" copies, whose memory goes back at resume (never pooled)
   Tier tier = Tier::kHost;
+  // Not 0: a soft pause's copy, a soft arena (HostArena::create_soft) of this many bytes (the
+  // allocation's reserved ones); where the backend cannot make one, ordinary host memory.
+  size_t soft_span = 0;
 };
 
 class BackupTiers {

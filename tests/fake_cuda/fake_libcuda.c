@@ -60,6 +60,7 @@ static int g_no_vmm_device = -1;
 
 #define FAKE_DRIVER_VERSION 12080  // what cuDriverGetVersion reports: CUDA 12.8
 #define ATTRIBUTE_VMM_SUPPORTED 102  // CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+#define LOCATION_HOST_NUMA 3  // CU_MEM_LOCATION_TYPE_HOST_NUMA
 
 // Per thread: the context stack and the stream-capture mode.
 static __thread CUcontext t_stack[16];
@@ -242,13 +243,15 @@ EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const void* prop,
                             unsigned long long flags) {
   (void)flags;
-  // CUmemAllocationProp: type, requested handle types, then location {type, id}.
-  int device = ((const int*)prop)[3];
-  if (device < 0 || device >= g_devices) return kInvalidDevice;
+  // CUmemAllocationProp: type, requested handle types, then location {type, id}. Host memory
+  // (HOST_NUMA, a soft pause's copies) is not the device's: device -1, outside its memory.
+  const int host = ((const int*)prop)[2] == LOCATION_HOST_NUMA;
+  int device = host ? -1 : ((const int*)prop)[3];
+  if (!host && (device < 0 || device >= g_devices)) return kInvalidDevice;
   if (fails("cuMemCreate")) return kUnknown;
   if (size == 0 || size % GRANULARITY != 0) return kInvalidValue;
-  size_t used = atomic_fetch_add(&g_used[device], size);
-  if (used + size > g_memory_bytes) {
+  size_t used = host ? 0 : atomic_fetch_add(&g_used[device], size);
+  if (!host && used + size > g_memory_bytes) {
     atomic_fetch_sub(&g_used[device], size);
     return kOutOfMemory;
   }
@@ -257,7 +260,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, c
   if (p == NULL || fd < 0 || ftruncate(fd, (off_t)size) != 0) {
     if (fd >= 0) close(fd);
     free(p);
-    atomic_fetch_sub(&g_used[device], size);
+    if (!host) atomic_fetch_sub(&g_used[device], size);
     return kOutOfMemory;
   }
   p->fd = fd;
@@ -272,7 +275,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, c
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   struct Physical* p = (struct Physical*)(uintptr_t)handle;
   if (p == NULL) return kInvalidValue;
-  atomic_fetch_sub(&g_used[p->device], p->size);
+  if (p->device >= 0) atomic_fetch_sub(&g_used[p->device], p->size);
   close(p->fd);
   free(p);
   return kSuccess;
@@ -317,6 +320,12 @@ EXPORT CUresult cuStreamCreate(CUstream* stream, unsigned flags) {
 EXPORT CUresult cuMemcpyDtoHAsync(void* dst, CUdeviceptr src, size_t size, CUstream stream) {
   (void)stream;
   memcpy(dst, (const void*)(uintptr_t)src, size);
+  return kSuccess;
+}
+
+EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t size, CUstream stream) {
+  (void)stream;
+  memcpy((void*)(uintptr_t)dst, (const void*)(uintptr_t)src, size);
   return kSuccess;
 }
 
@@ -382,6 +391,7 @@ static const struct {
     {"cuMemHostUnregister", (void*)cuMemHostUnregister},
     {"cuStreamCreate", (void*)cuStreamCreate},
     {"cuMemcpyDtoHAsync", (void*)cuMemcpyDtoHAsync},
+    {"cuMemcpyAsync", (void*)cuMemcpyAsync},
     {"cuMemcpyHtoDAsync", (void*)cuMemcpyHtoDAsync},
     {"cuMemsetD8Async", (void*)cuMemsetD8Async},
     {"cuEventCreate", (void*)cuEventCreate},

@@ -1,0 +1,84 @@
+// A soft pause's host copy (HostArena::create_soft): host memory the GPU maps like its own,
+// so the pause can leave it mapped at the paused allocation's address. A kernel, a graph
+// replay or a copy that touches the paused tensor then reads the copy's bytes and writes into
+// the copy, over the link, instead of faulting on an unmapped address
+// (benchmarks/probes/README.md#soft-pause).
+#include "tiers/backup.h"
+
+namespace tmsl {
+
+Status HostArena::create_soft(std::shared_ptr<Backend> backend, HostBudget& budget, ForegroundGate& gate, int device,
+                              size_t size, std::unique_ptr<HostArena>* out) {
+  // One buffer: the constructor lays its ranges out, kRangeBytes each from 0, the last shorter.
+  std::unique_ptr<HostArena> arena(new HostArena(std::move(backend), budget, gate, true, device, {size}));
+  arena->soft_ = true;
+  arena->pieces_.clear();  // nothing to fault in: the driver makes the memory page-locked
+  for (Range& range : arena->ranges_) {
+    range.pieces_left = 0;
+    range.done = true;
+    range.registered = true;
+  }
+  arena->ranges_left_ = 0;
+  Status s = budget.reserve(arena->used_);
+  if (!s.ok()) return s;
+  arena->reserved_ = true;
+  arena->note_use();
+  Backend& driver = *arena->backend_;
+  uintptr_t va = 0;
+  size_t granularity = 0;
+  s = driver.granularity(device, &granularity);
+  if (s.ok()) s = driver.reserve(device, arena->size_, granularity, &va);
+  if (!s.ok()) return with_context(s, "reserving addresses for a soft-paused backup");
+  arena->data_ = reinterpret_cast<char*>(va);
+  arena->soft_handles_.reserve(arena->ranges_.size());
+  for (const Range& range : arena->ranges_) {
+    PhysicalHandle handle = 0;
+    s = driver.create_host_physical(device, range.size, &handle);
+    if (!s.ok()) return s;  // (the destructor gives back what was made)
+    arena->soft_handles_.push_back(handle);
+    s = driver.map(device, va + range.start, range.size, handle);
+    if (!s.ok()) return with_context(s, "mapping a soft-paused backup");
+    ++arena->soft_mapped_;
+  }
+  s = driver.set_host_access(device, va, arena->size_);
+  if (!s.ok()) return with_context(s, "making a soft-paused backup accessible");
+  *out = std::move(arena);
+  return Status::Ok();
+}
+
+void HostArena::release_soft() {
+  // Best effort: the destructor has nobody to tell (a driver error leaks, never crashes).
+  const uintptr_t va = reinterpret_cast<uintptr_t>(data_);
+  for (size_t k = 0; k < soft_mapped_; ++k) backend_->unmap(device_, va + ranges_[k].start, ranges_[k].size);
+  for (size_t k = 0; k < soft_handles_.size(); ++k) {
+    backend_->release_host_physical(device_, soft_handles_[k], ranges_[k].size);
+  }
+  if (data_ != nullptr) backend_->free_reservation(device_, va, size_);
+  soft_handles_.clear();
+  soft_mapped_ = 0;
+  data_ = nullptr;
+}
+
+Status HostArena::map_at(uintptr_t va) {
+  size_t mapped = 0;
+  Status s;
+  for (; mapped < ranges_.size(); ++mapped) {
+    s = backend_->map(device_, va + ranges_[mapped].start, ranges_[mapped].size, soft_handles_[mapped]);
+    if (!s.ok()) break;
+  }
+  if (s.ok()) s = backend_->set_access(device_, va, size_);
+  if (s.ok()) return s;
+  for (size_t k = 0; k < mapped; ++k) backend_->unmap(device_, va + ranges_[k].start, ranges_[k].size);
+  return with_context(s, "mapping a soft-paused backup at its allocation's address");
+}
+
+Status HostArena::unmap_at(uintptr_t va) {
+  Status first;
+  for (const Range& range : ranges_) {
+    Status s = backend_->unmap(device_, va + range.start, range.size);
+    if (first.ok() && !s.ok()) first = with_context(s, "unmapping a soft-paused backup from its allocation's address");
+  }
+  return first;
+}
+
+}  // namespace tmsl

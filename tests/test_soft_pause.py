@@ -1,0 +1,236 @@
+"""Soft pauses (``soft_pause``, off by default): while a tag is paused, each allocation with a
+host backup keeps that copy mapped at its own address. Its device memory is released all the
+same; code that still touches the paused tensor reads its exact bytes and writes into the copy
+instead of hitting an illegal address; the resume brings back what the copy holds then, and the
+wake check takes those writes as the tag's content. Checked on each place the core runs (the
+`backend` fixture), then the switches, the failures and the freeing on the host backend, then
+kernels and a CUDA graph on a GPU."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from backends import permissions
+from environment_child import run_in_child
+
+from host_memory import open_memfds, soft_copy_rss_bytes
+from torch_mem_saver_lite import MemorySaverError
+from torch_mem_saver_lite.testing import HostSaver
+
+MiB = 1 << 20
+
+
+def pattern(size: int, seed: int = 7) -> bytes:
+    return bytes((i * 131 + seed) % 251 for i in range(size))
+
+
+def wake_verdict(backend) -> str:
+    """What a resume's wake check says there (the stand-in driver launches no kernels)."""
+    return "unchecked" if backend.name == "stand_in" else "passed"
+
+
+def is_mapped(address: int) -> bool:
+    return permissions(address).startswith("rw")
+
+
+@pytest.fixture
+def soft(backend):
+    """The backend's saver with soft pauses on, set back afterwards (the CUDA one is the
+    process's)."""
+    before = backend.saver.soft_pause
+    backend.saver.soft_pause = True
+    yield backend
+    backend.saver.soft_pause = before
+
+
+def test_a_soft_paused_allocation_is_released_keeps_its_address_and_answers_with_its_bytes(soft):
+    tag, size = soft.tag("weights"), 8 * MiB
+    ptr = soft.allocate(tag, size, backup=True)
+    content = pattern(size)
+    soft.write(ptr, content)
+    held = soft.held_bytes()
+
+    soft.saver.pause(tag)
+
+    assert held - soft.held_bytes() >= size  # its device memory is released as ever
+    assert soft.is_mapped(ptr)  # and its address answers: the host copy
+    assert soft.read(ptr, size) == content  # with the exact bytes
+    soft.saver.resume(tag)
+    assert soft.read(ptr, size) == content
+    assert soft.saver.stats()[tag].last_wake_check == wake_verdict(soft)
+
+
+def test_a_write_into_a_soft_paused_allocation_is_there_after_the_resume_and_the_wake_check_takes_it(soft):
+    tag, size = soft.tag("weights"), 8 * MiB
+    ptr = soft.allocate(tag, size, backup=True)
+    soft.write(ptr, pattern(size))
+    for cycle in range(3):  # the copy kept from one cycle serves the next
+        update = pattern(size, seed=cycle + 11)
+        soft.saver.pause(tag)
+        soft.write(ptr + MiB, update[:MiB])  # a weight update into a sleeping engine
+        soft.saver.resume(tag)
+        expected = pattern(size) if cycle == 0 else expected  # noqa: F821 (set below)
+        expected = expected[:MiB] + update[:MiB] + expected[2 * MiB:]
+        assert soft.read(ptr, size) == expected
+        assert soft.saver.stats()[tag].last_wake_check == wake_verdict(soft)
+
+
+def test_without_soft_pause_paused_memory_with_a_backup_is_unmapped_as_before(backend):
+    tag, size = backend.tag("weights"), 4 * MiB
+    assert backend.saver.soft_pause is False  # the default
+    ptr = backend.allocate(tag, size, backup=True)
+    backend.write(ptr, pattern(size))
+    backend.saver.pause(tag)
+    assert not backend.is_mapped(ptr)
+    backend.saver.resume(tag)
+    assert backend.read(ptr, size) == pattern(size)
+
+
+# ----- the host backend: switches, failures, freeing --------------------------------------
+def test_a_region_chooses_soft_pauses_for_its_tag_alone(host_saver, mem):
+    with host_saver.region("weights", enable_cpu_backup=True, soft_pause=True):
+        soft = mem.malloc(4 * MiB)
+    with host_saver.region("other", enable_cpu_backup=True):
+        hard = mem.malloc(4 * MiB)
+    mem.write(soft, pattern(4 * MiB))
+    mem.write(hard, pattern(4 * MiB, 3))
+    host_saver.pause()
+    assert is_mapped(soft) and not is_mapped(hard)
+    assert mem.read(soft, 4 * MiB) == pattern(4 * MiB)
+    host_saver.resume()
+    assert mem.read(hard, 4 * MiB) == pattern(4 * MiB, 3)
+    with pytest.raises(TypeError, match="soft_pause"):
+        with host_saver.region("weights", soft_pause="yes"):
+            pass
+
+
+def test_the_environment_turns_soft_pauses_on():
+    code = "from torch_mem_saver_lite import saver; print(saver.soft_pause)"
+    assert run_in_child(code, TMSL_SOFT_PAUSE="1").strip() == "True"
+    assert run_in_child(code).strip() == "False"
+
+
+def test_freeing_a_soft_paused_allocation_gives_its_copy_and_address_back(host_saver, mem):
+    host_saver.soft_pause = True
+    before = open_memfds(), soft_copy_rss_bytes()
+    with host_saver.region("weights", enable_cpu_backup=True):
+        ptr = mem.malloc(8 * MiB)
+    mem.write(ptr, pattern(8 * MiB))
+    host_saver.pause("weights")
+    assert soft_copy_rss_bytes() >= 8 * MiB
+    mem.free(ptr)
+    host_saver.wait_for_released_backups()
+    assert (open_memfds(), soft_copy_rss_bytes()) == before
+    assert not is_mapped(ptr)
+
+
+def test_where_host_memory_the_gpu_maps_cannot_be_made_the_pause_copies_as_before(host_saver, mem):
+    host_saver.soft_pause = True
+    with host_saver.region("weights", enable_cpu_backup=True):
+        ptr = mem.malloc(4 * MiB)
+    mem.write(ptr, pattern(4 * MiB))
+    host_saver._core().inject_fault("create_host_physical", 1, 1)
+    host_saver.pause("weights")
+    assert not is_mapped(ptr)  # paused as without: its copy is ordinary host memory
+    host_saver.resume("weights")
+    assert mem.read(ptr, 4 * MiB) == pattern(4 * MiB)
+
+
+def test_a_copy_that_cannot_be_mapped_at_the_paused_address_leaves_it_paused_as_before(host_saver, mem):
+    host_saver.soft_pause = True
+    with host_saver.region("weights", enable_cpu_backup=True):
+        ptr = mem.malloc(4 * MiB)
+    mem.write(ptr, pattern(4 * MiB))
+    # The pause maps twice: the copy for itself, then at the paused address (which fails).
+    host_saver._core().inject_fault("map", 2, 1)
+    host_saver.pause("weights")
+    assert not is_mapped(ptr)
+    host_saver.resume("weights")
+    assert mem.read(ptr, 4 * MiB) == pattern(4 * MiB)
+    host_saver.pause("weights")  # the next pause is soft again, with the same copy
+    assert mem.read(ptr, 4 * MiB) == pattern(4 * MiB)
+    host_saver.resume("weights")
+
+
+def test_a_failed_resume_leaves_the_copy_mapped_at_the_paused_address(host_saver, mem):
+    host_saver.soft_pause = True
+    with host_saver.region("weights", enable_cpu_backup=True):
+        ptr = mem.malloc(4 * MiB)
+    mem.write(ptr, pattern(4 * MiB))
+    host_saver.pause("weights")
+    host_saver._core().inject_fault("create_physical", 1, 1)
+    with pytest.raises(MemorySaverError):
+        host_saver.resume("weights")
+    assert host_saver.status()[0].state == "paused"
+    mem.write(ptr, b"\x42" * 16)  # still soft: touching it works
+    host_saver.resume("weights")
+    assert mem.read(ptr, 4 * MiB) == b"\x42" * 16 + pattern(4 * MiB)[16:]
+
+
+def test_a_soft_copy_kept_after_a_resume_counts_against_the_budget_and_goes_with_the_cache(mem):
+    saver = HostSaver(capacity_bytes=256 * MiB)
+    try:
+        saver.soft_pause = True
+        with saver.region("weights", enable_cpu_backup=True):
+            ptr = mem.malloc(8 * MiB)
+        mem.write(ptr, pattern(8 * MiB))
+        saver.pause("weights")
+        saver.resume("weights")
+        assert soft_copy_rss_bytes("Pss") >= 8 * MiB  # kept for the next pause (the cache has room)
+        saver.release_host_cache()
+        saver.wait_for_released_backups()
+        assert soft_copy_rss_bytes("Pss") == 0
+        saver.pause("weights")  # made again
+        assert mem.read(ptr, 8 * MiB) == pattern(8 * MiB)
+        saver.resume("weights")
+    finally:
+        saver.close()
+
+
+# ----- a GPU: kernels, graphs ------------------------------------------------------------
+@pytest.mark.gpu
+def test_kernels_and_a_graph_replayed_by_mistake_compute_right_on_soft_paused_weights():
+    from torch_mem_saver_lite import saver
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    tag = f"soft-{os.getpid()}"
+    before = saver.soft_pause
+    saver.soft_pause = True
+    try:
+        with saver.region(tag, enable_cpu_backup=True):
+            weights = torch.randn(64 * MiB, device="cuda")  # 256 MiB
+            x = torch.randn(64 * MiB, device="cuda")
+            out = torch.empty_like(x)
+        expected_sum = weights.double().sum().item()
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            torch.mul(weights, x, out=out)
+            with torch.cuda.graph(graph, stream=stream):
+                torch.mul(weights, x, out=out)
+        torch.cuda.current_stream().wait_stream(stream)
+        reference = (weights * x).clone()
+        free_awake = torch.cuda.mem_get_info()[0]
+
+        saver.pause(tag)
+        assert torch.cuda.mem_get_info()[0] - free_awake >= 3 * 256 * MiB  # weights, x, out released
+        assert weights.double().sum().item() == expected_sum  # a kernel reads the exact bytes
+        out.zero_()
+        graph.replay()  # replayed by mistake while paused
+        torch.cuda.synchronize()
+        assert torch.equal(out, reference)  # right, over the link
+        weights.mul_(2)  # a write while paused
+        torch.cuda.synchronize()
+        saver.resume(tag)
+
+        assert torch.equal(weights * x, reference * 2)
+        assert saver.stats()[tag].last_wake_check == "passed"
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, reference * 2)
+    finally:
+        saver.soft_pause = before
