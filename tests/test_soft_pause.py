@@ -217,7 +217,8 @@ def test_kernels_and_a_graph_replayed_by_mistake_compute_right_on_soft_paused_we
         free_awake = torch.cuda.mem_get_info()[0]
 
         saver.pause(tag)
-        assert torch.cuda.mem_get_info()[0] - free_awake >= 3 * 256 * MiB  # weights, x, out released
+        # weights, x, out released (less the page tables that map their copies meanwhile)
+        assert torch.cuda.mem_get_info()[0] - free_awake >= 0.98 * 3 * 256 * MiB
         assert weights.double().sum().item() == expected_sum  # a kernel reads the exact bytes
         out.zero_()
         graph.replay()  # replayed by mistake while paused
