@@ -143,14 +143,49 @@ def test_a_copy_that_cannot_be_mapped_at_the_paused_address_leaves_it_paused_as_
     with host_saver.region("weights", enable_cpu_backup=True):
         ptr = mem.malloc(4 * MiB)
     mem.write(ptr, pattern(4 * MiB))
-    # The pause maps twice: the copy for itself, then at the paused address (which fails).
-    host_saver._core().inject_fault("map", 2, 1)
+    # The pause maps the copy for itself (1st), then the device memory at a second address, the
+    # copy's source (2nd: fails, so it copies from its own), then the copy at the paused
+    # address once the copy has landed (3rd: fails too).
+    host_saver._core().inject_fault("map", 2, 2)
     host_saver.pause("weights")
     assert not is_mapped(ptr)
     host_saver.resume("weights")
     assert mem.read(ptr, 4 * MiB) == pattern(4 * MiB)
     host_saver.pause("weights")  # the next pause is soft again, with the same copy
     assert mem.read(ptr, 4 * MiB) == pattern(4 * MiB)
+    host_saver.resume("weights")
+
+
+def test_a_swap_that_fails_while_the_copy_runs_is_undone_and_made_once_it_landed(host_saver, mem):
+    host_saver.soft_pause = True
+    with host_saver.region("weights", enable_cpu_backup=True):
+        ptr = mem.malloc(4 * MiB)
+    mem.write(ptr, pattern(4 * MiB))
+    # 3rd map: the copy at the paused address while the copy runs; the device memory goes back
+    # there, and the copy is mapped there after all once the copy has landed.
+    host_saver._core().inject_fault("map", 3, 1)
+    host_saver.pause("weights")
+    assert is_mapped(ptr) and mem.read(ptr, 4 * MiB) == pattern(4 * MiB)
+    host_saver.resume("weights")
+    assert mem.read(ptr, 4 * MiB) == pattern(4 * MiB)
+
+
+@pytest.mark.parametrize("operation", ["copy_async", "wait_copies"])
+def test_a_pause_whose_copy_fails_leaves_the_memory_resident_at_its_address(host_saver, mem, operation):
+    host_saver.soft_pause = True
+    with host_saver.region("weights", enable_cpu_backup=True):
+        ptr = mem.malloc(4 * MiB)
+    mem.write(ptr, pattern(4 * MiB))
+    held = open_memfds()
+    host_saver._core().inject_fault(operation, 1, 1)
+    with pytest.raises(MemorySaverError, match="stays resident"):
+        host_saver.pause("weights")
+    assert host_saver.status()[0].state == "awake"
+    mem.write(ptr, b"\x42" * 16)  # its own device memory, at its address
+    assert mem.read(ptr, 4 * MiB) == b"\x42" * 16 + pattern(4 * MiB)[16:]
+    assert open_memfds() == held
+    host_saver.pause("weights")
+    assert mem.read(ptr, 4 * MiB) == b"\x42" * 16 + pattern(4 * MiB)[16:]
     host_saver.resume("weights")
 
 

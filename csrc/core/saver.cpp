@@ -345,6 +345,7 @@ Status Saver::pause_locked(const TagSelection& selection, std::set<std::string>*
       // Beside the copies, once those without a copy (first in the batch) are released.
       if (batch[done]->copied()) r = take_wake_fingerprints(batch, &fingerprinted);
       if (!r.ok()) break;
+      soft_swap(*batch[done], backups[done]);  // (after the fingerprints, which read its address)
       r = copies.wait(done);
       if (!r.ok()) {
         return with_context(r, "pausing " + describe(batch) + ": copying backups to the host failed; " +
@@ -366,6 +367,7 @@ Status Saver::pause_locked(const TagSelection& selection, std::set<std::string>*
   });
   if (releasing) ++done;  // an exception escaped midway: what is left of it went to orphans
   copies.finish();  // also after an error: copies in flight still write into the host memory
+  for (size_t i = done; i < batch.size(); ++i) soft_unswap(*batch[i]);  // (after an error) resident as before
   if (!s.ok()) {
     // Chunks this pause claimed and did not name: the processes waiting for them go on at once.
     for (size_t i = done; i < backups.size(); ++i) {
@@ -446,16 +448,18 @@ Status Saver::queue_backups(std::vector<Allocation*>* batch_in, std::vector<Host
   // itself is named before it waits for theirs (so no two pauses wait for each other).
   order_pending_last(&batch, backups);
   for (size_t i = 0; i < batch.size(); ++i) {
-    const Allocation& a = *batch[i];
+    Allocation& a = *batch[i];
     const HostBuffer& backup = (*backups)[i];
     if (!backup) continue;
+    soft_alias(a, backup);
+    const uintptr_t source = a.soft_alias != 0 ? a.soft_alias : a.va;
     copies->begin();
     // Into the whole copy, or into a content arena's new chunks only.
     for (const auto& [from, n] : backup.arena->writable_parts(backup.offset, backup.size)) {
       s = backup.for_each_part(from, n, [&](char* host, size_t at, size_t part) {
         // (A soft arena is host memory the device maps: a copy between two of its ranges.)
-        return backup.arena->is_soft() ? backend_->copy_async(a.device, reinterpret_cast<uintptr_t>(host), a.va + at, part)
-                                       : backend_->copy_to_host_async(a.device, host, a.va + at, part);
+        return backup.arena->is_soft() ? backend_->copy_async(a.device, reinterpret_cast<uintptr_t>(host), source + at, part)
+                                       : backend_->copy_to_host_async(a.device, host, source + at, part);
       });
       if (!s.ok()) break;
     }
@@ -469,7 +473,7 @@ Status Saver::queue_backups(std::vector<Allocation*>* batch_in, std::vector<Host
 }
 
 Status Saver::release_physical(Allocation& a, bool* unmapped, const HostBuffer& copy) {
-  Status s = mappings_.take_down(a.device, a.va, a.size, a.physical, unmapped);
+  Status s = a.soft_alias != 0 ? soft_release(a, unmapped) : mappings_.take_down(a.device, a.va, a.size, a.physical, unmapped);
   if (s.ok()) soft_map(a, copy);
   if (s.ok()) cover_stray(a);
   if (s.ok()) return s;

@@ -301,6 +301,9 @@ class Saver {
     std::shared_ptr<HostArena> soft;
     // Mid-resume: where the soft copy it restores from lies (for the wake check's second look).
     uintptr_t soft_copy_at = 0;
+    // Mid-pause: its device memory mapped here too, the source of its copy, so that its own
+    // address can map the soft copy while the copy still runs (soft_swap).
+    uintptr_t soft_alias = 0;
     // Written only by the pause/resume that has claimed the allocation (state kPausing or
     // kResuming) or under mu_. Its host copy, while paused with backup (or kept by the cache
     // or retention after a resume), is the tiers' (HostCopies, by va).
@@ -437,8 +440,17 @@ class Saver {
   // failure leaves it unmapped: paused as without). soft_unmap: before its memory comes back,
   // or its range goes. soft_write_kept: whether a's chunk `k`, restored as `restored`, is what
   // its soft copy holds (a write made while paused), which it then expects.
+  // soft_alias: before a's copy is queued, its device memory mapped at a second address, which
+  // the copy reads. soft_swap: while that copy runs, its own address taken from the device
+  // memory and given its soft copy (which holds the right bytes once the pause returns).
+  // soft_unswap: its copy failed, it stays resident: the device memory back at its address.
+  // soft_release: its copy landed: the device memory goes (with the alias).
   bool soft_pauses(const TagInfo& info) const;
   bool soft_request(const Allocation& a, const HostBuffer& kept) const;
+  void soft_alias(Allocation& a, const HostBuffer& copy);
+  void soft_swap(Allocation& a, const HostBuffer& copy);
+  void soft_unswap(Allocation& a);
+  Status soft_release(Allocation& a, bool* unmapped);
   void soft_map(Allocation& a, const HostBuffer& copy);
   Status soft_unmap(Allocation& a);
   bool soft_write_kept(Allocation& a, size_t k, const Fingerprint& restored);

@@ -16,6 +16,92 @@ bool Saver::soft_request(const Allocation& a, const HostBuffer& kept) const {
   return a.backup && a.soft_pauses && !(kept && kept.arena->is_soft() && kept.arena->size() == a.size);
 }
 
+namespace {
+
+// Maps the first `count` pieces of an allocation of `size` bytes at `base`, readable and
+// writable by the device; on failure unmaps what it mapped. (The handles stay the allocation's.)
+Status map_pieces(Backend& backend, int device, uintptr_t base, size_t size, const Pieces& pieces, size_t count) {
+  size_t mapped = 0;
+  Status s;
+  for (; mapped < count; ++mapped) {
+    s = backend.map(device, base + pieces.offset(mapped), pieces.length(mapped, size), pieces.handles[mapped]);
+    if (!s.ok()) break;
+  }
+  if (s.ok() && count != 0) s = backend.set_access(device, base, size);
+  if (s.ok()) return s;
+  for (size_t k = 0; k < mapped; ++k) backend.unmap(device, base + pieces.offset(k), pieces.length(k, size));
+  return s;
+}
+
+// Unmaps the pieces mapped at `base` (their handles stay); stops at the first failure, giving
+// how many it unmapped.
+size_t unmap_pieces(Backend& backend, int device, uintptr_t base, size_t size, const Pieces& pieces) {
+  size_t k = 0;
+  while (k < pieces.handles.size() && backend.unmap(device, base + pieces.offset(k), pieces.length(k, size)).ok()) ++k;
+  return k;
+}
+
+}  // namespace
+
+void Saver::soft_alias(Allocation& a, const HostBuffer& copy) {
+  if (!a.soft_pauses || !copy || !copy.arena->is_soft() || copy.arena->size() != a.size || a.physical.empty()) return;
+  size_t granularity = 0;
+  uintptr_t alias = 0;
+  if (!backend_->granularity(a.device, &granularity).ok() ||
+      !backend_->reserve(a.device, a.size, granularity, &alias).ok()) {
+    return;  // (the copy reads its own address; the soft copy is mapped there once it landed)
+  }
+  if (!map_pieces(*backend_, a.device, alias, a.size, a.physical, a.physical.handles.size()).ok()) {
+    backend_->free_reservation(a.device, alias, a.size);
+    return;
+  }
+  a.soft_alias = alias;
+}
+
+void Saver::soft_swap(Allocation& a, const HostBuffer& copy) {
+  if (a.soft_alias == 0 || a.soft) return;
+  const size_t unmapped = unmap_pieces(*backend_, a.device, a.va, a.size, a.physical);
+  if (unmapped == a.physical.handles.size() && copy.arena->map_at(a.va).ok()) {
+    a.soft = copy.arena;
+    return;
+  }
+  // As it was: the device memory at its own address again; the soft copy goes there once the
+  // copy has landed (soft_map), as without the alias.
+  map_pieces(*backend_, a.device, a.va, a.size, a.physical, unmapped);
+}
+
+void Saver::soft_unswap(Allocation& a) {
+  if (a.soft_alias == 0) return;
+  if (a.soft && soft_unmap(a).ok()) {
+    a.soft_copy_at = 0;
+    map_pieces(*backend_, a.device, a.va, a.size, a.physical, a.physical.handles.size());
+  }
+  // The copy has stopped (the caller waited for the streams): the alias goes, the memory stays.
+  unmap_pieces(*backend_, a.device, a.soft_alias, a.size, a.physical);
+  backend_->free_reservation(a.device, a.soft_alias, a.size);
+  a.soft_alias = 0;
+}
+
+Status Saver::soft_release(Allocation& a, bool* unmapped) {
+  const uintptr_t alias = a.soft_alias;
+  if (!a.soft) {
+    // The swap failed: the device memory is at its own address too, which goes first.
+    const size_t gone = unmap_pieces(*backend_, a.device, a.va, a.size, a.physical);
+    if (gone != a.physical.handles.size()) {
+      map_pieces(*backend_, a.device, a.va, a.size, a.physical, gone);
+      soft_unswap(a);
+      *unmapped = false;
+      return Status::Error(Code::kDriverError, "unmapping memory at " + format_address(a.va) + " failed");
+    }
+  }
+  // Released from here on, whatever fails: the orphans take what does not go now.
+  *unmapped = true;
+  a.soft_alias = 0;
+  Status s = mappings_.take_down(a.device, alias, a.size, a.physical);
+  Status range = mappings_.discard(a.device, alias, a.size, Pieces());
+  return s.ok() ? range : s;
+}
+
 void Saver::soft_map(Allocation& a, const HostBuffer& copy) {
   // (Where an orphan is still mapped in its range, it stays unmapped: paused as without.)
   if (!a.soft_pauses || a.soft || !copy || !copy.arena->is_soft() || copy.arena->size() != a.size ||
