@@ -106,6 +106,26 @@ def test_a_region_chooses_soft_pauses_for_its_tag_alone(host_saver, mem):
             pass
 
 
+def soft_copies_open() -> int:
+    """Handles open on the host backend's soft copies (memfd "tmsl-soft", one per 64 MiB range)."""
+    return sum(os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:tmsl-soft")
+               for fd in os.listdir("/proc/self/fd") if os.path.exists(f"/proc/self/fd/{fd}"))
+
+
+def test_the_soft_copy_is_made_ahead_when_the_region_closes_and_the_pause_takes_it(host_saver, mem):
+    host_saver.soft_pause = True
+    with host_saver.region("weights", enable_cpu_backup=True):
+        ptr = mem.malloc(8 * MiB)
+    host_saver.wait_for_released_backups()  # the background work the region's end queued
+    made = soft_copies_open()
+    assert made >= 1  # set aside during the rollout (the driver makes it slowly)
+    mem.write(ptr, pattern(8 * MiB))
+    host_saver.pause("weights")
+    assert soft_copies_open() == made  # the pause made none
+    assert is_mapped(ptr) and mem.read(ptr, 8 * MiB) == pattern(8 * MiB)
+    host_saver.resume("weights")
+
+
 def test_the_environment_turns_soft_pauses_on():
     code = "from torch_mem_saver_lite import saver; print(saver.soft_pause)"
     assert run_in_child(code, TMSL_SOFT_PAUSE="1").strip() == "True"
@@ -126,10 +146,17 @@ def test_freeing_a_soft_paused_allocation_gives_its_copy_and_address_back(host_s
     assert not is_mapped(ptr)
 
 
+def soft_from_the_next_pause(saver) -> None:
+    """Soft pauses on once the copy set aside when the region closed is made (an ordinary one):
+    the pause makes the soft copy itself, so its driver calls can be counted."""
+    saver.wait_for_released_backups()
+    saver.soft_pause = True
+
+
 def test_where_host_memory_the_gpu_maps_cannot_be_made_the_pause_copies_as_before(host_saver, mem):
-    host_saver.soft_pause = True
     with host_saver.region("weights", enable_cpu_backup=True):
         ptr = mem.malloc(4 * MiB)
+    soft_from_the_next_pause(host_saver)
     mem.write(ptr, pattern(4 * MiB))
     host_saver._core().inject_fault("create_host_physical", 1, 1)
     host_saver.pause("weights")
@@ -139,9 +166,9 @@ def test_where_host_memory_the_gpu_maps_cannot_be_made_the_pause_copies_as_befor
 
 
 def test_a_copy_that_cannot_be_mapped_at_the_paused_address_leaves_it_paused_as_before(host_saver, mem):
-    host_saver.soft_pause = True
     with host_saver.region("weights", enable_cpu_backup=True):
         ptr = mem.malloc(4 * MiB)
+    soft_from_the_next_pause(host_saver)
     mem.write(ptr, pattern(4 * MiB))
     # The pause maps the copy for itself (1st), then the device memory at a second address, the
     # copy's source (2nd: fails, so it copies from its own), then the copy at the paused
@@ -157,9 +184,9 @@ def test_a_copy_that_cannot_be_mapped_at_the_paused_address_leaves_it_paused_as_
 
 
 def test_a_swap_that_fails_while_the_copy_runs_is_undone_and_made_once_it_landed(host_saver, mem):
-    host_saver.soft_pause = True
     with host_saver.region("weights", enable_cpu_backup=True):
         ptr = mem.malloc(4 * MiB)
+    soft_from_the_next_pause(host_saver)
     mem.write(ptr, pattern(4 * MiB))
     # 3rd map: the copy at the paused address while the copy runs; the device memory goes back
     # there, and the copy is mapped there after all once the copy has landed.
@@ -172,9 +199,9 @@ def test_a_swap_that_fails_while_the_copy_runs_is_undone_and_made_once_it_landed
 
 @pytest.mark.parametrize("operation", ["copy_async", "wait_copies"])
 def test_a_pause_whose_copy_fails_leaves_the_memory_resident_at_its_address(host_saver, mem, operation):
-    host_saver.soft_pause = True
     with host_saver.region("weights", enable_cpu_backup=True):
         ptr = mem.malloc(4 * MiB)
+    soft_from_the_next_pause(host_saver)
     mem.write(ptr, pattern(4 * MiB))
     held = open_memfds()
     host_saver._core().inject_fault(operation, 1, 1)
@@ -190,9 +217,9 @@ def test_a_pause_whose_copy_fails_leaves_the_memory_resident_at_its_address(host
 
 
 def test_a_failed_resume_leaves_the_copy_mapped_at_the_paused_address(host_saver, mem):
-    host_saver.soft_pause = True
     with host_saver.region("weights", enable_cpu_backup=True):
         ptr = mem.malloc(4 * MiB)
+    soft_from_the_next_pause(host_saver)
     mem.write(ptr, pattern(4 * MiB))
     host_saver.pause("weights")
     host_saver._core().inject_fault("create_physical", 1, 1)

@@ -44,6 +44,7 @@ std::vector<std::shared_ptr<HostArena>> Saver::prepare_backups_now(const TagSele
     uintptr_t va;
     size_t size;
     std::string tag;
+    size_t soft_span;  // a soft pause's copy (its allocation's reserved bytes), else 0
   };
   std::map<int, std::vector<Wanted>> wanted;  // by device
   // Whether `a` is resident, backed up, may keep its backup cached and has none yet (the
@@ -63,7 +64,8 @@ std::vector<std::shared_ptr<HostArena>> Saver::prepare_backups_now(const TagSele
     size_t bytes = 0;
     auto want = [&](const Allocation& a) {
       if (!wants(a, copies)) return;
-      wanted[a.device].push_back(Wanted{a.va, a.backup_bytes(), a.tag});
+      // (A soft copy is made by the driver, slowly: here, during the rollout, not at the pause.)
+      wanted[a.device].push_back(Wanted{a.va, a.backup_bytes(), a.tag, soft_pauses(*a.tag_info) ? a.size : 0});
       bytes += a.backup_bytes();
     };
     for_each_selected(selection, want);
@@ -75,7 +77,9 @@ std::vector<std::shared_ptr<HostArena>> Saver::prepare_backups_now(const TagSele
     // The pool's memory first (ready at once), fresh memory that gives way to the foreground
     // for the rest.
     std::vector<CopyRequest> requests;
-    for (const Wanted& w : entry.second) requests.push_back(CopyRequest{entry.first, w.size, true, Tier::kHost});
+    for (const Wanted& w : entry.second) {
+      requests.push_back(CopyRequest{entry.first, w.size, true, Tier::kHost, w.soft_span});
+    }
     std::vector<HostBuffer> buffers(requests.size());
     if (!tiers_.host_memory(requests, false, &buffers).ok()) continue;
     std::lock_guard<std::mutex> lock(mu_);
