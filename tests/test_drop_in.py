@@ -57,7 +57,7 @@ def test_every_public_signature_of_torch_memory_saver():
     assert callable(torch_mem_saver_lite.configure_subprocess)
     # saver takes the same keywords (its graph tag default differs on purpose), and its region
     # one more of its own, last
-    assert params(saver.region) == [*params(tms.region), "verify_wake", "stray_access"]
+    assert params(saver.region) == [*params(tms.region), "verify_wake", "stray_access", "soft_pause"]
     assert params(saver.cuda_graph) == params(tms.cuda_graph)
 
 

@@ -216,6 +216,28 @@ def test_a_pause_whose_copy_fails_leaves_the_memory_resident_at_its_address(host
     host_saver.resume("weights")
 
 
+def test_a_large_soft_copy_comes_off_piece_by_piece_and_a_resume_failing_midway_puts_it_back(host_saver, mem):
+    # 100 MiB: the copy's ranges of 64 MiB and 36 MiB, the resume's pieces of 8 MiB here (one
+    # range spans eight pieces, the second ends inside the last).
+    size = 100 * MiB
+    with host_saver.region("weights", enable_cpu_backup=True):
+        ptr = mem.malloc(size)
+    soft_from_the_next_pause(host_saver)
+    mem.write(ptr, pattern(size))
+    host_saver.pause("weights")
+    expected = bytearray(pattern(size))
+    for at in (0, 63 * MiB, 64 * MiB, size - 16):
+        mem.write(ptr + at, b"\x5a" * 16)
+        expected[at:at + 16] = b"\x5a" * 16
+    host_saver._core().inject_fault("create_physical", 10, 1)  # the 10th piece: past the first range
+    with pytest.raises(MemorySaverError):
+        host_saver.resume("weights")
+    assert mem.read(ptr, size) == bytes(expected)  # soft again, all of it
+    host_saver.resume("weights")
+    assert mem.read(ptr, size) == bytes(expected)
+    assert host_saver.stats()["weights"].last_wake_check == "passed"
+
+
 def test_a_failed_resume_leaves_the_copy_mapped_at_the_paused_address(host_saver, mem):
     with host_saver.region("weights", enable_cpu_backup=True):
         ptr = mem.malloc(4 * MiB)

@@ -8,7 +8,6 @@ namespace tmsl {
 
 Status Saver::plan_pieces(Allocation& a, bool has_copy) {
   Status s = uncover_stray(a);
-  if (s.ok()) s = soft_unmap(a);
   if (!s.ok()) return s;
   Pieces& pieces = a.physical;
   pieces.piece_bytes = a.size;
@@ -29,9 +28,12 @@ Status Saver::map_next_piece(Allocation& a) {
   const size_t k = pieces.handles.size();
   const uintptr_t at = a.va + pieces.offset(k);
   const size_t bytes = pieces.length(k, a.size);
+  // Its soft copy off this piece's addresses first (off each piece in turn: beside the copies).
+  Status s = soft_unmap(a, pieces.offset(k) + bytes);
+  if (!s.ok()) return s;
   PhysicalHandle physical = 0;
   Orphan orphan;
-  Status s = map_physical(*backend_, a.device, at, bytes, margin_bytes_.load(), &physical, &orphan);
+  s = map_physical(*backend_, a.device, at, bytes, margin_bytes_.load(), &physical, &orphan);
   if (orphan.physical != 0) mappings_.adopt(orphan);
   if (s.code == Code::kOutOfMemory) return s;  // the caller explains what the resume needed
   if (!s.ok()) return with_context(s, "resuming tag '" + a.tag + "' at " + format_address(at));

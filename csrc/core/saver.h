@@ -299,8 +299,10 @@ class Saver {
     // While paused: its host copy (a soft arena), mapped at its address (a soft pause). Held
     // here too, so the copy's memory never goes while mapped there.
     std::shared_ptr<HostArena> soft;
-    // Mid-resume: where the soft copy it restores from lies (for the wake check's second look).
+    // Mid-resume: where the soft copy it restores from lies (for the wake check's second look),
+    // and the bytes from its start the copy is off its address already (piece by piece).
     uintptr_t soft_copy_at = 0;
+    size_t soft_unmapped = 0;
     // Mid-pause: its device memory mapped here too, the source of its copy, so that its own
     // address can map the soft copy while the copy still runs (soft_swap).
     uintptr_t soft_alias = 0;
@@ -437,8 +439,9 @@ class Saver {
   // Soft pauses (soft_pause.cpp). soft_pauses: whether the tag's pauses are soft (needs mu_).
   // soft_request: whether a's pause needs a soft arena (not `kept`, its copy from the last
   // cycle). soft_map: once a's memory is released, its soft copy mapped at its address (a
-  // failure leaves it unmapped: paused as without). soft_unmap: before its memory comes back,
-  // or its range goes. soft_write_kept: whether a's chunk `k`, restored as `restored`, is what
+  // failure leaves it unmapped: paused as without; after a failed resume, what that resume took
+  // off mapped again). soft_unmap: before its memory comes back (piece by piece), or its range
+  // goes. soft_write_kept: whether a's chunk `k`, restored as `restored`, is what
   // its soft copy holds (a write made while paused), which it then expects.
   // soft_alias: before a's copy is queued, its device memory mapped at a second address, which
   // the copy reads. soft_swap: while that copy runs, its own address taken from the device
@@ -452,7 +455,8 @@ class Saver {
   void soft_unswap(Allocation& a);
   Status soft_release(Allocation& a, bool* unmapped);
   void soft_map(Allocation& a, const HostBuffer& copy);
-  Status soft_unmap(Allocation& a);
+  // (Up to `to`: the ranges that start before it, as a resume maps its pieces.)
+  Status soft_unmap(Allocation& a, size_t to = SIZE_MAX);
   bool soft_write_kept(Allocation& a, size_t k, const Fingerprint& restored);
   // Sets one of the tag's settings (entering the tag, as a region would).
   Status set_tag(const std::string& tag, const std::function<void(TagInfo&)>& set);

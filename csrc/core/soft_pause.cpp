@@ -103,23 +103,37 @@ Status Saver::soft_release(Allocation& a, bool* unmapped) {
 }
 
 void Saver::soft_map(Allocation& a, const HostBuffer& copy) {
+  if (a.soft) {
+    // A resume that failed took part of it off: that part back on (else all of it goes).
+    if (a.soft_unmapped != 0 && !a.soft->map_at(a.va, 0, a.soft_unmapped).ok()) {
+      a.soft->unmap_at(a.va, a.soft_unmapped);
+      a.soft.reset();
+    }
+    a.soft_unmapped = 0;
+    return;
+  }
   // (Where an orphan is still mapped in its range, it stays unmapped: paused as without.)
-  if (!a.soft_pauses || a.soft || !copy || !copy.arena->is_soft() || copy.arena->size() != a.size ||
+  if (!a.soft_pauses || !copy || !copy.arena->is_soft() || copy.arena->size() != a.size ||
       mappings_.mapped_in(a.device, a.va, a.size)) {
     return;
   }
   if (copy.arena->map_at(a.va).ok()) a.soft = copy.arena;
 }
 
-Status Saver::soft_unmap(Allocation& a) {
-  if (!a.soft) return Status::Ok();
-  Status s = a.soft->unmap_at(a.va);
+Status Saver::soft_unmap(Allocation& a, size_t to) {
+  if (!a.soft || a.soft_unmapped >= to) return Status::Ok();
+  size_t end = a.soft_unmapped;
+  Status s = a.soft->unmap_at(a.va, a.soft_unmapped, to, &end);
   if (!s.ok()) {
     return with_context(s, "taking the soft-paused copy of tag '" + a.tag + "' (" + format_bytes(a.size) + " at " +
                                format_address(a.va) + ") off its address");
   }
   a.soft_copy_at = reinterpret_cast<uintptr_t>(a.soft->data());
-  a.soft.reset();
+  a.soft_unmapped = end;
+  if (end >= a.size) {
+    a.soft.reset();  // (its memory stays the tiers' copy)
+    a.soft_unmapped = 0;
+  }
   return s;
 }
 

@@ -82,10 +82,12 @@ class HostArena {
   static Status create_soft(std::shared_ptr<Backend> backend, HostBudget& budget, ForegroundGate& gate, int device,
                             size_t size, std::unique_ptr<HostArena>* out);
   bool is_soft() const { return soft_; }
-  // Maps its handles at [va, va + size()) for the device as well (undone on failure).
-  Status map_at(uintptr_t va);
-  // Takes that mapping down again (each range tried; the first failure said).
-  Status unmap_at(uintptr_t va);
+  // Maps its handles at [va, va + size()) for the device as well (undone on failure): those
+  // of its ranges that start in [from, to).
+  Status map_at(uintptr_t va, size_t from = 0, size_t to = SIZE_MAX);
+  // Takes the ranges that start in [from, to) off there again (each tried; the first failure
+  // said); *end (where given): where the last of them ends.
+  Status unmap_at(uintptr_t va, size_t from = 0, size_t to = SIZE_MAX, size_t* end = nullptr);
   ~HostArena();  // waits for its workers, unregisters, unmaps
   // Marks memory a forked child must not get (MADV_DONTFORK); faults pages in by writing them
   // (those of `file` at `in_file`, -1 for anonymous memory, allocated in the file first: false

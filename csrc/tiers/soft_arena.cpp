@@ -59,24 +59,31 @@ void HostArena::release_soft() {
   data_ = nullptr;
 }
 
-Status HostArena::map_at(uintptr_t va) {
-  size_t mapped = 0;
+Status HostArena::map_at(uintptr_t va, size_t from, size_t to) {
+  size_t first = 0;
+  while (first < ranges_.size() && ranges_[first].start < from) ++first;
+  size_t end = first;  // past the last range mapped
   Status s;
-  for (; mapped < ranges_.size(); ++mapped) {
-    s = backend_->map(device_, va + ranges_[mapped].start, ranges_[mapped].size, soft_handles_[mapped]);
+  for (; end < ranges_.size() && ranges_[end].start < to; ++end) {
+    s = backend_->map(device_, va + ranges_[end].start, ranges_[end].size, soft_handles_[end]);
     if (!s.ok()) break;
   }
-  if (s.ok()) s = backend_->set_access(device_, va, size_);
+  if (s.ok() && end > first) {
+    const size_t start = ranges_[first].start, stop = ranges_[end - 1].start + ranges_[end - 1].size;
+    s = backend_->set_access(device_, va + start, stop - start);
+  }
   if (s.ok()) return s;
-  for (size_t k = 0; k < mapped; ++k) backend_->unmap(device_, va + ranges_[k].start, ranges_[k].size);
+  for (size_t k = first; k < end; ++k) backend_->unmap(device_, va + ranges_[k].start, ranges_[k].size);
   return with_context(s, "mapping a soft-paused backup at its allocation's address");
 }
 
-Status HostArena::unmap_at(uintptr_t va) {
+Status HostArena::unmap_at(uintptr_t va, size_t from, size_t to, size_t* end) {
   Status first;
   for (const Range& range : ranges_) {
+    if (range.start < from || range.start >= to) continue;
     Status s = backend_->unmap(device_, va + range.start, range.size);
     if (first.ok() && !s.ok()) first = with_context(s, "unmapping a soft-paused backup from its allocation's address");
+    if (end != nullptr) *end = range.start + range.size;
   }
   return first;
 }
