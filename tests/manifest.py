@@ -34,7 +34,7 @@ LEVELS: dict[str, dict[str, str]] = {
         "test_fingerprint.py": "the content fingerprint: its CPU half against the definition, its PTX",
         "test_wake_checks.py": "verified wakes and each tag's status, on every backend",
         "test_stray_access.py": "paused memory without a backup harmless to touch, stray writes reported",
-        "test_soft_pause.py": "paused memory with a host backup mapped to that copy: readable and writable while paused",
+        "test_soft_pause.py": "paused memory with a host backup mapped to its copy: readable, writable while paused",
         "test_paused_guard.py": "saver.guard(): an op on paused memory raises before it runs",
         "test_host_memory_limit.py": "the host cache's default budget from the memory this process may use",
         "test_host_pieces.py": "large backed-up allocations resumed in pieces",

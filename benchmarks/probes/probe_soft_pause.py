@@ -71,15 +71,16 @@ def ms(t: float) -> float:
 
 
 def creation() -> None:
-    g_min = ok(cu.cuMemGetAllocationGranularity(host_prop(), cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM))
-    g_rec = ok(cu.cuMemGetAllocationGranularity(host_prop(), cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
+    flags = cu.CUmemAllocationGranularity_flags
+    g_min = ok(cu.cuMemGetAllocationGranularity(host_prop(), flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM))
+    g_rec = ok(cu.cuMemGetAllocationGranularity(host_prop(), flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
     print(f"1. host granularity: minimum {g_min} B, recommended {g_rec} B", flush=True)
     for threads in (1, 4):
         handles: list = []
         lock = threading.Lock()
         ctx = ok(cu.cuCtxGetCurrent())
 
-        def make(n: int) -> None:
+        def make(n: int, ctx=ctx, lock=lock, handles=handles) -> None:
             ok(cu.cuCtxSetCurrent(ctx))
             for _ in range(n):
                 h = ok(cu.cuMemCreate(PIECE, host_prop(), 0))
@@ -93,7 +94,8 @@ def creation() -> None:
         for w in workers:
             w.join()
         took = ms(t)
-        print(f"   create 16 x 256 MiB host handles on {threads} thread(s): {took:.1f} ms = {4 * GiB / took / 1e6:.1f} GB/s", flush=True)
+        print(f"   create 16 x 256 MiB host handles on {threads} thread(s): {took:.1f} ms = "
+              f"{4 * GiB / took / 1e6:.1f} GB/s", flush=True)
         t = time.perf_counter()
         for h in handles:
             ok(cu.cuMemRelease(h))
@@ -141,7 +143,8 @@ def copy_speeds() -> None:
             dev.copy_(dst, non_blocking=True)
             torch.cuda.synchronize()
             h2d = ms(t)
-            print(f"3. rep {rep} {name:12}: to host {size / d2h / 1e6:5.1f} GB/s, to device {size / h2d / 1e6:5.1f} GB/s", flush=True)
+            print(f"3. rep {rep} {name:12}: to host {size / d2h / 1e6:5.1f} GB/s, "
+                  f"to device {size / h2d / 1e6:5.1f} GB/s", flush=True)
     del host_view
     ok(cu.cuMemUnmap(shadow, size))
     ok(cu.cuMemAddressFree(shadow, size))
@@ -203,8 +206,9 @@ def pipeline() -> None:
             t_swap += ms(s)
         t_pause = ms(t)
         free, _ = ok(cu.cuMemGetInfo())
-        print(f"4. rep {rep}: copies alone {t_copies:6.1f} ms ({size / t_copies / 1e6:4.1f} GB/s); soft pause {t_pause:6.1f} ms "
-              f"({size / t_pause / 1e6:4.1f} GB/s), of it swapping {t_swap:5.1f} ms; device free {free / GiB:.1f} GiB", flush=True)
+        print(f"4. rep {rep}: copies alone {t_copies:6.1f} ms ({size / t_copies / 1e6:4.1f} GB/s); "
+              f"soft pause {t_pause:6.1f} ms ({size / t_pause / 1e6:4.1f} GB/s), of it swapping {t_swap:5.1f} ms; "
+              f"device free {free / GiB:.1f} GiB", flush=True)
         # a kernel on the soft-paused tensor
         v = view(va, size).view(torch.int64)
         torch.cuda.synchronize()
@@ -216,7 +220,8 @@ def pipeline() -> None:
         v[:: 1 << 16].add_(1)
         torch.cuda.synchronize()
         t_write = ms(t)
-        print(f"5. rep {rep}: kernel read 8 GiB {t_read:6.1f} ms ({size / t_read / 1e6:4.1f} GB/s), right bytes {right}; strided write {t_write:.2f} ms", flush=True)
+        print(f"5. rep {rep}: kernel read 8 GiB {t_read:6.1f} ms ({size / t_read / 1e6:4.1f} GB/s), "
+              f"right bytes {right}; strided write {t_write:.2f} ms", flush=True)
         del v
         # the resume, piece by piece
         torch.cuda.synchronize()
@@ -239,8 +244,8 @@ def pipeline() -> None:
         v[:: 1 << 16].sub_(1)
         torch.cuda.synchronize()
         del v
-        print(f"6. rep {rep}: soft resume {t_resume:6.1f} ms ({size / t_resume / 1e6:4.1f} GB/s), of it swapping {t_swap:5.1f} ms; "
-              f"the write made while paused is there: {kept}", flush=True)
+        print(f"6. rep {rep}: soft resume {t_resume:6.1f} ms ({size / t_resume / 1e6:4.1f} GB/s), "
+              f"of it swapping {t_swap:5.1f} ms; the write made while paused is there: {kept}", flush=True)
     torch.cuda.synchronize()
     ok(cu.cuMemUnmap(va, size))
     ok(cu.cuMemUnmap(shadow, size))
