@@ -146,18 +146,20 @@ def test_freeing_a_soft_paused_allocation_gives_its_copy_and_address_back(host_s
     assert not is_mapped(ptr)
 
 
-def soft_from_the_next_pause(saver) -> None:
-    """Soft pauses on once the copy set aside when the region closed is made (an ordinary one):
-    the pause makes the soft copy itself, so its driver calls can be counted."""
+def soft_weights(saver, mem, size: int) -> int:
+    """A backed-up allocation of `size` bytes holding pattern(size), under tag "weights", with
+    soft pauses turned on once the copy set aside when its region closed is made (an ordinary
+    one): the pause makes the soft copy itself, so its driver calls can be counted."""
+    with saver.region("weights", enable_cpu_backup=True):
+        ptr = mem.malloc(size)
     saver.wait_for_released_backups()
     saver.soft_pause = True
+    mem.write(ptr, pattern(size))
+    return ptr
 
 
 def test_where_host_memory_the_gpu_maps_cannot_be_made_the_pause_copies_as_before(host_saver, mem):
-    with host_saver.region("weights", enable_cpu_backup=True):
-        ptr = mem.malloc(4 * MiB)
-    soft_from_the_next_pause(host_saver)
-    mem.write(ptr, pattern(4 * MiB))
+    ptr = soft_weights(host_saver, mem, 4 * MiB)
     host_saver._core().inject_fault("create_host_physical", 1, 1)
     host_saver.pause("weights")
     assert not is_mapped(ptr)  # paused as without: its copy is ordinary host memory
@@ -166,10 +168,7 @@ def test_where_host_memory_the_gpu_maps_cannot_be_made_the_pause_copies_as_befor
 
 
 def test_a_copy_that_cannot_be_mapped_at_the_paused_address_leaves_it_paused_as_before(host_saver, mem):
-    with host_saver.region("weights", enable_cpu_backup=True):
-        ptr = mem.malloc(4 * MiB)
-    soft_from_the_next_pause(host_saver)
-    mem.write(ptr, pattern(4 * MiB))
+    ptr = soft_weights(host_saver, mem, 4 * MiB)
     # The pause maps the copy for itself (1st), then the device memory at a second address, the
     # copy's source (2nd: fails, so it copies from its own), then the copy at the paused
     # address once the copy has landed (3rd: fails too).
@@ -184,10 +183,7 @@ def test_a_copy_that_cannot_be_mapped_at_the_paused_address_leaves_it_paused_as_
 
 
 def test_a_swap_that_fails_while_the_copy_runs_is_undone_and_made_once_it_landed(host_saver, mem):
-    with host_saver.region("weights", enable_cpu_backup=True):
-        ptr = mem.malloc(4 * MiB)
-    soft_from_the_next_pause(host_saver)
-    mem.write(ptr, pattern(4 * MiB))
+    ptr = soft_weights(host_saver, mem, 4 * MiB)
     # 3rd map: the copy at the paused address while the copy runs; the device memory goes back
     # there, and the copy is mapped there after all once the copy has landed.
     host_saver._core().inject_fault("map", 3, 1)
@@ -199,10 +195,7 @@ def test_a_swap_that_fails_while_the_copy_runs_is_undone_and_made_once_it_landed
 
 @pytest.mark.parametrize("operation", ["copy_async", "wait_copies"])
 def test_a_pause_whose_copy_fails_leaves_the_memory_resident_at_its_address(host_saver, mem, operation):
-    with host_saver.region("weights", enable_cpu_backup=True):
-        ptr = mem.malloc(4 * MiB)
-    soft_from_the_next_pause(host_saver)
-    mem.write(ptr, pattern(4 * MiB))
+    ptr = soft_weights(host_saver, mem, 4 * MiB)
     held = open_memfds()
     host_saver._core().inject_fault(operation, 1, 1)
     with pytest.raises(MemorySaverError, match="stays resident"):
@@ -220,10 +213,7 @@ def test_a_large_soft_copy_comes_off_piece_by_piece_and_a_resume_failing_midway_
     # 100 MiB: the copy's ranges of 64 MiB and 36 MiB, the resume's pieces of 8 MiB here (one
     # range spans eight pieces, the second ends inside the last).
     size = 100 * MiB
-    with host_saver.region("weights", enable_cpu_backup=True):
-        ptr = mem.malloc(size)
-    soft_from_the_next_pause(host_saver)
-    mem.write(ptr, pattern(size))
+    ptr = soft_weights(host_saver, mem, size)
     host_saver.pause("weights")
     expected = bytearray(pattern(size))
     for at in (0, 63 * MiB, 64 * MiB, size - 16):
@@ -239,10 +229,7 @@ def test_a_large_soft_copy_comes_off_piece_by_piece_and_a_resume_failing_midway_
 
 
 def test_a_failed_resume_leaves_the_copy_mapped_at_the_paused_address(host_saver, mem):
-    with host_saver.region("weights", enable_cpu_backup=True):
-        ptr = mem.malloc(4 * MiB)
-    soft_from_the_next_pause(host_saver)
-    mem.write(ptr, pattern(4 * MiB))
+    ptr = soft_weights(host_saver, mem, 4 * MiB)
     host_saver.pause("weights")
     host_saver._core().inject_fault("create_physical", 1, 1)
     with pytest.raises(MemorySaverError):
