@@ -228,6 +228,17 @@ def test_a_large_soft_copy_comes_off_piece_by_piece_and_a_resume_failing_midway_
     assert host_saver.stats()["weights"].last_wake_check == "passed"
 
 
+def test_a_copy_that_fails_to_come_off_its_address_fails_the_resume_and_the_next_one_wakes_it(host_saver, mem):
+    ptr = soft_weights(host_saver, mem, 4 * MiB)
+    host_saver.pause("weights")
+    host_saver._core().inject_fault("unmap", 1, 1)  # the copy off the first piece's addresses
+    with pytest.raises(MemorySaverError, match="off its address"):
+        host_saver.resume("weights")
+    assert host_saver.status()[0].state == "paused"
+    host_saver.resume("weights")  # the saver unmaps it first now
+    assert mem.read(ptr, 4 * MiB) == pattern(4 * MiB)
+
+
 def test_a_failed_resume_leaves_the_copy_mapped_at_the_paused_address(host_saver, mem):
     ptr = soft_weights(host_saver, mem, 4 * MiB)
     host_saver.pause("weights")

@@ -39,7 +39,7 @@ void Saver::prepare_pending() {
 std::vector<std::shared_ptr<HostArena>> Saver::prepare_backups_now(const TagSelection& selection) {
   std::vector<std::shared_ptr<HostArena>> arenas;
   if (tiers_.closing()) return arenas;
-  std::lock_guard<std::mutex> op(op_mu_);  // no pause, resume or cache release meanwhile
+  std::unique_lock<std::mutex> op(op_mu_);  // no pause, resume or cache release meanwhile
   struct Wanted {
     uintptr_t va;
     size_t size;
@@ -53,7 +53,7 @@ std::vector<std::shared_ptr<HostArena>> Saver::prepare_backups_now(const TagSele
   // A backup the node's store takes needs no memory of this process's set aside.
   const FingerprintKey* key = tiers_.content_key();
   auto wants = [&](const Allocation& a, const std::vector<std::pair<uintptr_t, size_t>>& copies) {
-    if (content_addressed(a, key)) return false;
+    if (content_addressed(a, key) && !soft_pauses(*a.tag_info)) return false;  // (a soft tag's are never shared)
     auto has_copy = std::lower_bound(copies.begin(), copies.end(), std::make_pair(a.va, size_t{0}));
     if (has_copy != copies.end() && has_copy->first == a.va) return false;
     return a.state == State::kActive && a.backs_up() && (retain || resumed(a).cacheable);
@@ -81,7 +81,13 @@ std::vector<std::shared_ptr<HostArena>> Saver::prepare_backups_now(const TagSele
       requests.push_back(CopyRequest{entry.first, w.size, true, Tier::kHost, w.soft_span});
     }
     std::vector<HostBuffer> buffers(requests.size());
-    if (!tiers_.host_memory(requests, false, &buffers).ok()) continue;
+    // The driver makes soft copies slowly (seconds for large ones): pauses and resumes go on
+    // meanwhile, and what they did is looked at again below (wants).
+    const bool soft = std::any_of(requests.begin(), requests.end(), [](const CopyRequest& r) { return r.soft_span != 0; });
+    if (soft) op.unlock();
+    const bool made = tiers_.host_memory(requests, false, &buffers).ok();
+    if (soft) op.lock();
+    if (!made) continue;
     std::lock_guard<std::mutex> lock(mu_);
     const auto copies = tiers_.copies().sizes();
     for (size_t k = 0; k < entry.second.size(); ++k) {

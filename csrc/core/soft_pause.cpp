@@ -72,7 +72,9 @@ void Saver::soft_swap(Allocation& a, const HostBuffer& copy) {
 
 void Saver::soft_unswap(Allocation& a) {
   if (a.soft_alias == 0) return;
-  if (a.soft && soft_unmap(a).ok()) {
+  if (a.soft) {
+    soft_unmap(a);  // (what fails to come off is an orphan: tried once more before the memory goes back)
+    mappings_.retry();
     a.soft_copy_at = 0;
     map_pieces(*backend_, a.device, a.va, a.size, a.physical, a.physical.handles.size());
   }
@@ -106,8 +108,8 @@ void Saver::soft_map(Allocation& a, const HostBuffer& copy) {
   if (a.soft) {
     // A resume that failed took part of it off: that part back on (else all of it goes).
     if (a.soft_unmapped != 0 && !a.soft->map_at(a.va, 0, a.soft_unmapped).ok()) {
-      a.soft->unmap_at(a.va, a.soft_unmapped);
-      a.soft.reset();
+      soft_unmap(a);  // (paused as without)
+      return;
     }
     a.soft_unmapped = 0;
     return;
@@ -123,18 +125,20 @@ void Saver::soft_map(Allocation& a, const HostBuffer& copy) {
 Status Saver::soft_unmap(Allocation& a, size_t to) {
   if (!a.soft || a.soft_unmapped >= to) return Status::Ok();
   size_t end = a.soft_unmapped;
-  Status s = a.soft->unmap_at(a.va, a.soft_unmapped, to, &end);
-  if (!s.ok()) {
-    return with_context(s, "taking the soft-paused copy of tag '" + a.tag + "' (" + format_bytes(a.size) + " at " +
-                               format_address(a.va) + ") off its address");
-  }
+  std::vector<std::pair<size_t, size_t>> failed;
+  Status s = a.soft->unmap_at(a.va, a.soft_unmapped, to, &end, &failed);
+  // Off from here on, whatever failed: the orphans unmap that later, and keep its addresses
+  // from being given back or mapped over meanwhile.
+  for (const auto& [at, bytes] : failed) mappings_.adopt(Orphan{a.device, a.va + at, bytes, 0, true, false});
   a.soft_copy_at = reinterpret_cast<uintptr_t>(a.soft->data());
   a.soft_unmapped = end;
   if (end >= a.size) {
     a.soft.reset();  // (its memory stays the tiers' copy)
     a.soft_unmapped = 0;
   }
-  return s;
+  if (s.ok()) return s;
+  return with_context(s, "taking the soft-paused copy of tag '" + a.tag + "' (" + format_bytes(a.size) + " at " +
+                             format_address(a.va) + ") off its address");
 }
 
 bool Saver::soft_write_kept(Allocation& a, size_t k, const Fingerprint& restored) {

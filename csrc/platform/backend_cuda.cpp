@@ -19,6 +19,11 @@
 namespace tmsl {
 namespace {
 
+// CUDA 12.2's host memory the GPU maps (soft pauses), spelled as numbers so that older headers
+// build too (a driver before 12.2 refuses them at run time: the pause copies as before).
+constexpr CUmemLocationType kLocationHostNuma = static_cast<CUmemLocationType>(3);  // CU_MEM_LOCATION_TYPE_HOST_NUMA
+constexpr CUdevice_attribute kAttributeHostNumaId = static_cast<CUdevice_attribute>(134);  // ..._HOST_NUMA_ID
+
 struct DriverApi {
   PFN_cuGetErrorName_v6000 cuGetErrorName = nullptr;
   PFN_cuGetErrorString_v6000 cuGetErrorString = nullptr;
@@ -206,7 +211,7 @@ class CudaBackend final : public Backend {
     return in_context(device, [&] {
       CUmemAllocationProp prop = {};
       prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-      prop.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+      prop.location.type = kLocationHostNuma;
       prop.location.id = devices_[device].host_numa;
       CUmemGenericAllocationHandle handle = 0;
       CUresult result = api_.cuMemCreate(&handle, size, &prop, 0);
@@ -225,7 +230,7 @@ class CudaBackend final : public Backend {
       desc[0].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
       desc[0].location.id = device;
       desc[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-      desc[1].location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+      desc[1].location.type = kLocationHostNuma;
       desc[1].location.id = devices_[device].host_numa;
       desc[1].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
       return check(api_.cuMemSetAccess(va, size, desc, 2), "cuMemSetAccess(host and device)");
@@ -444,7 +449,7 @@ class CudaBackend final : public Backend {
                                                    " does not support CUDA virtual memory management");
     }
     int numa = -1;  // (CUDA 12.2's attribute; an older driver refuses it)
-    if (api_.cuDeviceGetAttribute(&numa, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, dev) == CUDA_SUCCESS && numa > 0) {
+    if (api_.cuDeviceGetAttribute(&numa, kAttributeHostNumaId, dev) == CUDA_SUCCESS && numa > 0) {
       state.host_numa = numa;
     }
     CUmemAllocationProp prop = allocation_prop(device);

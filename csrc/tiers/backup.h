@@ -85,9 +85,11 @@ class HostArena {
   // Maps its handles at [va, va + size()) for the device as well (undone on failure): those
   // of its ranges that start in [from, to).
   Status map_at(uintptr_t va, size_t from = 0, size_t to = SIZE_MAX);
-  // Takes the ranges that start in [from, to) off there again (each tried; the first failure
-  // said); *end (where given): where the last of them ends.
-  Status unmap_at(uintptr_t va, size_t from = 0, size_t to = SIZE_MAX, size_t* end = nullptr);
+  // Takes the ranges that start in [from, to) off there again, each tried (the first failure
+  // said; *failed, where given, gets each failed range's (offset, bytes): still mapped, for the
+  // caller to retry); *end (where given): where the last of them ends.
+  Status unmap_at(uintptr_t va, size_t from = 0, size_t to = SIZE_MAX, size_t* end = nullptr,
+                  std::vector<std::pair<size_t, size_t>>* failed = nullptr);
   ~HostArena();  // waits for its workers, unregisters, unmaps
   // Marks memory a forked child must not get (MADV_DONTFORK); faults pages in by writing them
   // (those of `file` at `in_file`, -1 for anonymous memory, allocated in the file first: false

@@ -39,7 +39,8 @@ bool BackupTiers::keep_after_resume(const std::vector<HostCopies::Resumed>& batc
 std::vector<HostBuffer> BackupTiers::take_stale_cache(const std::vector<CopyRequest>& requests) {
   std::map<int, size_t> missing;  // by device: what the pause needs beyond what the pool holds
   for (const CopyRequest& r : requests) {
-    if (r.tier == Tier::kHost && r.cacheable) missing[r.device] += r.bytes;
+    // (A soft copy is made by the driver: no pooled or cached memory serves it.)
+    if (r.tier == Tier::kHost && r.cacheable && r.soft_span == 0) missing[r.device] += r.bytes;
   }
   size_t short_of = 0;
   for (auto& [device, bytes] : missing) {

@@ -34,6 +34,10 @@ Status HostArena::create_soft(std::shared_ptr<Backend> backend, HostBudget& budg
   for (const Range& range : arena->ranges_) {
     PhysicalHandle handle = 0;
     s = driver.create_host_physical(device, range.size, &handle);
+    if (s.code == Code::kOutOfMemory) {
+      // The driver's, not the budget's: the caller copies as before instead of making room.
+      return Status::Error(Code::kUnsupported, s.message());
+    }
     if (!s.ok()) return s;  // (the destructor gives back what was made)
     arena->soft_handles_.push_back(handle);
     s = driver.map(device, va + range.start, range.size, handle);
@@ -77,11 +81,13 @@ Status HostArena::map_at(uintptr_t va, size_t from, size_t to) {
   return with_context(s, "mapping a soft-paused backup at its allocation's address");
 }
 
-Status HostArena::unmap_at(uintptr_t va, size_t from, size_t to, size_t* end) {
+Status HostArena::unmap_at(uintptr_t va, size_t from, size_t to, size_t* end,
+                           std::vector<std::pair<size_t, size_t>>* failed) {
   Status first;
   for (const Range& range : ranges_) {
     if (range.start < from || range.start >= to) continue;
     Status s = backend_->unmap(device_, va + range.start, range.size);
+    if (!s.ok() && failed != nullptr) failed->emplace_back(range.start, range.size);
     if (first.ok() && !s.ok()) first = with_context(s, "unmapping a soft-paused backup from its allocation's address");
     if (end != nullptr) *end = range.start + range.size;
   }
