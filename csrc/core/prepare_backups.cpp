@@ -39,7 +39,7 @@ void Saver::prepare_pending() {
 std::vector<std::shared_ptr<HostArena>> Saver::prepare_backups_now(const TagSelection& selection) {
   std::vector<std::shared_ptr<HostArena>> arenas;
   if (tiers_.closing()) return arenas;
-  std::unique_lock<std::mutex> op(op_mu_);  // no pause, resume or cache release meanwhile
+  std::lock_guard<std::mutex> op(op_mu_);  // no pause, resume or cache release meanwhile
   struct Wanted {
     uintptr_t va;
     size_t size;
@@ -81,13 +81,9 @@ std::vector<std::shared_ptr<HostArena>> Saver::prepare_backups_now(const TagSele
       requests.push_back(CopyRequest{entry.first, w.size, true, Tier::kHost, w.soft_span});
     }
     std::vector<HostBuffer> buffers(requests.size());
-    // The driver makes soft copies slowly (seconds for large ones): pauses and resumes go on
-    // meanwhile, and what they did is looked at again below (wants).
-    const bool soft = std::any_of(requests.begin(), requests.end(), [](const CopyRequest& r) { return r.soft_span != 0; });
-    if (soft) op.unlock();
-    const bool made = tiers_.host_memory(requests, false, &buffers).ok();
-    if (soft) op.lock();
-    if (!made) continue;
+    // (The driver makes soft copies slowly, seconds for large ones, under the operation lock: a
+    // pause meanwhile waits for them and takes them, instead of making its own beside them.)
+    if (!tiers_.host_memory(requests, false, &buffers).ok()) continue;
     std::lock_guard<std::mutex> lock(mu_);
     const auto copies = tiers_.copies().sizes();
     for (size_t k = 0; k < entry.second.size(); ++k) {
