@@ -5,6 +5,10 @@ sharing one GPU (as colocated frameworks run them), each pausing --gib GiB of we
     python benchmarks/bench_content_sharing.py [--processes 4] [--gib 8] [--cycles 3]
         [--scenarios identical,distinct,changed,staggered,budget] [--paused 2] [--rollout 1]
 
+Each process loads its weights inside its backed-up region, as engines do, and runs a first
+rollout (--rollout seconds) before its first pause: where it shares, its backups are taken into
+the node's store meanwhile, in the background.
+
 Scenarios, each a fresh set of processes and a node ledger (and store) of its own:
 - identical: the same weights in every process (data-parallel replicas), all pausing at once;
 - staggered: the same, but one process pauses first and the others one after another, each
@@ -54,21 +58,21 @@ from torch_mem_saver_lite import OutOfMemoryError, saver
 torch.cuda.init()
 torch.empty(1, device="cuda")
 barrier("ready")  # the driver's baseline of this process's host memory
-with saver.region("weights", enable_cpu_backup=True):
-    weights = torch.empty(n, dtype=torch.uint8, device="cuda")
-
 def fill(cycle):
     seed = 1234 + (rank if scenario == "distinct" else 0) + (cycle if scenario == "changed" else 0)
     weights.random_(generator=torch.Generator(device="cuda").manual_seed(seed))
     torch.cuda.synchronize()
-    return weights.clone()  # (in GPU memory: the check costs no host memory)
 
-expected = fill(0)
+with saver.region("weights", enable_cpu_backup=True):
+    weights = torch.empty(n, dtype=torch.uint8, device="cuda")
+    fill(0)  # loaded in their region, as engines load weights
+expected = weights.clone()  # (in GPU memory, outside the region: the check costs no host memory)
 rows = []
 for cycle in range(cycles):
     if scenario == "changed" and cycle > 0:
         expected = None  # (GPU memory for one reference at a time)
-        expected = fill(cycle)
+        fill(cycle)
+        expected = weights.clone()
     barrier(f"pause{cycle}")
     refused, paused = 0, False
     start = time.perf_counter()
@@ -157,6 +161,9 @@ def run(scenario: str, share: bool, args: argparse.Namespace) -> dict:
     sampler = Sampler(pids, {pid: pss(pid) for pid in pids})
     go(go_dir, "ready")
     for cycle in range(args.cycles):
+        if cycle == 0:
+            wait_for(go_dir, "pause0", ranks, children)
+            time.sleep(args.rollout)  # the first rollout
         wait_for(go_dir, f"pause{cycle}", ranks, children)
         if scenario == "staggered":  # one at a time, each once the one before is paused
             for rank in ranks:
@@ -212,7 +219,8 @@ def main() -> None:
     parser.add_argument("--scenarios", default="identical,staggered,distinct,changed,budget")
     parser.add_argument("--sharing", default="off,on", help="off, on or both (off,on)")
     parser.add_argument("--paused", type=float, default=2.0, help="seconds paused each cycle (the training phase)")
-    parser.add_argument("--rollout", type=float, default=1.0, help="seconds resident after each resume")
+    parser.add_argument("--rollout", type=float, default=1.0,
+                        help="seconds resident before the first pause and after each resume")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     import torch

@@ -580,3 +580,118 @@ def test_a_full_store_fails_the_pause_with_everything_resident_and_ends_no_proce
         assert result.stdout.split() == ["refused", "OutOfMemoryError", "0", "True"], result.stdout + result.stderr
     finally:
         subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+# A child whose weights are written inside their region, as engines load them: leaving the
+# region makes their backups ahead, in the node's store. LATE=untouched: written after the
+# region (inside it the memory reads as zeros); LATE=constant: one byte everywhere inside it.
+AHEAD_CHILD = """
+import os, sys
+sys.path.insert(0, {tests!r})
+from host_memory import HostMemory
+from torch_mem_saver_lite.testing import HostSaver
+MiB = 1 << 20
+size = int(os.environ.get("SIZE_MIB", "96")) * MiB
+mem, host = HostMemory(), HostSaver()
+host.host_cache_bytes = 1024 * MiB
+def content(seed):  # no chunk like another
+    import random
+    return random.Random(seed).randbytes(size)
+expected = [content(1), content(2)]
+late = os.environ.get("LATE", "")
+with host.region("weights", enable_cpu_backup=True):
+    ptrs = [mem.malloc(size), mem.malloc(size)]
+    for ptr, data in zip(ptrs, expected):
+        if late != "untouched":
+            mem.write(ptr, bytes([0x5A]) * size if late == "constant" else data)
+host.wait_for_released_backups()  # made ahead, in the background
+if late:
+    for ptr, data in zip(ptrs, expected):
+        mem.write(ptr, data)
+print("ahead", host.host_memory().held_by_this_process // MiB, flush=True)
+for line in sys.stdin:
+    command = line.split()
+    if command[0] == "pause-copying-nothing":  # every copy to the host fails: only a pause that copies nothing succeeds
+        host.inject_fault("copy_to_host_async", 1, 1 << 30)
+        try:
+            host.pause("weights")
+            print("paused", flush=True)
+        except Exception as error:
+            print("failed", type(error).__name__, flush=True)
+        host.inject_fault("copy_to_host_async", 1 << 30, 1)  # (the next fault far away)
+    elif command[0] == "pause":
+        host.pause("weights")
+        print("paused", flush=True)
+    elif command[0] == "write":  # the first allocation changed while resident
+        expected[0] = content(9)
+        mem.write(ptrs[0], expected[0])
+        print("written", flush=True)
+    elif command[0] == "resume":
+        host.resume("weights")
+        print("content", all(mem.read(p, size) == d for p, d in zip(ptrs, expected)), flush=True)
+    elif command[0] == "exit":
+        break
+"""
+
+
+def start_ahead(**env: str) -> subprocess.Popen:
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(AHEAD_CHILD.format(tests=str(TESTS)))],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, **env})
+    return child
+
+
+def why(child: subprocess.Popen) -> str:
+    """What the child wrote to stderr, for a failed assertion (ended first: a live child's
+    stderr never ends)."""
+    if child.poll() is None:
+        child.kill()
+    return child.stderr.read()
+
+
+def test_weights_loaded_in_their_region_are_shared_ahead_and_the_first_pause_copies_nothing(ledger):
+    # Two replicas: their identical backups are in the store once, before any pause, and held
+    # privately by neither; the first pause of each then copies nothing (every copy to the host
+    # fails, and it succeeds) and each resume gives its content back bit for bit.
+    children = [start_ahead(), start_ahead()]
+    try:
+        for child in children:
+            assert line_of(child) == "ahead 0", why(child)
+        assert store_bytes(ledger) == 192 * MiB
+        for child in children:
+            assert ask(child, "pause-copying-nothing") == "paused"
+        assert store_bytes(ledger) == 192 * MiB
+        for child in children:
+            assert ask(child, "resume") == "content True"
+    finally:
+        finish(children)
+    assert store_drains(ledger)
+
+
+def test_weights_changed_after_being_shared_ahead_are_copied_again_and_never_served_stale(ledger):
+    child = start_ahead()
+    try:
+        assert line_of(child) == "ahead 0", why(child)
+        assert ask(child, "write") == "written"
+        assert ask(child, "pause-copying-nothing") == "failed CudaDriverError"  # its new bytes must be copied
+        assert ask(child, "pause") == "paused"
+        assert ask(child, "resume") == "content True"
+    finally:
+        finish([child])
+    assert store_drains(ledger)
+
+
+@pytest.mark.parametrize("late, size_mib", [("untouched", 96), ("constant", 192)])
+def test_weights_written_after_their_region_are_not_shared_ahead(ledger, late, size_mib):
+    # In the region the memory was untouched (zeros) or held one byte everywhere (chunks like
+    # one another): nothing of it is made ahead, which would hold the store's memory for nothing.
+    child = start_ahead(LATE=late, SIZE_MIB=str(size_mib))
+    try:
+        assert line_of(child) == "ahead 0", why(child)
+        assert store_bytes(ledger) == 0
+        assert ask(child, "pause") == "paused"
+        assert store_bytes(ledger) == 2 * size_mib * MiB
+        assert ask(child, "resume") == "content True"
+    finally:
+        finish([child])
+    assert store_drains(ledger)

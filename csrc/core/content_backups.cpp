@@ -61,22 +61,23 @@ Status Saver::finish_content(const std::vector<Allocation*>& batch, const std::v
     if (!s.ok()) return with_context(s, "copying backups to the host");
     if (backups[j] && backups[j].arena->is_content()) backups[j].arena->publish();
   }
-  const Allocation& a = *batch[i];
+  return settle_pending_chunks(*batch[i], backup, nullptr, nullptr);
+}
+
+Status Saver::settle_pending_chunks(const Allocation& a, const HostBuffer& backup, const FingerprintKey* key,
+                                    const std::vector<Fingerprint>* before) {
   // One deadline for all of this copy's pending chunks: a process that stopped making them
   // (stopped, not dead) holds the pause up once, not once per chunk.
   const auto deadline = std::chrono::steady_clock::now() + BackupTiers::kPatienceForChunks;
-  for (size_t k : pending) {
+  for (size_t k : backup.arena->pending_chunks()) {
     bool made = false;
     Status s = tiers_.wait_for_chunk(*backup.arena, k, backup.arena->chunk_fingerprint(k), deadline, &made);
     if (s.ok() && made) {
-      // Nobody else makes it: copied here, from the memory still resident.
+      // Nobody else makes it: copied here, from the memory still resident (unchanged since
+      // `before`, where given).
       const size_t from = k * HostArena::kRangeBytes, n = std::min(HostArena::kRangeBytes, backup.size - from);
-      s = backup.for_each_part(from, n, [&](char* host, size_t at, size_t part) {
-        return backend_->copy_to_host_async(a.device, host, a.va + at, part);
-      });
-      // (Waited for also when queuing failed midway: nothing may still write into it.)
-      const Status waited = backend_->wait_copies(a.device);
-      if (s.ok()) s = waited;
+      s = copy_chunks(a, backup, {{from, n}});
+      if (s.ok() && key != nullptr) s = unchanged_since(a, *key, *before);
       if (s.ok()) backup.arena->publish();
     }
     if (!s.ok()) {

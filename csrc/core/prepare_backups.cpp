@@ -33,6 +33,7 @@ void Saver::prepare_pending() {
   // One preparation at a time: the regions that close meanwhile are taken together next,
   // into one arena, instead of each starting its own workers.
   for (const std::shared_ptr<HostArena>& arena : prepare_backups_now(selection)) arena->wait_prepared();
+  share_ahead(selection);
   tiers_.publish_cache();
 }
 

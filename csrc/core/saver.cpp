@@ -139,7 +139,7 @@ Status Saver::free(uintptr_t va, void* stream) {
                                  "made by another allocator)");
       }
       State state = it->second.state;
-      if (state == State::kActive || state == State::kPaused) {
+      if ((state == State::kActive && !it->second.sharing_ahead) || state == State::kPaused) {
         node = table_.extract(it);
         index_.erase(va);
         // Its copies too, before its address is released and may be another allocation's.
@@ -147,7 +147,7 @@ Status Saver::free(uintptr_t va, void* stream) {
         disk_copy = tiers_.disk_copies().take(va);  // its file is removed once this call ends
         break;
       }
-      settled_.wait(lock);  // a pause or resume is working on it
+      settled_.wait(lock);  // a pause or resume (or share_ahead) is working on it
     }
   }
   Allocation& a = node.mapped();

@@ -296,6 +296,7 @@ class Saver {
     bool catches_strays = false;  // its tag's StrayMode is not kOff (when a pause or resume claimed it)
     bool covered = false;  // paused with the scratch mapped over it (written under op_mu_)
     bool soft_pauses = false;  // its tag's soft pause (when a pause or resume claimed it)
+    bool sharing_ahead = false;  // its backup is being made ahead (share_ahead): a free waits
     // While paused: its host copy (a soft arena), mapped at its address (a soft pause). Held
     // here too, so the copy's memory never goes while mapped there.
     std::shared_ptr<HostArena> soft;
@@ -481,6 +482,19 @@ class Saver {
   // (their copies waited for), then the pending ones settled or made and copied here.
   Status finish_content(const std::vector<Allocation*>& batch, const std::vector<HostBuffer>& backups,
                         CopyMarks* copies, size_t i);
+  // Settles the chunks of `backup` other processes were making, copying from a's memory those
+  // nobody makes any more (where `key` is given, only while a is unchanged since `before`).
+  Status settle_pending_chunks(const Allocation& a, const HostBuffer& backup, const FingerprintKey* key,
+                               const std::vector<Fingerprint>* before);
+  // Copies a's bytes of each part (offset, bytes) into `copy` and waits for them.
+  Status copy_chunks(const Allocation& a, const HostBuffer& copy, const std::vector<std::pair<size_t, size_t>>& parts);
+  // Content backups made ahead (share_ahead.cpp), in the background: the selected tags' large
+  // backups taken into the node's store while resident, kept for their first pause.
+  void share_ahead(const TagSelection& selection);
+  HostBuffer share_one_ahead(const Allocation& a, const FingerprintKey& key);
+  static bool looks_unwritten(const std::vector<Fingerprint>& chunks, const FingerprintKey& key);
+  // OK where a's chunks still have the fingerprints `before`.
+  Status unchanged_since(const Allocation& a, const FingerprintKey& key, const std::vector<Fingerprint>& before);
   // Queues the copy of a's host copy (`copy`, the tiers') back into its piece k (freshly
   // mapped), or the piece's poisoning.
   Status restore(const Allocation& a, const HostBuffer& copy, size_t k);

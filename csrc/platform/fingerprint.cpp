@@ -5,6 +5,7 @@
 
 #include <sys/random.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -146,6 +147,18 @@ const char* fingerprint_kernel_ptx() {
 #include "fingerprint_kernel_ptx.inc"
       ;
   return text;
+}
+
+Fingerprint fingerprint_of_zeros(size_t bytes, const FingerprintKey& key) {
+  // Every whole segment of zeros has the same values: one segment's, repeated.
+  const std::vector<char> zeros(kFingerprintSegmentBytes, 0);
+  const size_t whole = bytes / kFingerprintSegmentBytes, rest = bytes % kFingerprintSegmentBytes;
+  std::vector<uint64_t> values(fingerprint_segments_in(bytes) * kFingerprintLanes);
+  uint64_t segment[kFingerprintLanes];
+  fingerprint_segments(zeros.data(), kFingerprintSegmentBytes, key, segment);
+  for (size_t k = 0; k < whole; ++k) std::copy(segment, segment + kFingerprintLanes, &values[k * kFingerprintLanes]);
+  if (rest != 0) fingerprint_segments(zeros.data(), rest, key, &values[whole * kFingerprintLanes]);
+  return join_segments(values.data(), bytes, key);
 }
 
 }  // namespace tmsl

@@ -70,6 +70,8 @@ void fingerprint_segments(const char* data, size_t bytes, const FingerprintKey& 
 Fingerprint join_segments(const uint64_t* segments, size_t bytes, const FingerprintKey& key);
 // The fingerprint of host bytes (the CPU half, then join_segments).
 Fingerprint fingerprint_bytes(const char* data, size_t bytes, const FingerprintKey& key);
+// The fingerprint of `bytes` zeros (fingerprintable), without reading them all.
+Fingerprint fingerprint_of_zeros(size_t bytes, const FingerprintKey& key);
 
 // The GPU half's PTX text (fingerprint_kernel.ptx) and its entry point's name.
 const char* fingerprint_kernel_ptx();

@@ -1,0 +1,103 @@
+// Content backups made ahead: where the process shares backups, leaving a backed-up region
+// (prepare_backups, in the background, during the first rollout) also takes each of its large
+// backups into the node's store as a pause would: fingerprinted on the device, its new chunks
+// copied and named, the chunks others are making waited for. The content arena is kept as a
+// resume keeps one (HostCopies, resident), so the first pause of the same bytes copies nothing
+// (content_copy takes the kept arena) and the first cycle runs as the later ones do.
+//
+// The memory is the user's meanwhile: a chunk is named only where the device memory's
+// fingerprint after its copy landed is the one taken before it, so a write racing the copy
+// (a weight update into the engine, say) leaves the chunk unnamed and the arena unkept; the
+// pause then fingerprints and copies afresh. Memory with a chunk of zeros, or a chunk like
+// another, is left to the pause: untouched memory reads as zeros (weights loaded after their
+// region are not there yet), and making it ahead would hold the store's memory for nothing.
+#include <algorithm>
+
+#include "core/saver.h"
+
+namespace tmsl {
+
+void Saver::share_ahead(const TagSelection& selection) {
+  const FingerprintKey* key = tiers_.content_key();
+  if (key == nullptr || tiers_.closing() || tiers_.cache_bytes() == 0) return;  // (nothing would be kept)
+  std::lock_guard<std::mutex> op(op_mu_);  // no pause or resume meanwhile
+  std::vector<Allocation*> wanted;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const bool retain = retain_backups_.load();
+    const auto copies = tiers_.copies().sizes();
+    for_each_selected(selection, [&](Allocation& a) {
+      if (a.state != State::kActive || !a.backs_up() || !content_addressed(a, key) || soft_pauses(*a.tag_info) ||
+          !(retain || resumed(a).cacheable)) {
+        return;
+      }
+      auto has_copy = std::lower_bound(copies.begin(), copies.end(), std::make_pair(a.va, size_t{0}));
+      if (has_copy != copies.end() && has_copy->first == a.va) return;
+      a.sharing_ahead = true;  // a free of it waits: its memory is read below
+      wanted.push_back(&a);
+    });
+  }
+  for (Allocation* a : wanted) {
+    HostBuffer copy = tiers_.closing() ? HostBuffer() : share_one_ahead(*a, *key);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      a->sharing_ahead = false;
+      if (copy) tiers_.copies().put_if_absent(a->va, copy, a->device, CopyState::kResident);
+    }
+    settled_.notify_all();
+    // (A copy not kept goes here, and with it its claims and unnamed chunks.)
+  }
+}
+
+HostBuffer Saver::share_one_ahead(const Allocation& a, const FingerprintKey& key) {
+  HostBuffer copy;
+  std::vector<Fingerprint> before;
+  Status s = tiers_.fingerprint_chunks(a.device, a.va, a.backup_bytes(), key, &before);
+  if (!s.ok() || looks_unwritten(before, key)) return HostBuffer();
+  if (!content_copy(a, key, HostBuffer(), &copy, &before).ok() || !copy || !copy.arena->is_content()) {
+    return HostBuffer();
+  }
+  s = copy_chunks(a, copy, copy.arena->writable_parts(copy.offset, copy.size));
+  if (s.ok()) s = unchanged_since(a, key, before);
+  if (s.ok()) {
+    copy.arena->publish();
+    s = settle_pending_chunks(a, copy, &key, &before);
+  }
+  if (!s.ok()) {
+    copy.arena->drop_claims();  // those waiting for its chunks go on at once
+    return HostBuffer();
+  }
+  return copy;
+}
+
+bool Saver::looks_unwritten(const std::vector<Fingerprint>& chunks, const FingerprintKey& key) {
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (chunks[i] == fingerprint_of_zeros(chunks[i].bytes, key)) return true;
+    if (std::find(chunks.begin() + i + 1, chunks.end(), chunks[i]) != chunks.end()) return true;
+  }
+  return false;
+}
+
+Status Saver::copy_chunks(const Allocation& a, const HostBuffer& copy, const std::vector<std::pair<size_t, size_t>>& parts) {
+  Status s;
+  for (const auto& [from, n] : parts) {
+    s = copy.for_each_part(from, n, [&](char* host, size_t at, size_t part) {
+      return backend_->copy_to_host_async(a.device, host, a.va + at, part);
+    });
+    if (!s.ok()) break;
+  }
+  // (Waited for also when queuing failed midway: nothing may still write into it.)
+  const Status waited = backend_->wait_copies(a.device);
+  return s.ok() ? waited : s;
+}
+
+Status Saver::unchanged_since(const Allocation& a, const FingerprintKey& key, const std::vector<Fingerprint>& before) {
+  std::vector<Fingerprint> after;
+  Status s = tiers_.fingerprint_chunks(a.device, a.va, a.backup_bytes(), key, &after);
+  if (s.ok() && after != before) {
+    s = Status::Error(Code::kInvalidArgument, "tag '" + a.tag + "' was written while its backup was made ahead");
+  }
+  return s;
+}
+
+}  // namespace tmsl
