@@ -29,26 +29,18 @@ import torch
 from cuda.bindings import driver as cu
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: support
-from support.driver_calls import device_props, ok  # noqa: E402
+from support.driver_calls import device_props, host_props, ok  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
 SIZE = 8 * GiB
 
 
 def host_prop():
-    prop = cu.CUmemAllocationProp()
-    prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-    prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_HOST_NUMA
-    prop.location.id = 0
-    return prop
+    return host_props()[0]
 
 
 def host_access():
-    a = cu.CUmemAccessDesc()
-    a.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_HOST_NUMA
-    a.location.id = 0
-    a.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-    return a
+    return host_props()[1]
 
 
 def now() -> float:
@@ -59,17 +51,11 @@ def ms(t: float) -> float:
     return (now() - t) * 1e3
 
 
-class Host:
-    """The host copy: handles of `piece` bytes, mapped for the host and the device at `at`."""
+class Handles:
+    """Handles of `piece` bytes each, mapped in order at an address."""
 
-    def __init__(self, piece: int):
-        self.piece = piece
-        _, dev = device_props()
-        self.handles = [ok(cu.cuMemCreate(piece, host_prop(), 0)) for _ in range(SIZE // piece)]
-        self.at = int(ok(cu.cuMemAddressReserve(SIZE, 0, 0, 0)))
-        for k, h in enumerate(self.handles):
-            ok(cu.cuMemMap(self.at + k * piece, piece, 0, h, 0))
-        ok(cu.cuMemSetAccess(self.at, SIZE, [dev, host_access()], 2))
+    def __init__(self, piece: int, handles: list):
+        self.piece, self.handles = piece, handles
 
     def map_at(self, va: int) -> float:
         t = now()
@@ -82,6 +68,17 @@ class Host:
         for k in range(len(self.handles)):
             ok(cu.cuMemUnmap(va + k * self.piece, self.piece))
         return ms(t)
+
+
+class Host(Handles):
+    """The host copy: handles of `piece` bytes, mapped for the host and the device at `at`."""
+
+    def __init__(self, piece: int):
+        super().__init__(piece, [ok(cu.cuMemCreate(piece, host_prop(), 0)) for _ in range(SIZE // piece)])
+        _, dev = device_props()
+        self.at = int(ok(cu.cuMemAddressReserve(SIZE, 0, 0, 0)))
+        self.map_at(self.at)
+        ok(cu.cuMemSetAccess(self.at, SIZE, [dev, host_access()], 2))
 
     def free(self) -> None:
         ok(cu.cuMemUnmap(self.at, SIZE))
@@ -90,27 +87,15 @@ class Host:
             ok(cu.cuMemRelease(h))
 
 
-class Device:
+class Device(Handles):
     """The tensor's device memory: `count` pieces mapped at `va`."""
 
     def __init__(self, va: int, count: int):
         prop, self.access = device_props()
-        self.va, self.piece = va, SIZE // count
-        self.handles = [ok(cu.cuMemCreate(self.piece, prop, 0)) for _ in range(count)]
+        super().__init__(SIZE // count, [ok(cu.cuMemCreate(SIZE // count, prop, 0)) for _ in range(count)])
+        self.va = va
         self.map_at(va)
         ok(cu.cuMemSetAccess(va, SIZE, [self.access], 1))
-
-    def map_at(self, va: int) -> float:
-        t = now()
-        for k, h in enumerate(self.handles):
-            ok(cu.cuMemMap(va + k * self.piece, self.piece, 0, h, 0))
-        return ms(t)
-
-    def unmap_at(self, va: int) -> float:
-        t = now()
-        for k in range(len(self.handles)):
-            ok(cu.cuMemUnmap(va + k * self.piece, self.piece))
-        return ms(t)
 
     def release(self) -> float:
         t = now()
@@ -211,31 +196,14 @@ def main() -> None:
 def access_alone() -> None:
     """How long making 8 GiB of host handles readable by the device takes with nothing else
     running: at once, or split over 4 threads; and against device memory of the same size."""
-    import threading
-
     _, dev_access = device_props()
-    ctx = ok(cu.cuCtxGetCurrent())
     for host_piece in (64 * MiB, 2 * GiB):
         host = Host(host_piece)
         for threads in (1, 4):
             va = int(ok(cu.cuMemAddressReserve(SIZE, 0, 0, 0)))
             host.map_at(va)
-            part = SIZE // threads
-
-            def give(k: int, va=va, part=part) -> None:
-                ok(cu.cuCtxSetCurrent(ctx))
-                ok(cu.cuMemSetAccess(va + k * part, part, [dev_access], 1))
-
-            t = now()
-            workers = [threading.Thread(target=give, args=(k,)) for k in range(threads)]
-            for w in workers:
-                w.start()
-            for w in workers:
-                w.join()
-            took = ms(t)
-            t = now()
-            host.unmap_at(va)
-            unmap = ms(t)
+            took = threaded_access(va, dev_access, threads)
+            unmap = host.unmap_at(va)
             ok(cu.cuMemAddressFree(va, SIZE))
             print(f"host {host_piece // MiB:5} MiB handles: access for the device on {threads} thread(s) "
                   f"{took:.1f} ms, unmap {unmap:.1f} ms", flush=True)

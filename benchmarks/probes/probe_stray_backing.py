@@ -24,7 +24,7 @@ import torch
 from cuda.bindings import driver as cu
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: support
-from support.driver_calls import device_props, ok  # noqa: E402
+from support.driver_calls import device_props, host_props, ok  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
 
@@ -41,11 +41,7 @@ def view(ptr: int, size: int) -> torch.Tensor:
 
 
 def host_prop():
-    prop = cu.CUmemAllocationProp()
-    prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-    prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_HOST_NUMA
-    prop.location.id = 0
-    return prop
+    return host_props()[0]
 
 
 def timed(fn) -> float:

@@ -33,3 +33,16 @@ def map_fresh(size: int):
     ok(cu.cuMemMap(va, size, 0, handle, 0))
     ok(cu.cuMemSetAccess(va, size, [access], 1))
     return va, handle
+
+
+def host_props(numa: int = 0):
+    """(allocation properties, read-write access) for CUDA-VMM host memory (HOST_NUMA) on NUMA
+    node `numa`: what a soft pause's copy is made of."""
+    prop = cu.CUmemAllocationProp()
+    prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_HOST_NUMA
+    prop.location.id = numa
+    access = cu.CUmemAccessDesc()
+    access.location = prop.location
+    access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    return prop, access
