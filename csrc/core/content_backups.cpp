@@ -9,7 +9,7 @@
 namespace tmsl {
 
 Status Saver::content_copy(const Allocation& a, const FingerprintKey& key, const HostBuffer& kept, HostBuffer* out,
-                           std::vector<Fingerprint>* fingerprints) {
+                           std::vector<Fingerprint>* fingerprints, bool make_room) {
   std::vector<Fingerprint>& chunks = *fingerprints;
   Status s = tiers_.fingerprint_chunks(a.device, a.va, a.backup_bytes(), key, &chunks);
   if (s.code == Code::kUnsupported) return s;  // copied as before
@@ -22,7 +22,7 @@ Status Saver::content_copy(const Allocation& a, const FingerprintKey& key, const
     return Status::Ok();
   }
   size_t new_bytes = 0;
-  s = tiers_.content_copy(a.device, a.backup_bytes(), chunks, out, &new_bytes);
+  s = tiers_.content_copy(a.device, a.backup_bytes(), chunks, out, &new_bytes, make_room);
   if (!s.ok()) {
     return with_context(s, "pausing tag '" + a.tag + "': no host memory for its " + format_bytes(new_bytes) +
                                " of new backup chunks; everything stays resident with its content, call pause "

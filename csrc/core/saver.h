@@ -466,8 +466,9 @@ class Saver {
   // holds those bytes, else a content arena. kUnsupported: the device cannot fingerprint; the
   // caller copies as before.
   // Its chunks' fingerprints go to *fingerprints.
+  // Without `make_room`, a shortage of host memory fails it instead of making the caches give way.
   Status content_copy(const Allocation& a, const FingerprintKey& key, const HostBuffer& kept, HostBuffer* out,
-                      std::vector<Fingerprint>* fingerprints);
+                      std::vector<Fingerprint>* fingerprints, bool make_room = true);
   // Whether a's backup goes to the node's store (where this process shares: `key`): large
   // (more than one chunk) and kept after a resume (not an "mmap" copy).
   static bool content_addressed(const Allocation& a, const FingerprintKey* key) {
@@ -492,6 +493,8 @@ class Saver {
   // backups taken into the node's store while resident, kept for their first pause.
   void share_ahead(const TagSelection& selection);
   HostBuffer share_one_ahead(const Allocation& a, const FingerprintKey& key);
+  // Whether a's backup is one share_ahead makes (resident, content-addressed, none kept). Needs mu_.
+  bool wants_ahead(const Allocation& a, const FingerprintKey& key);
   static bool looks_unwritten(const std::vector<Fingerprint>& chunks, const FingerprintKey& key);
   // OK where a's chunks still have the fingerprints `before`.
   Status unchanged_since(const Allocation& a, const FingerprintKey& key, const std::vector<Fingerprint>& before);

@@ -12,6 +12,7 @@
 // another, is left to the pause: untouched memory reads as zeros (weights loaded after their
 // region are not there yet), and making it ahead would hold the store's memory for nothing.
 #include <algorithm>
+#include <exception>
 
 #include "core/saver.h"
 
@@ -19,34 +20,51 @@ namespace tmsl {
 
 void Saver::share_ahead(const TagSelection& selection) {
   const FingerprintKey* key = tiers_.content_key();
-  if (key == nullptr || tiers_.closing() || tiers_.cache_bytes() == 0) return;  // (nothing would be kept)
+  if (key == nullptr || tiers_.closing()) return;
   std::lock_guard<std::mutex> op(op_mu_);  // no pause or resume meanwhile
-  std::vector<Allocation*> wanted;
+  std::vector<uintptr_t> wanted;  // looked up again one at a time: a free may come between
   {
     std::lock_guard<std::mutex> lock(mu_);
-    const bool retain = retain_backups_.load();
-    const auto copies = tiers_.copies().sizes();
-    for_each_selected(selection, [&](Allocation& a) {
-      if (a.state != State::kActive || !a.backs_up() || !content_addressed(a, key) || soft_pauses(*a.tag_info) ||
-          !(retain || resumed(a).cacheable)) {
-        return;
-      }
-      auto has_copy = std::lower_bound(copies.begin(), copies.end(), std::make_pair(a.va, size_t{0}));
-      if (has_copy != copies.end() && has_copy->first == a.va) return;
-      a.sharing_ahead = true;  // a free of it waits: its memory is read below
-      wanted.push_back(&a);
+    for_each_selected(selection, [&](const Allocation& a) {
+      if (wants_ahead(a, *key)) wanted.push_back(a.va);
     });
   }
-  for (Allocation* a : wanted) {
-    HostBuffer copy = tiers_.closing() ? HostBuffer() : share_one_ahead(*a, *key);
+  for (uintptr_t va : wanted) {
+    // (Under the operation lock: a cache set to no bytes meanwhile would keep nothing.)
+    if (tiers_.closing() || tiers_.cache_bytes() == 0) return;
+    Allocation* a = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = table_.find(va);
+      if (it == table_.end() || !wants_ahead(it->second, *key)) continue;
+      a = &it->second;
+      a->sharing_ahead = true;  // a free of it waits until it is cleared below: its memory is read
+    }
+    HostBuffer copy;
+    try {
+      copy = share_one_ahead(*a, *key);
+    } catch (const std::exception&) {
+      copy = HostBuffer();  // (best effort: the pause makes it)
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       a->sharing_ahead = false;
-      if (copy) tiers_.copies().put_if_absent(a->va, copy, a->device, CopyState::kResident);
+      try {
+        if (copy) tiers_.copies().put_if_absent(va, copy, a->device, CopyState::kResident);
+      } catch (const std::exception&) {
+      }
     }
     settled_.notify_all();
     // (A copy not kept goes here, and with it its claims and unnamed chunks.)
   }
+}
+
+bool Saver::wants_ahead(const Allocation& a, const FingerprintKey& key) {
+  if (a.state != State::kActive || !a.backs_up() || !content_addressed(a, &key) || soft_pauses(*a.tag_info) ||
+      !(retain_backups_.load() || resumed(a).cacheable)) {
+    return false;
+  }
+  return !tiers_.copies().peek({a.va})[0];  // (none kept from a resume, none set aside)
 }
 
 HostBuffer Saver::share_one_ahead(const Allocation& a, const FingerprintKey& key) {
@@ -54,7 +72,8 @@ HostBuffer Saver::share_one_ahead(const Allocation& a, const FingerprintKey& key
   std::vector<Fingerprint> before;
   Status s = tiers_.fingerprint_chunks(a.device, a.va, a.backup_bytes(), key, &before);
   if (!s.ok() || looks_unwritten(before, key)) return HostBuffer();
-  if (!content_copy(a, key, HostBuffer(), &copy, &before).ok() || !copy || !copy.arena->is_content()) {
+  // (No room made: a guess made in the background takes no other copy's memory, this process's or another's.)
+  if (!content_copy(a, key, HostBuffer(), &copy, &before, false).ok() || !copy || !copy.arena->is_content()) {
     return HostBuffer();
   }
   s = copy_chunks(a, copy, copy.arena->writable_parts(copy.offset, copy.size));

@@ -152,9 +152,10 @@ class BackupTiers {
   // A copy of `bytes` on `device` whose chunks (HostArena::chunks_in(bytes) of them, kRangeBytes
   // each) have the fingerprints `chunks`, in a content arena: the chunks the store has are
   // taken as they are, the others made new for the pause to copy into (*new_bytes: theirs).
-  // Takes room for the new ones as host_memory does (the pool and the caches give way).
+  // Takes room for the new ones as host_memory does (the pool and the caches give way), where
+  // `make_room`.
   Status content_copy(int device, size_t bytes, const std::vector<Fingerprint>& chunks, HostBuffer* out,
-                      size_t* new_bytes);
+                      size_t* new_bytes, bool make_room = true);
   // Pending chunk `index` of a content arena (another process was making it): settled once
   // the store has it; made new here (*made: the caller copies into it and publishes) where
   // nobody makes it any more, or past `deadline` (one for a whole pause: kPatienceForChunks).

@@ -25,7 +25,7 @@ Status BackupTiers::fingerprint_chunks(int device, uintptr_t va, size_t bytes, c
 }
 
 Status BackupTiers::content_copy(int device, size_t bytes, const std::vector<Fingerprint>& fingerprints,
-                                 HostBuffer* out, size_t* new_bytes) {
+                                 HostBuffer* out, size_t* new_bytes, bool make_room) {
   std::unique_ptr<HostArena> made;
   auto attempt = [&] {
     // Opened again at each attempt: the arena takes the chunks, also when it fails.
@@ -58,7 +58,7 @@ Status BackupTiers::content_copy(int device, size_t bytes, const std::vector<Fin
   };
   // Short of room: the pool and the caches give way for the new chunks' bytes (only those).
   Status s = attempt();
-  if (s.code == Code::kOutOfMemory) s = with_room(*new_bytes, attempt);
+  if (s.code == Code::kOutOfMemory && make_room) s = with_room(*new_bytes, attempt);
   if (!s.ok()) return s;
   // Never pooled: its memory is chunks of the store, never written again.
   *out = HostBuffer{pool_.track(std::move(made), false), 0, bytes};
