@@ -3,7 +3,7 @@ sharing one GPU (as colocated frameworks run them), each pausing --gib GiB of we
 --cycles cycles, with content sharing off and on (TMSL_SHARE_BACKUPS).
 
     python benchmarks/bench_content_sharing.py [--processes 4] [--gib 8] [--cycles 3]
-        [--scenarios identical,distinct,changed,staggered,budget] [--paused 2] [--rollout 1]
+        [--scenarios identical,distinct,changed,trained,staggered,budget] [--paused 2] [--rollout 1]
 
 Each process loads its weights inside its backed-up region, as engines do, and runs a first
 rollout (--rollout seconds) before its first pause: where it shares, its backups are taken into
@@ -15,6 +15,7 @@ Scenarios, each a fresh set of processes and a node ledger (and store) of its ow
   once the one before is paused (a replica pausing after another already has);
 - distinct: each process its own weights (tensor-parallel shards): nothing to share;
 - changed: the same in every process, new every cycle (the weights after a training step);
+- trained: each process its own weights, new every cycle (shards after a training step);
 - budget: identical, under a node budget of one process's bytes plus 10 %.
 
 Per scenario and cycle: the pause of all processes (from the first start to the last end),
@@ -59,7 +60,7 @@ torch.cuda.init()
 torch.empty(1, device="cuda")
 barrier("ready")  # the driver's baseline of this process's host memory
 def fill(cycle):
-    seed = 1234 + (rank if scenario == "distinct" else 0) + (cycle if scenario == "changed" else 0)
+    seed = 1234 + (rank if scenario in ("distinct", "trained") else 0) + (1000 * cycle if scenario in ("changed", "trained") else 0)
     weights.random_(generator=torch.Generator(device="cuda").manual_seed(seed))
     torch.cuda.synchronize()
 
@@ -69,7 +70,7 @@ with saver.region("weights", enable_cpu_backup=True):
 expected = weights.clone()  # (in GPU memory, outside the region: the check costs no host memory)
 rows = []
 for cycle in range(cycles):
-    if scenario == "changed" and cycle > 0:
+    if scenario in ("changed", "trained") and cycle > 0:
         expected = None  # (GPU memory for one reference at a time)
         fill(cycle)
         expected = weights.clone()
@@ -151,7 +152,7 @@ def run(scenario: str, share: bool, args: argparse.Namespace) -> dict:
     env = {**os.environ, "TMSL_HOST_LEDGER": os.path.join(shm, "ledger"), "TMSL_SHARE_BACKUPS": "1" if share else "0"}
     if scenario == "budget":
         env["TMSL_HOST_MEMORY_BUDGET"] = str(int(1.1 * args.gib * GiB))
-    worker = "changed" if scenario == "changed" else "distinct" if scenario == "distinct" else "identical"
+    worker = scenario if scenario in ("changed", "trained", "distinct") else "identical"
     children = [subprocess.Popen([sys.executable, "-c", WORKER, str(args.gib), str(args.cycles), go_dir, str(rank),
                                   worker], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 for rank in range(args.processes)]
@@ -216,7 +217,7 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--gib", type=float, default=8.0)
     parser.add_argument("--cycles", type=int, default=3)
-    parser.add_argument("--scenarios", default="identical,staggered,distinct,changed,budget")
+    parser.add_argument("--scenarios", default="identical,staggered,distinct,changed,trained,budget")
     parser.add_argument("--sharing", default="off,on", help="off, on or both (off,on)")
     parser.add_argument("--paused", type=float, default=2.0, help="seconds paused each cycle (the training phase)")
     parser.add_argument("--rollout", type=float, default=1.0,

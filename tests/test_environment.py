@@ -22,7 +22,7 @@ FLAGS = {
     "share_backups": ("TMSL_SHARE_BACKUPS", None),
     "verify_wake": ("TMSL_VERIFY_WAKE", None),
 }
-ON_BY_DEFAULT = {"verify_wake"}
+ON_BY_DEFAULT = {"verify_wake", "share_backups"}
 # The default region's backup flags show in backup_choice (they exclude each other when both on).
 BACKUP_FLAGS = (("TMSL_DEFAULT_CPU_BACKUP", "TMS_INIT_ENABLE_CPU_BACKUP"),
                 ("TMSL_DEFAULT_DISK_BACKUP", "TMS_INIT_ENABLE_DISK_BACKUP"))

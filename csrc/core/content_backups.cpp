@@ -8,21 +8,29 @@
 
 namespace tmsl {
 
-Status Saver::content_copy(const Allocation& a, const FingerprintKey& key, const HostBuffer& kept, HostBuffer* out,
+Status Saver::content_copy(const Allocation& a, const FingerprintKey& key, HostBuffer* kept, HostBuffer* out,
                            std::vector<Fingerprint>* fingerprints, bool make_room) {
   std::vector<Fingerprint>& chunks = *fingerprints;
   Status s = tiers_.fingerprint_chunks(a.device, a.va, a.backup_bytes(), key, &chunks);
   if (s.code == Code::kUnsupported) return s;  // copied as before
   if (!s.ok()) return with_context(s, "fingerprinting tag '" + a.tag + "' (" + format_bytes(a.size) + " at " +
                                           format_address(a.va) + "); everything stays resident with its content");
-  if (kept && kept.size == a.backup_bytes() && kept.arena->content() == chunks) {
-    // The same bytes as at its last pause: the copy it kept is taken again as it is.
-    kept.arena->note_use();
-    *out = kept;
-    return Status::Ok();
+  if (*kept && kept->size == a.backup_bytes() && kept->arena->is_content()) {
+    // The same bytes as at its last pause: the copy it kept is taken again as it is. Changed
+    // bytes (new weights) go into its own chunks where nobody else holds them: no fresh memory,
+    // none held twice.
+    if (kept->arena->content() == chunks || kept->arena->recycle(chunks)) {
+      kept->arena->note_use();
+      *out = *kept;
+      return Status::Ok();
+    }
+    // Stale, and others hold some of it: let go of before new chunks are made (never both at once).
+    tiers_.copies().take(a.va);
+    *kept = HostBuffer();
   }
   size_t new_bytes = 0;
   s = tiers_.content_copy(a.device, a.backup_bytes(), chunks, out, &new_bytes, make_room);
+  if (s.code == Code::kUnsupported) return s;  // (no room in the store: copied privately)
   if (!s.ok()) {
     return with_context(s, "pausing tag '" + a.tag + "': no host memory for its " + format_bytes(new_bytes) +
                                " of new backup chunks; everything stays resident with its content, call pause "

@@ -403,7 +403,7 @@ Status Saver::queue_backups(std::vector<Allocation*>* batch_in, std::vector<Host
   size_t bytes = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     Allocation& a = *batch[i];
-    const HostBuffer& copy = kept[i];
+    HostBuffer& copy = kept[i];
     CopyRequest& r = requests[i];
     a.wake_fingerprints.clear();  // this pause's, below or in take_wake_fingerprints
     a.wake_unchecked = false;
@@ -417,7 +417,7 @@ Status Saver::queue_backups(std::vector<Allocation*>* batch_in, std::vector<Host
     r.soft_span = soft ? a.size : 0;
     if (a.backup && !a.soft_pauses && content_addressed(a, key)) {
       // (A private copy it kept goes at settle: the store's chunks replace it.)
-      Status s = content_copy(a, *key, copy, &(*backups)[i], &a.wake_fingerprints);
+      Status s = content_copy(a, *key, &copy, &(*backups)[i], &a.wake_fingerprints);
       if (!s.ok() && s.code != Code::kUnsupported) return s;
       if (s.ok()) r.tier = Tier::kContent;
       const bool verify = verify_wake_.load() && a.verify;

@@ -462,12 +462,13 @@ class Saver {
   // Sets one of the tag's settings (entering the tag, as a region would).
   Status set_tag(const std::string& tag, const std::function<void(TagInfo&)>& set);
   // Content backups (content_backups.cpp): a large backup's copy in chunks of the node's store
-  // (tiers/content_copies.cpp): `kept` (its copy from the last cycle) where its memory still
-  // holds those bytes, else a content arena. kUnsupported: the device cannot fingerprint; the
-  // caller copies as before.
+  // (tiers/content_copies.cpp): *kept (its content arena from the last cycle) where its memory
+  // still holds those bytes, or with its changed chunks recycled, else a new content arena
+  // (a stale *kept let go of first: emptied, and out of the tiers' copies). kUnsupported: the
+  // device cannot fingerprint, or the store has no room; the caller copies as before.
   // Its chunks' fingerprints go to *fingerprints.
   // Without `make_room`, a shortage of host memory fails it instead of making the caches give way.
-  Status content_copy(const Allocation& a, const FingerprintKey& key, const HostBuffer& kept, HostBuffer* out,
+  Status content_copy(const Allocation& a, const FingerprintKey& key, HostBuffer* kept, HostBuffer* out,
                       std::vector<Fingerprint>* fingerprints, bool make_room = true);
   // Whether a's backup goes to the node's store (where this process shares: `key`): large
   // (more than one chunk) and kept after a resume (not an "mmap" copy).

@@ -73,7 +73,8 @@ HostBuffer Saver::share_one_ahead(const Allocation& a, const FingerprintKey& key
   Status s = tiers_.fingerprint_chunks(a.device, a.va, a.backup_bytes(), key, &before);
   if (!s.ok() || looks_unwritten(before, key)) return HostBuffer();
   // (No room made: a guess made in the background takes no other copy's memory, this process's or another's.)
-  if (!content_copy(a, key, HostBuffer(), &copy, &before, false).ok() || !copy || !copy.arena->is_content()) {
+  HostBuffer none;
+  if (!content_copy(a, key, &none, &copy, &before, false).ok() || !copy || !copy.arena->is_content()) {
     return HostBuffer();
   }
   s = copy_chunks(a, copy, copy.arena->writable_parts(copy.offset, copy.size));

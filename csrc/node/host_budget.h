@@ -56,6 +56,12 @@ class HostBudget {
   // Lets go of a chunk open_chunk or publish_chunk holds / of a new chunk never published.
   virtual void release_shared(int fd) = 0;
   virtual void discard_chunk(int fd) = 0;
+  // A chunk this process made and alone holds, unnamed again for new bytes (*taken; false:
+  // still held as it was).
+  virtual Status take_back_chunk(int fd, bool* taken) = 0;
+  // The bytes new chunks may still take in the store (its file system's free space, less
+  // what stays free for others).
+  virtual size_t store_room() = 0;
 };
 
 }  // namespace tmsl

@@ -592,4 +592,8 @@ void NodeLedger::release_shared(int fd) { NodeStore::release(fd); }
 
 void NodeLedger::discard_chunk(int fd) { NodeStore::discard(fd); }
 
+Status NodeLedger::take_back_chunk(int fd, bool* taken) { return NodeStore::take_back(fd, taken); }
+
+size_t NodeLedger::store_room() { return NodeStore::room(store_); }
+
 }  // namespace tmsl

@@ -84,6 +84,8 @@ class NodeLedger final : public HostBudget {
   Status wait_for_chunk(const Fingerprint& f, std::chrono::milliseconds patience, int* fd) override;
   void release_shared(int fd) override;
   void discard_chunk(int fd) override;
+  Status take_back_chunk(int fd, bool* taken) override;
+  size_t store_room() override;
 
   struct Holder {
     size_t entry;  // the process's entry in the ledger: unique while it lives

@@ -5,10 +5,15 @@
 #include <pthread.h>
 #include <sys/file.h>
 #include <linux/magic.h>
+#include <linux/fs.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/statvfs.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -27,6 +32,11 @@ bool private_to_this_user(const struct stat& st) {
 }
 
 namespace {
+
+// Chunks taken back for new bytes are renamed so (a name with a dot is never a chunk's): a file
+// once named cannot be named again after its last name goes (only an O_TMPFILE can), but it
+// can be renamed, so it keeps one until published again.
+constexpr const char* kHiddenPrefix = ".recycled-";
 
 // The store's directory, opened and trusted only if it is this user's and nobody else may
 // write it: /dev/shm is every user's, and another one could plant a store or chunks. Every
@@ -62,6 +72,13 @@ class StoreDirectory {
   void each_claim(Visit&& visit) const {
     each_name([&](const char* name) {
       if (strncmp(name, ".claim-", 7) == 0) visit(name);
+    });
+  }
+  // Calls visit(name) for each chunk taken back for new bytes (hidden meanwhile).
+  template <typename Visit>
+  void each_hidden(Visit&& visit) const {
+    each_name([&](const char* name) {
+      if (strncmp(name, kHiddenPrefix, strlen(kHiddenPrefix)) == 0) visit(name);
     });
   }
 
@@ -106,6 +123,15 @@ void unlink_if_unheld(int directory, int fd, const char* name) {
   if (flock(fd, LOCK_EX | LOCK_NB) == 0 && fstat(fd, &open_file) == 0 && open_file.st_nlink > 0 &&
       fstatat(directory, name, &named, AT_SYMLINK_NOFOLLOW) == 0 && named.st_ino == open_file.st_ino &&
       named.st_dev == open_file.st_dev) {
+    unlinkat(directory, name, 0);
+  }
+}
+
+// Removes the name `name` if it is still the file open at `fd`'s.
+void unlink_if_named(int directory, int fd, const char* name) {
+  struct stat open_file {}, named {};
+  if (fstat(fd, &open_file) == 0 && fstatat(directory, name, &named, AT_SYMLINK_NOFOLLOW) == 0 &&
+      named.st_ino == open_file.st_ino && named.st_dev == open_file.st_dev) {
     unlinkat(directory, name, 0);
   }
 }
@@ -183,6 +209,30 @@ class HeldChunks {
     return true;
   }
   // The chunk's path, taken off the list; false when it was let go of already (at exit).
+  // Chunks taken back (take_back), under a hidden name until published again (fd -> path).
+  void note_hidden(int fd, const std::string& path) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (path.empty()) {
+      hidden_.erase(fd);
+    } else {
+      hidden_[fd] = path;
+    }
+  }
+  bool hidden_path(int fd, std::string* path) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = hidden_.find(fd);
+    if (it == hidden_.end()) return false;
+    *path = it->second;
+    return true;
+  }
+  // The chunk's path, still on the list; false where fd is none of its chunks.
+  bool path_of(int fd, std::string* path) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = paths_.find(fd);
+    if (it == paths_.end()) return false;
+    *path = it->second;
+    return true;
+  }
   bool take(int fd, std::string* path) {
     if (in_forked_child()) return false;  // closed when the child started
     std::lock_guard<std::mutex> lock(mu_);
@@ -203,7 +253,11 @@ class HeldChunks {
     for (const auto& entry : paths_) with_directory(entry.second, [&](int directory, const char* name) {
       unlink_if_unheld(directory, entry.first, name);
     });
+    for (const auto& entry : hidden_) with_directory(entry.second, [&](int directory, const char* name) {
+      unlink_if_named(directory, entry.first, name);
+    });
     paths_.clear();
+    hidden_.clear();
   }
   // In a forked child (the map locked by the fork): its copies of the descriptors closed.
   void forget_in_child() {
@@ -211,6 +265,7 @@ class HeldChunks {
     for (int fd : unnamed_) close(fd);
     paths_.clear();
     unnamed_.clear();
+    hidden_.clear();  // (their descriptors are among unnamed_)
     mu_.unlock();
   }
 
@@ -218,6 +273,7 @@ class HeldChunks {
   std::map<int, std::string> paths_;
   std::set<std::string> claims_;  // the names of the claims this process holds
   std::set<int> unnamed_;         // descriptors of unnamed new chunks and of claims
+  std::map<int, std::string> hidden_;  // chunks taken back, under a hidden name meanwhile
   bool exiting_ = false;
 
  public:
@@ -385,7 +441,20 @@ Status NodeStore::publish(const std::string& path, int fd, const Fingerprint& f,
   const std::string name = f.name();
   if (fchmod(fd, 0400) != 0) return errno_status("making a shared backup chunk read-only", errno);
   if (flock(fd, LOCK_SH) != 0) return errno_status("holding a shared backup chunk", errno);
-  if (!link_into(directory.fd(), fd, name.c_str())) {
+  std::string hidden;
+  if (HeldChunks::instance().hidden_path(fd, &hidden)) {
+    // A chunk taken back: renamed into place (never over another's), or unnamed for good.
+    const char* hidden_name = hidden.c_str() + hidden.rfind('/') + 1;
+    // (renameat2 by its number: the portable wheel's glibc floor predates its wrapper.)
+    if (syscall(SYS_renameat2, directory.fd(), hidden_name, directory.fd(), name.c_str(), RENAME_NOREPLACE) != 0) {
+      const int error = errno;
+      unlink_if_named(directory.fd(), fd, hidden_name);
+      HeldChunks::instance().note_hidden(fd, "");
+      flock(fd, LOCK_UN);
+      return error == EEXIST || error == ENOENT ? Status::Ok() : errno_status("naming the shared backup chunk " + name, error);
+    }
+    HeldChunks::instance().note_hidden(fd, "");
+  } else if (!link_into(directory.fd(), fd, name.c_str())) {
     const int error = errno;
     flock(fd, LOCK_UN);
     return error == EEXIST ? Status::Ok() : errno_status("naming the shared backup chunk " + name, error);
@@ -402,6 +471,11 @@ Status NodeStore::publish(const std::string& path, int fd, const Fingerprint& f,
 
 void NodeStore::discard(int fd) {
   if (in_forked_child()) return;  // closed when the child started
+  std::string hidden;
+  if (HeldChunks::instance().hidden_path(fd, &hidden)) {
+    HeldChunks::with_directory(hidden, [&](int directory, const char* name) { unlink_if_named(directory, fd, name); });
+    HeldChunks::instance().note_hidden(fd, "");
+  }
   HeldChunks::instance().note_unnamed(fd, false);
   close(fd);
 }
@@ -484,9 +558,58 @@ void NodeStore::release(int fd) {
   if (HeldChunks::instance().take(fd, &path)) HeldChunks::let_go(fd, path);
 }
 
+Status NodeStore::take_back(int fd, bool* taken) {
+  *taken = false;
+  std::string path;
+  const int mode = fcntl(fd, F_GETFL);
+  // Only a chunk this process made is open for writing: the others' are read-only here.
+  if (in_forked_child() || mode < 0 || (mode & O_ACCMODE) != O_RDWR || !HeldChunks::instance().path_of(fd, &path)) {
+    return Status::Ok();
+  }
+  static std::atomic<uint64_t> taken_back{0};
+  const std::string hidden = kHiddenPrefix + std::to_string(getpid()) + "-" + std::to_string(++taken_back);
+  HeldChunks::with_directory(path, [&](int directory, const char* name) {
+    struct stat open_file {}, named {};
+    // An exclusive lock is had only where no other process holds it, and nobody takes one
+    // meanwhile (open() takes a shared one first, then checks the name still leads here). It
+    // stays held while the file is hidden: the garbage collection leaves it alone.
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) return;
+    *taken = fstat(fd, &open_file) == 0 && fstatat(directory, name, &named, AT_SYMLINK_NOFOLLOW) == 0 &&
+             named.st_ino == open_file.st_ino && named.st_dev == open_file.st_dev &&
+             renameat(directory, name, directory, hidden.c_str()) == 0;
+  });
+  if (!*taken) {
+    // (A refused conversion may leave no lock: held again, as it was.)
+    if (!shared_lock(fd)) return Status::Error(Code::kHostError, "holding a shared backup chunk again failed");
+    return Status::Ok();
+  }
+  std::string taken_path;
+  HeldChunks::instance().take(fd, &taken_path);
+  HeldChunks::instance().note_unnamed(fd, true);
+  HeldChunks::instance().note_hidden(fd, path.substr(0, path.rfind('/') + 1) + hidden);
+  return Status::Ok();
+}
+
+size_t NodeStore::room(const std::string& path) {
+  StoreDirectory directory(path, true);
+  struct statvfs fs {};
+  if (directory.fd() < 0 || fstatvfs(directory.fd(), &fs) != 0) return 0;
+  const size_t total = static_cast<size_t>(fs.f_blocks) * fs.f_frsize;
+  const size_t free = static_cast<size_t>(fs.f_bavail) * fs.f_frsize;
+  const size_t kept_free = std::max(total / 10, size_t{1} << 30);
+  return free > kept_free ? free - kept_free : 0;
+}
+
 void NodeStore::collect_garbage(const std::string& path) {
   StoreDirectory directory(path, false);
   directory.each_claim([&](const char* name) { claim_held(directory.fd(), name); });
+  directory.each_hidden([&](const char* name) {  // taken back by a process that died meanwhile
+    const int chunk = openat(directory.fd(), name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (chunk >= 0) {
+      unlink_if_unheld(directory.fd(), chunk, name);
+      close(chunk);
+    }
+  });
   directory.each([&](const char* name) {
     const int chunk = open_chunk(directory.fd(), name);
     if (chunk >= 0) {

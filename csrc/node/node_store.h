@@ -67,6 +67,14 @@ class NodeStore {
   static void release(int fd);
   // Closes a new chunk that was never published.
   static void discard(int fd);
+  // Takes back a chunk this process made (open for writing) and alone holds: its name goes,
+  // and its file, open at fd, is an unnamed new chunk again, for new bytes and publish().
+  // *taken false (the chunk still held as it was) where another process holds it too.
+  static Status take_back(int fd, bool* taken);
+  // The bytes new chunks may still take in `directory`'s file system: its free space less
+  // what stays free for everyone else there (a tenth of it, at least 1 GiB: NCCL, data
+  // loaders and other processes' shared memory live in /dev/shm too).
+  static size_t room(const std::string& directory);
   // Removes the chunks in `directory` nobody holds, and the claims nobody holds (what processes
   // that died left behind).
   static void collect_garbage(const std::string& directory);

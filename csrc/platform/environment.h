@@ -45,7 +45,7 @@ constexpr size_t kMaxDiskBackupDirBytes = 4096;  // with its NUL: what TmslProce
 //                               without a backup meets (0, 1, 2: Saver's StrayMode)
 //   TMSL_SOFT_PAUSE (flag)      savers start with soft pauses turned on
 //   TMSL_DISK_BACKUP_DIR / TMS_DISK_BACKUP_DIR (path)   where disk backups go; checked where used
-//   TMSL_SHARE_BACKUPS (flag)   identical large backups are stored once per node
+//   TMSL_SHARE_BACKUPS (flag, default 1)   identical large backups are stored once per node
 //   TMSL_HOST_MEMORY_BUDGET (size)   the node's host-memory budget, set when the ledger opens
 //   TMSL_HOST_LEDGER (path)     the ledger file the node's processes share ("": the default)
 // A bad value leaves the default regions off and is kept in `error`.
@@ -61,7 +61,7 @@ struct ProcessDefaults {
   bool soft_pause = false;
   std::string disk_backup_dir_variable;  // the variable that named it ("": none did)
   std::string disk_backup_dir;
-  bool share_backups = false;
+  bool share_backups = true;
   size_t host_memory_budget = 0;  // 0: not set
   std::string host_memory_budget_error;  // what is wrong with it ("": nothing); also in `error`
   std::string host_ledger;  // "": the default file (node_ledger.cpp)

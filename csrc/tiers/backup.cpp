@@ -81,6 +81,13 @@ bool private_copy(char* at, size_t size, int fd) {
 // parent's alone.
 void HostArena::keep_from_children(void* at, size_t size) { madvise(at, size, MADV_DONTFORK); }
 
+bool HostArena::private_memory_at(char* at, size_t size) {
+  if (mmap(at, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED) return false;
+  madvise(at, size, MADV_HUGEPAGE);
+  keep_from_children(at, size);
+  return fault_in_pages(at, size, -1, 0);
+}
+
 bool HostArena::fault_in_pages(char* at, size_t size, int file, size_t in_file) {
   if (file >= 0) {
     // A file's pages are allocated in the file first: a full tmpfs answers ENOSPC here, where
@@ -261,6 +268,16 @@ void HostArena::page_lock() {
       }
     }
     give_way();
+    if (range.no_room) {
+      // A new chunk whose file got no pages (the store's file system filled up after the room
+      // was checked): private memory in its place, never published, as with sharing off.
+      if (ftruncate(range.new_fd, 0) != 0) {}  // (what pages it got go back; best effort)
+      if (private_memory_at(data_ + range.start, range.size)) {
+        std::lock_guard<std::mutex> lock(mu_);
+        range.own = true;
+        range.no_room = false;
+      }
+    }
     // A failure is not final: the range's first copy tries again (for_each_part).
     bool registered = range.size != 0 && !range.no_room &&
                       backend_->register_host(device_, data_ + range.start, range.size, range.shared_fd >= 0).ok();

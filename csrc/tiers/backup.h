@@ -145,6 +145,12 @@ class HostArena {
   // Pending chunk `index` is nobody's to make any more: made here, new, for the caller to copy
   // into and publish (`claim`: its claim, or -1).
   Status make_chunk(size_t index, int claim);
+  // A content arena of this allocation's last cycle, whose bytes changed (`content`, each
+  // chunk's): its changed chunks become new chunks for the pause to copy into and publish,
+  // where this process made them and alone holds them and the store has none of the new
+  // bytes (the weights after a training step: no fresh memory, none taken twice). false, the
+  // arena left as it was, where any changed chunk is not so (or where it is leased).
+  bool recycle(const std::vector<Fingerprint>& content);
   // A content arena's fingerprints, chunk by chunk, while its bytes are still theirs (never
   // leased); empty for any other arena.
   std::vector<Fingerprint> content();
@@ -196,6 +202,9 @@ class HostArena {
   // A shared range made private again (its bytes read from its chunk; taken from the budget
   // again if they had been given back). mu_ held.
   Status unshare(Range& range);
+  // Private memory mapped over [at, at + size), in place of a new chunk's file that got no
+  // pages, faulted in (false where even that fails).
+  static bool private_memory_at(char* at, size_t size);
   bool stopping() const;  // the arena is going, or the process is ending
 
   const std::shared_ptr<Backend> backend_;

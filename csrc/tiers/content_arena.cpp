@@ -145,25 +145,25 @@ Status HostArena::make_chunk(size_t index, int claim) {
   Status s = budget_.reserve(range.size);
   if (!s.ok()) return s;
   int fd = -1;
-  s = budget_.new_chunk(range.size, &fd);
-  if (s.ok() && mmap(data_ + range.start, range.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
-    s = errno_status("mapping a new backup chunk", errno);
-  }
-  if (s.ok()) {
+  bool in_file = budget_.new_chunk(range.size, &fd).ok() &&
+                 mmap(data_ + range.start, range.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) != MAP_FAILED;
+  if (in_file) {
     madvise(data_ + range.start, range.size, MADV_HUGEPAGE);
-    if (!fault_in_pages(data_ + range.start, range.size, fd, 0)) {
-      s = Status::Error(Code::kOutOfMemory, "the shared backup store has no room for a " + format_bytes(range.size) +
-                                                " chunk (a full /dev/shm)");
-    }
+    in_file = fault_in_pages(data_ + range.start, range.size, fd, 0);
   }
-  if (!s.ok()) {
+  if (!in_file) {
+    // No file, or no room for its pages (a full /dev/shm): private memory, never published.
     if (fd >= 0) budget_.discard_chunk(fd);
-    budget_.give_back(range.size);
-    return s;
+    fd = -1;
+    if (!private_memory_at(data_ + range.start, range.size)) {
+      budget_.give_back(range.size);
+      return Status::Error(Code::kOutOfMemory, "no host memory for a " + format_bytes(range.size) + " backup chunk");
+    }
   }
   keep_from_children(data_ + range.start, range.size);
   std::lock_guard<std::mutex> lock(mu_);
   range.new_fd = fd;
+  range.own = fd < 0;
   range.pending = false;
   range.counted = false;  // this process's own from here until it is published
   shared_bytes_ -= range.size;
@@ -172,13 +172,71 @@ Status HostArena::make_chunk(size_t index, int claim) {
   return Status::Ok();
 }
 
+bool HostArena::recycle(const std::vector<Fingerprint>& content) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (leased_ || soft_ || content.size() != content_.size() || content.size() != ranges_.size()) return false;
+  std::vector<size_t> changed;
+  for (size_t r = 0; r < ranges_.size(); ++r) {
+    if (content[r] == content_[r]) continue;
+    const Range& range = ranges_[r];
+    if (range.pending || range.claim_fd >= 0 || range.size != content[r].bytes) return false;
+    // New bytes the store has already are taken from it, not copied again (the caller's way).
+    int fd = -1;
+    bool here = false;
+    if (!budget_.open_chunk(content[r], &fd, &here).ok()) return false;
+    if (fd >= 0) {
+      budget_.release_shared(fd);
+      return false;
+    }
+    changed.push_back(r);
+  }
+  // Each changed chunk of the store taken back: unnamed, this process's own again.
+  bool all = true;
+  for (size_t r : changed) {
+    Range& range = ranges_[r];
+    if (range.shared_fd < 0) continue;  // its own already (unnamed, or private memory)
+    bool taken = false;
+    const bool reserve = range.counted && reserved_;
+    if (!all || (reserve && !budget_.reserve(range.size).ok())) {
+      all = false;
+      continue;
+    }
+    if (!budget_.take_back_chunk(range.shared_fd, &taken).ok() || !taken) {
+      if (reserve) budget_.give_back(range.size);
+      all = false;
+      continue;
+    }
+    range.new_fd = range.shared_fd;
+    range.shared_fd = -1;
+    shared_ranges_--;
+    if (range.counted) shared_bytes_ -= range.size;
+    range.counted = false;
+  }
+  if (!all) {
+    // Another process holds one of them: the ones taken back keep their old bytes (still what
+    // content_ says), never published, and the caller lets the arena go.
+    for (size_t r : changed) {
+      if (ranges_[r].shared_fd < 0) ranges_[r].own = true;
+    }
+    return false;
+  }
+  for (size_t r : changed) {
+    Range& range = ranges_[r];
+    mprotect(data_ + range.start, range.size, PROT_READ | PROT_WRITE);  // (only ever its own file's)
+    content_[r] = content[r];
+  }
+  filled_ = false;  // the pause copies into the changed chunks, then publishes them
+  return true;
+}
+
 std::vector<std::pair<size_t, size_t>> HostArena::writable_parts(size_t offset, size_t size) {
   if (content_.empty()) return {{0, size}};
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::pair<size_t, size_t>> parts;
   if (filled_) return parts;  // taken again as it is: its bytes are the same
   for (const Range& range : ranges_) {
-    if (range.new_fd < 0 || range.pending || range.start < offset || range.start + range.size > offset + size) continue;
+    // (Not the store's: a new chunk, or private memory in place of one.)
+    if (range.shared_fd >= 0 || range.pending || range.start < offset || range.start + range.size > offset + size) continue;
     parts.emplace_back(range.start - offset, range.size);
   }
   return parts;

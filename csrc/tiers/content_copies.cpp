@@ -47,6 +47,12 @@ Status BackupTiers::content_copy(int device, size_t bytes, const std::vector<Fin
       chunk.pending = opened.ok() && chunk.fd < 0 && chunk.claim < 0 && !chunk.own;
       if (chunk.fd < 0 && !chunk.pending) *new_bytes += chunk.fingerprint.bytes;
     }
+    // New chunks only where the store's file system keeps room for everyone else: a small
+    // /dev/shm (a container's 64 MiB) means a private copy, as with sharing off.
+    if (opened.ok() && *new_bytes > budget_.store_room()) {
+      opened = Status::Error(Code::kUnsupported, "the node's store has no room for " + format_bytes(*new_bytes) +
+                                                     " of new chunks: a private copy");
+    }
     if (!opened.ok()) {
       for (const HostArena::Chunk& chunk : chunks) {
         if (chunk.fd >= 0) budget_.release_shared(chunk.fd);

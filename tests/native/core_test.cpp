@@ -3,6 +3,7 @@
 // AddressSanitizer + UndefinedBehaviorSanitizer and under ThreadSanitizer
 // (`make sanitize`). Prints "N passed, M failed"; exits non-zero on any failure.
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -472,6 +473,11 @@ struct NoLimit : tmsl::HostBudget {
     ++released_;
   }
   void discard_chunk(int fd) override { close(fd); }
+  tmsl::Status take_back_chunk(int, bool* taken) override {
+    *taken = false;
+    return tmsl::Status::Ok();
+  }
+  size_t store_room() override { return SIZE_MAX; }
   tmsl::Status claim_chunk(const tmsl::Fingerprint&, int* claim) override {
     *claim = -1;
     return tmsl::Status::Ok();
@@ -540,6 +546,45 @@ void content_arena_maps_held_chunks_and_copies_into_new_ones_only() {
   CHECK(f.budget.released_.load() == 2);  // both chunks let go with the arena
 }
 
+// A store whose new chunks cannot get their pages (as a /dev/shm filled by others between the
+// room check and the copy): /dev/zero maps, but refuses fallocate.
+struct FullStore : NoLimit {
+  tmsl::Status new_chunk(size_t, int* fd) override {
+    *fd = open("/dev/zero", O_RDWR | O_CLOEXEC);
+    return *fd >= 0 ? tmsl::Status::Ok() : tmsl::Status::Error(tmsl::Code::kHostError, "/dev/zero");
+  }
+};
+
+void content_arena_without_room_in_the_store_copies_into_private_memory() {
+  FullStore budget;
+  tmsl::ForegroundGate gate;
+  std::shared_ptr<tmsl::Backend> backend{tmsl::make_host_backend(0, 2 * MiB)};
+  const size_t range = tmsl::HostArena::kRangeBytes, size = 2 * range;
+  std::vector<tmsl::HostArena::Chunk> chunks(2);
+  for (size_t i = 0; i < 2; ++i) {
+    chunks[i].fingerprint.bytes = range;
+    chunks[i].fingerprint.lanes[0] = i + 1;
+  }
+  std::unique_ptr<tmsl::HostArena> made;
+  CHECK(tmsl::HostArena::create_content(backend, budget, gate, 0, size, chunks, &made).ok());
+  if (made == nullptr) return;
+  std::shared_ptr<tmsl::HostArena> arena(std::move(made));
+  tmsl::HostBuffer buffer{arena, 0, size};
+  const auto parts = arena->writable_parts(0, size);
+  CHECK(parts.size() == 2);
+  for (const auto& [from, n] : parts) {
+    CHECK(buffer.for_each_part(from, n, [&](char* host, size_t at, size_t part) {
+            memset(host, static_cast<int>(0x40 + at / range), part);  // what the pause's copy would write
+            return tmsl::Status::Ok();
+          }).ok());
+  }
+  arena->publish();
+  CHECK(budget.published_.load() == 0);  // private memory is never named
+  CHECK(arena->own_bytes() == size && !arena->has_shared());
+  CHECK(buffer.data()[0] == 0x40 && buffer.data()[range - 1] == 0x40 && buffer.data()[range] == 0x41 &&
+        buffer.data()[size - 1] == 0x41);
+}
+
 void host_copies_cache_goes_least_recently_used_first() {
   CopiesFixture f;
   auto older = f.arena(2), newer = f.arena(1), kept = f.arena(2);
@@ -594,6 +639,8 @@ int main() {
       {"failed_disk_write_leaves_everything_resident", failed_disk_write_leaves_everything_resident},
       {"disk_directory_on_host_memory_is_refused", disk_directory_on_host_memory_is_refused},
       {"content_arena_maps_held_chunks_and_copies_into_new_ones_only", content_arena_maps_held_chunks_and_copies_into_new_ones_only},
+      {"content_arena_without_room_in_the_store_copies_into_private_memory",
+       content_arena_without_room_in_the_store_copies_into_private_memory},
       {"host_copies_cache_goes_least_recently_used_first", host_copies_cache_goes_least_recently_used_first},
   };
   int passed = 0, failed = 0;
