@@ -211,7 +211,8 @@ def test_a_freed_copy_gives_its_pages_back_range_by_range_each_once_the_foregrou
     # a copy one page-locked range (64 MiB) at a time, asking the gate before each.
     host_saver.host_cache_bytes = 16 * MiB  # smaller than the copy: the resume lets it go
     host_saver.release_host_cache()
-    ptrs, contents = workload(host_saver, mem, "big", [192 * MiB])
+    # (Three of one range each: a larger backup would be the node's store's, which a resume keeps.)
+    ptrs, contents = workload(host_saver, mem, "big", [64 * MiB] * 3)
     host_saver.pause("big")
     held = rss_anon_bytes()
     hold_foreground(host_saver, True)  # never quiet: each wait ends after the gate's longest wait

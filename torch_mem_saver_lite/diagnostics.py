@@ -238,7 +238,7 @@ def render(env: Environment) -> str:
                              f"pid {h['pid']}{' (this one)' if h['this_process'] else ''}: {mib(h['shared_bytes'])}"
                              for h in sharers) + ")")
                          + ("" if host["shared_bytes"] or sharers else
-                            " (TMSL_SHARE_BACKUPS=1 holds identical backups once per node)"))
+                            " (TMSL_SHARE_BACKUPS=0 turned off holding identical backups once per node)"))
             lines.append(f"disk tier:        {host['disk_tier']} (what the budget cannot hold goes there)"
                          if host["disk_tier"] else
                          f"disk tier:        none ({host['disk_tier_problem']}; a pause beyond the budget is refused)"

@@ -86,7 +86,8 @@ class TagStatus:
         on_device_bytes: bytes backed by device memory (the tag's resident allocations).
         in_host_bytes: paused bytes whose content is in this process's host memory.
         in_store_bytes: paused bytes whose content is in the node's store, held once per node
-            however many processes pause the same bytes (``TMSL_SHARE_BACKUPS=1``).
+            however many processes pause the same bytes (on by default; ``TMSL_SHARE_BACKUPS=0``
+            turns it off).
         on_disk_bytes: paused bytes whose content is in disk backup files.
         discarded_bytes: paused bytes without any backup: their content is gone (undefined
             after the resume, or 0xFF with ``poison_on_resume``).
@@ -175,7 +176,7 @@ class HostMemoryReport:
         disk_tier_problem: why the environment's directory (``TMSL_DISK_BACKUP_DIR``) cannot
             serve, naming the variable and the directory ("" where it can, or none is named).
         shared_bytes: the distinct bytes of the node's store of backups held once
-            (``TMSL_SHARE_BACKUPS=1``: identical content stored once per node, whichever
+            (identical content stored once per node unless ``TMSL_SHARE_BACKUPS=0``, whichever
             processes map it), counted in the budget once and in no holder's ``bytes``; each
             holder's ``shared_bytes`` says how much of it that process maps.
     """

@@ -81,24 +81,29 @@ Status HostArena::create_content(std::shared_ptr<Backend> backend, HostBudget& b
 void HostArena::publish() {
   std::lock_guard<std::mutex> lock(mu_);
   filled_ = true;
+  size_t given_back = 0;  // (to the node's ledger once, not once per chunk)
   for (size_t r = 0; r < ranges_.size(); ++r) {
     Range& range = ranges_[r];
     bool published = false;
     if (range.new_fd >= 0 && !range.own && budget_.publish_chunk(range.new_fd, content_[r], &published).ok() &&
         published) {
-      // Other processes read it from now on: never written here again.
-      mprotect(data_ + range.start, range.size, PROT_READ);
+      // Other processes read it from now on: never written here again (no copy goes into a
+      // chunk of the store). Its mapping stays writable all the same: changing the protection
+      // of page-locked memory costs 65 ms per 8 GiB (H200), a recycled chunk would change it
+      // back, and only this process maps it so (the others' mappings are read-only).
+
       range.shared_fd = range.new_fd;
       range.new_fd = -1;
       range.counted = true;
       shared_ranges_++;
       shared_bytes_ += range.size;
-      if (reserved_) budget_.give_back(range.size);
+      if (reserved_) given_back += range.size;
     }
     // Named, or the store had it first: whoever waits for it finds it now.
     if (range.claim_fd >= 0) budget_.unclaim_chunk(content_[r], range.claim_fd);
     range.claim_fd = -1;
   }
+  if (given_back != 0) budget_.give_back(given_back);
 }
 
 void HostArena::drop_claims() {
@@ -190,19 +195,21 @@ bool HostArena::recycle(const std::vector<Fingerprint>& content) {
     }
     changed.push_back(r);
   }
-  // Each changed chunk of the store taken back: unnamed, this process's own again.
+  // Each changed chunk of the store taken back: unnamed, this process's own again. Its bytes
+  // go from the store's count to this process's: reserved at once (one look at the node's
+  // ledger, which sums the store, not one per chunk).
+  size_t reserve = 0, unused = 0;
+  for (size_t r : changed) {
+    if (ranges_[r].shared_fd >= 0 && ranges_[r].counted && reserved_) reserve += ranges_[r].size;
+  }
+  if (reserve != 0 && !budget_.reserve(reserve).ok()) return false;
   bool all = true;
   for (size_t r : changed) {
     Range& range = ranges_[r];
     if (range.shared_fd < 0) continue;  // its own already (unnamed, or private memory)
     bool taken = false;
-    const bool reserve = range.counted && reserved_;
-    if (!all || (reserve && !budget_.reserve(range.size).ok())) {
-      all = false;
-      continue;
-    }
-    if (!budget_.take_back_chunk(range.shared_fd, &taken).ok() || !taken) {
-      if (reserve) budget_.give_back(range.size);
+    if (!all || !budget_.take_back_chunk(range.shared_fd, &taken).ok() || !taken) {
+      if (range.counted && reserved_) unused += range.size;
       all = false;
       continue;
     }
@@ -212,6 +219,7 @@ bool HostArena::recycle(const std::vector<Fingerprint>& content) {
     if (range.counted) shared_bytes_ -= range.size;
     range.counted = false;
   }
+  if (unused != 0) budget_.give_back(unused);
   if (!all) {
     // Another process holds one of them: the ones taken back keep their old bytes (still what
     // content_ says), never published, and the caller lets the arena go.
@@ -220,11 +228,7 @@ bool HostArena::recycle(const std::vector<Fingerprint>& content) {
     }
     return false;
   }
-  for (size_t r : changed) {
-    Range& range = ranges_[r];
-    mprotect(data_ + range.start, range.size, PROT_READ | PROT_WRITE);  // (only ever its own file's)
-    content_[r] = content[r];
-  }
+  for (size_t r : changed) content_[r] = content[r];  // (their mappings are writable: its own files')
   filled_ = false;  // the pause copies into the changed chunks, then publishes them
   return true;
 }
