@@ -60,7 +60,8 @@ torch.cuda.init()
 torch.empty(1, device="cuda")
 barrier("ready")  # the driver's baseline of this process's host memory
 def fill(cycle):
-    seed = 1234 + (rank if scenario in ("distinct", "trained") else 0) + (1000 * cycle if scenario in ("changed", "trained") else 0)
+    seed = 1234 + (rank if scenario in ("distinct", "trained") else 0)
+    seed += 1000 * cycle if scenario in ("changed", "trained") else 0
     weights.random_(generator=torch.Generator(device="cuda").manual_seed(seed))
     torch.cuda.synchronize()
 
