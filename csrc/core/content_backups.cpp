@@ -11,7 +11,8 @@ namespace tmsl {
 Status Saver::content_copy(const Allocation& a, const FingerprintKey& key, HostBuffer* kept, HostBuffer* out,
                            std::vector<Fingerprint>* fingerprints, bool make_room) {
   std::vector<Fingerprint>& chunks = *fingerprints;
-  Status s = tiers_.fingerprint_chunks(a.device, a.va, a.backup_bytes(), key, &chunks);
+  // (Fingerprinted just before by the caller where it holds them already: share_ahead.)
+  Status s = chunks.empty() ? tiers_.fingerprint_chunks(a.device, a.va, a.backup_bytes(), key, &chunks) : Status::Ok();
   if (s.code == Code::kUnsupported) return s;  // copied as before
   if (!s.ok()) return with_context(s, "fingerprinting tag '" + a.tag + "' (" + format_bytes(a.size) + " at " +
                                           format_address(a.va) + "); everything stays resident with its content");
@@ -24,7 +25,9 @@ Status Saver::content_copy(const Allocation& a, const FingerprintKey& key, HostB
       *out = *kept;
       return Status::Ok();
     }
-    // Stale, and others hold some of it: let go of before new chunks are made (never both at once).
+    // Stale, and others hold some of it: freed here, before new chunks are made (never both at
+    // once), not in the background after the pause.
+    HostPool::FreeNow now(tiers_.pool());
     tiers_.copies().take(a.va);
     *kept = HostBuffer();
   }
