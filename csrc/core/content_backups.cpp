@@ -11,8 +11,7 @@ namespace tmsl {
 Status Saver::content_copy(const Allocation& a, const FingerprintKey& key, HostBuffer* kept, HostBuffer* out,
                            std::vector<Fingerprint>* fingerprints, bool make_room) {
   std::vector<Fingerprint>& chunks = *fingerprints;
-  // (Fingerprinted just before by the caller where it holds them already: share_ahead.)
-  Status s = chunks.empty() ? tiers_.fingerprint_chunks(a.device, a.va, a.backup_bytes(), key, &chunks) : Status::Ok();
+  Status s = tiers_.fingerprint_chunks(a.device, a.va, a.backup_bytes(), key, &chunks);
   if (s.code == Code::kUnsupported) return s;  // copied as before
   if (!s.ok()) return with_context(s, "fingerprinting tag '" + a.tag + "' (" + format_bytes(a.size) + " at " +
                                           format_address(a.va) + "); everything stays resident with its content");
@@ -25,9 +24,7 @@ Status Saver::content_copy(const Allocation& a, const FingerprintKey& key, HostB
       *out = *kept;
       return Status::Ok();
     }
-    // Stale, and others hold some of it: freed here, before new chunks are made (never both at
-    // once), not in the background after the pause.
-    HostPool::FreeNow now(tiers_.pool());
+    // Stale, and others hold some of it: let go of before new chunks are made (never both at once).
     tiers_.copies().take(a.va);
     *kept = HostBuffer();
   }

@@ -466,8 +466,7 @@ class Saver {
   // still holds those bytes, or with its changed chunks recycled, else a new content arena
   // (a stale *kept let go of first: emptied, and out of the tiers' copies). kUnsupported: the
   // device cannot fingerprint, or the store has no room; the caller copies as before.
-  // Its chunks' fingerprints go to *fingerprints (taken as they are where it holds some: the
-  // caller's, of the memory as it is now).
+  // Its chunks' fingerprints go to *fingerprints.
   // Without `make_room`, a shortage of host memory fails it instead of making the caches give way.
   Status content_copy(const Allocation& a, const FingerprintKey& key, HostBuffer* kept, HostBuffer* out,
                       std::vector<Fingerprint>* fingerprints, bool make_room = true);

@@ -91,10 +91,8 @@ HostBuffer Saver::share_one_ahead(const Allocation& a, const FingerprintKey& key
 }
 
 bool Saver::looks_unwritten(const std::vector<Fingerprint>& chunks, const FingerprintKey& key) {
-  Fingerprint zeros;  // (of the last size seen: chunks are all of one size but the last)
   for (size_t i = 0; i < chunks.size(); ++i) {
-    if (zeros.bytes != chunks[i].bytes) zeros = fingerprint_of_zeros(chunks[i].bytes, key);
-    if (chunks[i] == zeros) return true;
+    if (chunks[i] == fingerprint_of_zeros(chunks[i].bytes, key)) return true;
     if (std::find(chunks.begin() + i + 1, chunks.end(), chunks[i]) != chunks.end()) return true;
   }
   return false;

@@ -4,7 +4,6 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/file.h>
-#include <sys/resource.h>
 #include <linux/magic.h>
 #include <linux/fs.h>
 #include <sys/stat.h>
@@ -90,17 +89,14 @@ class HeldChunks {
     return true;
   }
   // The chunk's path, taken off the list; false when it was let go of already (at exit).
-  // A chunk taken back (take_back): off the list of named ones, unnamed (a forked child closes
-  // it), under a hidden name until published again (fd -> path); in one step.
-  void hide(int fd, const std::string& path) {
+  // Chunks taken back (take_back), under a hidden name until published again (fd -> path).
+  void note_hidden(int fd, const std::string& path) {
     std::lock_guard<std::mutex> lock(mu_);
-    paths_.erase(fd);
-    unnamed_.insert(fd);
-    hidden_[fd] = path;
-  }
-  void note_hidden_gone(int fd) {
-    std::lock_guard<std::mutex> lock(mu_);
-    hidden_.erase(fd);
+    if (path.empty()) {
+      hidden_.erase(fd);
+    } else {
+      hidden_[fd] = path;
+    }
   }
   bool hidden_path(int fd, std::string* path) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -277,13 +273,9 @@ Status NodeStore::open(const std::string& path, const Fingerprint& f, int* fd, b
   for (int attempt = 0; attempt < 8; ++attempt) {
     const int chunk = openat(directory.fd(), name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (chunk < 0) return errno == ENOENT ? Status::Ok() : errno_status("opening the shared backup chunk " + name, errno);
-    struct stat st {}, named {};
-    // Being removed by its last holder, or renamed by its maker for new bytes (take_back)
-    // while this waited for its lock: look again.
-    if (!shared_lock(chunk) || fstat(chunk, &st) != 0 || st.st_nlink == 0 ||
-        fstatat(directory.fd(), name.c_str(), &named, AT_SYMLINK_NOFOLLOW) != 0 || named.st_ino != st.st_ino ||
-        named.st_dev != st.st_dev) {
-      close(chunk);
+    struct stat st {};
+    if (!shared_lock(chunk) || fstat(chunk, &st) != 0 || st.st_nlink == 0) {
+      close(chunk);  // being removed by its last holder: look again
       continue;
     }
     if (!trusted_chunk(st) || st.st_size != static_cast<off_t>(f.bytes)) {
@@ -327,19 +319,15 @@ Status NodeStore::publish(const std::string& path, int fd, const Fingerprint& f,
   if (HeldChunks::instance().hidden_path(fd, &hidden)) {
     // A chunk taken back: renamed into place (never over another's), or unnamed for good.
     const char* hidden_name = hidden.c_str() + hidden.rfind('/') + 1;
-    struct stat open_file {}, named {};
-    const bool ours = fstat(fd, &open_file) == 0 && fstatat(directory.fd(), hidden_name, &named, AT_SYMLINK_NOFOLLOW) == 0 &&
-                      named.st_ino == open_file.st_ino && named.st_dev == open_file.st_dev;
     // (renameat2 by its number: the portable wheel's glibc floor predates its wrapper.)
-    if (!ours ||
-        syscall(SYS_renameat2, directory.fd(), hidden_name, directory.fd(), name.c_str(), RENAME_NOREPLACE) != 0) {
-      const int error = ours ? errno : ENOENT;  // (not its name any more: it stays unnamed)
+    if (syscall(SYS_renameat2, directory.fd(), hidden_name, directory.fd(), name.c_str(), RENAME_NOREPLACE) != 0) {
+      const int error = errno;
       unlink_if_named(directory.fd(), fd, hidden_name);
-      HeldChunks::instance().note_hidden_gone(fd);
+      HeldChunks::instance().note_hidden(fd, "");
       flock(fd, LOCK_UN);
       return error == EEXIST || error == ENOENT ? Status::Ok() : errno_status("naming the shared backup chunk " + name, error);
     }
-    HeldChunks::instance().note_hidden_gone(fd);
+    HeldChunks::instance().note_hidden(fd, "");
   } else if (!link_into(directory.fd(), fd, name.c_str())) {
     const int error = errno;
     flock(fd, LOCK_UN);
@@ -360,7 +348,7 @@ void NodeStore::discard(int fd) {
   std::string hidden;
   if (HeldChunks::instance().hidden_path(fd, &hidden)) {
     HeldChunks::with_directory(hidden, [&](int directory, const char* name) { unlink_if_named(directory, fd, name); });
-    HeldChunks::instance().note_hidden_gone(fd);
+    HeldChunks::instance().note_hidden(fd, "");
   }
   HeldChunks::instance().note_unnamed(fd, false);
   close(fd);
@@ -452,65 +440,38 @@ Status NodeStore::take_back(int fd, bool* taken) {
   if (in_forked_child() || mode < 0 || (mode & O_ACCMODE) != O_RDWR || !HeldChunks::instance().path_of(fd, &path)) {
     return Status::Ok();
   }
-  std::string hidden;
+  static std::atomic<uint64_t> taken_back{0};
+  const std::string hidden = kHiddenPrefix + std::to_string(getpid()) + "-" + std::to_string(++taken_back);
   HeldChunks::with_directory(path, [&](int directory, const char* name) {
     struct stat open_file {}, named {};
     // An exclusive lock is had only where no other process holds it, and nobody takes one
     // meanwhile (open() takes a shared one first, then checks the name still leads here). It
     // stays held while the file is hidden: the garbage collection leaves it alone.
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0 || fstat(fd, &open_file) != 0 ||
-        fstatat(directory, name, &named, AT_SYMLINK_NOFOLLOW) != 0 || named.st_ino != open_file.st_ino ||
-        named.st_dev != open_file.st_dev) {
-      return;
-    }
-    // A random name, never put over another's (processes of other pid namespaces share stores).
-    for (int attempt = 0; attempt < 4 && !*taken; ++attempt) {
-      uint64_t draw = 0;
-      if (syscall(SYS_getrandom, &draw, sizeof(draw), 0) != static_cast<long>(sizeof(draw))) return;
-      char suffix[24];
-      snprintf(suffix, sizeof(suffix), "%016llx", static_cast<unsigned long long>(draw));
-      hidden = std::string(kHiddenPrefix) + suffix;
-      *taken = syscall(SYS_renameat2, directory, name, directory, hidden.c_str(), RENAME_NOREPLACE) == 0;
-      if (!*taken && errno != EEXIST) return;
-    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) return;
+    *taken = fstat(fd, &open_file) == 0 && fstatat(directory, name, &named, AT_SYMLINK_NOFOLLOW) == 0 &&
+             named.st_ino == open_file.st_ino && named.st_dev == open_file.st_dev &&
+             renameat(directory, name, directory, hidden.c_str()) == 0;
   });
   if (!*taken) {
     // (A refused conversion may leave no lock: held again, as it was.)
     if (!shared_lock(fd)) return Status::Error(Code::kHostError, "holding a shared backup chunk again failed");
     return Status::Ok();
   }
-  HeldChunks::instance().hide(fd, path.substr(0, path.rfind('/') + 1) + hidden);
+  std::string taken_path;
+  HeldChunks::instance().take(fd, &taken_path);
+  HeldChunks::instance().note_unnamed(fd, true);
+  HeldChunks::instance().note_hidden(fd, path.substr(0, path.rfind('/') + 1) + hidden);
   return Status::Ok();
 }
 
 size_t NodeStore::room(const std::string& path) {
   StoreDirectory directory(path, true);
-  return directory.fd() < 0 ? 0 : room_of(directory.fd());
-}
-
-size_t NodeStore::room_of(int fd) {
   struct statvfs fs {};
-  if (fstatvfs(fd, &fs) != 0) return 0;
-  if (fs.f_blocks == 0) return SIZE_MAX;  // a tmpfs without a size (the kernel's own, memfds')
+  if (directory.fd() < 0 || fstatvfs(directory.fd(), &fs) != 0) return 0;
   const size_t total = static_cast<size_t>(fs.f_blocks) * fs.f_frsize;
   const size_t free = static_cast<size_t>(fs.f_bavail) * fs.f_frsize;
   const size_t kept_free = std::max(total / 10, size_t{1} << 30);
   return free > kept_free ? free - kept_free : 0;
-}
-
-size_t NodeStore::descriptors_left() {
-  struct rlimit limit {};
-  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return 0;
-  const size_t most = limit.rlim_cur == RLIM_INFINITY ? size_t{1} << 20 : static_cast<size_t>(limit.rlim_cur);
-  size_t open = 0;
-  if (DIR* dir = opendir("/proc/self/fd")) {
-    while (readdir(dir) != nullptr) ++open;  // (".", ".." and the listing's own: a little margin)
-    closedir(dir);
-  } else {
-    return 0;
-  }
-  const size_t kept = std::max(most / 4, size_t{256});
-  return most > open + kept ? most - open - kept : 0;
 }
 
 void NodeStore::collect_garbage(const std::string& path) {
