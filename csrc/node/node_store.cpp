@@ -273,9 +273,13 @@ Status NodeStore::open(const std::string& path, const Fingerprint& f, int* fd, b
   for (int attempt = 0; attempt < 8; ++attempt) {
     const int chunk = openat(directory.fd(), name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (chunk < 0) return errno == ENOENT ? Status::Ok() : errno_status("opening the shared backup chunk " + name, errno);
-    struct stat st {};
-    if (!shared_lock(chunk) || fstat(chunk, &st) != 0 || st.st_nlink == 0) {
-      close(chunk);  // being removed by its last holder: look again
+    struct stat st {}, named {};
+    // Being removed by its last holder, or renamed by its maker for new bytes (take_back)
+    // while this waited for its lock: look again.
+    if (!shared_lock(chunk) || fstat(chunk, &st) != 0 || st.st_nlink == 0 ||
+        fstatat(directory.fd(), name.c_str(), &named, AT_SYMLINK_NOFOLLOW) != 0 || named.st_ino != st.st_ino ||
+        named.st_dev != st.st_dev) {
+      close(chunk);
       continue;
     }
     if (!trusted_chunk(st) || st.st_size != static_cast<off_t>(f.bytes)) {
@@ -319,9 +323,13 @@ Status NodeStore::publish(const std::string& path, int fd, const Fingerprint& f,
   if (HeldChunks::instance().hidden_path(fd, &hidden)) {
     // A chunk taken back: renamed into place (never over another's), or unnamed for good.
     const char* hidden_name = hidden.c_str() + hidden.rfind('/') + 1;
+    struct stat open_file {}, named {};
+    const bool ours = fstat(fd, &open_file) == 0 && fstatat(directory.fd(), hidden_name, &named, AT_SYMLINK_NOFOLLOW) == 0 &&
+                      named.st_ino == open_file.st_ino && named.st_dev == open_file.st_dev;
     // (renameat2 by its number: the portable wheel's glibc floor predates its wrapper.)
-    if (syscall(SYS_renameat2, directory.fd(), hidden_name, directory.fd(), name.c_str(), RENAME_NOREPLACE) != 0) {
-      const int error = errno;
+    if (!ours ||
+        syscall(SYS_renameat2, directory.fd(), hidden_name, directory.fd(), name.c_str(), RENAME_NOREPLACE) != 0) {
+      const int error = ours ? errno : ENOENT;  // (not its name any more: it stays unnamed)
       unlink_if_named(directory.fd(), fd, hidden_name);
       HeldChunks::instance().note_hidden(fd, "");
       flock(fd, LOCK_UN);
@@ -440,17 +448,27 @@ Status NodeStore::take_back(int fd, bool* taken) {
   if (in_forked_child() || mode < 0 || (mode & O_ACCMODE) != O_RDWR || !HeldChunks::instance().path_of(fd, &path)) {
     return Status::Ok();
   }
-  static std::atomic<uint64_t> taken_back{0};
-  const std::string hidden = kHiddenPrefix + std::to_string(getpid()) + "-" + std::to_string(++taken_back);
+  std::string hidden;
   HeldChunks::with_directory(path, [&](int directory, const char* name) {
     struct stat open_file {}, named {};
     // An exclusive lock is had only where no other process holds it, and nobody takes one
     // meanwhile (open() takes a shared one first, then checks the name still leads here). It
     // stays held while the file is hidden: the garbage collection leaves it alone.
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) return;
-    *taken = fstat(fd, &open_file) == 0 && fstatat(directory, name, &named, AT_SYMLINK_NOFOLLOW) == 0 &&
-             named.st_ino == open_file.st_ino && named.st_dev == open_file.st_dev &&
-             renameat(directory, name, directory, hidden.c_str()) == 0;
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0 || fstat(fd, &open_file) != 0 ||
+        fstatat(directory, name, &named, AT_SYMLINK_NOFOLLOW) != 0 || named.st_ino != open_file.st_ino ||
+        named.st_dev != open_file.st_dev) {
+      return;
+    }
+    // A random name, never put over another's (processes of other pid namespaces share stores).
+    for (int attempt = 0; attempt < 4 && !*taken; ++attempt) {
+      uint64_t draw = 0;
+      if (syscall(SYS_getrandom, &draw, sizeof(draw), 0) != static_cast<long>(sizeof(draw))) return;
+      char suffix[24];
+      snprintf(suffix, sizeof(suffix), "%016llx", static_cast<unsigned long long>(draw));
+      hidden = std::string(kHiddenPrefix) + suffix;
+      *taken = syscall(SYS_renameat2, directory, name, directory, hidden.c_str(), RENAME_NOREPLACE) == 0;
+      if (!*taken && errno != EEXIST) return;
+    }
   });
   if (!*taken) {
     // (A refused conversion may leave no lock: held again, as it was.)
