@@ -40,6 +40,18 @@ class Environment:
     problems: list[str] = field(default_factory=list)
 
 
+
+def _sharing_off() -> bool:
+    """Whether this process was told not to hold identical backups once per node."""
+    from . import _lib
+    from .errors import MemorySaverError
+
+    try:
+        return not _lib.process_defaults().share_backups
+    except MemorySaverError:
+        return False
+
+
 def _no_gpu_hint() -> str:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     return f" (CUDA_VISIBLE_DEVICES={visible!r} hides GPUs)" if visible is not None else ""
@@ -237,8 +249,8 @@ def render(env: Environment) -> str:
                          + ("" if not sharers else " (" + ", ".join(
                              f"pid {h['pid']}{' (this one)' if h['this_process'] else ''}: {mib(h['shared_bytes'])}"
                              for h in sharers) + ")")
-                         + ("" if host["shared_bytes"] or sharers else
-                            " (TMSL_SHARE_BACKUPS=0 turned off holding identical backups once per node)"))
+                         + ("" if host["shared_bytes"] or sharers or not _sharing_off() else
+                            " (TMSL_SHARE_BACKUPS=0: this process holds its backups privately)"))
             lines.append(f"disk tier:        {host['disk_tier']} (what the budget cannot hold goes there)"
                          if host["disk_tier"] else
                          f"disk tier:        none ({host['disk_tier_problem']}; a pause beyond the budget is refused)"

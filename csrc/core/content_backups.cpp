@@ -11,6 +11,8 @@ namespace tmsl {
 Status Saver::content_copy(const Allocation& a, const FingerprintKey& key, HostBuffer* kept, HostBuffer* out,
                            std::vector<Fingerprint>* fingerprints, bool make_room) {
   std::vector<Fingerprint>& chunks = *fingerprints;
+  // (Fingerprinted here also where the caller did just before, as share_ahead does: as late as
+  // possible, so that bytes still being written when it looked are taken as they end up.)
   Status s = tiers_.fingerprint_chunks(a.device, a.va, a.backup_bytes(), key, &chunks);
   if (s.code == Code::kUnsupported) return s;  // copied as before
   if (!s.ok()) return with_context(s, "fingerprinting tag '" + a.tag + "' (" + format_bytes(a.size) + " at " +
@@ -24,7 +26,9 @@ Status Saver::content_copy(const Allocation& a, const FingerprintKey& key, HostB
       *out = *kept;
       return Status::Ok();
     }
-    // Stale, and others hold some of it: let go of before new chunks are made (never both at once).
+    // Stale, and others hold some of it: freed here, before new chunks are made (never both at
+    // once), not in the background after the pause.
+    HostPool::FreeNow now(tiers_.pool());
     tiers_.copies().take(a.va);
     *kept = HostBuffer();
   }

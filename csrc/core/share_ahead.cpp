@@ -68,6 +68,9 @@ bool Saver::wants_ahead(const Allocation& a, const FingerprintKey& key) {
 }
 
 HostBuffer Saver::share_one_ahead(const Allocation& a, const FingerprintKey& key) {
+  // A copy given up (written meanwhile, say) is freed here, its share of the budget with it,
+  // not once the foreground is quiet: the pause that comes next may need the room.
+  HostPool::FreeNow now(tiers_.pool());
   HostBuffer copy;
   std::vector<Fingerprint> before;
   Status s = tiers_.fingerprint_chunks(a.device, a.va, a.backup_bytes(), key, &before);
@@ -91,8 +94,10 @@ HostBuffer Saver::share_one_ahead(const Allocation& a, const FingerprintKey& key
 }
 
 bool Saver::looks_unwritten(const std::vector<Fingerprint>& chunks, const FingerprintKey& key) {
+  Fingerprint zeros;  // (of the last size seen: chunks are all of one size but the last)
   for (size_t i = 0; i < chunks.size(); ++i) {
-    if (chunks[i] == fingerprint_of_zeros(chunks[i].bytes, key)) return true;
+    if (zeros.bytes != chunks[i].bytes) zeros = fingerprint_of_zeros(chunks[i].bytes, key);
+    if (chunks[i] == zeros) return true;
     if (std::find(chunks.begin() + i + 1, chunks.end(), chunks[i]) != chunks.end()) return true;
   }
   return false;

@@ -62,6 +62,9 @@ class HostBudget {
   // The bytes new chunks may still take in the store (its file system's free space, less
   // what stays free for others).
   virtual size_t store_room() = 0;
+  // How many more files this process may keep open for the store's chunks (one per chunk it
+  // holds, one per claim), leaving a quarter of its limit (at least 256) to everything else.
+  virtual size_t store_descriptors_left() = 0;
 };
 
 }  // namespace tmsl

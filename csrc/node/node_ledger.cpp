@@ -559,10 +559,6 @@ Status NodeLedger::set_budget(size_t bytes) {
   });
 }
 
-}  // namespace tmsl
-
-namespace tmsl {
-
 const FingerprintKey* NodeLedger::content_key() {
   if (!NodeStore::enabled() || store_.empty()) return nullptr;
   // Read (or drawn) once: a store that cannot be trusted or read means no sharing, not an error.
@@ -595,5 +591,7 @@ void NodeLedger::discard_chunk(int fd) { NodeStore::discard(fd); }
 Status NodeLedger::take_back_chunk(int fd, bool* taken) { return NodeStore::take_back(fd, taken); }
 
 size_t NodeLedger::store_room() { return NodeStore::room(store_); }
+
+size_t NodeLedger::store_descriptors_left() { return NodeStore::descriptors_left(); }
 
 }  // namespace tmsl

@@ -86,6 +86,7 @@ class NodeLedger final : public HostBudget {
   void discard_chunk(int fd) override;
   Status take_back_chunk(int fd, bool* taken) override;
   size_t store_room() override;
+  size_t store_descriptors_left() override;
 
   struct Holder {
     size_t entry;  // the process's entry in the ledger: unique while it lives

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <linux/magic.h>
 #include <linux/fs.h>
 #include <sys/stat.h>
@@ -89,14 +90,17 @@ class HeldChunks {
     return true;
   }
   // The chunk's path, taken off the list; false when it was let go of already (at exit).
-  // Chunks taken back (take_back), under a hidden name until published again (fd -> path).
-  void note_hidden(int fd, const std::string& path) {
+  // A chunk taken back (take_back): off the list of named ones, unnamed (a forked child closes
+  // it), under a hidden name until published again (fd -> path); in one step.
+  void hide(int fd, const std::string& path) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (path.empty()) {
-      hidden_.erase(fd);
-    } else {
-      hidden_[fd] = path;
-    }
+    paths_.erase(fd);
+    unnamed_.insert(fd);
+    hidden_[fd] = path;
+  }
+  void note_hidden_gone(int fd) {
+    std::lock_guard<std::mutex> lock(mu_);
+    hidden_.erase(fd);
   }
   bool hidden_path(int fd, std::string* path) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -331,11 +335,11 @@ Status NodeStore::publish(const std::string& path, int fd, const Fingerprint& f,
         syscall(SYS_renameat2, directory.fd(), hidden_name, directory.fd(), name.c_str(), RENAME_NOREPLACE) != 0) {
       const int error = ours ? errno : ENOENT;  // (not its name any more: it stays unnamed)
       unlink_if_named(directory.fd(), fd, hidden_name);
-      HeldChunks::instance().note_hidden(fd, "");
+      HeldChunks::instance().note_hidden_gone(fd);
       flock(fd, LOCK_UN);
       return error == EEXIST || error == ENOENT ? Status::Ok() : errno_status("naming the shared backup chunk " + name, error);
     }
-    HeldChunks::instance().note_hidden(fd, "");
+    HeldChunks::instance().note_hidden_gone(fd);
   } else if (!link_into(directory.fd(), fd, name.c_str())) {
     const int error = errno;
     flock(fd, LOCK_UN);
@@ -356,7 +360,7 @@ void NodeStore::discard(int fd) {
   std::string hidden;
   if (HeldChunks::instance().hidden_path(fd, &hidden)) {
     HeldChunks::with_directory(hidden, [&](int directory, const char* name) { unlink_if_named(directory, fd, name); });
-    HeldChunks::instance().note_hidden(fd, "");
+    HeldChunks::instance().note_hidden_gone(fd);
   }
   HeldChunks::instance().note_unnamed(fd, false);
   close(fd);
@@ -475,21 +479,38 @@ Status NodeStore::take_back(int fd, bool* taken) {
     if (!shared_lock(fd)) return Status::Error(Code::kHostError, "holding a shared backup chunk again failed");
     return Status::Ok();
   }
-  std::string taken_path;
-  HeldChunks::instance().take(fd, &taken_path);
-  HeldChunks::instance().note_unnamed(fd, true);
-  HeldChunks::instance().note_hidden(fd, path.substr(0, path.rfind('/') + 1) + hidden);
+  HeldChunks::instance().hide(fd, path.substr(0, path.rfind('/') + 1) + hidden);
   return Status::Ok();
 }
 
 size_t NodeStore::room(const std::string& path) {
   StoreDirectory directory(path, true);
+  return directory.fd() < 0 ? 0 : room_of(directory.fd());
+}
+
+size_t NodeStore::room_of(int fd) {
   struct statvfs fs {};
-  if (directory.fd() < 0 || fstatvfs(directory.fd(), &fs) != 0) return 0;
+  if (fstatvfs(fd, &fs) != 0) return 0;
+  if (fs.f_blocks == 0) return SIZE_MAX;  // a tmpfs without a size (the kernel's own, memfds')
   const size_t total = static_cast<size_t>(fs.f_blocks) * fs.f_frsize;
   const size_t free = static_cast<size_t>(fs.f_bavail) * fs.f_frsize;
   const size_t kept_free = std::max(total / 10, size_t{1} << 30);
   return free > kept_free ? free - kept_free : 0;
+}
+
+size_t NodeStore::descriptors_left() {
+  struct rlimit limit {};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return 0;
+  const size_t most = limit.rlim_cur == RLIM_INFINITY ? size_t{1} << 20 : static_cast<size_t>(limit.rlim_cur);
+  size_t open = 0;
+  if (DIR* dir = opendir("/proc/self/fd")) {
+    while (readdir(dir) != nullptr) ++open;  // (".", ".." and the listing's own: a little margin)
+    closedir(dir);
+  } else {
+    return 0;
+  }
+  const size_t kept = std::max(most / 4, size_t{256});
+  return most > open + kept ? most - open - kept : 0;
 }
 
 void NodeStore::collect_garbage(const std::string& path) {

@@ -75,6 +75,12 @@ class NodeStore {
   // what stays free for everyone else there (a tenth of it, at least 1 GiB: NCCL, data
   // loaders and other processes' shared memory live in /dev/shm too).
   static size_t room(const std::string& directory);
+  // The same, of the file system holding the file (or directory) open at `fd`.
+  static size_t room_of(int fd);
+  // How many more descriptors this process may open for chunks and claims: its limit
+  // (RLIMIT_NOFILE) less those open, less a quarter of it (at least 256) kept for everything
+  // else (NCCL, sockets, data loaders).
+  static size_t descriptors_left();
   // Removes the chunks in `directory` nobody holds, and the claims nobody holds (what processes
   // that died left behind).
   static void collect_garbage(const std::string& directory);

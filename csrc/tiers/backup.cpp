@@ -1,5 +1,7 @@
 #include "tiers/backup.h"
 
+#include "node/node_store.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -91,7 +93,10 @@ bool HostArena::private_memory_at(char* at, size_t size) {
 bool HostArena::fault_in_pages(char* at, size_t size, int file, size_t in_file) {
   if (file >= 0) {
     // A file's pages are allocated in the file first: a full tmpfs answers ENOSPC here, where
-    // a write to a page it cannot back would end the process with SIGBUS.
+    // a write to a page it cannot back would end the process with SIGBUS. The store's room is
+    // looked at again (others may have filled it since the pause looked): what stays free for
+    // everyone else is never taken.
+    if (NodeStore::room_of(file) < size) return false;
     if (fallocate(file, 0, static_cast<off_t>(in_file), static_cast<off_t>(size)) != 0) return false;
     // Then mapped in the kernel, in one call, where it can (Linux 5.14); else by a write to each.
     if (madvise(at, size, MADV_POPULATE_WRITE) == 0 || errno != EINVAL) return true;
@@ -232,8 +237,8 @@ void HostArena::fault_in() {
     if (stopping()) break;
     // Faulting the pages in here, in parallel, is much faster than inside the registration
     // (a new chunk's file pages above all: 4 KiB each, where /dev/shm has no huge pages).
-    // (A new chunk's file that cannot get its pages fails the range's page-locking, and so
-    // the copy into it: the pause fails with everything resident.)
+    // (A new chunk's file that cannot get its pages gets private memory instead, from the
+    // registrar: the pause goes on as with sharing off.)
     const bool room =
         fault_in_pages(data_ + piece.start, piece.size, ranges_[piece.range].new_fd, piece.start - ranges_[piece.range].start);
     std::lock_guard<std::mutex> lock(mu_);

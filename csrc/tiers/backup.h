@@ -57,8 +57,10 @@ class HostArena {
   // chunks of the node's store (node_store.h), chunks[i] for range i. A chunk the store has
   // (fd held open by open_chunk) is mapped read-only as it is: no memory of this process, no
   // copy. A new one (fd -1) is made here, a file the pause copies into and publish() names,
-  // its bytes taken from `budget` until then. It never goes to the pool and is never written
-  // again (a lease makes its ranges private first). A chunk another process is making
+  // its bytes taken from `budget` until then (private memory instead where its file gets no
+  // pages). It never goes to the pool; a named chunk is never written again, but for one this
+  // process made and alone holds, taken back by recycle() for its allocation's new bytes (a
+  // lease makes its ranges private first). A chunk another process is making
   // (`pending`) is left unmapped until settle_chunk or make_chunk. Takes the fds and claims,
   // on failure too. Urgent when some chunk is new (the pause copies into it); otherwise its
   // page-locking gives way.
@@ -176,7 +178,7 @@ class HostArena {
     size_t pieces_left = 0;
     bool done = false;
     bool registered = false;  // false once done: page-locking failed, tried again at its copy
-    int shared_fd = -1;       // a chunk of the node's store mapped here, read-only
+    int shared_fd = -1;       // a chunk of the node's store mapped here (read-only but its own)
     int new_fd = -1;          // a new chunk of a content arena mapped here, not named (yet)
     int claim_fd = -1;        // the claim of that new chunk, let go once it is published
     bool pending = false;     // a chunk another process makes: not mapped yet
@@ -232,6 +234,7 @@ class HostArena {
   std::vector<Fingerprint> content_;  // a content arena's, range by range
   std::vector<int> retired_files_;    // own chunk files of ranges register_as_one merged away
   bool filled_ = false;               // a content arena's copies landed (publish ran): nothing is written again
+                                      // (until recycle() takes changed chunks back)
   size_t ranges_left_ = 0;  // not yet done
   std::mutex mu_;
   std::condition_variable changed_;

@@ -196,30 +196,39 @@ bool HostArena::recycle(const std::vector<Fingerprint>& content) {
     changed.push_back(r);
   }
   // Each changed chunk of the store taken back: unnamed, this process's own again. Its bytes
-  // go from the store's count to this process's: reserved at once (one look at the node's
-  // ledger, which sums the store, not one per chunk).
-  size_t reserve = 0, unused = 0;
-  for (size_t r : changed) {
-    if (ranges_[r].shared_fd >= 0 && ranges_[r].counted && reserved_) reserve += ranges_[r].size;
-  }
-  if (reserve != 0 && !budget_.reserve(reserve).ok()) return false;
+  // go from the store's count (gone with its name) to this process's: reserved once they left
+  // it (not counted twice meanwhile), in one look at the node's ledger, not one per chunk.
   bool all = true;
+  size_t taken_bytes = 0;
+  std::vector<size_t> taken_counted;  // (counted as the store's until now)
   for (size_t r : changed) {
     Range& range = ranges_[r];
     if (range.shared_fd < 0) continue;  // its own already (unnamed, or private memory)
     bool taken = false;
     if (!all || !budget_.take_back_chunk(range.shared_fd, &taken).ok() || !taken) {
-      if (range.counted && reserved_) unused += range.size;
       all = false;
       continue;
     }
     range.new_fd = range.shared_fd;
     range.shared_fd = -1;
     shared_ranges_--;
-    if (range.counted) shared_bytes_ -= range.size;
+    if (range.counted) {
+      shared_bytes_ -= range.size;
+      taken_counted.push_back(r);
+      if (reserved_) taken_bytes += range.size;
+    }
     range.counted = false;
   }
-  if (unused != 0) budget_.give_back(unused);
+  if (!all || (taken_bytes != 0 && !budget_.reserve(taken_bytes).ok())) {
+    // Refused (another holds one, or no room in the budget): the caller lets the arena go at
+    // once, and these bytes with it; never taken into this process's share, they are not
+    // given back from it either.
+    for (size_t r : taken_counted) {
+      ranges_[r].counted = true;
+      shared_bytes_ += ranges_[r].size;
+    }
+    all = false;
+  }
   if (!all) {
     // Another process holds one of them: the ones taken back keep their old bytes (still what
     // content_ says), never published, and the caller lets the arena go.

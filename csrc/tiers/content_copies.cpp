@@ -37,6 +37,11 @@ Status BackupTiers::content_copy(int device, size_t bytes, const std::vector<Fin
     std::vector<HostArena::Chunk> chunks(fingerprints.size());
     std::set<std::string> seen;
     *new_bytes = 0;
+    // One file per chunk it holds, one per claim: never the descriptors the rest of the
+    // process needs (a private copy then, as with sharing off).
+    if (2 * chunks.size() > budget_.store_descriptors_left()) {
+      return Status::Error(Code::kUnsupported, "no file descriptors left for the node's store: a private copy");
+    }
     Status opened;
     for (size_t i = 0; i < chunks.size() && opened.ok(); ++i) {
       HostArena::Chunk& chunk = chunks[i];
@@ -65,8 +70,13 @@ Status BackupTiers::content_copy(int device, size_t bytes, const std::vector<Fin
   // Short of room: the pool and the caches give way for the new chunks' bytes (only those).
   Status s = attempt();
   if (s.code == Code::kOutOfMemory && make_room) s = with_room(*new_bytes, attempt);
+  // The store failing otherwise (its files: descriptors, inodes, mapping) means a private copy,
+  // as with sharing off; only the budget's refusal is the pause's.
+  if (!s.ok() && s.code != Code::kOutOfMemory && s.code != Code::kUnsupported) {
+    s = Status::Error(Code::kUnsupported, "the node's store: " + s.message() + ": a private copy");
+  }
   if (!s.ok()) return s;
-  // Never pooled: its memory is chunks of the store, never written again.
+  // Never pooled: its memory is chunks of the store (written again only by recycle()).
   *out = HostBuffer{pool_.track(std::move(made), false), 0, bytes};
   return Status::Ok();
 }

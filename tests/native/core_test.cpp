@@ -478,6 +478,7 @@ struct NoLimit : tmsl::HostBudget {
     return tmsl::Status::Ok();
   }
   size_t store_room() override { return SIZE_MAX; }
+  size_t store_descriptors_left() override { return SIZE_MAX; }
   tmsl::Status claim_chunk(const tmsl::Fingerprint&, int* claim) override {
     *claim = -1;
     return tmsl::Status::Ok();
@@ -585,6 +586,74 @@ void content_arena_without_room_in_the_store_copies_into_private_memory() {
         buffer.data()[size - 1] == 0x41);
 }
 
+// A store whose chunks can be taken back while `take_backs` lasts (node_store.h: this process
+// made them and alone holds them), and refused after.
+struct RecyclingStore : NoLimit {
+  int take_backs = 0;
+  tmsl::Status take_back_chunk(int, bool* taken) override {
+    *taken = take_backs > 0;
+    --take_backs;
+    return tmsl::Status::Ok();
+  }
+};
+
+void changed_content_arena_is_recycled_only_where_every_changed_chunk_is_taken_back() {
+  RecyclingStore budget;
+  tmsl::ForegroundGate gate;
+  std::shared_ptr<tmsl::Backend> backend{tmsl::make_host_backend(0, 2 * MiB)};
+  const size_t range = tmsl::HostArena::kRangeBytes, size = 3 * range;
+  auto fingerprints = [&](uint64_t seed) {
+    std::vector<tmsl::Fingerprint> f(3);
+    for (size_t i = 0; i < 3; ++i) {
+      f[i].bytes = range;
+      f[i].lanes[0] = seed + i;
+    }
+    return f;
+  };
+  auto made = [&](std::shared_ptr<tmsl::HostArena>* out) {
+    std::vector<tmsl::HostArena::Chunk> chunks(3);
+    const auto f = fingerprints(10);
+    for (size_t i = 0; i < 3; ++i) chunks[i].fingerprint = f[i];
+    std::unique_ptr<tmsl::HostArena> arena;
+    CHECK(tmsl::HostArena::create_content(backend, budget, gate, 0, size, chunks, &arena).ok());
+    if (arena == nullptr) return;
+    *out = std::shared_ptr<tmsl::HostArena>(std::move(arena));
+    tmsl::HostBuffer buffer{*out, 0, size};
+    for (const auto& [from, n] : (*out)->writable_parts(0, size)) {
+      CHECK(buffer.for_each_part(from, n, [](char* host, size_t, size_t part) {
+              memset(host, 0x11, part);
+              return tmsl::Status::Ok();
+            }).ok());
+    }
+    (*out)->publish();
+  };
+  std::shared_ptr<tmsl::HostArena> arena;
+  made(&arena);
+  if (arena == nullptr) return;
+  CHECK(budget.published_.load() == 3 && arena->own_bytes() == 0 && arena->writable_parts(0, size).empty());
+  // Chunks 1 and 2 changed, both taken back: the pause copies into them, then names them.
+  std::vector<tmsl::Fingerprint> changed = fingerprints(10);
+  changed[1].lanes[0] = 99;
+  changed[2].lanes[0] = 98;
+  budget.take_backs = 2;
+  CHECK(arena->recycle(changed));
+  CHECK(arena->content() == changed && arena->own_bytes() == 2 * range);
+  const auto parts = arena->writable_parts(0, size);
+  CHECK(parts.size() == 2 && parts[0].first == range && parts[1].first == 2 * range);
+  arena->publish();
+  CHECK(budget.published_.load() == 5 && arena->own_bytes() == 0 && arena->writable_parts(0, size).empty());
+  // Changed again, but the second is refused (another process holds it): nothing recycled,
+  // the arena keeps saying what it holds (the bytes before the change), never reused as new.
+  std::vector<tmsl::Fingerprint> again = changed;
+  again[1].lanes[0] = 77;
+  again[2].lanes[0] = 76;
+  budget.take_backs = 1;
+  CHECK(!arena->recycle(again));
+  CHECK(arena->content() == changed);
+  arena->publish();
+  CHECK(budget.published_.load() == 5);  // the one taken back is never named again
+}
+
 void host_copies_cache_goes_least_recently_used_first() {
   CopiesFixture f;
   auto older = f.arena(2), newer = f.arena(1), kept = f.arena(2);
@@ -641,6 +710,8 @@ int main() {
       {"content_arena_maps_held_chunks_and_copies_into_new_ones_only", content_arena_maps_held_chunks_and_copies_into_new_ones_only},
       {"content_arena_without_room_in_the_store_copies_into_private_memory",
        content_arena_without_room_in_the_store_copies_into_private_memory},
+      {"changed_content_arena_is_recycled_only_where_every_changed_chunk_is_taken_back",
+       changed_content_arena_is_recycled_only_where_every_changed_chunk_is_taken_back},
       {"host_copies_cache_goes_least_recently_used_first", host_copies_cache_goes_least_recently_used_first},
   };
   int passed = 0, failed = 0;
