@@ -277,12 +277,10 @@ Status NodeStore::open(const std::string& path, const Fingerprint& f, int* fd, b
   for (int attempt = 0; attempt < 8; ++attempt) {
     const int chunk = openat(directory.fd(), name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (chunk < 0) return errno == ENOENT ? Status::Ok() : errno_status("opening the shared backup chunk " + name, errno);
-    struct stat st {}, named {};
+    struct stat st {};
     // Being removed by its last holder, or renamed by its maker for new bytes (take_back)
     // while this waited for its lock: look again.
-    if (!shared_lock(chunk) || fstat(chunk, &st) != 0 || st.st_nlink == 0 ||
-        fstatat(directory.fd(), name.c_str(), &named, AT_SYMLINK_NOFOLLOW) != 0 || named.st_ino != st.st_ino ||
-        named.st_dev != st.st_dev) {
+    if (!shared_lock(chunk) || !names_file(directory.fd(), name.c_str(), chunk) || fstat(chunk, &st) != 0) {
       close(chunk);
       continue;
     }
@@ -327,9 +325,7 @@ Status NodeStore::publish(const std::string& path, int fd, const Fingerprint& f,
   if (HeldChunks::instance().hidden_path(fd, &hidden)) {
     // A chunk taken back: renamed into place (never over another's), or unnamed for good.
     const char* hidden_name = hidden.c_str() + hidden.rfind('/') + 1;
-    struct stat open_file {}, named {};
-    const bool ours = fstat(fd, &open_file) == 0 && fstatat(directory.fd(), hidden_name, &named, AT_SYMLINK_NOFOLLOW) == 0 &&
-                      named.st_ino == open_file.st_ino && named.st_dev == open_file.st_dev;
+    const bool ours = names_file(directory.fd(), hidden_name, fd);
     // (renameat2 by its number: the portable wheel's glibc floor predates its wrapper.)
     if (!ours ||
         syscall(SYS_renameat2, directory.fd(), hidden_name, directory.fd(), name.c_str(), RENAME_NOREPLACE) != 0) {
@@ -410,13 +406,8 @@ void NodeStore::unclaim(const std::string& path, const Fingerprint& f, int claim
   if (in_forked_child()) return;  // the parent's claim: closed when the child started
   StoreDirectory directory(path, false);
   const std::string name = claim_name(f);
-  struct stat named {}, held {};
   // Only our own claim's name goes (a stale one may have been replaced by another's).
-  if (directory.fd() >= 0 && fstat(claim, &held) == 0 &&
-      fstatat(directory.fd(), name.c_str(), &named, AT_SYMLINK_NOFOLLOW) == 0 && named.st_ino == held.st_ino &&
-      named.st_dev == held.st_dev) {
-    unlinkat(directory.fd(), name.c_str(), 0);
-  }
+  if (directory.fd() >= 0) unlink_if_named(directory.fd(), claim, name.c_str());
   HeldChunks::instance().note_claim(name, false);
   HeldChunks::instance().note_unnamed(claim, false);
   close(claim);
@@ -454,15 +445,10 @@ Status NodeStore::take_back(int fd, bool* taken) {
   }
   std::string hidden;
   HeldChunks::with_directory(path, [&](int directory, const char* name) {
-    struct stat open_file {}, named {};
     // An exclusive lock is had only where no other process holds it, and nobody takes one
     // meanwhile (open() takes a shared one first, then checks the name still leads here). It
     // stays held while the file is hidden: the garbage collection leaves it alone.
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0 || fstat(fd, &open_file) != 0 ||
-        fstatat(directory, name, &named, AT_SYMLINK_NOFOLLOW) != 0 || named.st_ino != open_file.st_ino ||
-        named.st_dev != open_file.st_dev) {
-      return;
-    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0 || !names_file(directory, name, fd)) return;
     // A random name, never put over another's (processes of other pid namespaces share stores).
     for (int attempt = 0; attempt < 4 && !*taken; ++attempt) {
       uint64_t draw = 0;

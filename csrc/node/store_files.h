@@ -105,24 +105,23 @@ inline int open_chunk(int directory, const char* name) {
   return fd;
 }
 
+// Whether `name` in `directory` still leads to the file open at `fd` (chunks are renamed and
+// removed by other processes between opening and locking).
+inline bool names_file(int directory, const char* name, int fd) {
+  struct stat open_file {}, named {};
+  return fstat(fd, &open_file) == 0 && fstatat(directory, name, &named, AT_SYMLINK_NOFOLLOW) == 0 && named.st_ino == open_file.st_ino &&
+         named.st_dev == open_file.st_dev;
+}
+
 // Removes chunk `name` (open at `fd`) if no other process holds it. (Converting a shared
 // lock is not atomic, and a refusal leaves none: callers are letting the chunk go.)
 inline void unlink_if_unheld(int directory, int fd, const char* name) {
-  struct stat open_file {}, named {};
-  if (flock(fd, LOCK_EX | LOCK_NB) == 0 && fstat(fd, &open_file) == 0 && open_file.st_nlink > 0 &&
-      fstatat(directory, name, &named, AT_SYMLINK_NOFOLLOW) == 0 && named.st_ino == open_file.st_ino &&
-      named.st_dev == open_file.st_dev) {
-    unlinkat(directory, name, 0);
-  }
+  if (flock(fd, LOCK_EX | LOCK_NB) == 0 && names_file(directory, name, fd)) unlinkat(directory, name, 0);
 }
 
 // Removes the name `name` if it is still the file open at `fd`'s.
 inline void unlink_if_named(int directory, int fd, const char* name) {
-  struct stat open_file {}, named {};
-  if (fstat(fd, &open_file) == 0 && fstatat(directory, name, &named, AT_SYMLINK_NOFOLLOW) == 0 &&
-      named.st_ino == open_file.st_ino && named.st_dev == open_file.st_dev) {
-    unlinkat(directory, name, 0);
-  }
+  if (names_file(directory, name, fd)) unlinkat(directory, name, 0);
 }
 
 // A shared lock without waiting long: one held exclusively is being removed by its last holder.
