@@ -296,6 +296,9 @@ def test_kernels_and_a_graph_replayed_by_mistake_compute_right_on_soft_paused_we
                 torch.mul(weights, x, out=out)
         torch.cuda.current_stream().wait_stream(stream)
         reference = (weights * x).clone()
+        # Every kernel above has run before the pause starts: a CUDA error raised here is theirs
+        # (or a background thread's), one raised by the pause is the pause's own.
+        torch.cuda.synchronize()
         free_awake = torch.cuda.mem_get_info()[0]
 
         saver.pause(tag)
