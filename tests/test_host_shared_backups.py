@@ -34,6 +34,9 @@ sys.path.insert(0, {tests!r})
 from host_memory import HostMemory, rss_anon_bytes
 from torch_mem_saver_lite.testing import HostSaver
 MiB = 1 << 20
+if os.environ.get("NOFILE_LIMIT"):  # a process started under a low `ulimit -n`
+    import resource
+    resource.setrlimit(resource.RLIMIT_NOFILE, (int(os.environ["NOFILE_LIMIT"]),) * 2)
 mem, host = HostMemory(), HostSaver()
 host.host_cache_bytes = 512 * MiB  # room to keep or set aside the 192 MiB, whatever the machine's memory
 if os.environ.get("NO_READ_ONLY_PAGE_LOCKING"):  # a driver that cannot page-lock read-only memory
@@ -609,6 +612,24 @@ def test_a_store_without_room_means_private_copies_and_never_fails_a_pause(tmp_p
             finish([child])
     finally:
         subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+@pytest.mark.parametrize("limit, held_mib", [(264, 192), (1024, 0)])
+def test_chunks_are_taken_only_while_a_quarter_of_the_descriptor_limit_stays_free(ledger, limit, held_mib):
+    # Each chunk held is a file descriptor: under `ulimit -n` 264, taking the four chunks of
+    # 192 MiB would leave fewer than 256 for the rest of the process (a data loader's sockets,
+    # NCCL's), so the backups are private copies and the pause and resume succeed; under 1024
+    # they are shared.
+    child = start(NOFILE_LIMIT=str(limit))
+    try:
+        line = line_of(child).split()
+        assert line[0] == "paused" and int(line[2]) == held_mib, line + [why(child)]
+        assert store_bytes(ledger) == 192 * MiB - held_mib * MiB
+        assert ask(child, "resume") == "content True"
+        assert ask(child, "change") == "paused again"
+        assert ask(child, "resume") == "content True"
+    finally:
+        finish([child])
 
 
 def test_a_store_with_room_holds_the_backups_once(tmp_path, monkeypatch):
