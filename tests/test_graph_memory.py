@@ -11,6 +11,7 @@ import textwrap
 
 import pytest
 import torch
+from cuda_child import MODES, run_in_fresh_process
 
 from cuda_evidence import device_free_bytes, unique_tag
 from torch_mem_saver_lite import MemorySaverError, _lib, saver
@@ -283,3 +284,48 @@ def test_tag_rules_hold_for_allocations_from_preload_defaults():
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split("\n")[:4] == ["default tag True True", "refused True", "restored True",
                                              "backs up True"], result.stdout + result.stderr[-2000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(os.environ.get("TMSL_TEST_HOOK_MODE") == "preload", reason="starts its own processes")
+@pytest.mark.parametrize("mode", MODES)
+def test_graphs_outside_regions_capture_and_replay_while_the_tag_of_the_first_graph_is_paused(mode):
+    # A fresh process, so that the engine's graph is the first one torch's generator sees: it
+    # registers with the generator, which then keeps its graph seed and offset in one place
+    # that every later capture and replay writes. In the engine's region, that is paused memory.
+    result = run_in_fresh_process(mode, """
+        with saver.region("engine", enable_cpu_backup=True):
+            weights = torch.arange(1 << 20, device="cuda", dtype=torch.float32)
+            out = torch.empty_like(weights)
+            engine = torch.cuda.CUDAGraph()
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                torch.mul(weights, 2, out=out)
+                with torch.cuda.graph(engine, stream=stream):
+                    torch.mul(weights, 2, out=out)
+            torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        saver.pause("engine")
+
+        # The trainer's own graph, captured and replayed while the engine sleeps.
+        x = torch.ones(1 << 20, device="cuda")
+        trainer = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            with torch.cuda.graph(trainer, stream=stream):
+                y = x * 3
+        torch.cuda.current_stream().wait_stream(stream)
+        trainer.replay()
+        torch.cuda.synchronize()
+        print("trainer", bool((y == 3).all()))
+
+        saver.resume("engine")
+        out.zero_()
+        engine.replay()
+        torch.cuda.synchronize()
+        print("engine", torch.equal(out, torch.arange(1 << 20, device="cuda", dtype=torch.float32) * 2))
+        """)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split("\n")[:2] == ["trainer True", "engine True"], result.stdout + result.stderr[-2000:]

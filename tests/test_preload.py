@@ -153,13 +153,19 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.gpu
 @pytest.mark.skipif(os.environ.get("TMSL_TEST_HOOK_MODE") == "preload", reason="this is the preload run")
 def test_gpu_suite_passes_in_preload_mode():
-    # The child needs the GPU this process's earlier tests left cached.
-    saver.pause()
+    # The child needs the GPU this process's earlier tests left cached; what they left is
+    # woken again afterwards (objects of theirs that torch keeps, its generator's graph state
+    # say, are written by the tests that follow).
+    awake = [tag for tag, stats in saver.stats().items() if not stats.paused]
+    saver.pause(awake)
     torch.cuda.empty_cache()
     # Tests that run both hook modes themselves skip in the child.
     env = {**os.environ, "LD_PRELOAD": _lib.library_path(), "TMSL_TEST_HOOK_MODE": "preload"}
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "tests"],
-                            capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
+    try:
+        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "tests"],
+                                capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
+    finally:
+        saver.resume(awake)
     print(result.stdout[-6000:], result.stderr[-3000:])
     assert result.returncode == 0
     assert " passed" in result.stdout.splitlines()[-1] and "failed" not in result.stdout.splitlines()[-1]

@@ -1,7 +1,8 @@
 """Pauseable CUDA graphs: ``saver.cuda_graph``'s capture into the tag's pool, and what it
 needs from the process, each done once: every capture tells the saver that the capturing
-thread's region holds graph memory (a patch of ``CUDAGraph.capture_begin``), and NCCL's graph
-buffer registration is off (``NCCL_GRAPH_REGISTER=0``). Both are listed in
+thread's region holds graph memory (a patch of ``CUDAGraph.capture_begin``), NCCL's graph
+buffer registration is off (``NCCL_GRAPH_REGISTER=0``), and torch's random generator keeps its
+graph state outside regions (one small graph held per device). All are listed in
 docs/side-effects.md."""
 
 from __future__ import annotations
@@ -41,6 +42,34 @@ def note_graph_captures() -> None:
         return original(self, *args, **kwargs)
 
     graph_class.capture_begin = capture_begin
+
+
+# One captured graph per device, never replayed, held for the process's lifetime (device -> graph).
+_rng_anchors: dict[int, torch.cuda.CUDAGraph] = {}
+
+
+def keep_rng_graph_state_outside_regions(device: int) -> None:
+    """torch's CUDA generator allocates its graph seed and offset tensors when the first graph
+    of the process (or the first after all were destroyed) registers with it, and every later
+    capture and replay writes them. Were that first graph captured inside a region, a capture
+    or replay anywhere while the tag is paused would write into released memory and end the
+    CUDA context. A graph captured here, outside every region, and held for good keeps them
+    allocated outside (they are made once, before any region's capture). Called at a thread's
+    outermost region entry; a no-op while this thread's stream captures."""
+    if device in _rng_anchors or capturing():
+        return
+    with torch.cuda.device(device):
+        target = torch.zeros(1, device=device)  # (outside any pool: no region is entered yet)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream):
+            # thread_local: other threads' CUDA calls meanwhile neither break it nor are refused.
+            graph.capture_begin(capture_error_mode="thread_local")
+            target.zero_()  # (an empty graph makes torch warn)
+            graph.capture_end()
+        torch.cuda.current_stream().wait_stream(stream)
+    _rng_anchors[device] = graph
 
 
 def turn_off_nccl_graph_registration() -> None:
