@@ -616,8 +616,9 @@ def test_a_store_without_room_means_private_copies_and_never_fails_a_pause(tmp_p
 
 @pytest.mark.parametrize("limit, held_mib", [(264, 192), (1024, 0)])
 def test_chunks_are_taken_only_while_a_quarter_of_the_descriptor_limit_stays_free(ledger, limit, held_mib):
-    # Each chunk held is a file descriptor: under `ulimit -n` 264, taking the four chunks of
-    # 192 MiB would leave fewer than 256 for the rest of the process (a data loader's sockets,
+    # Each chunk held takes file descriptors, and the rule is checked per allocation (two
+    # chunks of each 96 MiB allocation, two descriptors each): under `ulimit -n` 264, taking
+    # them would leave fewer than 256 for the rest of the process (a data loader's sockets,
     # NCCL's), so the backups are private copies and the pause and resume succeed; under 1024
     # they are shared.
     child = start(NOFILE_LIMIT=str(limit))
