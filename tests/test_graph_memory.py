@@ -112,6 +112,24 @@ def test_poison_fills_resumed_memory_without_backup_and_spares_backups(host_save
     assert mem.read(kv, 2 * MiB) == bytes(2 * MiB)  # plain fresh memory again
 
 
+def test_a_generator_graph_that_cannot_be_captured_warns_once_and_is_not_tried_again(monkeypatch):
+    from torch_mem_saver_lite import graph_capture
+
+    tried = []
+
+    def out_of_memory(device):
+        tried.append(device)
+        raise RuntimeError("CUDA error: out of memory")
+
+    monkeypatch.setattr(graph_capture, "_capture_one_small_graph", out_of_memory)
+    monkeypatch.setattr(graph_capture, "_rng_anchors", {})
+    monkeypatch.setattr(graph_capture, "capturing", lambda: False)
+    with pytest.warns(RuntimeWarning, match="could not capture its small CUDA graph on device 3 .*out of memory"):
+        graph_capture.keep_rng_graph_state_outside_regions(3)  # a region's entry goes on
+    graph_capture.keep_rng_graph_state_outside_regions(3)
+    assert tried == [3]
+
+
 def test_poison_setting_before_first_use_and_bad_values():
     saver = HostSaver()
     try:

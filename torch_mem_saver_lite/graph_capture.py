@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -44,8 +45,9 @@ def note_graph_captures() -> None:
     graph_class.capture_begin = capture_begin
 
 
-# One captured graph per device, never replayed, held for the process's lifetime (device -> graph).
-_rng_anchors: dict[int, torch.cuda.CUDAGraph] = {}
+# One captured graph per device, never replayed, held for the process's lifetime (device -> the
+# graph; None where it could not be captured, not tried again).
+_rng_anchors: dict[int, torch.cuda.CUDAGraph | None] = {}
 
 
 def keep_rng_graph_state_outside_regions(device: int) -> None:
@@ -58,6 +60,18 @@ def keep_rng_graph_state_outside_regions(device: int) -> None:
     outermost region entry; a no-op while this thread's stream captures."""
     if device in _rng_anchors or capturing():
         return
+    try:
+        _rng_anchors[device] = _capture_one_small_graph(device)
+    except RuntimeError as error:  # (torch's CUDA errors, out of memory included)
+        _rng_anchors[device] = None
+        warnings.warn(
+            f"torch_mem_saver_lite could not capture its small CUDA graph on device {device} ({error}); "
+            "a CUDA graph captured first inside a region now keeps torch's generator graph state in "
+            "that region, and a capture or replay while its tag is paused fails: capture one graph "
+            "outside every region first", RuntimeWarning, stacklevel=4)
+
+
+def _capture_one_small_graph(device: int) -> torch.cuda.CUDAGraph:
     with torch.cuda.device(device):
         target = torch.zeros(1, device=device)  # (outside any pool: no region is entered yet)
         stream = torch.cuda.Stream()
@@ -66,10 +80,12 @@ def keep_rng_graph_state_outside_regions(device: int) -> None:
         with torch.cuda.stream(stream):
             # thread_local: other threads' CUDA calls meanwhile neither break it nor are refused.
             graph.capture_begin(capture_error_mode="thread_local")
-            target.zero_()  # (an empty graph makes torch warn)
-            graph.capture_end()
+            try:
+                target.zero_()  # (an empty graph makes torch warn)
+            finally:
+                graph.capture_end()
         torch.cuda.current_stream().wait_stream(stream)
-    _rng_anchors[device] = graph
+    return graph
 
 
 def turn_off_nccl_graph_registration() -> None:

@@ -280,7 +280,7 @@ Status NodeStore::open(const std::string& path, const Fingerprint& f, int* fd, b
     struct stat st {};
     // Being removed by its last holder, or renamed by its maker for new bytes (take_back)
     // while this waited for its lock: look again.
-    if (!shared_lock(chunk) || !names_file(directory.fd(), name.c_str(), chunk) || fstat(chunk, &st) != 0) {
+    if (!shared_lock(chunk) || !names_file(directory.fd(), name.c_str(), chunk, &st)) {
       close(chunk);
       continue;
     }

@@ -106,11 +106,13 @@ inline int open_chunk(int directory, const char* name) {
 }
 
 // Whether `name` in `directory` still leads to the file open at `fd` (chunks are renamed and
-// removed by other processes between opening and locking).
-inline bool names_file(int directory, const char* name, int fd) {
-  struct stat open_file {}, named {};
-  return fstat(fd, &open_file) == 0 && fstatat(directory, name, &named, AT_SYMLINK_NOFOLLOW) == 0 && named.st_ino == open_file.st_ino &&
-         named.st_dev == open_file.st_dev;
+// removed by other processes between opening and locking); the open file's stat in *open_file
+// where given.
+inline bool names_file(int directory, const char* name, int fd, struct stat* open_file = nullptr) {
+  struct stat own {}, named {};
+  struct stat& file = open_file != nullptr ? *open_file : own;
+  return fstat(fd, &file) == 0 && fstatat(directory, name, &named, AT_SYMLINK_NOFOLLOW) == 0 && named.st_ino == file.st_ino &&
+         named.st_dev == file.st_dev;
 }
 
 // Removes chunk `name` (open at `fd`) if no other process holds it. (Converting a shared
