@@ -4,10 +4,13 @@ hooks on a GPU."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import textwrap
+import threading
+import warnings
 
 import pytest
 import torch
@@ -112,22 +115,52 @@ def test_poison_fills_resumed_memory_without_backup_and_spares_backups(host_save
     assert mem.read(kv, 2 * MiB) == bytes(2 * MiB)  # plain fresh memory again
 
 
-def test_a_generator_graph_that_cannot_be_captured_warns_once_and_is_not_tried_again(monkeypatch):
+@pytest.fixture
+def generator_registration(monkeypatch):
+    """graph_capture's registration of torch's CUDA generator, with a stand-in graph class that
+    records each registration (generator, thread) and fails while ``refuse`` is set."""
     from torch_mem_saver_lite import graph_capture
 
-    tried = []
+    seen: dict = {"registrations": [], "refuse": False}
 
-    def out_of_memory(device):
-        tried.append(device)
-        raise RuntimeError("CUDA error: out of memory")
+    class StandInGraph:
+        def register_generator_state(self, generator):
+            seen["registrations"].append((generator, threading.current_thread().name))
+            if seen["refuse"]:
+                raise RuntimeError("CUDA error: out of memory")
 
-    monkeypatch.setattr(graph_capture, "_capture_one_small_graph", out_of_memory)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", StandInGraph)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "default_generators", ("generator 0", "generator 1"))
     monkeypatch.setattr(graph_capture, "_rng_anchors", {})
+    monkeypatch.setattr(graph_capture, "_rng_warned", set())
     monkeypatch.setattr(graph_capture, "capturing", lambda: False)
-    with pytest.warns(RuntimeWarning, match="could not capture its small CUDA graph on device 3 .*out of memory"):
-        graph_capture.keep_rng_graph_state_outside_regions(3)  # a region's entry goes on
-    graph_capture.keep_rng_graph_state_outside_regions(3)
-    assert tried == [3]
+    seen["register"] = graph_capture.keep_rng_graph_state_outside_regions
+    return seen
+
+
+def test_the_generator_is_registered_once_per_device_on_a_thread_of_its_own(generator_registration):
+    register = generator_registration["register"]
+    register(1)
+    register(1)  # held: not again
+    register(0)
+    assert [generator for generator, _ in generator_registration["registrations"]] == ["generator 1", "generator 0"]
+    # Not the caller's thread: no region and no torch pool of the caller's routes its allocation.
+    assert {thread for _, thread in generator_registration["registrations"]} == {"tmsl-generator-graph-state"}
+
+
+def test_a_generator_that_cannot_be_registered_warns_once_and_is_tried_again_at_the_next_entry(generator_registration):
+    register = generator_registration["register"]
+    generator_registration["refuse"] = True
+    with pytest.warns(RuntimeWarning, match="on device 1 .*out of memory.*capture one graph outside every region"):
+        register(1)  # the region's entry goes on
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        register(1)  # tried again, not warned again
+        generator_registration["refuse"] = False
+        register(1)
+        register(1)  # held now
+    assert len(generator_registration["registrations"]) == 3
 
 
 def test_poison_setting_before_first_use_and_bad_values():

@@ -2,7 +2,7 @@
 needs from the process, each done once: every capture tells the saver that the capturing
 thread's region holds graph memory (a patch of ``CUDAGraph.capture_begin``), NCCL's graph
 buffer registration is off (``NCCL_GRAPH_REGISTER=0``), and torch's random generator keeps its
-graph state outside regions (one small graph held per device). All are listed in
+graph state outside regions (one graph object registered with it and held per device). All are listed in
 docs/side-effects.md."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -45,9 +46,10 @@ def note_graph_captures() -> None:
     graph_class.capture_begin = capture_begin
 
 
-# One captured graph per device, never replayed, held for the process's lifetime (device -> the
-# graph; None where it could not be captured, not tried again).
-_rng_anchors: dict[int, torch.cuda.CUDAGraph | None] = {}
+# One graph object per device registered with torch's CUDA generator and held for the process's
+# lifetime (never captured), and the devices whose registration failed and was warned about.
+_rng_anchors: dict[int, torch.cuda.CUDAGraph] = {}
+_rng_warned: set[int] = set()
 
 
 def keep_rng_graph_state_outside_regions(device: int) -> None:
@@ -55,37 +57,36 @@ def keep_rng_graph_state_outside_regions(device: int) -> None:
     of the process (or the first after all were destroyed) registers with it, and every later
     capture and replay writes them. Were that first graph captured inside a region, a capture
     or replay anywhere while the tag is paused would write into released memory and end the
-    CUDA context. A graph captured here, outside every region, and held for good keeps them
-    allocated outside (they are made once, before any region's capture). Called at a thread's
-    outermost region entry; a no-op while this thread's stream captures."""
+    CUDA context. A graph object registered with the generator first, on a thread of its own
+    (no region, no torch pool routes it), and held for good keeps them allocated outside regions.
+    Called at every region entry; once per device (where it fails: warned once, tried again at
+    the next entry). Skipped while this thread's stream captures."""
     if device in _rng_anchors or capturing():
         return
-    try:
-        _rng_anchors[device] = _capture_one_small_graph(device)
-    except RuntimeError as error:  # (torch's CUDA errors, out of memory included)
-        _rng_anchors[device] = None
+    registered: list[torch.cuda.CUDAGraph] = []
+    failures: list[RuntimeError] = []
+
+    def register() -> None:
+        try:
+            with torch.cuda.device(device):
+                graph = torch.cuda.CUDAGraph()
+                graph.register_generator_state(torch.cuda.default_generators[device])
+            registered.append(graph)
+        except RuntimeError as error:  # (torch's CUDA errors, out of memory included)
+            failures.append(error)
+
+    worker = threading.Thread(target=register, name="tmsl-generator-graph-state")
+    worker.start()
+    worker.join()
+    if registered:
+        _rng_anchors[device] = registered[0]
+    elif device not in _rng_warned:
+        _rng_warned.add(device)
         warnings.warn(
-            f"torch_mem_saver_lite could not capture its small CUDA graph on device {device} ({error}); "
-            "a CUDA graph captured first inside a region now keeps torch's generator graph state in "
-            "that region, and a capture or replay while its tag is paused fails: capture one graph "
-            "outside every region first", RuntimeWarning, stacklevel=4)
-
-
-def _capture_one_small_graph(device: int) -> torch.cuda.CUDAGraph:
-    with torch.cuda.device(device):
-        target = torch.zeros(1, device=device)  # (outside any pool: no region is entered yet)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(stream):
-            # thread_local: other threads' CUDA calls meanwhile neither break it nor are refused.
-            graph.capture_begin(capture_error_mode="thread_local")
-            try:
-                target.zero_()  # (an empty graph makes torch warn)
-            finally:
-                graph.capture_end()
-        torch.cuda.current_stream().wait_stream(stream)
-    return graph
+            f"torch_mem_saver_lite could not register torch's CUDA generator with a graph on device {device} "
+            f"({failures[0] if failures else 'no answer'}); should the process's first CUDA graph be captured "
+            "inside a region, a capture or replay while its tag is paused fails: capture one graph outside "
+            "every region first", RuntimeWarning, stacklevel=6)
 
 
 def turn_off_nccl_graph_registration() -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from . import _lib, breakdown, graph_capture, regions
+from . import _lib, breakdown, graph_capture
 from .errors import MemorySaverError
 from .preload import check_preload_ready, cudamalloc_bypassed
 from .regions import disable_pool
@@ -158,8 +158,7 @@ class _Cuda(Platform):
                 "a region; run `python -m torch_mem_saver_lite` to see what is missing")
         mode.check_ready()
         graph_capture.note_graph_captures()
-        if not regions.entered():
-            graph_capture.keep_rng_graph_state_outside_regions(torch.cuda.current_device())
+        graph_capture.keep_rng_graph_state_outside_regions(torch.cuda.current_device())
 
     def core_entered(self, native: _lib.NativeSaver) -> None:
         if not graph_capture.capturing():

@@ -61,11 +61,6 @@ def _stack() -> list[Region]:
     return _thread.__dict__.setdefault("stack", [])
 
 
-def entered() -> bool:
-    """Whether this thread is inside a region."""
-    return bool(_stack())
-
-
 # The threads torch routes to one of our pools now, and disable()'s pools waiting to be freed
 # (with their device). torch refuses to free any pool's cache while some thread is routed on
 # the device (it counts routes as captures underway, and ends the process), so a disable()
