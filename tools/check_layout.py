@@ -14,7 +14,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CSRC = ROOT / "csrc"
-PACKAGE = ROOT / "torch_mem_saver_lite"
 # Top to bottom: a layer may include only itself and the layers after it.
 LAYERS = ("api", "core", "tiers", "node", "platform")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
