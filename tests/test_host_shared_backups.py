@@ -84,6 +84,16 @@ for line in sys.stdin:
         same = backup.numpy().tobytes() == expected[0]
         backup[:4096] = 0  # a lease is the caller's to write: never the other processes' copy
         print("leased", same, flush=True)
+    elif command[0] == "read":  # the first backup, zero-copy, held (as a weight sync reads it)
+        import ctypes, torch
+        view = torch.frombuffer((ctypes.c_uint8 * (96 * MiB)).from_address(ptrs[0]), dtype=torch.uint8)
+        anon = rss_anon_bytes()
+        held_lease = host.get_cpu_backup(view, zero_copy=True)
+        same = held_lease.numpy().tobytes() == expected[0]
+        print("read", same, (rss_anon_bytes() - anon) // MiB, host.host_memory().held_by_this_process // MiB, flush=True)
+    elif command[0] == "drop":  # the lease "read" took let go of
+        del held_lease
+        print("dropped", flush=True)
     elif command[0] == "fork":  # a child that lives on (a data-loader worker, say)
         import time
         pid = os.fork()
@@ -376,6 +386,40 @@ def test_a_zero_copy_lease_of_a_shared_backup_is_private_and_writable(ledger):
         assert store_bytes(ledger) == 192 * MiB  # A (the second child keeps it after its resume) and B
     finally:
         finish(children)
+    assert store_drains(ledger)
+
+
+def store_chunks(ledger: Path) -> dict[str, int]:
+    """The store's named chunks: name -> inode (the file behind the name)."""
+    store = Path(str(ledger) + ".store")
+    return {f.name: f.stat().st_ino for f in store.iterdir() if not f.name.startswith(".")}
+
+
+def test_a_lone_processs_lease_takes_its_own_chunks_back_without_a_copy_and_its_next_pause_reuses_them(ledger):
+    # The colocated trainer's weight sync: nobody else holds its chunks, so a zero-copy lease
+    # makes them its own again by taking their names away (no private copy), and the next
+    # pause of new bytes copies into the same files (no new chunk, no fresh memory).
+    child = start()
+    try:
+        assert line_of(child).startswith("paused"), child.stderr.read()
+        first = store_chunks(ledger)
+        assert store_bytes(ledger) == 192 * MiB
+        read = ask(child, "read").split()
+        assert read[:2] == ["read", "True"], read + [child.stderr.read()]
+        grown, held = int(read[2]), int(read[3])
+        assert grown < 32, read  # (copied into private memory: 96)
+        assert held == 96, read  # the leased copy is this process's, no longer the store's
+        assert store_bytes(ledger) == 96 * MiB  # only the other allocation's chunks keep their names
+        assert ask(child, "drop") == "dropped"
+        assert ask(child, "resume") == "content True"
+        assert ask(child, "change") == "paused again"
+        again = store_chunks(ledger)
+        assert store_bytes(ledger) == 192 * MiB
+        assert sorted(again.values()) == sorted(first.values())  # the same files, new bytes in two of them
+        assert again != first  # (renamed by their new content)
+        assert ask(child, "resume") == "content True"
+    finally:
+        finish([child])
     assert store_drains(ledger)
 
 

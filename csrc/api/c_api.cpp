@@ -550,7 +550,10 @@ TMSL_API int tmsl_paused_tag_in(void* handle, const void* ptr, size_t nbytes, in
 TMSL_API int tmsl_release_lease(void* lease) {
   return guarded([&] {
     // In a forked child the arena (its threads, its page-locking) is the parent's: leave it.
-    if (!in_forked_child()) delete static_cast<HostBuffer*>(lease);  // the last reference frees it
+    if (in_forked_child()) return Status::Ok();
+    HostBuffer* buffer = static_cast<HostBuffer*>(lease);
+    if (*buffer) buffer->arena->end_lease();
+    delete buffer;  // the last reference frees it
     return Status::Ok();
   });
 }

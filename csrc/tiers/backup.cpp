@@ -352,16 +352,17 @@ Status HostArena::register_as_one(size_t offset, size_t size) {
   std::unique_lock<std::mutex> lock(mu_);
   changed_.wait(lock, [&] { return ranges_left_ == 0; });
   leased_ = true;
-  if (soft_) return Status::Ok();  // one address range already, which copies may cross
+  Status s = soft_ ? Status::Ok()  // one address range already, which copies may cross
+             : !content_.empty() ? register_content_as_one()
+                                 : register_ranges_as_one(offset, size);
+  if (s.ok()) live_leases_.fetch_add(1);
+  return s;
+}
+
+void HostArena::end_lease() { live_leases_.fetch_sub(1); }
+
+Status HostArena::register_ranges_as_one(size_t offset, size_t size) {
   const size_t first = range_index(offset), last = range_index(offset + size - 1);
-  for (size_t r = first; r <= last; ++r) {
-    // A user may write what is leased: shared ranges become private first.
-    if (ranges_[r].shared_fd < 0) continue;
-    if (ranges_[r].registered) ranges_[r].registered = !backend_->unregister_host(device_, data_ + ranges_[r].start).ok();
-    Status s = ranges_[r].registered ? Status::Error(Code::kHostError, "a shared backup range stayed page-locked")
-                                     : unshare(ranges_[r]);
-    if (!s.ok()) return s;
-  }
   if (first == last && (ranges_[first].registered || ranges_[first].size == 0)) return Status::Ok();
   // A large buffer's ranges hold nothing else: unregister them, register the span once.
   // (One range whose page-locking failed earlier is page-locked here too.)
@@ -371,24 +372,57 @@ Status HostArena::register_as_one(size_t offset, size_t size) {
   }
   Status s = backend_->register_host(device_, data_ + start, end - start, false);
   if (!s.ok()) {
-    // Back as it was, so the copies range by range still work; a range that cannot be
-    // page-locked again now is tried again by the next copy (for_each_part).
-    for (size_t r = first; r <= last; ++r) {
-      if (!ranges_[r].registered) {
-        ranges_[r].registered =
-            backend_->register_host(device_, data_ + ranges_[r].start, ranges_[r].size, ranges_[r].shared_fd >= 0).ok();
-      }
-    }
+    reregister_ranges();
     return s;
   }
   ranges_[first].size = end - start;
   ranges_[first].registered = true;
-  // The merged ranges' own chunk files (a content arena's) stay mapped in the span: closed with the arena.
-  for (size_t r = first + 1; r <= last; ++r) {
-    if (ranges_[r].new_fd >= 0) retired_files_.push_back(ranges_[r].new_fd);
-  }
   ranges_.erase(ranges_.begin() + static_cast<std::ptrdiff_t>(first) + 1,
                 ranges_.begin() + static_cast<std::ptrdiff_t>(last) + 1);
+  return Status::Ok();
+}
+
+void HostArena::reregister_ranges() {
+  // Back as it was, so the copies range by range still work; a range that cannot be
+  // page-locked again now is tried again by the next copy (for_each_part).
+  for (Range& range : ranges_) {
+    if (!range.registered && range.size != 0) {
+      range.registered = backend_->register_host(device_, data_ + range.start, range.size, range.shared_fd >= 0).ok();
+    }
+  }
+}
+
+Status HostArena::register_content_as_one() {
+  // A user may write what is leased: every chunk of the store becomes this process's own
+  // first. One it made and alone holds is taken back (unnamed: no copy, and its mapping here
+  // is writable already); another's is copied into private memory, whose pages no
+  // registration may pin meanwhile.
+  for (Range& range : ranges_) {
+    if (range.shared_fd < 0 || take_back(range)) continue;
+    if (whole_registered_) {
+      whole_registered_ = !backend_->unregister_host(device_, data_).ok();
+      for (Range& any : ranges_) any.registered = whole_registered_;
+    } else if (range.registered) {
+      range.registered = !backend_->unregister_host(device_, data_ + range.start).ok();
+    }
+    Status s = range.registered ? Status::Error(Code::kHostError, "a shared backup range stayed page-locked")
+                                : unshare(range);
+    if (!s.ok()) return s;
+  }
+  if (whole_registered_) return Status::Ok();
+  // The ranges stay the chunks they are (recycle() and publish() go by them); one
+  // registration covers them all, so that a single copy may cross them.
+  for (Range& range : ranges_) {
+    if (range.registered) range.registered = !backend_->unregister_host(device_, data_ + range.start).ok();
+  }
+  const size_t end = ranges_.back().start + ranges_.back().size;
+  Status s = backend_->register_host(device_, data_, end, false);
+  if (!s.ok()) {
+    reregister_ranges();
+    return s;
+  }
+  whole_registered_ = true;
+  for (Range& range : ranges_) range.registered = true;
   return Status::Ok();
 }
 
@@ -403,8 +437,12 @@ HostArena::~HostArena() {
   if (soft_) {
     release_soft();
   } else {
-    for (const Range& range : ranges_) {
-      if (range.registered) backend_->unregister_host(device_, data_ + range.start);
+    if (whole_registered_) {
+      backend_->unregister_host(device_, data_);
+    } else {
+      for (const Range& range : ranges_) {
+        if (range.registered) backend_->unregister_host(device_, data_ + range.start);
+      }
     }
     if (data_ != nullptr) munmap(data_, size_);
   }
@@ -413,7 +451,6 @@ HostArena::~HostArena() {
     if (range.new_fd >= 0) budget_.discard_chunk(range.new_fd);
     if (range.claim_fd >= 0) budget_.unclaim_chunk(content_[&range - ranges_.data()], range.claim_fd);
   }
-  for (int fd : retired_files_) budget_.discard_chunk(fd);
   if (reserved_) budget_.give_back(used_ - shared_bytes_.load());
 }
 
@@ -427,7 +464,8 @@ void HostArena::give_back_gently() {
   workers_.clear();
   if (soft_) return;  // its handles go with it, in the destructor
   for (Range& range : ranges_) {
-    if (range.shared_fd >= 0 || range.new_fd >= 0 || range.pending) continue;  // a file's pages go when it is closed
+    // A file's pages go when it is closed; one registration of them all goes with the arena.
+    if (range.shared_fd >= 0 || range.new_fd >= 0 || range.pending || whole_registered_) continue;
     gate_.wait_quiet([] { return g_exiting.load(); });
     if (g_exiting.load()) return;  // the process is ending: the destructor does the rest at once
     if (range.registered) range.registered = !backend_->unregister_host(device_, data_ + range.start).ok();

@@ -130,8 +130,11 @@ class HostArena {
   // Makes [offset, offset + size), a buffer's span, one registration, so that a single copy
   // may cover it. Waits until the whole arena is prepared. No for_each_part may run on any
   // buffer of the arena meanwhile (the saver serializes both under its operation lock).
-  // Shared ranges in the span are made private first (node_store.h): a lease may be written.
+  // Shared ranges in the span are made this process's own first (node_store.h): a lease may
+  // be written. Counts a live lease until end_lease().
   Status register_as_one(size_t offset, size_t size);
+  // A lease register_as_one counted is let go of (the user's tensor is gone).
+  void end_lease();
 
   // A content arena's: names its new chunks in the store once the pause's copies into them
   // have landed (their bytes go from this process's budget to the store's); a chunk whose
@@ -150,8 +153,9 @@ class HostArena {
   // A content arena of this allocation's last cycle, whose bytes changed (`content`, each
   // chunk's): its changed chunks become new chunks for the pause to copy into and publish,
   // where this process made them and alone holds them and the store has none of the new
-  // bytes (the weights after a training step: no fresh memory, none taken twice). false, the
-  // arena left as it was, where any changed chunk is not so (or where it is leased).
+  // bytes (the weights after a training step: no fresh memory, none taken twice). A leased
+  // arena's chunks all count as changed (a user may have written them). false, the arena
+  // left as it was, where any changed chunk is not so.
   bool recycle(const std::vector<Fingerprint>& content);
   // A content arena's fingerprints, chunk by chunk, while its bytes are still theirs (never
   // leased); empty for any other arena.
@@ -204,6 +208,16 @@ class HostArena {
   // A shared range made private again (its bytes read from its chunk; taken from the budget
   // again if they had been given back). mu_ held.
   Status unshare(Range& range);
+  // A shared range that is a chunk this process made and alone holds, taken back from the
+  // store: unnamed, its own again, no copy (false where another process holds it, or where
+  // the budget has no room for its bytes). mu_ held.
+  bool take_back(Range& range);
+  // register_as_one's two ways (mu_ held): an ordinary arena's ranges of one buffer merged
+  // into one registration; a content arena's buffer (all of it) registered as one, its ranges
+  // kept as the chunks they are.
+  Status register_ranges_as_one(size_t offset, size_t size);
+  Status register_content_as_one();
+  void reregister_ranges();  // every range not page-locked tried again (after a failed merge)
   // Private memory mapped over [at, at + size), in place of a new chunk's file that got no
   // pages, faulted in (false where even that fails).
   static bool private_memory_at(char* at, size_t size);
@@ -231,8 +245,9 @@ class HostArena {
   std::vector<PhysicalHandle> soft_handles_;  // range by range, as made
   size_t soft_mapped_ = 0;  // of them, those mapped at data_
   bool leased_ = false;  // register_as_one ran: a user may hold its memory; its content is no longer known
+  std::atomic<int> live_leases_{0};  // leases a user still holds (register_as_one, end_lease)
+  bool whole_registered_ = false;    // a content arena's ranges page-locked as one (register_content_as_one)
   std::vector<Fingerprint> content_;  // a content arena's, range by range
-  std::vector<int> retired_files_;    // own chunk files of ranges register_as_one merged away
   bool filled_ = false;               // a content arena's copies landed (publish ran): nothing is written again
                                       // (until recycle() takes changed chunks back)
   size_t ranges_left_ = 0;  // not yet done

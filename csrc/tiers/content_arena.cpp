@@ -85,7 +85,9 @@ void HostArena::publish() {
   for (size_t r = 0; r < ranges_.size(); ++r) {
     Range& range = ranges_[r];
     bool published = false;
-    if (range.new_fd >= 0 && !range.own && budget_.publish_chunk(range.new_fd, content_[r], &published).ok() &&
+    // (Not while a lease lets a user write it: it stays this process's own until then.)
+    if (range.new_fd >= 0 && !range.own && live_leases_.load() == 0 &&
+        budget_.publish_chunk(range.new_fd, content_[r], &published).ok() &&
         published) {
       // Other processes read it from now on: never written here again (no copy goes into a
       // chunk of the store). Its mapping stays writable all the same: changing the protection
@@ -177,12 +179,32 @@ Status HostArena::make_chunk(size_t index, int claim) {
   return Status::Ok();
 }
 
+bool HostArena::take_back(Range& range) {
+  // Its bytes go from the store's count (gone with its name) to this process's: reserved
+  // first, so that they are never counted by neither.
+  const bool reserve = range.counted && reserved_;
+  if (reserve && !budget_.reserve(range.size).ok()) return false;
+  bool taken = false;
+  if (!budget_.take_back_chunk(range.shared_fd, &taken).ok() || !taken) {
+    if (reserve) budget_.give_back(range.size);
+    return false;
+  }
+  range.new_fd = range.shared_fd;
+  range.shared_fd = -1;
+  shared_ranges_--;
+  if (range.counted) shared_bytes_ -= range.size;
+  range.counted = false;
+  return true;
+}
+
 bool HostArena::recycle(const std::vector<Fingerprint>& content) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (leased_ || soft_ || content.size() != content_.size() || content.size() != ranges_.size()) return false;
+  if (soft_ || content.size() != content_.size() || content.size() != ranges_.size()) return false;
+  // A leased arena's bytes are no longer known (a user may have written them): every chunk
+  // is copied again, as with a private copy.
   std::vector<size_t> changed;
   for (size_t r = 0; r < ranges_.size(); ++r) {
-    if (content[r] == content_[r]) continue;
+    if (content[r] == content_[r] && !leased_) continue;
     const Range& range = ranges_[r];
     if (range.pending || range.claim_fd >= 0 || range.size != content[r].bytes) return false;
     // New bytes the store has already are taken from it, not copied again (the caller's way).
@@ -195,50 +217,23 @@ bool HostArena::recycle(const std::vector<Fingerprint>& content) {
     }
     changed.push_back(r);
   }
-  // Each changed chunk of the store taken back: unnamed, this process's own again. Its bytes
-  // go from the store's count (gone with its name) to this process's: reserved once they left
-  // it (not counted twice meanwhile), in one look at the node's ledger, not one per chunk.
-  bool all = true;
-  size_t taken_bytes = 0;
-  std::vector<size_t> taken_counted;  // (counted as the store's until now)
+  // Each changed chunk of the store taken back: unnamed, this process's own again.
   for (size_t r : changed) {
     Range& range = ranges_[r];
     if (range.shared_fd < 0) continue;  // its own already (unnamed, or private memory)
-    bool taken = false;
-    if (!all || !budget_.take_back_chunk(range.shared_fd, &taken).ok() || !taken) {
-      all = false;
-      continue;
+    if (!take_back(range)) {
+      // Another process holds it: the ones taken back keep their old bytes (still what
+      // content_ says), never published, and the caller lets the arena go.
+      for (size_t t : changed) {
+        if (ranges_[t].shared_fd < 0) ranges_[t].own = true;
+      }
+      return false;
     }
-    range.new_fd = range.shared_fd;
-    range.shared_fd = -1;
-    shared_ranges_--;
-    if (range.counted) {
-      shared_bytes_ -= range.size;
-      taken_counted.push_back(r);
-      if (reserved_) taken_bytes += range.size;
-    }
-    range.counted = false;
-  }
-  if (!all || (taken_bytes != 0 && !budget_.reserve(taken_bytes).ok())) {
-    // Refused (another holds one, or no room in the budget): the caller lets the arena go at
-    // once, and these bytes with it; never taken into this process's share, they are not
-    // given back from it either.
-    for (size_t r : taken_counted) {
-      ranges_[r].counted = true;
-      shared_bytes_ += ranges_[r].size;
-    }
-    all = false;
-  }
-  if (!all) {
-    // Another process holds one of them: the ones taken back keep their old bytes (still what
-    // content_ says), never published, and the caller lets the arena go.
-    for (size_t r : changed) {
-      if (ranges_[r].shared_fd < 0) ranges_[r].own = true;
-    }
-    return false;
   }
   for (size_t r : changed) content_[r] = content[r];  // (their mappings are writable: its own files')
   filled_ = false;  // the pause copies into the changed chunks, then publishes them
+  // Known again once copied, unless a lease still lets a user write them.
+  leased_ = live_leases_.load() != 0;
   return true;
 }
 
