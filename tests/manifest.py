@@ -22,7 +22,7 @@ LEVELS: dict[str, dict[str, str]] = {
         "test_install.py": "the wheel built, installed in a fresh venv, used and uninstalled (slow)",
         "test_docs.py": "the documentation agrees with the code and with itself",
         "test_environment.py": "every TMSL_*/TMS_* variable: one grammar per kind, refused by name at first use",
-        "test_layout.py": "csrc/ drawn from its includes: no circle, no upward arrow; no file over 600 lines",
+        "test_layout.py": "csrc/ drawn from its includes: no circle, no upward arrow",
     },
     "features": {
         "test_pause_resume.py": "pause/resume semantics, on every backend",
