@@ -259,7 +259,8 @@ class MemorySaver(SafetySwitches):
                 "raise"), from its next pause on; not given: the tag keeps its setting (the
                 saver's, unless set before). A setting of the tag, like ``verify_wake``.
             soft_pause: the tag's own ``MemorySaver.soft_pause``, from its next pause on; not
-                given: the tag keeps its setting (the saver's, unless set before).
+                given: the tag keeps its setting (the saver's, unless set before). A region
+                refused because its tag is paused changes none of these three.
         Regions nest; leaving one restores the enclosing one. Allocations on the current
         CUDA device are routed. Routing is per thread: a thread started inside a region is
         not routed.
@@ -273,15 +274,17 @@ class MemorySaver(SafetySwitches):
         check_tag(tag)
         if disk:
             self._disk.require(native)
-        if verify is not None:  # once the region is sure to open
-            native.set_tag_verify_wake(tag, verify)
-        if stray is not None:
-            native.set_tag_stray_access(tag, stray)
-        if soft is not None:
-            native.set_tag_soft_pause(tag, soft)
         route = self._platform.route(self._torch_pools, tag, choice)
         _lib.take_allocation_failure()  # only failures inside this block are explained below
         with pushed(Region(native, tag, choice, route)):
+            # Once the region is open: a refused one (its tag paused) changes none of the tag's
+            # settings, so a paused tag's wake is checked and told as its pause was promised.
+            if verify is not None:
+                native.set_tag_verify_wake(tag, verify)
+            if stray is not None:
+                native.set_tag_stray_access(tag, stray)
+            if soft is not None:
+                native.set_tag_soft_pause(tag, soft)
             if self._platform.capturing():
                 _lib.note_graph_capture()  # entered inside a capture: graph memory too
             with refusals_explained(tag):

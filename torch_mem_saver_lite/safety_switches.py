@@ -57,7 +57,8 @@ class SafetySwitches:
         (``StrayAccessWarning``) or raises ``StrayAccessError`` once the tags are awake, naming
         them; ``TagStats.stray_writes`` counts them. Reads are harmless but not seen. ``"off"``:
         the raw behaviour, the memory unmapped while paused. Default: ``TMSL_STRAY_ACCESS``;
-        per tag: ``region(..., stray_access=...)``. Applies from the next pause on."""
+        per tag: ``region(..., stray_access=...)``. Applies from the next pause on: a resume
+        tells the writes as the mode its pause began with said."""
         native = self._core(create=False)
         return stray_access.MODES[native.stray_access() if native is not None else self._settings.stray()]
 

@@ -194,7 +194,10 @@ std::vector<Saver::Allocation*> Saver::claim(const TagSelection& selection, Stat
     if (!disk_ && from == State::kActive) a.disk_marked = false;
     a.backup = a.backs_up();
     a.verify = a.tag_info->verifies_wakes;
-    a.catches_strays = catches_strays(*a.tag_info);
+    // A resume (and its rollback) keeps to the mode its pause covered the memory by.
+    a.catches_strays = from == State::kPaused && a.tag_info->paused_stray_mode >= 0
+                           ? a.tag_info->paused_stray_mode != static_cast<int>(StrayMode::kOff)
+                           : catches_strays(*a.tag_info);
     a.soft_pauses = soft_pauses(*a.tag_info);
     batch.push_back(&a);
     vas.push_back(a.va);
@@ -314,6 +317,11 @@ Status Saver::pause_locked(const TagSelection& selection, std::set<std::string>*
   std::vector<Allocation*> batch;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    for (auto& entry : tags_) {  // the mode this pause covers them by (a paused tag keeps its own)
+      if (selection.matches(entry.first) && !entry.second.paused) {
+        entry.second.paused_stray_mode = static_cast<int>(stray_mode_of(entry.second));
+      }
+    }
     set_paused(selection, true);  // from here on new allocations in these tags are refused
     batch = claim(selection, State::kActive, State::kPausing);
   }
