@@ -28,6 +28,7 @@
 #include "core/address_index.h"
 #include "platform/backend.h"
 #include "platform/backup_choice.h"
+#include "platform/environment.h"
 #include "node/host_budget.h"
 #include "tiers/backup.h"
 #include "tiers/backup_tiers.h"
@@ -569,6 +570,9 @@ class Saver {
   std::atomic<int> stray_mode_{static_cast<int>(StrayMode::kWarn)};
   std::atomic<bool> soft_pause_{false};
   FingerprintKey wake_key_;  // drawn at construction; where the process shares, the store key serves instead
+  // TMSL_LOG_ALLOCATIONS: a line on stderr per allocation and free (read once: off, it costs
+  // each of them one predictable branch).
+  const bool log_allocations_ = process_defaults().log_allocations;
   // The disk tier (null: none); set under op_mu_ and mu_, read under either.
   std::shared_ptr<DiskTier> disk_;
   // Tags whose host memory is to be prepared, and whether a task to do it is queued.
