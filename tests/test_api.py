@@ -15,6 +15,7 @@ from torch_mem_saver_lite import (
     InvalidArgumentError,
     MemorySaver,
     MemorySaverError,
+    OutOfMemoryError,
     _lib,
     saver,
 )
@@ -264,4 +265,111 @@ def test_stats_sum_each_tags_figures_over_its_devices(host_saver, mem):
     assert (kv.allocations, kv.paused_bytes, kv.host_backup_bytes, kv.paused, kv.backs_up) == (2, 6 << 20, 6 << 20,
                                                                                                True, True)
     assert kv.last_pause_seconds is not None and kv.last_resume_seconds is None
+    # stats() is status() summed per tag: status() holds every figure, per device.
+    status = [s for s in host_saver.status() if s.tag == "kv"]
+    assert [(s.device, s.allocations, s.in_host_bytes, s.host_memory_bytes, s.state, s.backs_up) for s in status] == [
+        (0, 1, 2 << 20, 2 << 20, "paused", True), (1, 1, 4 << 20, 4 << 20, "paused", True)]
+    assert all(s.last_pause_seconds == kv.last_pause_seconds for s in status)
     host_saver.resume("kv")
+
+
+# ----- types: the string choices as Literal -------------------------------------------------
+MISSPELT_CHOICES = """
+from torch_mem_saver_lite import saver, torch_memory_saver
+
+with saver.region("kv", enable_cpu_backup=True, cpu_backup_backend="pinned", stray_access="warn"):
+    pass
+with saver.region("kv", enable_cpu_backup=True, cpu_backup_backend="pinnned"):  # refused
+    pass
+with saver.region("kv", stray_access="loud"):  # refused
+    pass
+saver.hook_mode = "pytorch"  # refused
+saver.stray_access = "loud"  # refused
+with torch_memory_saver.region("kv", enable_cpu_backup=True, cpu_backup_backend="pinnned"):  # refused
+    pass
+saver.hook_mode = "preload"
+"""
+
+
+def test_a_type_checker_refuses_a_misspelt_choice(tmp_path):
+    pytest.importorskip("mypy", reason="mypy is not installed (`make lint` installs it)")
+    root = Path(__file__).resolve().parents[1]
+    snippet = tmp_path / "snippet.py"
+    snippet.write_text(MISSPELT_CHOICES)
+    # The checkout's package (an editable install's import hook is not something mypy follows).
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy", "--config-file", str(root / "pyproject.toml"), "--cache-dir", os.devnull,
+         "--no-error-summary", str(snippet)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path, env={**os.environ, "MYPYPATH": str(root)})
+    flagged = sorted(int(line.split(":")[1]) for line in result.stdout.splitlines() if ": error:" in line)
+    refused = [number for number, line in enumerate(MISSPELT_CHOICES.splitlines(), 1) if line.endswith("# refused")]
+    assert len(refused) == 5 and flagged == refused, result.stdout + result.stderr
+
+
+def test_the_choices_are_literal_types_in_the_signatures():
+    import typing
+
+    from torch_mem_saver_lite import TorchMemorySaver, hook_modes, settings, stray_access
+    from torch_mem_saver_lite.choices import CaptureErrorMode, CpuBackupBackend, HookModeName, StrayAccessMode
+
+    region = typing.get_type_hints(MemorySaver.region)
+    assert region["cpu_backup_backend"] == CpuBackupBackend | None
+    assert region["stray_access"] == StrayAccessMode | None
+    graph = typing.get_type_hints(MemorySaver.cuda_graph)
+    assert graph["capture_error_mode"] == CaptureErrorMode and graph["cpu_backup_backend"] == CpuBackupBackend | None
+    assert typing.get_type_hints(MemorySaver.hook_mode.fset)["mode"] == HookModeName
+    assert typing.get_type_hints(MemorySaver.stray_access.fset)["mode"] == StrayAccessMode
+    assert typing.get_type_hints(TorchMemorySaver.region)["cpu_backup_backend"] == CpuBackupBackend | None
+    # The checks take their values from the same types.
+    assert set(typing.get_args(HookModeName)) == set(hook_modes.MODES)
+    assert typing.get_args(CpuBackupBackend) == settings.CPU_BACKUP_BACKENDS
+    assert typing.get_args(StrayAccessMode) == stray_access.MODES
+
+
+# ----- the native library's version ---------------------------------------------------------
+def test_the_library_reports_the_version_it_was_built_for_and_another_is_refused():
+    import importlib.metadata
+
+    from torch_mem_saver_lite import _lib
+
+    assert _lib.lib().tmsl_version().decode() == importlib.metadata.version("torch-mem-saver-lite")
+    # The same library, held to another version, as a package of that version would.
+    result = run_python("""
+        from torch_mem_saver_lite import _lib, saver
+        _lib.package_version = lambda: "9.9.9"
+        try:
+            saver.stats()
+        except Exception as error:
+            print(type(error).__name__, error)
+    """)
+    out = result.stdout.strip()
+    built_for = _lib.lib().tmsl_version().decode()
+    assert out.startswith("MemorySaverError "), out + result.stderr
+    assert f"built for torch_mem_saver_lite {built_for}" in out and "this package is 9.9.9" in out, out
+    assert "TMSL_LIBRARY" in out and "pip install" in out, out  # what to do
+
+
+# ----- error messages -----------------------------------------------------------------------
+def test_get_cpu_backup_of_a_tensor_that_is_not_a_cuda_tensor_says_so():
+    import torch
+
+    # The CUDA saver: a CPU tensor is refused before anything asks the driver (none here).
+    with pytest.raises(ValueError, match=r"a CUDA tensor allocated in a region.*got a tensor on cpu"):
+        saver.get_cpu_backup(torch.zeros(4))
+
+
+def test_an_out_of_memory_message_says_what_is_free_once(mem):
+    small = HostSaver(capacity_bytes=64 * MiB)
+    try:
+        with small.region("kv"):
+            mem.malloc(8 * MiB)
+            with pytest.raises(OutOfMemoryError) as caught:
+                mem.malloc(60 * MiB)
+        assert str(caught.value).count("56.00 MiB free") == 1, str(caught.value)
+        small.memory_margin_bytes = 16 * MiB
+        with small.region("kv"), pytest.raises(OutOfMemoryError) as caught:
+            mem.malloc(48 * MiB)
+        message = str(caught.value)
+        assert message.count("56.00 MiB free") == 1 and "memory margin of 16.00 MiB" in message, message
+    finally:
+        small.close()

@@ -133,6 +133,51 @@ def test_nothing_is_logged_at_info_by_default(host_saver, mem, caplog):
     assert caplog.records == []
 
 
+def test_at_debug_regions_and_the_pauses_and_resumes_asked_are_logged_with_their_bytes(host_saver, mem, caplog):
+    with caplog.at_level(logging.DEBUG, logger="torch_mem_saver_lite"):
+        with host_saver.region("kv"):
+            mem.malloc(4 * MiB)
+        host_saver.pause("kv")
+        host_saver.resume()
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert lines == ["region 'kv' entered (backup choice -1); 'kv': 0 allocations, 0.00 MiB (0.00 MiB resident)",
+                     "region 'kv' left; 'kv': 1 allocations, 4.00 MiB (4.00 MiB resident)",
+                     "pause of ['kv'] asked; 'kv': 1 allocations, 4.00 MiB (4.00 MiB resident)",
+                     "resume of every tag asked; 'kv': 1 allocations, 4.00 MiB (0.00 MiB resident)"], lines
+
+
+ALLOCATIONS = """
+import sys
+sys.path.insert(0, {tests!r})
+from host_memory import HostMemory
+from torch_mem_saver_lite.testing import HostSaver
+saver, mem = HostSaver(), HostMemory()
+with saver.region("kv"):
+    ptr = mem.malloc(3 << 20)
+saver.pause("kv")
+mem.free(ptr)
+print(hex(ptr))
+"""
+
+
+@pytest.mark.parametrize("value", ["1", None])
+def test_TMSL_LOG_ALLOCATIONS_prints_a_line_per_allocation_and_free(value):
+    env = {k: v for k, v in os.environ.items() if k != "TMSL_LOG_ALLOCATIONS"}
+    if value is not None:
+        env["TMSL_LOG_ALLOCATIONS"] = value
+    result = subprocess.run([sys.executable, "-c", ALLOCATIONS.format(tests=str(ROOT / "tests"))],
+                            capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+    address = result.stdout.strip()
+    lines = [line for line in result.stderr.splitlines() if line.startswith("torch_mem_saver_lite: ")]
+    if value is None:
+        assert lines == [], lines  # off by default
+        return
+    assert lines == [f"torch_mem_saver_lite: allocated 4.00 MiB at {address} on device 0, tag 'kv' "
+                     "(backup as its tag decides)",
+                     f"torch_mem_saver_lite: freeing 4.00 MiB at {address} on device 0, tag 'kv' (paused)"], lines
+
+
 def test_a_refused_allocation_is_logged_as_a_warning(caplog):
     from torch_mem_saver_lite.testing import HostSaver
 

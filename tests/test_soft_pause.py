@@ -106,6 +106,18 @@ def test_a_region_chooses_soft_pauses_for_its_tag_alone(host_saver, mem):
             pass
 
 
+def test_a_region_refused_for_a_paused_tag_leaves_its_pauses_as_they_were(host_saver, mem):
+    with host_saver.region("weights", enable_cpu_backup=True):
+        ptr = mem.malloc(4 * MiB)
+    host_saver.pause("weights")
+    with pytest.raises(MemorySaverError, match="paused"), host_saver.region("weights", soft_pause=True):
+        pass
+    host_saver.resume("weights")
+    host_saver.pause("weights")
+    assert not is_mapped(ptr)  # not soft: the refused region set nothing
+    host_saver.resume("weights")
+
+
 def soft_copies_open() -> int:
     """Handles open on the host backend's soft copies (memfd "tmsl-soft", one per 64 MiB range)."""
     return sum(os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:tmsl-soft")

@@ -142,6 +142,41 @@ def test_a_bad_TMSL_STRAY_ACCESS_is_refused_by_name_at_first_use():
     assert found["stray_access"] == 1  # nothing taken from it
 
 
+def test_a_resume_tells_the_writes_as_the_pause_they_were_made_under_promised(host_saver, mem):
+    with host_saver.region("kv"):
+        ptr = mem.malloc(4 * MiB)
+    host_saver.pause("kv")  # "warn", the default
+    host_saver.stray_access = "off"  # from the next pause on: this one stays covered
+    ctypes.memset(ptr, 1, 64)
+    told = stray_warnings(lambda: host_saver.resume("kv"))
+    assert len(told) == 1 and "'kv'" in told[0], told
+
+    host_saver.pause("kv")  # "off" now: the raw behaviour
+    assert backends.permissions(ptr) == "---p"
+    host_saver.resume("kv")
+
+    host_saver.stray_access = "raise"
+    host_saver.pause("kv")
+    host_saver.stray_access = "warn"
+    ctypes.memset(ptr, 2, 64)
+    with pytest.raises(StrayAccessError, match="'kv'"):
+        host_saver.resume("kv")
+
+
+def test_a_region_refused_for_a_paused_tag_leaves_its_stray_access_as_it_was(host_saver, mem):
+    with host_saver.region("kv"):
+        ptr = mem.malloc(4 * MiB)
+    host_saver.pause("kv")
+    with pytest.raises(MemorySaverError, match="paused"), host_saver.region("kv", stray_access="off"):
+        pass
+    ctypes.memset(ptr, 1, 64)
+    assert len(stray_warnings(lambda: host_saver.resume("kv"))) == 1
+
+    host_saver.pause("kv")  # still covered: the refused region set nothing
+    assert backends.permissions(ptr).startswith("rw")
+    host_saver.resume("kv")
+
+
 def test_a_write_is_counted_for_the_tags_covered_when_it_happened(host_saver, mem):
     with host_saver.region("a"):
         a = mem.malloc(4 * MiB)

@@ -11,6 +11,7 @@ import ctypes
 import os
 
 import pytest
+import torch
 
 from torch_mem_saver_lite import MemorySaverError, TagStatus, WakeVerificationError, _lib
 
@@ -26,6 +27,11 @@ def flip_backup_byte(saver, address: int, nbytes: int, offset: int) -> None:
     byte = ctypes.c_uint8.from_address(host + offset)
     byte.value ^= 0xFF
     _lib.release_lease(lease)
+
+
+def tensor_at(address: int, nbytes: int) -> torch.Tensor:
+    """A tensor over host-backend memory, as get_cpu_backup takes one."""
+    return torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(address), dtype=torch.uint8)
 
 
 def checks(backend) -> bool:
@@ -134,6 +140,61 @@ def test_a_region_can_turn_its_tags_wake_checks_off(host_saver, mem):
     assert host_saver.stats()["checked"].paused
     with pytest.raises(TypeError, match="verify_wake"), host_saver.region("raw", verify_wake="no"):
         pass
+
+
+def test_a_region_opting_its_tag_back_in_has_its_next_wake_checked(host_saver, mem):
+    with host_saver.region("weights", enable_cpu_backup=True, verify_wake=False):
+        ptr = mem.malloc(4 * MiB)
+    mem.write(ptr, b"\x5a" * (4 * MiB))
+    host_saver.pause("weights")
+    host_saver.resume("weights")
+    assert host_saver.stats()["weights"].last_wake_check == "unchecked"
+
+    with host_saver.region("weights", verify_wake=True):  # back in
+        pass
+    host_saver.pause("weights")
+    view = host_saver.get_cpu_backup(tensor_at(ptr, 4 * MiB), zero_copy=True)
+    view[99] ^= 0xFF
+    with pytest.raises(WakeVerificationError, match="'weights'"):
+        host_saver.resume("weights")
+    assert host_saver.stats()["weights"].paused
+
+    view[99] ^= 0xFF  # put right: the next resume wakes it bit for bit
+    host_saver.resume("weights")
+    assert mem.read(ptr, 4 * MiB) == b"\x5a" * (4 * MiB)
+    assert host_saver.stats()["weights"].last_wake_check == "passed"
+
+
+def test_a_region_refused_for_a_paused_tag_leaves_its_wake_checked(host_saver, mem):
+    with host_saver.region("weights", enable_cpu_backup=True):
+        ptr = mem.malloc(4 * MiB)
+    mem.write(ptr, b"\x33" * (4 * MiB))
+    host_saver.pause("weights")
+    with pytest.raises(MemorySaverError, match="paused"), host_saver.region("weights", verify_wake=False):
+        pass
+    flip_backup_byte(host_saver, ptr, 4 * MiB, 4096)
+
+    with pytest.raises(WakeVerificationError, match="'weights'"):
+        host_saver.resume("weights")
+    assert host_saver.stats()["weights"].paused
+
+
+def test_turning_the_check_on_while_paused_says_the_wake_was_unchecked(host_saver, mem):
+    # A pause with the check off takes no fingerprints: its resume cannot check, and says so.
+    with host_saver.region("weights", enable_cpu_backup=True):
+        ptr = mem.malloc(4 * MiB)
+    mem.write(ptr, b"\x44" * (4 * MiB))
+    host_saver.verify_wake = False
+    host_saver.pause("weights")
+    host_saver.verify_wake = True
+    host_saver.resume("weights")
+    assert host_saver.stats()["weights"].last_wake_check == "unchecked"
+    assert mem.read(ptr, 4 * MiB) == b"\x44" * (4 * MiB)
+
+    host_saver.pause("weights")  # checked again from this pause on
+    flip_backup_byte(host_saver, ptr, 4 * MiB, 7)
+    with pytest.raises(WakeVerificationError):
+        host_saver.resume("weights")
 
 
 def test_after_a_failed_wake_turning_the_check_off_takes_the_backup_as_it_is(host_saver, mem):

@@ -21,6 +21,7 @@ import importlib.machinery
 import inspect
 import re
 import sys
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -155,10 +156,21 @@ def summary(doc: str | None) -> str:
 
 
 # ----- signatures as written in the source ----------------------------------------------------
+def _choices() -> dict[str, str]:
+    """The package's string choices (choices.py) by alias name, as ``Literal[...]`` text: a
+    signature names the alias, the reader needs the values."""
+    choices = importlib.import_module(PACKAGE + ".choices")
+    return {name: "Literal[" + ", ".join(repr(v) for v in typing.get_args(getattr(choices, name))) + "]"
+            for name in choices.__all__}
+
+
 def _annotation(value: Any) -> str:
     if value is inspect.Parameter.empty or value is inspect.Signature.empty:
         return ""
-    return value if isinstance(value, str) else getattr(value, "__qualname__", repr(value))
+    text = value if isinstance(value, str) else getattr(value, "__qualname__", repr(value))
+    for alias, literal in _choices().items():
+        text = re.sub(rf"\b{alias}\b", literal, text)
+    return text
 
 
 def signature(function: Any, drop_self: bool = True, returns: bool = True) -> str:

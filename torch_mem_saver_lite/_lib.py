@@ -48,6 +48,7 @@ _SUMMED = ("allocations", "reserved_bytes", "resident_bytes", "paused_bytes", "h
 
 # Every function of csrc/api/c_api.h (test_abi.py checks the two agree).
 _SIGNATURES = {
+    "tmsl_version": ([], ctypes.c_char_p),
     "tmsl_status_names": ([], ctypes.c_char_p),
     "tmsl_take_allocation_failure": ([], _int),
     "tmsl_check_process": ([], _int),
@@ -181,10 +182,21 @@ def library_path() -> str:
     )
 
 
+def package_version() -> str | None:
+    """The installed package's version, which the library must have been built for (None: a
+    source checkout never installed, which has no version to hold it to)."""
+    try:
+        return importlib.metadata.version("torch-mem-saver-lite")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 @functools.cache
 def lib() -> ctypes.CDLL:
-    """The loaded native library, with argument and result types declared."""
+    """The loaded native library, with argument and result types declared; MemorySaverError
+    for one that is not this package's or was built for another version of it."""
     path = library_path()
+    source = " (from TMSL_LIBRARY)" if os.environ.get("TMSL_LIBRARY") else ""
     try:
         handle = ctypes.CDLL(path)
         testing = {name: types for name, types in _TESTING_SIGNATURES.items() if hasattr(handle, name)}
@@ -193,11 +205,17 @@ def lib() -> ctypes.CDLL:
             function.argtypes = argtypes
             function.restype = restype
     except (OSError, AttributeError) as error:
-        source = " (from TMSL_LIBRARY)" if os.environ.get("TMSL_LIBRARY") else ""
         raise MemorySaverError(
             f"{path}{source} is not a usable torch_mem_saver_lite library: {error}; unset TMSL_LIBRARY "
             "or point it at the libtorch_mem_saver_lite.so this package built"
         ) from None
+    built_for, expected = handle.tmsl_version().decode(errors="replace"), package_version()
+    if expected is not None and built_for != expected:
+        # Its ABI may differ in any call (a structure's fields, an argument): refused before any.
+        raise MemorySaverError(
+            f"{path}{source} was built for torch_mem_saver_lite {built_for}, but this package is {expected}: "
+            "the two must be one build. Unset TMSL_LIBRARY or point it at the library of this version "
+            "(reinstall the package, `pip install .`, to rebuild it)")
     return handle
 
 

@@ -29,6 +29,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, cast, overload
 import torch
 
 from . import _lib
+from .choices import CaptureErrorMode, CpuBackupBackend, HookModeName
 from .memory_saver import MemorySaver
 from .regions import Region, pushed
 from .settings import check_tag
@@ -185,7 +186,8 @@ class _Impl:
         self._mem_pools = _PoolTable(saver)
 
     @contextlib.contextmanager
-    def _with_region_config(self, tag: str, enable_cpu_backup: bool, cpu_backup_backend: str | None = None,
+    def _with_region_config(self, tag: str, enable_cpu_backup: bool,
+                            cpu_backup_backend: CpuBackupBackend | None = None,
                             enable_disk_backup: bool = False) -> Iterator[None]:
         """The thread's allocations go to ``tag`` with these settings, without a torch pool
         of their own (torch_memory_saver's native configuration alone)."""
@@ -227,7 +229,7 @@ class TorchMemorySaver:
     # ----- torch_memory_saver's API ------------------------------------------------------
     @contextlib.contextmanager
     def region(self, tag: str = "default", enable_cpu_backup: bool | None = None, enable_disk_backup: bool = False,
-               cpu_backup_backend: str | None = None) -> Iterator[None]:
+               cpu_backup_backend: CpuBackupBackend | None = None) -> Iterator[None]:
         """Allocations on this thread inside the block are pauseable under ``tag``; each keeps
         this region's backup settings (``saver.region`` has the details)."""
         self._first_use()
@@ -237,9 +239,9 @@ class TorchMemorySaver:
 
     @contextlib.contextmanager
     def cuda_graph(self, cuda_graph: torch.cuda.CUDAGraph, pool: tuple[int, int] | None = None,
-                   stream: torch.cuda.Stream | None = None, capture_error_mode: str = "global",
+                   stream: torch.cuda.Stream | None = None, capture_error_mode: CaptureErrorMode = "global",
                    tag: str = "default", enable_cpu_backup: bool | None = None,
-                   cpu_backup_backend: str | None = None) -> Iterator[None]:
+                   cpu_backup_backend: CpuBackupBackend | None = None) -> Iterator[None]:
         """Like ``torch.cuda.graph``, with the graph's memory pauseable under ``tag``
         (default ``"default"``, as in torch_memory_saver); ``saver.cuda_graph`` has the details."""
         self._first_use()
@@ -290,12 +292,12 @@ class TorchMemorySaver:
         return True
 
     @property
-    def hook_mode(self) -> str:
+    def hook_mode(self) -> HookModeName:
         """``"torch"`` or ``"preload"`` (``saver.hook_mode``); set it before the first region."""
         return self._saver.hook_mode
 
     @hook_mode.setter
-    def hook_mode(self, mode: str) -> None:
+    def hook_mode(self, mode: HookModeName) -> None:
         self._saver.hook_mode = mode
         with self._impl_lock:
             if "_impl_ctor_kwargs" in self.__dict__:  # before first use: where torch_memory_saver keeps it

@@ -13,11 +13,16 @@ from . import _lib
 from .settings import check_bool
 
 
-def leased(core: Callable[[], _lib.NativeSaver], x: torch.Tensor, zero_copy: object) -> torch.Tensor | None:
+def leased(core: Callable[[], _lib.NativeSaver], x: torch.Tensor, zero_copy: object,
+           on_device: bool = True) -> torch.Tensor | None:
     """The host copy of ``x`` (None while resident): shared with the backup (``zero_copy``)
-    or cloned from it."""
+    or cloned from it. ``on_device``: the saver's memory is CUDA memory, so a tensor elsewhere
+    cannot be one of its (refused before the driver is asked anything)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"get_cpu_backup needs a torch.Tensor, got {type(x).__name__}")
+    if on_device and not x.is_cuda:
+        raise ValueError(f"get_cpu_backup needs a CUDA tensor allocated in a region (saver.region), got a tensor "
+                         f"on {x.device}: only those have a backup; pass the GPU tensor itself")
     if not x.is_contiguous():
         raise ValueError("get_cpu_backup needs a contiguous tensor; pass the tensor it views")
     nbytes = x.numel() * x.element_size()

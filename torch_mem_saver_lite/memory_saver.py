@@ -8,7 +8,7 @@ import os
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Literal, overload
+from typing import Any, Literal, cast, overload
 
 import torch
 
@@ -25,6 +25,7 @@ from . import (
 )
 from . import stray_access as strays
 from .breakdown import MemoryBreakdown
+from .choices import CaptureErrorMode, CpuBackupBackend, HookModeName, StrayAccessMode
 from .disk_backup import DiskDirectory
 from .errors import InvalidArgumentError, MemorySaverError
 from .hooks import TorchPools
@@ -77,7 +78,7 @@ class MemorySaver(SafetySwitches):
 
     # ----- configuration -------------------------------------------------------------
     @property
-    def hook_mode(self) -> str:
+    def hook_mode(self) -> HookModeName:
         """How allocations are intercepted.
 
         ``"torch"`` (default): a ``CUDAPluggableAllocator`` under one MemPool per tag.
@@ -86,10 +87,10 @@ class MemorySaver(SafetySwitches):
         of another mode are ignored with a RuntimeWarning, and so is ``"torch"`` in a process
         that runs with the library preloaded once the mode is ``"preload"``.
         """
-        return self._mode.name
+        return cast(HookModeName, self._mode.name)
 
     @hook_mode.setter
-    def hook_mode(self, mode: str) -> None:
+    def hook_mode(self, mode: HookModeName) -> None:
         if mode not in hook_modes.MODES:
             raise ValueError(f"hook_mode must be one of {tuple(hook_modes.MODES)}, got {mode!r}")
         if mode == self._mode.name:
@@ -178,7 +179,7 @@ class MemorySaver(SafetySwitches):
         environment = self._settings.environment().disk_backup_dir
         return host_memory_report(
             _lib.host_memory(), _lib.MAX_HOLDERS,
-            on_disk_bytes=sum(t["disk_backup_bytes"] for t in native.stats().values()) if native is not None else 0,
+            on_disk_bytes=sum(s.on_disk_bytes for s in self.status()),
             spilled_bytes=native.spilled_bytes() if native is not None else 0,
             disk_tier=self._disk.named(native, environment),
             disk_tier_problem=self._disk.problem(native, environment))
@@ -227,8 +228,8 @@ class MemorySaver(SafetySwitches):
     # ----- regions -------------------------------------------------------------------
     @contextlib.contextmanager
     def region(self, tag: str = "default", enable_cpu_backup: bool | None = None,
-               enable_disk_backup: bool = False, cpu_backup_backend: str | None = None,
-               verify_wake: bool | None = None, stray_access: str | None = None,
+               enable_disk_backup: bool = False, cpu_backup_backend: CpuBackupBackend | None = None,
+               verify_wake: bool | None = None, stray_access: StrayAccessMode | None = None,
                soft_pause: bool | None = None) -> Iterator[None]:
         """Allocations made on this thread inside the block become pauseable under ``tag``.
 
@@ -259,7 +260,8 @@ class MemorySaver(SafetySwitches):
                 "raise"), from its next pause on; not given: the tag keeps its setting (the
                 saver's, unless set before). A setting of the tag, like ``verify_wake``.
             soft_pause: the tag's own ``MemorySaver.soft_pause``, from its next pause on; not
-                given: the tag keeps its setting (the saver's, unless set before).
+                given: the tag keeps its setting (the saver's, unless set before). A region
+                refused because its tag is paused changes none of these three.
         Regions nest; leaving one restores the enclosing one. Allocations on the current
         CUDA device are routed. Routing is per thread: a thread started inside a region is
         not routed.
@@ -273,19 +275,25 @@ class MemorySaver(SafetySwitches):
         check_tag(tag)
         if disk:
             self._disk.require(native)
-        if verify is not None:  # once the region is sure to open
-            native.set_tag_verify_wake(tag, verify)
-        if stray is not None:
-            native.set_tag_stray_access(tag, stray)
-        if soft is not None:
-            native.set_tag_soft_pause(tag, soft)
         route = self._platform.route(self._torch_pools, tag, choice)
         _lib.take_allocation_failure()  # only failures inside this block are explained below
         with pushed(Region(native, tag, choice, route)):
+            # Once the region is open: a refused one (its tag paused) changes none of the tag's
+            # settings, so a paused tag's wake is checked and told as its pause was promised.
+            if verify is not None:
+                native.set_tag_verify_wake(tag, verify)
+            if stray is not None:
+                native.set_tag_stray_access(tag, stray)
+            if soft is not None:
+                native.set_tag_soft_pause(tag, soft)
+            transition_log.region_entered(native, tag, choice)
             if self._platform.capturing():
                 _lib.note_graph_capture()  # entered inside a capture: graph memory too
-            with refusals_explained(tag):
-                yield
+            try:
+                with refusals_explained(tag):
+                    yield
+            finally:
+                transition_log.region_left(native, tag)
         if choice in (_lib.CHOICE_ON, _lib.CHOICE_ON_UNCACHED):
             prepare_quietly(native, tag)
 
@@ -303,10 +311,10 @@ class MemorySaver(SafetySwitches):
         cuda_graph: torch.cuda.CUDAGraph,
         pool: tuple[int, int] | None = None,
         stream: torch.cuda.Stream | None = None,
-        capture_error_mode: str = "global",
+        capture_error_mode: CaptureErrorMode = "global",
         tag: str = "cuda_graph",
         enable_cpu_backup: bool | None = None,
-        cpu_backup_backend: str | None = None,
+        cpu_backup_backend: CpuBackupBackend | None = None,
     ) -> Iterator[None]:
         """Like ``torch.cuda.graph``, with the graph's memory pool pauseable under ``tag``.
 
@@ -384,6 +392,7 @@ class MemorySaver(SafetySwitches):
         if native is None:
             return
         self._refuse_during_capture("pause")
+        transition_log.asked("pause", native, names)
         try:
             with torch.profiler.record_function("torch_mem_saver_lite.pause"):
                 self._transitions.pause(native, names, transition_log.wrap("pause", native, native.pause))
@@ -403,6 +412,7 @@ class MemorySaver(SafetySwitches):
         if native is None:
             return
         self._refuse_during_capture("resume")
+        transition_log.asked("resume", native, names)
         with torch.profiler.record_function("torch_mem_saver_lite.resume"):
             self._transitions.resume(native, names, transition_log.wrap("resume", native, native.resume))
         strays.report(native, names)  # once awake, hooks run
@@ -530,10 +540,13 @@ class MemorySaver(SafetySwitches):
     # ----- inspection ------------------------------------------------------------------
     def stats(self) -> dict[str, TagStats]:
         """Per tag: allocations, reserved, resident, paused and host backup bytes, and
-        whether the tag is paused, holds graph memory and is backed up at a pause."""
-        native = self._core(create=False)
-        values = native.stats() if native is not None else {}
-        return {tag: TagStats.from_native(tag_values) for tag, tag_values in sorted(values.items())}
+        whether the tag is paused, holds graph memory and is backed up at a pause: a view of
+        ``status()``, its entries summed over each tag's devices. To log or export what the
+        saver holds, take ``status()``: it also says where each paused byte is."""
+        by_tag: dict[str, list[TagStatus]] = {}
+        for entry in self.status():
+            by_tag.setdefault(entry.tag, []).append(entry)
+        return {tag: TagStats.of(entries) for tag, entries in sorted(by_tag.items())}
 
     @contextlib.contextmanager
     def guard(self) -> Iterator[None]:
@@ -545,7 +558,9 @@ class MemorySaver(SafetySwitches):
             yield
 
     def status(self) -> list[TagStatus]:
-        """Each tag's ``TagStatus`` per device: awake or paused, where each byte is, its last wake."""
+        """Each tag's ``TagStatus`` per device: awake or paused, where each byte is, its last
+        wake, what it holds. The one record of what the saver holds, and the one to log
+        (``dataclasses.asdict`` of each entry); ``stats()`` is its sum per tag."""
         native = self._core(create=False)
         return [TagStatus.from_figures(f) for f in native.figures()] if native is not None else []
 
@@ -559,7 +574,7 @@ class MemorySaver(SafetySwitches):
         tensor lives, but after the next resume it no longer follows the device tensor
         (and with a host cache or retention a later pause may write over it).
         """
-        return cpu_backup.leased(self._core, x, zero_copy)
+        return cpu_backup.leased(self._core, x, zero_copy, self._platform.on_device)
 
     def empty_cache(self, tag: str) -> None:
         """Free the memory ``tag``'s pool caches for tensors that no longer exist.

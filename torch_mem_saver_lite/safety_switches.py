@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from . import _lib, stray_access
+from .choices import StrayAccessMode
 from .settings import Settings, check_bool
 
 
@@ -48,7 +49,7 @@ class SafetySwitches:
         self._settings.forward(self._core(create=False), _lib.NativeSaver.set_verify_wake, verify)
 
     @property
-    def stray_access(self) -> str:
+    def stray_access(self) -> StrayAccessMode:
         """What a kernel that touches paused memory without a backup (a KV cache, say) meets.
         ``"warn"`` (default) and ``"raise"``: while paused, that memory's addresses map a small
         scratch of device memory (pieces of 128 MiB down to 2 MiB, each made once an allocation
@@ -57,12 +58,13 @@ class SafetySwitches:
         (``StrayAccessWarning``) or raises ``StrayAccessError`` once the tags are awake, naming
         them; ``TagStats.stray_writes`` counts them. Reads are harmless but not seen. ``"off"``:
         the raw behaviour, the memory unmapped while paused. Default: ``TMSL_STRAY_ACCESS``;
-        per tag: ``region(..., stray_access=...)``. Applies from the next pause on."""
+        per tag: ``region(..., stray_access=...)``. Applies from the next pause on: a resume
+        tells the writes as the mode its pause began with said."""
         native = self._core(create=False)
         return stray_access.MODES[native.stray_access() if native is not None else self._settings.stray()]
 
     @stray_access.setter
-    def stray_access(self, mode: str) -> None:
+    def stray_access(self, mode: StrayAccessMode) -> None:
         self._settings.stray_access = stray_access.check_mode(mode)
         self._settings.forward(self._core(create=False), _lib.NativeSaver.set_stray_access, self._settings.stray_access)
 

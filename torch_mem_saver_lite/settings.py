@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from . import _lib
+from .choices import CPU_BACKUP_BACKENDS
 from .errors import InvalidArgumentError, MemorySaverError
 
-CPU_BACKUP_BACKENDS = ("pinned", "mmap")
 _MAX_SIZE = (1 << 64) - 1  # what a size_t holds: larger values would wrap in the C ABI
 
 
@@ -71,7 +71,11 @@ def check_bool(value: object, name: str) -> bool:
 
 
 def check_bytes(value: object, name: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= _MAX_SIZE:
+    """A byte count: TypeError for anything but an int (a bool, a float, "1G" included),
+    ValueError for one a size_t cannot hold."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int (bytes), got {type(value).__name__} {value!r}")
+    if not 0 <= value <= _MAX_SIZE:
         raise ValueError(f"{name} must be an int from 0 to 2**64 - 1, got {value!r}")
     return value
 

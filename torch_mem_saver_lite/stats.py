@@ -1,28 +1,30 @@
-"""Memory figures: per tag (``saver.stats()``), each tag's state per device (``saver.status()``)
-and the node's host memory (``saver.host_memory()``)."""
+"""Memory figures: each tag's state per device (``saver.status()``, the one record), its sum
+per tag (``saver.stats()``, a view of it) and the node's host memory (``saver.host_memory()``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 
 @dataclass(frozen=True)
 class TagStats:
-    """What one tag holds right now.
+    """What one tag holds right now: its ``TagStatus`` entries summed over its devices
+    (``saver.stats()`` is a view of ``saver.status()``), in torch_memory_saver's terms.
 
     Attributes:
         allocations: live allocations made in the tag's regions.
-        reserved_bytes: virtual address space they reserve (device memory when resident).
-        resident_bytes: bytes backed by device memory now.
+        reserved_bytes: virtual address space they reserve (device memory when resident):
+            the sum of ``TagStatus``'s five byte counts.
+        resident_bytes: bytes backed by device memory now (``on_device_bytes``).
         paused_bytes: bytes whose device memory is released (reserved - resident).
         host_backup_bytes: host memory holding paused content, and host memory kept for
             the next pause of resident memory (the host cache: backups kept after a resume,
-            and memory set aside when a backed-up region closed).
+            and memory set aside when a backed-up region closed) (``host_memory_bytes``).
         disk_backup_bytes: paused bytes whose content is in disk backup files (regions with
-            ``enable_disk_backup=True``, and what the host-memory budget sent to disk). Paused
-            bytes in neither ``host_backup_bytes`` nor here were discarded.
+            ``enable_disk_backup=True``, and what the host-memory budget sent to disk)
+            (``on_disk_bytes``). Where the other paused bytes are: ``saver.status()``.
         paused: the tag is paused (and not resumed since).
         graph_memory: a CUDA graph was captured while a region of the tag was open.
         backs_up: a pause copies the tag's content to host memory (``enable_cpu_backup=True``,
@@ -56,12 +58,20 @@ class TagStats:
     stray_writes: int = field(default=0, compare=False)
 
     @classmethod
-    def from_native(cls, values: Mapping[str, Any]) -> TagStats:
-        def convert(default: Any, value: Any) -> Any:
-            return value if value is None or default is None else type(default)(value)
-
-        values = {**values, "last_wake_check": wake_check(values.get("last_wake_check", 0))}
-        return cls(**{f.name: convert(f.default, values.get(f.name, f.default)) for f in fields(cls)})
+    def of(cls, entries: Sequence[TagStatus]) -> TagStats:
+        """The sum of one tag's ``TagStatus`` entries (one per device; the tag's own facts are
+        the same in each)."""
+        first = entries[0]
+        reserved = sum(e.on_device_bytes + e.in_host_bytes + e.in_store_bytes + e.on_disk_bytes + e.discarded_bytes
+                       for e in entries)
+        resident = sum(e.on_device_bytes for e in entries)
+        return cls(allocations=sum(e.allocations for e in entries), reserved_bytes=reserved,
+                   resident_bytes=resident, paused_bytes=reserved - resident,
+                   host_backup_bytes=sum(e.host_memory_bytes for e in entries),
+                   disk_backup_bytes=sum(e.on_disk_bytes for e in entries), paused=first.state == "paused",
+                   graph_memory=first.graph_memory, backs_up=any(e.backs_up for e in entries),
+                   last_pause_seconds=first.last_pause_seconds, last_resume_seconds=first.last_resume_seconds,
+                   last_wake_check=first.last_wake_check, stray_writes=sum(e.stray_writes for e in entries))
 
 
 # A tag's last wake check, as the native figures number it (WakeCheck, csrc/core/saver.h).
@@ -76,7 +86,8 @@ def wake_check(number: int) -> str | None:
 @dataclass(frozen=True)
 class TagStatus:
     """One tag on one device (``saver.status()``): its state, where each of its bytes is, and
-    what its last wake found.
+    what its last wake found. The record to log (``dataclasses.asdict(status)``): ``TagStats``
+    is its sum per tag.
 
     Attributes:
         tag: the tag.
@@ -96,6 +107,14 @@ class TagStatus:
             ``TagStats``).
         stray_writes: checks that found writes into the tag's paused memory without a backup
             on this device (as in ``TagStats``).
+        allocations: the tag's live allocations on the device.
+        host_memory_bytes: host memory this process holds for the tag's allocations on the
+            device: their paused content's host copies, and the host cache kept for the next
+            pause of resident ones (not the node's store).
+        graph_memory: a CUDA graph was captured while a region of the tag was open.
+        backs_up: a pause copies the tag's content to host memory.
+        last_pause_seconds: wall time of the last ``pause`` call that released memory of the
+            tag (None before the first); ``last_resume_seconds`` the same for ``resume``.
 
     The five byte counts partition the tag's reserved bytes on the device.
     """
@@ -110,6 +129,13 @@ class TagStatus:
     discarded_bytes: int = 0
     last_wake_check: str | None = None
     stray_writes: int = 0
+    allocations: int = 0
+    host_memory_bytes: int = 0
+    graph_memory: bool = False
+    backs_up: bool = False
+    # Timings describe the past, not the state: equality ignores them.
+    last_pause_seconds: float | None = field(default=None, compare=False)
+    last_resume_seconds: float | None = field(default=None, compare=False)
 
     @classmethod
     def from_figures(cls, figures: Any) -> TagStatus:
@@ -118,7 +144,16 @@ class TagStatus:
                    state="paused" if figures.paused else "awake", on_device_bytes=figures.resident_bytes,
                    in_host_bytes=figures.paused_in_host, in_store_bytes=figures.paused_in_store,
                    on_disk_bytes=figures.paused_on_disk, discarded_bytes=figures.paused_discarded,
-                   last_wake_check=wake_check(figures.last_wake_check), stray_writes=figures.stray_writes)
+                   last_wake_check=wake_check(figures.last_wake_check), stray_writes=figures.stray_writes,
+                   allocations=figures.allocations, host_memory_bytes=figures.host_backup_bytes,
+                   graph_memory=bool(figures.graph_memory), backs_up=bool(figures.backs_up),
+                   last_pause_seconds=_seconds(figures.last_pause_seconds),
+                   last_resume_seconds=_seconds(figures.last_resume_seconds))
+
+
+def _seconds(value: float) -> float | None:
+    """A native duration (negative: none yet)."""
+    return value if value >= 0 else None
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,11 @@ import warnings
 from collections.abc import Sequence
 
 from . import _lib
+from .choices import STRAY_ACCESS_MODES
 from .errors import StrayAccessError, StrayAccessWarning
 
-# As the core numbers them (StrayMode, csrc/core/saver.h).
-MODES = ("off", "warn", "raise")
+# In the core's order (StrayMode, csrc/core/saver.h): a mode's number is its index.
+MODES = STRAY_ACCESS_MODES
 OFF, WARN, RAISE = range(3)
 
 

@@ -1,7 +1,9 @@
 """What a pause or resume did, as one INFO line on the ``torch_mem_saver_lite`` logger: the
 tags it changed, bytes, time and speed, and the node's host memory after it; for a resume,
 what each tag's wake check found and the stray writes it noticed. The figures cost a table
-walk before and after, so they are gathered only while INFO is on."""
+walk before and after, so they are gathered only while INFO is on. At DEBUG also each region's
+entry and exit and each pause or resume asked, with the bytes of the tags concerned (what the
+native library does per allocation and free: ``TMSL_LOG_ALLOCATIONS=1``)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from . import _lib
 from .stats import wake_check
 
 logger = logging.getLogger("torch_mem_saver_lite")
-_GiB = 1 << 30
+_GiB, _MiB = 1 << 30, 1 << 20
 
 NativeCall = Callable[[list[str] | None], None]
 
@@ -45,6 +47,31 @@ def _logged(what: str, native: _lib.NativeSaver, call: NativeCall, names: list[s
     start = time.perf_counter()
     call(names)
     _line(what, before, native.stats(), time.perf_counter() - start)
+
+
+def _held(native: _lib.NativeSaver, tags: list[str] | None) -> str:
+    figures = native.stats()
+    chosen = [t for t in (tags if tags is not None else figures) if t in figures]
+    return ", ".join(f"{t!r}: {figures[t]['allocations']} allocations, {figures[t]['reserved_bytes'] / _MiB:.2f} MiB "
+                     f"({figures[t]['resident_bytes'] / _MiB:.2f} MiB resident)" for t in chosen) or "no tag"
+
+
+def region_entered(native: _lib.NativeSaver, tag: str, choice: int) -> None:
+    """DEBUG: a region opened (its backup choice as the C ABI numbers it)."""
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug("region %r entered (backup choice %d); %s", tag, choice, _held(native, [tag]))
+
+
+def region_left(native: _lib.NativeSaver, tag: str) -> None:
+    """DEBUG: a region closed, with what its tag holds now."""
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug("region %r left; %s", tag, _held(native, [tag]))
+
+
+def asked(what: str, native: _lib.NativeSaver, tags: list[str] | None) -> None:
+    """DEBUG: a pause or resume of ``tags`` (None: every tag) is asked, with what they hold."""
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug("%s of %s asked; %s", what, "every tag" if tags is None else tags, _held(native, tags))
 
 
 def wrap(what: str, native: _lib.NativeSaver, call: NativeCall) -> NativeCall:

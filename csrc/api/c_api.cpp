@@ -79,6 +79,8 @@ void note_allocation_failure(const Status& status) {
 }
 }  // namespace tmsl
 
+TMSL_API const char* tmsl_version(void) { return TMSL_VERSION; }
+
 TMSL_API const char* tmsl_status_names(void) { return status_code_names(); }
 
 TMSL_API int tmsl_last_error_code(void) { return static_cast<int>(last_error().code); }

@@ -14,6 +14,9 @@
 
 #define TMSL_API extern "C" __attribute__((visibility("default")))
 
+// The version of the package this library was built for (pyproject.toml's), such as "0.1.0":
+// the Python package refuses a library of another version (TMSL_LIBRARY naming another build).
+TMSL_API const char* tmsl_version(void);
 // "ok,invalid_argument,...": the status codes' names, code 0 first.
 TMSL_API const char* tmsl_status_names(void);
 TMSL_API int tmsl_last_error_code(void);

@@ -15,8 +15,7 @@ Status create_within_margin(Backend& backend, int device, size_t size, size_t ma
     if (free_bytes < size || free_bytes - size < margin) {
       return Status::Error(Code::kOutOfMemory,
                            format_bytes(size) + " would leave less than the memory margin of " +
-                               format_bytes(margin) + " free on device " + std::to_string(device) +
-                               " (" + format_bytes(free_bytes) + " free)");
+                               format_bytes(margin) + " free on device " + std::to_string(device));
     }
   }
   return backend.create_physical(device, size, out);

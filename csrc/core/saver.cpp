@@ -9,6 +9,28 @@
 #include <stdexcept>
 
 namespace tmsl {
+namespace {
+
+// One line of TMSL_LOG_ALLOCATIONS, written by one call so that threads' lines never mix.
+void log_allocation(const char* what, const std::string& tag, size_t size, uintptr_t va, int device,
+                    const char* detail) {
+  const std::string line = std::string("torch_mem_saver_lite: ") + what + " " + format_bytes(size) + " at " +
+                           format_address(va) + " on device " + std::to_string(device) + ", tag '" + tag + "' (" +
+                           detail + ")\n";
+  fputs(line.c_str(), stderr);
+}
+
+const char* backup_name(BackupChoice choice) {
+  switch (choice) {
+    case BackupChoice::kOff: return "no backup";
+    case BackupChoice::kOn: return "host backup";
+    case BackupChoice::kOnUncached: return "host backup, mmap";
+    case BackupChoice::kDisk: return "disk backup";
+    default: return "backup as its tag decides";
+  }
+}
+
+}  // namespace
 
 Saver::Saver(std::unique_ptr<Backend> backend, HostBudget& budget)
     : backend_(std::move(backend)), mappings_(*backend_), catcher_(*backend_, mappings_, kPoisonByte),
@@ -65,6 +87,7 @@ Status Saver::allocate(size_t size, int device, const std::string& tag, BackupCh
       size_t free_bytes = 0, total = 0;
       backend_->memory_info(device, &free_bytes, &total);
       failed.set_oom({tag, rounded, free_bytes, device});
+      // The one place the free figure is told (the causes' own texts leave it out).
       failed.set_message(failed.message() + "; " + format_bytes(free_bytes) + " free");
     }
     return with_context(failed, where());
@@ -120,6 +143,7 @@ Status Saver::allocate(size_t size, int device, const std::string& tag, BackupCh
   // (Where it fails, even for want of host memory, the pause tries again.)
   if (catches_strays) status_of([&] { return catcher_.prepare(device, rounded); });
   *va = address;
+  if (log_allocations_) log_allocation("allocated", tag, rounded, address, device, backup_name(backup));
   return Status::Ok();
 }
 
@@ -151,6 +175,7 @@ Status Saver::free(uintptr_t va, void* stream) {
     }
   }
   Allocation& a = node.mapped();
+  if (log_allocations_) log_allocation("freeing", a.tag, a.size, a.va, a.device, a.state == State::kPaused ? "paused" : "resident");
   Status first;
   auto keep_first = [&first](Status s) {
     if (first.ok() && !s.ok()) first = std::move(s);
@@ -194,7 +219,10 @@ std::vector<Saver::Allocation*> Saver::claim(const TagSelection& selection, Stat
     if (!disk_ && from == State::kActive) a.disk_marked = false;
     a.backup = a.backs_up();
     a.verify = a.tag_info->verifies_wakes;
-    a.catches_strays = catches_strays(*a.tag_info);
+    // A resume (and its rollback) keeps to the mode its pause covered the memory by.
+    a.catches_strays = from == State::kPaused && a.tag_info->paused_stray_mode >= 0
+                           ? a.tag_info->paused_stray_mode != static_cast<int>(StrayMode::kOff)
+                           : catches_strays(*a.tag_info);
     a.soft_pauses = soft_pauses(*a.tag_info);
     batch.push_back(&a);
     vas.push_back(a.va);
@@ -314,6 +342,11 @@ Status Saver::pause_locked(const TagSelection& selection, std::set<std::string>*
   std::vector<Allocation*> batch;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    for (auto& entry : tags_) {  // the mode this pause covers them by (a paused tag keeps its own)
+      if (selection.matches(entry.first) && !entry.second.paused) {
+        entry.second.paused_stray_mode = static_cast<int>(stray_mode_of(entry.second));
+      }
+    }
     set_paused(selection, true);  // from here on new allocations in these tags are refused
     batch = claim(selection, State::kActive, State::kPausing);
   }

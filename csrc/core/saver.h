@@ -28,6 +28,7 @@
 #include "core/address_index.h"
 #include "platform/backend.h"
 #include "platform/backup_choice.h"
+#include "platform/environment.h"
 #include "node/host_budget.h"
 #include "tiers/backup.h"
 #include "tiers/backup_tiers.h"
@@ -76,6 +77,9 @@ struct TagInfo {
   WakeCheck last_wake_check = WakeCheck::kNever;
   bool verifies_wakes = true;  // false: its wakes are not checked (a region's verify_wake=False)
   int stray_mode = -1;  // a StrayMode its regions chose; -1: the saver's
+  // The StrayMode in effect when its last pause began (-1: never paused): what its resume tells
+  // the writes found by, as that pause promised, whatever the mode was set to meanwhile.
+  int paused_stray_mode = -1;
   int soft_pause = -1;  // 1 / 0: its regions chose soft pauses or not; -1: the saver's
   // Writes found in the scratch while its memory without a backup was covered: the checks
   // that found some (each counts every tag then covered on the device), by device, and in all
@@ -134,7 +138,7 @@ class Saver {
   // Whether the tag's pauses are soft (1, 0; -1: the saver's), from its next pause on.
   Status set_soft_pause(const std::string& tag, int soft);
   // The stray writes seen in the tag's memory since last asked, where it is awake (0 while
-  // paused: they are told at its resume), and the StrayMode it follows.
+  // paused: they are told at its resume), and the StrayMode its last pause began with.
   Status take_stray_writes(const std::string& tag, size_t* count, StrayMode* mode);
   // How many awake tags of `selection` have stray writes to tell.
   size_t stray_tags_to_tell(const TagSelection& selection) const;
@@ -422,8 +426,9 @@ class Saver {
   const FingerprintKey& process_key() {
     return tiers_.content_key() != nullptr ? *tiers_.content_key() : wake_key_;
   }
-  // Stray access (stray_writes.cpp). catches_strays: whether the tag's memory without a
-  // backup is covered (needs mu_). ready_stray_catchers: at a pause's start, before any copy,
+  // Stray access (stray_writes.cpp). stray_mode_of: the mode the tag follows from its next
+  // pause on (needs mu_; its pause records it: TagInfo::paused_stray_mode). catches_strays:
+  // whether, by that mode, its memory without a backup is covered. ready_stray_catchers: at a pause's start, before any copy,
   // the scratch made and filled on each device that will cover some of the batch, then
   // note_stray_writes. note_stray_writes: on each device of `devices` where memory is covered,
   // whether the scratch was written, counted for every tag covered there (before what is
@@ -432,6 +437,7 @@ class Saver {
   // strays (a failure leaves it unmapped, as without). uncover_stray: before its memory
   // comes back, or its range goes.
   bool catches_strays(const TagInfo& info) const;
+  StrayMode stray_mode_of(const TagInfo& info) const;
   void ready_stray_catchers(const std::vector<Allocation*>& batch);
   // (`leaving`: an allocation out of the table, still covered, whose tag is counted too.)
   void note_stray_writes(const std::set<int>& devices, const Allocation* leaving = nullptr);
@@ -564,6 +570,9 @@ class Saver {
   std::atomic<int> stray_mode_{static_cast<int>(StrayMode::kWarn)};
   std::atomic<bool> soft_pause_{false};
   FingerprintKey wake_key_;  // drawn at construction; where the process shares, the store key serves instead
+  // TMSL_LOG_ALLOCATIONS: a line on stderr per allocation and free (read once: off, it costs
+  // each of them one predictable branch).
+  const bool log_allocations_ = process_defaults().log_allocations;
   // The disk tier (null: none); set under op_mu_ and mu_, read under either.
   std::shared_ptr<DiskTier> disk_;
   // Tags whose host memory is to be prepared, and whether a task to do it is queued.

@@ -5,10 +5,11 @@
 
 namespace tmsl {
 
-bool Saver::catches_strays(const TagInfo& info) const {
-  const int mode = info.stray_mode >= 0 ? info.stray_mode : stray_mode_.load();
-  return mode != static_cast<int>(StrayMode::kOff);
+StrayMode Saver::stray_mode_of(const TagInfo& info) const {
+  return static_cast<StrayMode>(info.stray_mode >= 0 ? info.stray_mode : stray_mode_.load());
 }
+
+bool Saver::catches_strays(const TagInfo& info) const { return stray_mode_of(info) != StrayMode::kOff; }
 
 void Saver::ready_stray_catchers(const std::vector<Allocation*>& batch) {
   for (const Allocation* a : batch) {
@@ -63,7 +64,8 @@ Status Saver::take_stray_writes(const std::string& tag, size_t* count, StrayMode
   TagInfo& info = it->second;
   *count = info.paused ? 0 : info.stray_writes_unreported;
   if (!info.paused) info.stray_writes_unreported = 0;
-  *mode = static_cast<StrayMode>(info.stray_mode >= 0 ? info.stray_mode : stray_mode_.load());
+  // Writes are only found while paused: they are told as the pause they were made under said.
+  *mode = info.paused_stray_mode >= 0 ? static_cast<StrayMode>(info.paused_stray_mode) : stray_mode_of(info);
   return Status::Ok();
 }
 

@@ -156,9 +156,8 @@ class HostBackend final : public Backend {
       std::lock_guard<std::mutex> lock(mu_);
       if (capacity_ != 0 && used_ + size > capacity_) {
         Status s = Status::Error(
-            Code::kOutOfMemory, "host backend capacity reached on device " + std::to_string(device) +
-                                    ": " + format_bytes(size) + " requested, " +
-                                    format_bytes(capacity_ - used_) + " free");
+            Code::kOutOfMemory, "host backend capacity of " + format_bytes(capacity_) + " reached on device " +
+                                    std::to_string(device) + ": " + format_bytes(size) + " requested");
         return s;
       }
       used_ += size;

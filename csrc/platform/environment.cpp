@@ -165,6 +165,7 @@ ProcessDefaults read_process_defaults() {
     }
   }
   ok = read_flag("TMSL_SHARE_BACKUPS", nullptr, &d.share_backups, nullptr, &error) && ok;
+  ok = read_flag("TMSL_LOG_ALLOCATIONS", nullptr, &d.log_allocations, nullptr, &error) && ok;
   const Parser<size_t> size = [](const std::string& text, size_t* out) { return parse_size(text, out) && *out > 0; };
   if (!read_setting("TMSL_HOST_MEMORY_BUDGET", nullptr, size,
                     "a size in bytes above 0: a whole number, optionally followed by K, M, G or T "

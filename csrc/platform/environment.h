@@ -48,6 +48,7 @@ constexpr size_t kMaxDiskBackupDirBytes = 4096;  // with its NUL: what TmslProce
 //   TMSL_SHARE_BACKUPS (flag, default 1)   identical large backups are stored once per node
 //   TMSL_HOST_MEMORY_BUDGET (size)   the node's host-memory budget, set when the ledger opens
 //   TMSL_HOST_LEDGER (path)     the ledger file the node's processes share ("": the default)
+//   TMSL_LOG_ALLOCATIONS (flag)   savers print a line per allocation and free to stderr
 // A bad value leaves the default regions off and is kept in `error`.
 struct ProcessDefaults {
   bool all_threads = false;
@@ -65,6 +66,7 @@ struct ProcessDefaults {
   size_t host_memory_budget = 0;  // 0: not set
   std::string host_memory_budget_error;  // what is wrong with it ("": nothing); also in `error`
   std::string host_ledger;  // "": the default file (node_ledger.cpp)
+  bool log_allocations = false;
   std::string error;
 };
 const ProcessDefaults& process_defaults();
