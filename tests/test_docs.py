@@ -1,9 +1,11 @@
-"""The documentation stays true to the code and to itself: docs/api.md is what
-tools/gen_api_docs.py writes from the docstrings, every relative link in the README and
-docs/ reaches a file (and heading) that exists, and the README starts with the two commands."""
+"""The documentation stays true to the code and to itself: the site (mkdocs.yml) shows every
+page and the API page every public name, each documented; every relative link in the README
+and docs/ reaches a file (and heading) that exists; the README starts with the two commands;
+and each figure the docs state is the code's, stated once."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import subprocess
@@ -13,16 +15,80 @@ from pathlib import Path
 import pytest
 from environment_child import defaults_in_child, run_in_child
 
+import torch_mem_saver_lite
 from torch_mem_saver_lite import MemorySaver, MemorySaverError, _lib
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted([ROOT / "README.md", ROOT / "CHANGELOG.md", *(ROOT / "docs").glob("*.md")])
+API_PAGE = ROOT / "docs" / "api.md"
+MKDOCS = (ROOT / "mkdocs.yml").read_text()
 
 
-def test_the_api_reference_is_what_the_docstrings_say():
-    result = subprocess.run([sys.executable, str(ROOT / "tools" / "gen_api_docs.py"), "--check"],
-                            capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert result.returncode == 0, result.stderr + result.stdout
+def directives(page: Path) -> list[str]:
+    """The objects a page has mkdocstrings document (`::: name` lines)."""
+    return re.findall(r"^::: (\S+)\s*$", page.read_text(), re.M)
+
+
+def test_the_api_page_documents_every_public_name_once():
+    names = [name.removeprefix("torch_mem_saver_lite.") for name in directives(API_PAGE)]
+    assert names[0] == "torch_mem_saver_lite"  # the package's own docstring first
+    assert sorted(names[1:]) == sorted(torch_mem_saver_lite.__all__), "docs/api.md must name each of __all__ once"
+
+
+def served_from_saver(cls: type, name: str) -> bool:
+    """A member TorchMemorySaver serves from saver as it is there (compat.py's descriptors):
+    the API page points it at MemorySaver's (tools/griffe_passthroughs.py)."""
+    return type(vars(cls).get(name)).__name__ in ("_Method", "_Setting") and name in dir(MemorySaver)
+
+
+def test_every_public_name_and_member_has_a_docstring():
+    # The API page shows what the docstrings say: a public name without one would be a heading
+    # with nothing under it. Members are the public ones a class defines or inherits from the
+    # package's own classes (MemorySaver's switches), as the page shows them.
+    package_docs = set(re.findall(r"^(\w+): \w+\n\"\"\"", (ROOT / "torch_mem_saver_lite" / "__init__.py").read_text(),
+                                  re.M))
+    missing = []
+    for name in torch_mem_saver_lite.__all__:
+        value = getattr(torch_mem_saver_lite, name)
+        if not inspect.isclass(value) and not callable(value):
+            if name not in package_docs:
+                missing.append(name)
+            continue
+        if not inspect.getdoc(value):
+            missing.append(name)
+        if not inspect.isclass(value) or issubclass(value, BaseException):
+            continue
+        for base in value.__mro__:
+            if not base.__module__.startswith("torch_mem_saver_lite"):
+                continue
+            for member, attribute in vars(base).items():
+                if member.startswith("_") or served_from_saver(value, member):
+                    continue
+                function = attribute.fget if isinstance(attribute, property) else attribute
+                function = getattr(function, "__func__", function)
+                if callable(function) and not (function.__doc__ or "").strip():
+                    missing.append(f"{name}.{member}")
+    assert not missing, f"public names without a docstring: {missing}"
+
+
+def test_the_site_shows_every_page_and_names_the_projects_addresses_as_pyproject_does():
+    nav = re.findall(r"^  - [^:]+: (\S+\.md)$", MKDOCS, re.M)
+    assert sorted(nav) == sorted(["index.md", *(p.name for p in (ROOT / "docs").glob("*.md"))])
+    assert not (ROOT / "docs" / "index.md").exists()  # the home page is the README (tools/mkdocs_hooks.py)
+    assert "hooks:\n  - tools/mkdocs_hooks.py\n" in MKDOCS and re.search(r"^strict: true$", MKDOCS, re.M)
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    urls = pyproject["project"]["urls"]
+    site = re.search(r"^site_url: (\S+)$", MKDOCS, re.M).group(1)
+    repository = re.search(r"^repo_url: (\S+)$", MKDOCS, re.M).group(1)
+    assert (urls["Documentation"], urls["Repository"]) == (site, repository)
+    # The long description's links go where the site's home page sends them.
+    readme = pyproject["tool"]["hatch"]["metadata"]["hooks"]["fancy-pypi-readme"]
+    replacements = [rule["replacement"] for rule in readme["substitutions"]]
+    assert replacements == [f"]({site}\\1/\\2)", f"]({repository}/blob/main/\\1)"]
+    # make docs builds it with warnings as errors, and CI runs it.
+    assert re.search(r"^docs: .*\n(\t.*\n)*\t.*mkdocs build --strict$", (ROOT / "Makefile").read_text(), re.M)
+    assert "\nmake docs\n" in (ROOT / ".ci" / "run").read_text()
 
 
 def _without_code(text: str) -> str:
@@ -33,15 +99,16 @@ def _without_code(text: str) -> str:
 
 def slug(heading: str) -> str:
     """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens
-    (the same rule as tools/gen_api_docs.py)."""
+    (the site's too: mkdocs.yml's toc slugify)."""
     text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
     return text.replace(" ", "-")
 
 
 def anchors(page: Path) -> set[str]:
-    """Every heading anchor of a Markdown page, numbered as GitHub numbers repeats."""
+    """Every heading anchor of a Markdown page, numbered as GitHub numbers repeats (and on the
+    API page, each object mkdocstrings documents, by its full name)."""
     seen: dict[str, int] = {}
-    found = set()
+    found = set(directives(page))
     text = re.sub(r"^(```|~~~).*?^\1[^\n]*$", "", page.read_text(), flags=re.M | re.S)
     for match in re.finditer(r"^#{1,6}\s+(.+?)\s*#*\s*$", text, flags=re.M):
         base = slug(match.group(1))

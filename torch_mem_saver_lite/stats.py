@@ -57,6 +57,8 @@ class TagStats:
 
     @classmethod
     def from_native(cls, values: Mapping[str, Any]) -> TagStats:
+        """From the native library's figures for one tag (what ``saver.stats()`` builds it from)."""
+
         def convert(default: Any, value: Any) -> Any:
             return value if value is None or default is None else type(default)(value)
 
