@@ -13,14 +13,15 @@ endif
 
 PIP = $(PYTHON) -m pip install -q --disable-pip-version-check
 # Build tools from PyPI where the machine has none: cuda.h comes from nvidia-cuda-runtime-cu12
-# (no CUDA toolkit needed), cmake and ninja only when not installed already.
-BUILD_TOOLS := scikit-build-core nvidia-cuda-runtime-cu12 $(if $(shell command -v cmake),,cmake) $(if $(shell command -v ninja),,ninja)
+# (no CUDA toolkit needed), the long description from hatch-fancy-pypi-readme (pyproject.toml),
+# cmake and ninja only when not installed already.
+BUILD_TOOLS := scikit-build-core nvidia-cuda-runtime-cu12 hatch-fancy-pypi-readme $(if $(shell command -v cmake),,cmake) $(if $(shell command -v ninja),,ninja)
 CMAKE = $(shell command -v cmake || $(PYTHON) -c 'import cmake, os; print(os.path.join(cmake.CMAKE_BIN_DIR, "cmake"))')
 
 SANITIZE_asan := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 SANITIZE_tsan := -fsanitize=thread
 
-.PHONY: install run test test-slow lint sanitize sanitize-asan sanitize-tsan wheel wheel-test
+.PHONY: install run test test-slow lint docs sanitize sanitize-asan sanitize-tsan wheel wheel-test
 
 $(CURDIR)/.venv/bin/python:
 	$(SYSTEM_PYTHON) -m venv --system-site-packages .venv
@@ -46,11 +47,20 @@ test: install
 test-slow: install sanitize
 	$(PYTEST) -m slow tests
 
+# The developers' tools are pyproject.toml's dependency groups, which pip installs from 25.1 on.
+GROUP = $(PIP) "pip>=25.1" && $(PIP) --group
+
 # ruff over the Python code and mypy over the package (settings in pyproject.toml).
 lint: install
-	$(PIP) --no-build-isolation -e ".[lint]"
+	$(GROUP) lint
 	$(PYTHON) -m ruff check torch_mem_saver_lite tests examples benchmarks
 	$(PYTHON) -m mypy
+
+# The documentation site into site/ (mkdocs.yml), a warning failing the build. The API page is
+# read from the source, so nothing needs building first.
+docs: $(VENV)
+	$(GROUP) docs
+	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict
 
 # The core's native tests under AddressSanitizer+UBSan and under ThreadSanitizer.
 sanitize: sanitize-asan sanitize-tsan

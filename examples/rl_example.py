@@ -69,7 +69,11 @@ def no_gpu_message(cuda_build: str | None) -> str:
         message += (f"\nthis torch ({torch.__version__}) is a CPU build: install a CUDA build, e.g. "
                     "`pip install --force-reinstall torch --index-url https://download.pytorch.org/whl/cu128` "
                     "(https://pytorch.org/get-started/locally/ lists the others)")
-    return message
+    return message + (
+        "\nwhat runs here without a GPU: the learning loop alone, on the CPU (`python examples/rl_example.py "
+        "--device cpu --preset tiny --steps 300`: it learns to count in a few minutes), and the saver over host "
+        "memory, which `make test` runs: `torch_mem_saver_lite.testing.HostSaver` pauses and resumes host "
+        "allocations as the CUDA backend does device ones (docs/guide.md, \"Testing without a GPU\")")
 
 
 def parse_args() -> argparse.Namespace:

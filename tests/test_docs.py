@@ -1,9 +1,11 @@
-"""The documentation stays true to the code and to itself: docs/api.md is what
-tools/gen_api_docs.py writes from the docstrings, every relative link in the README and
-docs/ reaches a file (and heading) that exists, and the README starts with the two commands."""
+"""The documentation stays true to the code and to itself: the site (mkdocs.yml) shows every
+page and the API page every public name, each documented; every relative link in the README
+and docs/ reaches a file (and heading) that exists; the README starts with the two commands;
+and each figure the docs state is the code's, stated once."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import subprocess
@@ -13,16 +15,80 @@ from pathlib import Path
 import pytest
 from environment_child import defaults_in_child, run_in_child
 
+import torch_mem_saver_lite
 from torch_mem_saver_lite import MemorySaver, MemorySaverError, _lib
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted([ROOT / "README.md", ROOT / "CHANGELOG.md", *(ROOT / "docs").glob("*.md")])
+API_PAGE = ROOT / "docs" / "api.md"
+MKDOCS = (ROOT / "mkdocs.yml").read_text()
 
 
-def test_the_api_reference_is_what_the_docstrings_say():
-    result = subprocess.run([sys.executable, str(ROOT / "tools" / "gen_api_docs.py"), "--check"],
-                            capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert result.returncode == 0, result.stderr + result.stdout
+def directives(page: Path) -> list[str]:
+    """The objects a page has mkdocstrings document (`::: name` lines)."""
+    return re.findall(r"^::: (\S+)\s*$", page.read_text(), re.M)
+
+
+def test_the_api_page_documents_every_public_name_once():
+    names = [name.removeprefix("torch_mem_saver_lite.") for name in directives(API_PAGE)]
+    assert names[0] == "torch_mem_saver_lite"  # the package's own docstring first
+    assert sorted(names[1:]) == sorted(torch_mem_saver_lite.__all__), "docs/api.md must name each of __all__ once"
+
+
+def served_from_saver(cls: type, name: str) -> bool:
+    """A member TorchMemorySaver serves from saver as it is there (compat.py's descriptors):
+    the API page points it at MemorySaver's (tools/griffe_passthroughs.py)."""
+    return type(vars(cls).get(name)).__name__ in ("_Method", "_Setting") and name in dir(MemorySaver)
+
+
+def test_every_public_name_and_member_has_a_docstring():
+    # The API page shows what the docstrings say: a public name without one would be a heading
+    # with nothing under it. Members are the public ones a class defines or inherits from the
+    # package's own classes (MemorySaver's switches), as the page shows them.
+    package_docs = set(re.findall(r"^(\w+): \w+\n\"\"\"", (ROOT / "torch_mem_saver_lite" / "__init__.py").read_text(),
+                                  re.M))
+    missing = []
+    for name in torch_mem_saver_lite.__all__:
+        value = getattr(torch_mem_saver_lite, name)
+        if not inspect.isclass(value) and not callable(value):
+            if name not in package_docs:
+                missing.append(name)
+            continue
+        if not inspect.getdoc(value):
+            missing.append(name)
+        if not inspect.isclass(value) or issubclass(value, BaseException):
+            continue
+        for base in value.__mro__:
+            if not base.__module__.startswith("torch_mem_saver_lite"):
+                continue
+            for member, attribute in vars(base).items():
+                if member.startswith("_") or served_from_saver(value, member):
+                    continue
+                function = attribute.fget if isinstance(attribute, property) else attribute
+                function = getattr(function, "__func__", function)
+                if callable(function) and not (function.__doc__ or "").strip():
+                    missing.append(f"{name}.{member}")
+    assert not missing, f"public names without a docstring: {missing}"
+
+
+def test_the_site_shows_every_page_and_names_the_projects_addresses_as_pyproject_does():
+    nav = re.findall(r"^  - [^:]+: (\S+\.md)$", MKDOCS, re.M)
+    assert sorted(nav) == sorted(["index.md", *(p.name for p in (ROOT / "docs").glob("*.md"))])
+    assert not (ROOT / "docs" / "index.md").exists()  # the home page is the README (tools/mkdocs_hooks.py)
+    assert "hooks:\n  - tools/mkdocs_hooks.py\n" in MKDOCS and re.search(r"^strict: true$", MKDOCS, re.M)
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    urls = pyproject["project"]["urls"]
+    site = re.search(r"^site_url: (\S+)$", MKDOCS, re.M).group(1)
+    repository = re.search(r"^repo_url: (\S+)$", MKDOCS, re.M).group(1)
+    assert (urls["Documentation"], urls["Repository"]) == (site, repository)
+    # The long description's links go where the site's home page sends them.
+    readme = pyproject["tool"]["hatch"]["metadata"]["hooks"]["fancy-pypi-readme"]
+    replacements = [rule["replacement"] for rule in readme["substitutions"]]
+    assert replacements == [f"]({site}\\1/\\2)", f"]({repository}/blob/main/\\1)"]
+    # make docs builds it with warnings as errors, and CI runs it.
+    assert re.search(r"^docs: .*\n(\t.*\n)*\t.*mkdocs build --strict$", (ROOT / "Makefile").read_text(), re.M)
+    assert "\nmake docs\n" in (ROOT / ".ci" / "run").read_text()
 
 
 def _without_code(text: str) -> str:
@@ -33,15 +99,16 @@ def _without_code(text: str) -> str:
 
 def slug(heading: str) -> str:
     """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens
-    (the same rule as tools/gen_api_docs.py)."""
+    (the site's too: mkdocs.yml's toc slugify)."""
     text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
     return text.replace(" ", "-")
 
 
 def anchors(page: Path) -> set[str]:
-    """Every heading anchor of a Markdown page, numbered as GitHub numbers repeats."""
+    """Every heading anchor of a Markdown page, numbered as GitHub numbers repeats (and on the
+    API page, each object mkdocstrings documents, by its full name)."""
     seen: dict[str, int] = {}
-    found = set()
+    found = set(directives(page))
     text = re.sub(r"^(```|~~~).*?^\1[^\n]*$", "", page.read_text(), flags=re.M | re.S)
     for match in re.finditer(r"^#{1,6}\s+(.+?)\s*#*\s*$", text, flags=re.M):
         base = slug(match.group(1))
@@ -312,9 +379,10 @@ def test_the_defaults_and_limits_the_docs_state_are_the_codes(tmp_path):
     _lib.check_tag(("é" * 256).encode())
     with pytest.raises(MemorySaverError, match="256"):
         _lib.check_tag(("é" * 257).encode())
-    # The host cache: an eighth of what the process may use, at most 32 GiB; the budget: half.
-    for page in (GUIDE, (ROOT / "docs" / "side-effects.md").read_text(), (ROOT / "docs" / "migration.md").read_text()):
-        assert re.search(r"an eighth of the\s+host memory", page) and re.search(r"at\s+most 32 GiB", page)
+    # The host cache: an eighth of what the process may use, at most 32 GiB (test below: stated
+    # once); the budget: half.
+    cache = section(GUIDE, "### The host cache")
+    assert re.search(r"an eighth of the\s+host memory", cache) and re.search(r"at\s+most 32 GiB", cache)
     assert "std::min<size_t>(memory / 8, size_t{32} << 30)" in CODE
     assert "The budget defaults to half of the host memory" in GUIDE
     assert "shared_->budget = host_memory_limit() / 2;" in CODE
@@ -366,3 +434,111 @@ def test_the_budget_docstring_names_the_four_steps_of_the_guide():
                  "waits up to 2 s", "(3) where a disk backup directory is set, sends what still does not fit to disk",
                  "(4) is otherwise refused (``OutOfMemoryError``) before anything is released"):
         assert step in doc, step
+
+
+def test_the_host_caches_default_is_stated_in_one_place_that_the_others_link_to():
+    # One home, the guide's section on the host cache (and the property's own docstring, which
+    # help() shows); a page that names the cache's budget links there instead of restating it.
+    doc = " ".join(MemorySaver.host_cache_bytes.__doc__.split())
+    assert "an eighth of the host memory" in doc and "at most 32 GiB" in doc
+    outside = GUIDE.replace(section(GUIDE, "### The host cache"), "")
+    restated = [page.name for page in PAGES if page.name not in ("guide.md", "CHANGELOG.md")
+                if re.search(r"\beighth\b|1/8\b", page.read_text())]
+    restated += ["guide.md, outside its section"] if re.search(r"\beighth\b|1/8\b", outside) else []
+    assert not restated, f"the host cache's default is restated in {restated}: link to guide.md#the-host-cache"
+    for name in ("migration.md", "side-effects.md", "guarantees.md"):
+        assert "guide.md#the-host-cache" in (ROOT / "docs" / name).read_text(), name
+
+
+def test_the_glibc_floor_the_docs_state_is_the_one_the_wheel_is_tagged_for():
+    # tools/build_wheel.sh names it once (glibc=) and tags the wheel for exactly that; the
+    # README's support table states it and no other page gives a figure of its own.
+    script = (ROOT / "tools" / "build_wheel.sh").read_text()
+    floor = re.search(r"^glibc=(2\.\d+)$", script, re.M).group(1)
+    assert '--plat "manylinux_${glibc/./_}_$arch" --only-plat' in script  # not the oldest today's symbols allow
+    stated = sorted((page.name, figure) for page in PAGES if page.name != "CHANGELOG.md"
+                    for figure in re.findall(r"glibc[^\d|]{0,12}(2\.\d+)|manylinux_2_(\d+)", page.read_text()))
+    assert stated == [("README.md", (floor, ""))], stated
+
+
+# What importing the package does, recorded in a fresh interpreter: environment variables
+# read, torch imported, objects made, the native library mapped.
+IMPORT_CHILD = """
+import json, os, sys
+read = []
+class Recorder(type(os.environ)):
+    def __getitem__(self, key):
+        frame = sys._getframe(1)  # who asked, past os.getenv and Mapping.get
+        while frame.f_code.co_filename.startswith("<frozen ") or frame.f_code.co_filename.endswith("os.py"):
+            frame = frame.f_back
+        if f"{os.sep}torch_mem_saver_lite{os.sep}" in frame.f_code.co_filename:
+            read.append(key)  # the package's own (not an editable install's import hook)
+        return super().__getitem__(key)
+environ = os.environ
+os.environ = Recorder(environ._data, environ.encodekey, environ.decodekey, environ.encodevalue, environ.decodevalue)
+def mapped():
+    with open("/proc/self/maps") as maps:
+        return "libtorch_mem_saver_lite" in maps.read()
+import torch_mem_saver_lite
+seen = {"read": sorted(set(read)), "torch": "torch" in sys.modules, "saver": "saver" in vars(torch_mem_saver_lite),
+        "library": mapped()}
+from torch_mem_saver_lite import saver
+made = vars(torch_mem_saver_lite)
+seen["saver_on_first_use"] = "saver" in made and "torch_memory_saver" in made
+print(json.dumps(seen))
+"""
+
+
+def test_importing_the_package_does_what_the_side_effects_page_says():
+    text = " ".join((ROOT / "docs" / "side-effects.md").read_text().split())
+    assert ("`import torch_mem_saver_lite` imports no torch, creates no object, reads no environment variable and "
+            "loads no native library. The `saver` object (and `torch_memory_saver` over it) is created on first use"
+            ) in text
+    result = subprocess.run([sys.executable, "-c", IMPORT_CHILD], capture_output=True, text=True, timeout=120,
+                            cwd=ROOT.parent)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"read": [], "torch": False, "saver": False, "library": False,
+                                         "saver_on_first_use": True}
+
+
+def results_rows() -> list[tuple[list[str], set[str]]]:
+    """performance.md's results table: (the files of a row, the commits it says they landed in)."""
+    table = section((ROOT / "docs" / "performance.md").read_text(), "## Results files")
+    rows = []
+    for line in table.splitlines():
+        if not line.startswith("| `"):
+            continue
+        cells = line.strip("|").split(" | ")
+        files = []
+        for name in re.findall(r"`([^`]+)`", cells[0]):
+            braces = re.fullmatch(r"(.*)\{(.*)\}(.*)", name)
+            for one in [braces[1] + part + braces[3] for part in braces[2].split(",")] if braces else [name]:
+                files.append(one if "/" in one.rstrip("/") else f"benchmarks/results/{one}")
+        rows.append((files, set(re.findall(r"`([0-9a-f]{7,})`", cells[-1]))))
+    return rows
+
+
+def test_every_results_file_is_listed_with_the_commit_that_last_changed_it():
+    # A figure describes the code of its results file's commit; the table is where that is
+    # said, once, for every file a figure cites.
+    rows = results_rows()
+    listed = {name for files, _ in rows for name in files}
+    missing = [name for name in listed if not (ROOT / name).exists()]
+    assert not missing, f"performance.md lists results that do not exist: {missing}"
+    text = (ROOT / "docs" / "performance.md").read_text()
+    cited = set(re.findall(r"`(?:benchmarks/)?results/([\w.-]+\.(?:log|json|png))`", text))
+    unlisted = sorted(name for name in cited if f"benchmarks/results/{name}" not in listed)
+    assert not unlisted, f"performance.md cites results its table does not list (add a row each): {unlisted}"
+    git = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], capture_output=True, text=True, cwd=ROOT)
+    if git.returncode != 0 or git.stdout.strip() != "false":
+        pytest.skip("the commits are checked against a full git history")
+    wrong = []
+    for files, commits in rows:
+        actual = set()
+        for name in files:
+            log = subprocess.run(["git", "log", "-1", "--format=%h", "--", name], capture_output=True, text=True,
+                                 cwd=ROOT).stdout.split()
+            actual |= set(log)
+        if not commits or {c[:7] for c in commits} != {c[:7] for c in actual}:
+            wrong.append(f"{files[0]}: says {sorted(commits)}, git says {sorted(actual)}")
+    assert not wrong, "\n".join(wrong) + "\n(a results file changed: its row names `git log -1 --format=%h -- FILE`)"

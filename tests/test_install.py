@@ -34,7 +34,8 @@ class Venv:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    pytest.importorskip("scikit_build_core", reason="building the wheel needs the build tools (make install has them)")
+    for tool in ("scikit_build_core", "hatch_fancy_pypi_readme"):  # pyproject.toml's build tools
+        pytest.importorskip(tool, reason="building the wheel needs the build tools (make install has them)")
     out = tmp_path_factory.mktemp("wheel")
     # Its own build folder (kept, so a second run only relinks), apart from the editable install's;
     # one build in it at a time (test runs in parallel each build their wheel).

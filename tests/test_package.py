@@ -223,3 +223,49 @@ def test_the_readmes_platform_matrix_agrees_with_the_package_and_the_library():
     assert f"CUDA ≥ {major}.{minor // 10}" in rows["NVIDIA driver"]
     assert f"the CUDA {major}.{minor // 10} ABI" in rows["NVIDIA driver"]
     assert "ROCm" in rows["not supported"] and "XPU" in rows["not supported"]
+
+
+def test_the_published_metadata_says_where_the_project_lives_and_publishes_nothing_internal():
+    metadata = importlib.metadata.metadata("torch-mem-saver-lite")
+    urls = dict(entry.split(", ", 1) for entry in metadata.get_all("Project-URL"))
+    assert {"Homepage", "Documentation", "Repository", "Issues"} <= set(urls), urls
+    assert all(url.startswith("https://") for url in urls.values()), urls
+    assert len(metadata["Keywords"].split(",")) >= 4
+    # Python classifiers from the declared floor up, no gap.
+    floor = re.fullmatch(r">=3\.(\d+)", metadata["Requires-Python"]).group(1)
+    minors = sorted(int(c.rsplit(".", 1)[1]) for c in metadata.get_all("Classifier")
+                    if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c))
+    assert minors == list(range(int(floor), 14)), minors
+    # Extras are what a user installs (the tests' tools, the example's); the developers' lint
+    # and docs tools are dependency groups, which a published package does not carry.
+    assert sorted(metadata.get_all("Provides-Extra")) == ["examples", "test"]
+
+
+def test_the_long_description_is_the_readme_with_links_that_work_outside_the_repository():
+    metadata = importlib.metadata.metadata("torch-mem-saver-lite")
+    assert metadata["Description-Content-Type"] == "text/markdown"
+    text = metadata.get_payload() or metadata["Description"]
+    readme = (ROOT / "README.md").read_text()
+    # The metadata is written at install time: a README edited since needs `make install` again.
+    stale = "the README changed since the package was installed: run make install"
+    assert text.splitlines()[:6] == readme.splitlines()[:6], stale  # the README, its two commands first
+    urls = dict(entry.split(", ", 1) for entry in metadata.get_all("Project-URL"))
+    site, files = urls["Documentation"], urls["Repository"] + "/blob/main/"
+    def link_targets(markdown: str) -> list[str]:
+        return re.findall(r"\]\(([^)\s]+)\)", re.sub(r"^```.*?^```", "", markdown, flags=re.M | re.S))
+
+    targets = link_targets(text)
+    assert len(targets) == len(link_targets(readme)), stale
+    wrong = []
+    for target in targets:
+        address, _, anchor = target.partition("#")
+        if address.startswith(site):
+            page = ROOT / "docs" / (address.removeprefix(site).strip("/") + ".md")
+            if not page.is_file() or (anchor and f"](docs/{page.name}#{anchor})" not in readme):
+                wrong.append(target)
+        elif address.startswith(files):
+            if not (ROOT / address.removeprefix(files)).is_file():
+                wrong.append(target)
+        elif not address.startswith("https://"):
+            wrong.append(target)  # relative: broken on the package index
+    assert not wrong, wrong

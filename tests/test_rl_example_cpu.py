@@ -3,8 +3,10 @@ the task and GRPO arithmetic, the engine, and the whole learning loop (without t
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -110,6 +112,27 @@ def test_the_no_gpu_message_points_a_cpu_build_of_torch_to_a_cuda_one(cuda_build
     assert message.startswith("no CUDA GPU available")
     assert ("pip install --force-reinstall torch --index-url https://download.pytorch.org/whl/cu" in message) == (
         cuda_build is None)
+
+
+
+def test_the_no_gpu_message_says_what_runs_here_and_each_thing_it_names_exists(monkeypatch):
+    """Without a GPU a newcomer is told what they can run instead: the CPU learning loop (a
+    command the example's own parser takes, the one the slow learning test runs) and the host
+    backend (a class that exists), with the guide's section on it."""
+    monkeypatch.setenv("NCCL_GRAPH_REGISTER", "0")  # what importing the example sets, undone after the test
+    import rl_example
+
+    for cuda_build in (None, "12.8"):
+        message = rl_example.no_gpu_message(cuda_build)
+        command = re.search(r"`python examples/rl_example\.py ([^`]+)`", message)
+        assert command, message
+        monkeypatch.setattr(sys, "argv", ["rl_example.py", *command.group(1).split()])
+        args = rl_example.parse_args()
+        assert (args.device, args.preset, args.steps) == ("cpu", "tiny", 300)
+        module, _, name = re.search(r"`(torch_mem_saver_lite\.testing\.\w+)`", message).group(1).rpartition(".")
+        assert name == "HostSaver" and getattr(importlib.import_module(module), name)
+        page, heading = re.search(r'\((docs/\w+\.md), "([^"]+)"\)', message).groups()
+        assert f"\n## {heading}\n" in (EXAMPLES.parent / page).read_text(), (page, heading)
 
 
 @pytest.mark.slow  # minutes on 2 cores

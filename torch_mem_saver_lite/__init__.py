@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from .preload import configure_subprocess
     from .stats import HostMemoryHolder, HostMemoryReport, TagStats, TagStatus
 
+__version__: str
+"""The installed distribution's version (``0+unknown`` in a source checkout never installed)."""
 try:
     __version__ = _metadata.version("torch-mem-saver-lite")
 except _metadata.PackageNotFoundError:  # a source checkout that was never installed

@@ -66,6 +66,7 @@ class MemoryBreakdown:
     notes: tuple[str, ...] = field(default=(), compare=False)
 
     def as_dict(self) -> dict[str, Any]:
+        """The fields as plain values (for JSON)."""
         return {name: getattr(self, name) for name in self.__dataclass_fields__} | {"notes": list(self.notes)}
 
     def __str__(self) -> str:

@@ -51,6 +51,7 @@ class LeftoverReport:
 
     @property
     def released_bytes(self) -> int:
+        """Device bytes released in all: torch's cache, the saver pools' cache and NCCL's."""
         return self.torch_cache_bytes + self.saver_pool_cache_bytes + self.nccl_bytes
 
     @property
@@ -60,9 +61,11 @@ class LeftoverReport:
 
     @property
     def not_suspended(self) -> tuple[GroupOutcome, ...]:
+        """The process groups whose communicators stayed up (each says why)."""
         return tuple(g for g in self.groups if not g.suspended)
 
     def as_dict(self) -> dict[str, Any]:
+        """The report as plain values (for JSON), its breakdowns and groups included."""
         return {"torch_cache_bytes": self.torch_cache_bytes, "saver_pool_cache_bytes": self.saver_pool_cache_bytes,
                 "nccl_bytes": self.nccl_bytes, "released_bytes": self.released_bytes,
                 "groups": [vars(g).copy() for g in self.groups],
