@@ -3,6 +3,7 @@
     python benchmarks/bench_pause_resume.py [--gib 8] [--hook-modes torch,preload]
         [--workloads one_big,weights,many_small] [--json out.json] [--plot out.png]
         [--tms-path DIR] [--processes-without-backup 3] [--only-without-backup]
+    python benchmarks/bench_pause_resume.py --replot out.json --plot out.png   # the chart again, no GPU
 
 Workloads: one_big (one tensor, a KV cache), weights (~350 tensors of 2-64 MiB), many_small
 (2 MiB tensors). Each runs without backup, with backup (backups freed after resume) and
@@ -41,9 +42,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from support.workloads import WORKLOADS, tensor_sizes
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 MiB, GiB = 1 << 20, 1 << 30
 FAULT_THREADS = max(1, min(15, len(os.sched_getaffinity(0)) - 1))  # as the saver's arena
@@ -309,6 +314,25 @@ def tms_environment(tms_path: str | None) -> dict[str, str] | None:
     return env if probe.returncode == 0 else None
 
 
+def tms_version(env: dict[str, str]) -> str | None:
+    code = "import importlib.metadata as m; print(m.version('torch_memory_saver'))"
+    probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env})
+    return probe.stdout.strip() if probe.returncode == 0 else None
+
+
+def run_facts(tms_env: dict[str, str] | None) -> dict:
+    """What a chart of this run names in its title: the GPU and the versions measured (ours
+    with its commit, where this is a checkout: the version alone does not change between them)."""
+    import torch_mem_saver_lite
+
+    commit = subprocess.run(["git", "-C", str(Path(__file__).parent), "describe", "--always", "--dirty"],
+                            capture_output=True, text=True)
+    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "torch_mem_saver_lite": torch_mem_saver_lite.__version__,
+            "commit": commit.stdout.strip() if commit.returncode == 0 else None,
+            "torch_memory_saver": tms_version(tms_env) if tms_env is not None else None}
+
+
 def tms_preload_library(env: dict[str, str]) -> str:
     code = ("from torch_memory_saver.utils import get_binary_path_from_package as p; "
             "print(p('torch_memory_saver_hook_mode_preload'))")
@@ -335,6 +359,8 @@ def summarize(rows: list[dict]) -> list[dict]:
             row["processes"] = len(processes)
             row["spread"] = {}
             for key in ("alloc_ms", "pause_ms", "resume_ms"):
+                if key not in cycles[0]:  # an earlier version's rows: no allocation time
+                    continue
                 row[key] = statistics.median(c[key] for c in cycles)
                 own = [statistics.median(c[key] for c in cycles if c["process"] == p) for p in processes]
                 row["spread"][key] = (min(own), max(own))
@@ -354,7 +380,8 @@ def add_ratios(rows: list[dict], limits: dict) -> None:
         if row["variant"] != "none":
             row["pause_ratio"] = row["pause_gbps"] / limits["d2h"]
             row["resume_ratio"] = row["resume_gbps"] / limits["h2d"]
-            row["resume_fresh_ratio"] = row["resume_gbps"] / limits["h2d_fresh"]
+            if "h2d_fresh" in limits:  # measured since the fresh-memory limit was added
+                row["resume_fresh_ratio"] = row["resume_gbps"] / limits["h2d_fresh"]
 
 
 def check_targets(rows: list[dict], limits: dict) -> None:
@@ -445,8 +472,30 @@ def print_side_by_side(rows: list[dict]) -> None:
               + ";  ".join(cells))
 
 
-def plot(rows: list[dict], limits: dict, path: str) -> None:
-    """Cycle-2 GB/s with backup, grouped by workload and hook mode; the link limit as a line."""
+TOOL_NAMES = {"ours": "torch_mem_saver_lite"}
+VARIANT_NAMES = {"backup": "backup (default settings)", "uncached": "backup, no host cache",
+                 "retained": "retained backup"}
+
+
+def chart_title(rows: list[dict], run: dict | None) -> str:
+    """The GPU, the bytes per workload and the versions measured; `run` is the JSON's "run"
+    (None in a JSON written before the benchmark recorded it: the title says so)."""
+    # Workloads of many tensors round their sizes: 8.0 GiB stands for 8 and 8.01.
+    sizes = sorted({round(r["bytes"] / GiB, 1) for r in rows})
+    size = f"{sizes[0]:.1f}" + (f"-{sizes[-1]:.1f}" if len(sizes) > 1 else "") + " GiB per workload"
+    if run is None:
+        return f"{size}; GPU and versions not recorded in this JSON (written by an earlier version)"
+    ours = f"torch_mem_saver_lite {run['torch_mem_saver_lite']}" + (f" ({run['commit']})" if run["commit"] else "")
+    versions = [f"torch {run['torch']}", ours]
+    if any(r["tool"] == "torch_memory_saver" for r in rows):
+        versions.append(f"torch_memory_saver {run['torch_memory_saver'] or '(version unknown)'}")
+    return f"{run['device']}, {size}\n" + ", ".join(versions)
+
+
+def plot(rows: list[dict], limits: dict, run: dict | None, path: str) -> Figure:
+    """Cycle-2 GB/s with backup, grouped by workload and hook mode; the link limit as a line;
+    the legend under the panels, clear of the bars; the title from chart_title. Returns the
+    figure (closed; its artists stay readable)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -463,14 +512,34 @@ def plot(rows: list[dict], limits: dict, path: str) -> None:
             values = [next((r[key] for r in shown if (r["workload"], r["hook_mode"], r["tool"], r["variant"])
                             == (w, m, tool, variant)), 0) for w, m in groups]
             ax.bar([g + (k - (len(series) - 1) / 2) * width for g in range(len(groups))], values, width,
-                   label=f"{tool} / {variant}")
-        ax.axhline(limit, color="black", linestyle="--", label=f"link limit {limit:.0f} GB/s")
+                   label=f"{TOOL_NAMES.get(tool, tool)}: {VARIANT_NAMES.get(variant, variant)}")
+        ax.axhline(limit, color="black", linestyle="--", label="link limit (pinned copy, measured in this run)")
+        ax.annotate(f"{limit:.1f} GB/s", (1, limit), xycoords=("axes fraction", "data"), xytext=(-4, 3),
+                    textcoords="offset points", ha="right", va="bottom", fontsize=8)
         ax.set_xticks(range(len(groups)), [f"{w}\n{m}" for w, m in groups])
-        ax.set_title(f"{title}, cycles 2+ (median)")
-        ax.set_ylabel("GB/s")
-    axes[1].legend(fontsize=7)
+        ax.set_title(f"{title}, cycles 2+ (median)", fontsize=10)
+    axes[0].set_ylabel("GB/s")
+    fig.suptitle(chart_title(rows, run), fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    handles, labels = axes[0].get_legend_handles_labels()
+    # Under the figure (savefig's tight box takes it in), where no bar can be.
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(3, len(labels)),
+               fontsize=8, frameon=False)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return fig
+
+
+def replot(json_path: str, path: str) -> Figure:
+    """The chart of a run drawn again from its JSON: the summary it wrote, or, from a run cut
+    short or an earlier version's JSON (rows of ours alone), its rows summarized as a run does."""
+    data = json.loads(Path(json_path).read_text())
+    summary = data.get("summary")
+    if summary is None:
+        rows = [{"tool": "ours", "process": 0, **row} for row in data["rows"]]
+        summary = summarize(rows)
+        add_ratios(summary, data["limits"])
+    return plot(summary, data["limits"], data.get("run"), path)
 
 
 def main() -> int:
@@ -488,6 +557,8 @@ def main() -> int:
                              "the engine would run its first rollout")
     parser.add_argument("--json", help="write all rows and limits here")
     parser.add_argument("--plot", help="write a PNG bar chart here")
+    parser.add_argument("--replot", metavar="JSON", help="measure nothing: draw the chart of the run that wrote "
+                        "this --json file again, into --plot (needs no GPU)")
     parser.add_argument("--tms-path", help="a directory holding torch_memory_saver, for its children")
     parser.add_argument("--processes-without-backup", type=int, default=3,
                         help="fresh processes per tool that measure the variant without backup (its "
@@ -499,6 +570,12 @@ def main() -> int:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--child-output", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.replot:
+        if not args.plot:
+            parser.error("--replot draws a chart: say where with --plot out.png")
+        replot(args.replot, args.plot)
+        print(f"wrote {args.plot}")
+        return 0
     if not torch.cuda.is_available():
         print("no CUDA GPU available: this benchmark needs one", file=sys.stderr)
         return 1
@@ -519,6 +596,7 @@ def main() -> int:
     limits = {**copy_limits(total), **create_map_limits(), **stage_speeds(min(total, 4 * GiB), FAULT_THREADS),
               "fault_threads": FAULT_THREADS, "host_cache_bytes": saver.host_cache_bytes}
     tms_env = tms_environment(args.tms_path)
+    run = run_facts(tms_env)
     rows = []
     started = time.perf_counter()
 
@@ -536,7 +614,7 @@ def main() -> int:
               "measured" + (f" (fresh host memory faulted in at {host:.1f} GB/s as it started)" if host else ""),
               flush=True)
         if args.json:  # a run cut short still leaves what it measured
-            Path(args.json).write_text(json.dumps({"limits": limits, "rows": rows}, indent=1))
+            Path(args.json).write_text(json.dumps({"limits": limits, "run": run, "rows": rows}, indent=1))
 
     for mode in args.hook_modes.split(","):
         # Each tool and workload in a fresh process of its own, one after the other: the same
@@ -559,17 +637,20 @@ def main() -> int:
     for table in (rows, summary):
         add_ratios(table, limits)
     check_targets(summary, limits)
-    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}"
-          + ("" if tms_env is not None else "; torch_memory_saver not installed: ours only"))
+    print(f"device: {run['device']}, torch {run['torch']}, torch_mem_saver_lite {run['torch_mem_saver_lite']} "
+          f"({run['commit'] or 'commit unknown'})" + (f", torch_memory_saver {run['torch_memory_saver']}"
+                                                       if tms_env is not None else
+                                                       "; torch_memory_saver not installed: ours only"))
     print_table(summary, limits)
     print(f"between each pause and its resume the process idled {args.idle} s (the other engine's turn); "
           f"before a backed-up workload's first pause, {args.rollout} s (its first rollout; ours sets the host "
           "memory for its backups aside meanwhile, in the background, within the host cache's budget)")
     print_side_by_side(summary)
     if args.json:
-        Path(args.json).write_text(json.dumps({"limits": limits, "rows": rows, "summary": summary}, indent=1))
+        Path(args.json).write_text(json.dumps({"limits": limits, "run": run, "rows": rows, "summary": summary},
+                                              indent=1))
     if args.plot:
-        plot(summary, limits, args.plot)
+        plot(summary, limits, run, args.plot)
     return 0 if all(r["content_ok"] for r in rows) else 1
 
 

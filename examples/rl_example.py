@@ -7,6 +7,7 @@ take turns, each paused with torch_mem_saver_lite while the other runs.
     python examples/rl_example.py --preset tiny         # a few MiB, for tests
     python examples/rl_example.py --device cpu          # the learning loop alone (12-token vocabulary)
     torchrun --nproc-per-node 2 examples/rl_example.py  # data-parallel, an engine per rank
+    python examples/rl_example.py --replot out/rl       # draw a run's plots again from its summary.json
 
 Each step (GRPO): the engine generates groups of completions for counting prompts, which are
 scored. The engine is paused (weights, KV cache, graph pool) and torch's cached blocks given
@@ -39,7 +40,7 @@ from rl.engine import RolloutEngine  # noqa: E402
 from rl.grpo import group_advantages  # noqa: E402
 from rl.presets import Preset, kv_slots_for, learning_preset, with_vocabulary_for  # noqa: E402
 from rl.progress import Progress  # noqa: E402
-from rl.summary import OutOfMemory, write_out_of_memory, write_summary  # noqa: E402
+from rl.summary import OutOfMemory, replot, write_out_of_memory, write_summary  # noqa: E402
 from rl.timeline import Timeline, transition_share, used_bytes  # noqa: E402
 from rl.trainer import Trainer, warmup_cosine  # noqa: E402
 
@@ -90,11 +91,24 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                         help="cpu: the learning loop alone, without the saver, graphs or sizing (for tests)")
+    parser.add_argument("--replot", metavar="OUT",
+                        help="run nothing: draw memory.png and reward.png in OUT again from its summary.json")
     return parser.parse_args()
 
 
 def main() -> int:
     args = parse_args()
+    if args.replot:  # needs no GPU: everything the pictures show is in the summary
+        try:
+            written = replot(Path(args.replot))
+        except (OSError, ValueError) as error:
+            print(f"--replot: {error}", file=sys.stderr)
+            return 1
+        for path in written:
+            print(f"wrote {path}")
+        if all(path.name != "memory.png" for path in written):
+            print("no memory.png: a CPU run, or a summary written before summaries kept the memory timeline")
+        return 0
     if args.device == "cuda" and not torch.cuda.is_available():
         print(no_gpu_message(torch.version.cuda), file=sys.stderr)
         return 1

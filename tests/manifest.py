@@ -65,6 +65,7 @@ LEVELS: dict[str, dict[str, str]] = {
     },
     "examples": {
         "test_rl_example_cpu.py": "the RL example's pieces on the CPU",
+        "test_plots.py": "the pictures: the RL example's memory and reward plots, the side-by-side chart",
         "gpu/test_rl_example.py": "the RL example's promises on a GPU",
     },
 }

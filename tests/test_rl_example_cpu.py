@@ -203,25 +203,6 @@ def test_learning_rate_warms_up_then_decays_to_its_floor():
     assert all(factor(s) >= factor(s + 1) for s in range(10, 100))
 
 
-def test_the_memory_plot_shows_the_first_steps_with_a_host_memory_panel_against_the_budget(tmp_path):
-    from rl.plots import memory_plot, shown_until
-
-    GiB = 1 << 30
-    spans, samples, host = [], [], []
-    for step in range(40):  # a long run: only its first three steps are drawn
-        t = step * 3.0
-        phases = (("rollout", t, t + 1.0, 60, 0), ("engine_pause", t + 1.0, t + 1.2, 12, 8),
-                  ("train", t + 1.2, t + 2.8, 58, 8), ("engine_resume", t + 2.8, t + 3.0, 60, 0))
-        for phase, start, stop, gpu, held in phases:
-            spans.append((phase, start, stop))
-            samples.append((stop, gpu * GiB))
-            host.append((stop, held * GiB))
-    assert shown_until(spans, 3) == 9.0 and shown_until(spans[:4], 3) is None
-    path = tmp_path / "memory.png"
-    memory_plot(samples, host, 32 * GiB, spans, 80 * GiB, 118 * GiB, GiB, "test", path)
-    assert path.stat().st_size > 10_000 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
 def test_make_run_installs_the_package_with_the_examples_extra_alone():
     """`make run` installs what the example needs (the package and its `examples` extra:
     plots, a progress bar), none of the test tools, and then runs the example."""

@@ -12,6 +12,7 @@ import torch
 
 from . import task
 from .plots import memory_plot, reward_plot
+from .smoothing import reward_window, running_mean
 from .timeline import TRANSITIONS
 
 GiB = 1 << 30
@@ -58,10 +59,6 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
 
 
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else 0.0
-
-
 def timing(records: list[dict]) -> dict:
     """Median seconds per phase and the share of the step spent in transitions, from step 2
     on (step 1 also prepares host memory and loads kernels), and over every step."""
@@ -83,12 +80,14 @@ def timing(records: list[dict]) -> dict:
 
 
 def reward_figures(rewards: list[float]) -> dict:
-    window = max(1, min(10, len(rewards) // 3))
-    reached = next((i + 1 for i in range(len(rewards))
-                    if _mean(rewards[max(0, i - window + 1):i + 1]) >= 0.95 * REWARD_MAX and i + 1 >= window), None)
-    return {"chance": task.CHANCE, "max": REWARD_MAX, "window": window,
-            "first": _mean(rewards[:window]), "last": _mean(rewards[-window:]),
-            "last_share_of_max": _mean(rewards[-window:]) / REWARD_MAX, "reached_95_percent_at_step": reached}
+    """The reward's running mean (smoothing.py: the window the reward plot draws too) over the
+    first and the last steps, and the step where it first reaches 95 % of the maximum."""
+    window = reward_window(len(rewards))
+    means = running_mean(rewards, window)
+    first, last = (means[0], means[-1]) if means else (0.0, 0.0)
+    reached = next((k + window for k, mean in enumerate(means) if mean >= 0.95 * REWARD_MAX), None)
+    return {"chance": task.CHANCE, "max": REWARD_MAX, "window": window, "first": first, "last": last,
+            "last_share_of_max": last / REWARD_MAX, "reached_95_percent_at_step": reached}
 
 
 def memory_figures(run, records: list[dict]) -> dict:
@@ -142,16 +141,47 @@ def write_summary(out: Path, run, records: list[dict], ranks: list[dict], startu
         "guard_tolerance": 1e-3,
         "guard_passed_every_step": all(r.get("guard_ok", True) for r in records),
         "records": records,
+        # What the memory plot draws, so that write_plots can draw it again from this file.
+        "timeline": {"samples": run.timeline.samples, "host_samples": run.timeline.host_samples,
+                     "host_budget": run.timeline.host_budget, "spans": run.timeline.spans},
     }
     summary["headline"] = headline(summary)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    title = f"{summary['device_name']}, preset {p.name}, saver {summary['hook_mode'] or 'off'}"
-    if memory:  # GPU runs only: on the CPU there is no device memory to show
-        memory_plot(run.timeline.samples, run.timeline.host_samples, run.timeline.host_budget, run.timeline.spans,
+    write_plots(summary, out)
+    return summary
+
+
+def plot_title(summary: dict) -> str:
+    title = f"{summary['device_name']}, preset {summary['preset']}, saver {summary['hook_mode'] or 'off'}"
+    if summary["world_size"] > 1:  # every rank runs the same loop; rank 0 writes what it saw
+        title += f", {summary['world_size']} ranks (rank 0's GPU)"
+    return title
+
+
+def write_plots(summary: dict, out: Path) -> list[Path]:
+    """memory.png (GPU runs only: on the CPU there is no device memory to show) and reward.png,
+    from a completed run's summary alone; returns the pictures written."""
+    if summary.get("outcome") != "completed":
+        raise ValueError(f"{out / 'summary.json'} is of a run that did not complete "
+                         f"({summary.get('outcome')!r}): it has no memory or reward to draw")
+    title, written = plot_title(summary), []
+    memory, timeline = summary["memory"], summary.get("timeline")
+    if memory and timeline:
+        memory_plot(timeline["samples"], timeline["host_samples"], timeline["host_budget"], timeline["spans"],
                     memory["capacity_bytes"], memory.get("no_saver_need_bytes"), memory["baseline_context_bytes"],
                     title, out / "memory.png")
-    reward_plot(rewards, task.CHANCE, REWARD_MAX, title, out / "reward.png")
-    return summary
+        written.append(out / "memory.png")
+    reward_plot([r["reward"] for r in summary["records"]], summary["reward"], title, out / "reward.png")
+    return [*written, out / "reward.png"]
+
+
+def replot(out: Path) -> list[Path]:
+    """Draws the pictures of the run in `out` again, with today's plots, from its summary.json.
+    A summary written before it kept its timeline gets its reward plot only."""
+    path = out / "summary.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: --replot takes the --out folder of a run")
+    return write_plots(json.loads(path.read_text()), out)
 
 
 def headline(summary: dict) -> str:
