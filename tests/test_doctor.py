@@ -109,3 +109,30 @@ def test_a_disk_directory_that_cannot_be_looked_at_is_named_and_the_ledger_not_b
     assert f"disk tier:        none (TMSL_DISK_BACKUP_DIR: the disk backup directory {unusable!r} cannot be used: " \
            "File name too long" in result.stdout, result.stdout + result.stderr
     assert "ledger cannot be read" not in result.stdout + result.stderr
+
+
+def test_the_doctor_says_whether_backups_are_shared_and_why_not(fake_driver, disk_dir, tmp_path):
+    # On tmpfs (the tests' ledger is in /dev/shm) identical backups are held once; a ledger on
+    # a disk puts the store beside it there, which is never used: the doctor names it and why.
+    shared = doctor(fake_driver)
+    assert "shared backups:   yes, identical backups are held once per node in " in shared.stdout, \
+        shared.stdout + shared.stderr
+    disk_dir.mkdir(parents=True)
+    on_disk = doctor(fake_driver, TMSL_HOST_LEDGER=str(disk_dir / "ledger"))
+    assert f"shared backups:   no: the shared backup store {disk_dir / 'ledger'}.store is not in memory (tmpfs" \
+           in on_disk.stdout, on_disk.stdout + on_disk.stderr
+    off = doctor(fake_driver, TMSL_SHARE_BACKUPS="0", TMSL_HOST_LEDGER=str(tmp_path / "l2"))
+    assert "shared backups:   no: TMSL_SHARE_BACKUPS=0" in off.stdout, off.stdout + off.stderr
+
+
+def test_the_doctor_says_when_it_behaves_like_torch_memory_saver(fake_driver, tmp_path):
+    like = doctor(fake_driver, TMSL_LIKE_TORCH_MEMORY_SAVER="1", TMSL_HOST_LEDGER=str(tmp_path / "ledger"))
+    assert "behaving like torch_memory_saver (TMSL_LIKE_TORCH_MEMORY_SAVER=1): no host cache after a resume, " \
+           "no host-memory budget, no shared backups, no wake check, stray access off" in like.stdout, \
+        like.stdout + like.stderr
+    # A setting of its own still wins, and the doctor says which did.
+    mixed = doctor(fake_driver, TMSL_LIKE_TORCH_MEMORY_SAVER="1", TMSL_VERIFY_WAKE="1",
+                   TMSL_HOST_LEDGER=str(tmp_path / "l2"))
+    assert "no shared backups, wake checks on (set explicitly), stray access off" in mixed.stdout, \
+        mixed.stdout + mixed.stderr
+    assert "behaving like torch_memory_saver" not in doctor(fake_driver, TMSL_HOST_LEDGER=str(tmp_path / "l3")).stdout

@@ -101,6 +101,9 @@ for line in sys.stdin:
             time.sleep(60)
             os._exit(0)
         print("forked", pid, flush=True)
+    elif command[0] == "sharing":  # whether its backups are shared, and if not why
+        report = host.host_memory()
+        print("sharing", report.backups_shared, report.sharing_off_reason, flush=True)
     elif command[0] == "exit":
         break
 """
@@ -345,6 +348,7 @@ def test_sharing_is_on_by_default_and_the_variable_at_0_turns_it_off(ledger, mon
         line = line_of(child).split()
         assert line[0] == "paused" and int(line[2]) == 0, line + [why(child)]  # in the store
         assert store_bytes(ledger) == 192 * MiB
+        assert ask(child, "sharing") == "sharing True"  # and host_memory() says so
         assert ask(child, "resume") == "content True"
     finally:
         finish([child])
@@ -354,6 +358,7 @@ def test_sharing_is_on_by_default_and_the_variable_at_0_turns_it_off(ledger, mon
         line = line_of(child).split()
         assert line[0] == "paused" and int(line[2]) == 192, line + [why(child)]  # a private copy
         assert store_bytes(ledger) == 0
+        assert ask(child, "sharing").startswith("sharing False TMSL_SHARE_BACKUPS=0")
         assert ask(child, "resume") == "content True"
     finally:
         finish([child])
@@ -613,22 +618,29 @@ def test_a_chunk_repeated_in_one_process_is_mapped_there_once_and_its_repeats_ar
     assert store_drains(ledger)
 
 
-def test_a_store_outside_memory_is_not_used(tmp_path, monkeypatch):
+def test_a_store_outside_memory_is_not_used_and_host_memory_says_why(disk_dir, monkeypatch):
     # Chunks are page-locked host memory: a file system on disk (where the kernel refuses to
-    # page-lock file pages for long) never holds them; backups stay private.
-    file_system = subprocess.run(["stat", "-f", "-c", "%T", str(tmp_path)], capture_output=True, text=True).stdout
-    if file_system.strip() in ("tmpfs", "ramfs"):
-        pytest.skip("pytest's temporary directory is in memory here")
-    monkeypatch.setenv("TMSL_HOST_LEDGER", str(tmp_path / "host-memory.ledger"))
-    monkeypatch.setenv("TMSL_SHARE_BACKUPS", "1")
-    child = start()
+    # page-lock file pages for long) never holds them. A ledger named on a disk puts the store
+    # beside it there: two processes pausing the same bytes hold two private copies, and each
+    # says so in host_memory(), naming the store and why.
+    disk_dir.mkdir(parents=True)
+    ledger = disk_dir / "host-memory.ledger"
+    monkeypatch.setenv("TMSL_HOST_LEDGER", str(ledger))
+    monkeypatch.delenv("TMSL_SHARE_BACKUPS", raising=False)  # on by default
+    children = [start(), start()]
     try:
-        line = line_of(child).split()
-        assert line[0] == "paused" and int(line[2]) == 192, line + [child.stderr.read()]  # private
-        assert ask(child, "resume") == "content True"
+        for child in children:
+            line = line_of(child).split()
+            assert line[0] == "paused" and int(line[2]) == 192, line + [why(child)]  # private
+            said = ask(child, "sharing")
+            assert said.startswith(f"sharing False the shared backup store {ledger}.store is not in memory (tmpfs"), \
+                said
+            assert "TMSL_HOST_LEDGER" in said, said  # what to do about it
+        for child in children:
+            assert ask(child, "resume") == "content True"
     finally:
-        finish([child])
-    assert not any(p.name != ".key" for p in (tmp_path / "host-memory.ledger.store").glob("*"))
+        finish(children)
+    assert not any(p.name != ".key" for p in Path(f"{ledger}.store").glob("*"))
 
 
 @pytest.mark.parametrize("size_mib", [100, 1100])
@@ -649,6 +661,7 @@ def test_a_store_without_room_means_private_copies_and_never_fails_a_pause(tmp_p
             line = line_of(child).split()
             assert line[0] == "paused" and int(line[2]) == 192, line + [why(child)]  # private copies
             assert store_bytes(mount / "host-memory.ledger") == 0
+            assert ask(child, "sharing").startswith("sharing False the node's store has no room for ")
             assert ask(child, "resume") == "content True"
             assert ask(child, "change") == "paused again"
             assert ask(child, "resume") == "content True"

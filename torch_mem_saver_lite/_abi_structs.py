@@ -25,6 +25,7 @@ class ProcessDefaults(ctypes.Structure):
         ("verify_wake", ctypes.c_int),
         ("stray_access", ctypes.c_int),
         ("soft_pause", ctypes.c_int),
+        ("like_torch_memory_saver", ctypes.c_int),
     ]
 
 
@@ -49,6 +50,9 @@ class HostMemoryFigures(ctypes.Structure):
         ("holder_entry", ctypes.c_uint64 * MAX_HOLDERS),
         ("holder_this_process", ctypes.c_int32 * MAX_HOLDERS),
         ("holder_shared_bytes", ctypes.c_uint64 * MAX_HOLDERS),
+        ("backups_shared", ctypes.c_int32),
+        ("sharing_off", ctypes.c_char * 1024),
+        ("store", ctypes.c_char * 4096),
     ]
 
 

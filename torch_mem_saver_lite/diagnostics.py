@@ -37,19 +37,26 @@ class Environment:
     memory: list[dict] = field(default_factory=list)  # per GPU: what holds device memory
     host_memory: dict = field(default_factory=dict)  # the node's host-memory budget (saver.host_memory())
     breakdown: list[dict] = field(default_factory=list)  # per GPU: saver.memory_breakdown(), as a dict
+    # TMSL_LIKE_TORCH_MEMORY_SAVER=1 (as the library read it), and where so, the five settings it
+    # changes as the saver has them now (an explicit setting may have won): host_cache_bytes,
+    # verify_wake, stray_access (the budget and sharing are in host_memory)
+    like_torch_memory_saver: dict = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
 
-
-def _sharing_off() -> bool:
-    """Whether this process was told not to hold identical backups once per node."""
-    from . import _lib
+def _like_torch_memory_saver() -> dict:
+    """The saver's settings the switch changes, where TMSL_LIKE_TORCH_MEMORY_SAVER=1; {} otherwise
+    (or where the environment has a bad value, which the saver raises at first use)."""
+    from . import saver
     from .errors import MemorySaverError
 
     try:
-        return not _lib.process_defaults().share_backups
+        if not saver._settings.environment().like_torch_memory_saver:
+            return {}
+        return dict(host_cache_bytes=saver.host_cache_bytes, verify_wake=saver.verify_wake,
+                    stray_access=saver.stray_access)
     except MemorySaverError:
-        return False
+        return {}
 
 
 def _no_gpu_hint() -> str:
@@ -138,6 +145,7 @@ def collect() -> Environment:
         env.host_memory = asdict(saver.host_memory())
     except Exception as error:
         env.problems.append(f"the node's host-memory ledger cannot be read: {error}")
+    env.like_torch_memory_saver = _like_torch_memory_saver()
     if env.torch_sees_gpu:
         env.memory = memory_use()
         env.breakdown = memory_breakdowns(env.problems)
@@ -242,21 +250,33 @@ def render(env: Environment) -> str:
                      f"host memory:      budget {mib(host['budget_bytes'])} for the node ({host['ledger']}); held: "
                      f"this process {mib(host['held_by_this_process'])}, others {mib(host['held_by_others'])} "
                      f"({len([h for h in host['holders'] if not h['this_process']])} processes)")
+        lines.append(f"shared backups:   yes, identical backups are held once per node in {host['store']}"
+                     if host["backups_shared"] else f"shared backups:   no: {host['sharing_off_reason']}")
         if not host["error"]:
             sharers = [h for h in host["holders"] if h.get("shared_bytes")]
             lines.append(f"held once:        {mib(host['shared_bytes'])} of distinct backups in the node's store, "
                          f"mapped by {len(sharers)} processes"
                          + ("" if not sharers else " (" + ", ".join(
                              f"pid {h['pid']}{' (this one)' if h['this_process'] else ''}: {mib(h['shared_bytes'])}"
-                             for h in sharers) + ")")
-                         + ("" if host["shared_bytes"] or sharers or not _sharing_off() else
-                            " (TMSL_SHARE_BACKUPS=0: this process holds its backups privately)"))
+                             for h in sharers) + ")"))
             lines.append(f"disk tier:        {host['disk_tier']} (what the budget cannot hold goes there)"
                          if host["disk_tier"] else
                          f"disk tier:        none ({host['disk_tier_problem']}; a pause beyond the budget is refused)"
                          if host["disk_tier_problem"] else
                          "disk tier:        none (a pause beyond the budget is refused; set TMSL_DISK_BACKUP_DIR "
                          "to a directory on a real disk to send it to disk)")
+    like = env.like_torch_memory_saver
+    if like:
+        # Each of the five as the saver has it: the switch's value, or ours where a setting of its own won.
+        budget = host.get("budget_bytes", 0) if host else 0
+        lines.append("behaving like torch_memory_saver (TMSL_LIKE_TORCH_MEMORY_SAVER=1): " + ", ".join([
+            "no host cache after a resume" if like["host_cache_bytes"] == 0 else
+            f"host cache {mib(like['host_cache_bytes'])} (set explicitly)",
+            "no host-memory budget" if budget == 0 else f"host-memory budget {mib(budget)} (set explicitly)",
+            "no shared backups" if not (host and host["backups_shared"]) else "shared backups (set explicitly)",
+            "no wake check" if not like["verify_wake"] else "wake checks on (set explicitly)",
+            "stray access off" if like["stray_access"] == "off" else
+            f"stray access {like['stray_access']} (set explicitly)"]))
     for m in env.memory:
         lines.append(f"  GPU {m['device']} memory: {mib(m['used_bytes'])} used of {mib(m['total_bytes'])}: "
                      f"torch reserved {mib(m['torch_reserved_bytes'])}, saver resident "

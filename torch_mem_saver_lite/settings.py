@@ -125,6 +125,7 @@ class EnvironmentDefaults:
     default_tag: str  # the tag of the preload-mode process region
     default_caches_backups: bool  # False: the default backend is "mmap"
     default_disk_backup: bool
+    like_torch_memory_saver: bool  # TMSL_LIKE_TORCH_MEMORY_SAVER: the core's defaults are torch_memory_saver's
 
 
 def read_environment() -> EnvironmentDefaults:
@@ -145,6 +146,7 @@ def read_environment() -> EnvironmentDefaults:
         default_tag=d.tag.decode(),
         default_caches_backups=bool(d.caches_backups),
         default_disk_backup=d.backup_choice == _lib.CHOICE_DISK,
+        like_torch_memory_saver=bool(d.like_torch_memory_saver),
     )
 
 

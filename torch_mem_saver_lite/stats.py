@@ -214,6 +214,15 @@ class HostMemoryReport:
             (identical content stored once per node unless ``TMSL_SHARE_BACKUPS=0``, whichever
             processes map it), counted in the budget once and in no holder's ``bytes``; each
             holder's ``shared_bytes`` says how much of it that process maps.
+        backups_shared: this process's large backups go into the node's store (held once
+            however many processes pause the same bytes), as the native core decided.
+        sharing_off_reason: why not ("" while they do): sharing turned off
+            (``TMSL_SHARE_BACKUPS=0``, ``TMSL_LIKE_TORCH_MEMORY_SAVER=1``), a store that is not
+            in memory (it lies beside the ledger, ``<ledger>.store``: a ``TMSL_HOST_LEDGER`` on
+            a disk puts it there) or not trusted, or what the latest backup offered to it met
+            (no room in its file system, no file descriptors left): two processes pausing the
+            same bytes then hold two copies.
+        store: the node's store's directory (``<ledger>.store``, beside the ledger).
     """
 
     budget_bytes: int
@@ -227,6 +236,9 @@ class HostMemoryReport:
     disk_tier: str = ""
     disk_tier_problem: str = ""
     shared_bytes: int = 0
+    backups_shared: bool = False
+    sharing_off_reason: str = ""
+    store: str = ""
 
 
 def host_memory_report(figures: Any, max_holders: int, **ours: Any) -> HostMemoryReport:
@@ -241,4 +253,7 @@ def host_memory_report(figures: Any, max_holders: int, **ours: Any) -> HostMemor
                             held_by_this_process=int(figures.held_by_this_process),
                             held_by_others=int(figures.held_by_others), holders=holders,
                             shared_bytes=int(figures.shared_bytes), ledger=figures.path.decode(errors="replace"),
-                            error=figures.error.decode(errors="replace"), **ours)
+                            error=figures.error.decode(errors="replace"),
+                            backups_shared=bool(figures.backups_shared),
+                            sharing_off_reason=figures.sharing_off.decode(errors="replace"),
+                            store=figures.store.decode(errors="replace"), **ours)

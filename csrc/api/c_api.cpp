@@ -144,6 +144,9 @@ TMSL_API int tmsl_host_memory(TmslHostMemory* out) {
     }
     snprintf(out->path, sizeof(out->path), "%s", f.path.c_str());
     snprintf(out->error, sizeof(out->error), "%s", f.error.c_str());
+    out->backups_shared = f.backups_shared ? 1 : 0;
+    snprintf(out->sharing_off, sizeof(out->sharing_off), "%s", f.sharing_off.c_str());
+    snprintf(out->store, sizeof(out->store), "%s", f.store.c_str());
     return s;
   });
 }
@@ -586,6 +589,7 @@ TMSL_API int tmsl_process_defaults(TmslProcessDefaults* out) {
     out->verify_wake = d.verify_wake;
     out->stray_access = static_cast<int>(d.stray_access);
     out->soft_pause = d.soft_pause;
+    out->like_torch_memory_saver = d.like_torch_memory_saver;
     return Status::Ok();
   });
 }

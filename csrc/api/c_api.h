@@ -58,6 +58,11 @@ typedef struct TmslHostMemory {
   int32_t holder_this_process[TMSL_MAX_HOLDERS];
   // Bytes of the node's shared backups each holder maps (its copies held once by the node).
   uint64_t holder_shared_bytes[TMSL_MAX_HOLDERS];
+  // 1 where this process's large backups go into the node's store; else `sharing_off` says
+  // why (the store's decision, or what the latest backup offered to it met).
+  int32_t backups_shared;
+  char sharing_off[1024];
+  char store[4096];  // the node's store's directory, beside the ledger ("<ledger>.store")
 } TmslHostMemory;
 TMSL_API int tmsl_host_memory(TmslHostMemory* out);
 // Sets the node's budget, for every process of the node (bytes > 0).
@@ -206,6 +211,7 @@ typedef struct TmslProcessDefaults {
   int verify_wake;                       // TMSL_VERIFY_WAKE (default 1)
   int stray_access;                      // TMSL_STRAY_ACCESS: 0 off, 1 warn (default), 2 raise
   int soft_pause;                        // TMSL_SOFT_PAUSE
+  int like_torch_memory_saver;           // TMSL_LIKE_TORCH_MEMORY_SAVER
 } TmslProcessDefaults;
 TMSL_API int tmsl_process_defaults(TmslProcessDefaults* out);
 // The disk backup's chunk (TMSL_DISK_BACKUP_CHUNK_MB / TMS_DISK_BACKUP_CHUNK_MB, in bytes) and

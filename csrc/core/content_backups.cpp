@@ -14,7 +14,10 @@ Status Saver::content_copy(const Allocation& a, const FingerprintKey& key, HostB
   // (Fingerprinted here also where the caller did just before, as share_ahead does: as late as
   // possible, so that bytes still being written when it looked are taken as they end up.)
   Status s = tiers_.fingerprint_chunks(a.device, a.va, a.backup_bytes(), key, &chunks);
-  if (s.code == Code::kUnsupported) return s;  // copied as before
+  if (s.code == Code::kUnsupported) {  // copied as before
+    tiers_.note_store_refusal("the device cannot fingerprint backups (" + s.message() + "): a private copy");
+    return s;
+  }
   if (!s.ok()) return with_context(s, "fingerprinting tag '" + a.tag + "' (" + format_bytes(a.size) + " at " +
                                           format_address(a.va) + "); everything stays resident with its content");
   if (*kept && kept->size == a.backup_bytes() && kept->arena->is_content()) {

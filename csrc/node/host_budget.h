@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <string>
 
 #include "platform/fingerprint.h"
 #include "platform/status.h"
@@ -34,8 +35,8 @@ class HostBudget {
   virtual size_t room_with_others_caches() = 0;
 
   // The node's store of backups held once (node_store.h). The fingerprint key its chunks are
-  // named under; nullptr where this process does not share (TMSL_SHARE_BACKUPS unset, or no
-  // trusted store), and then none of the calls below is made.
+  // named under; nullptr where this process does not share (TMSL_SHARE_BACKUPS=0, no trusted
+  // store in memory), and then none of the calls below is made.
   virtual const FingerprintKey* content_key() = 0;
   // The chunk of the bytes fingerprinted `f`, held (*fd; -1 where the store has none, or where
   // this process holds or claims it already: *here).
@@ -65,6 +66,10 @@ class HostBudget {
   // How many more files this process may keep open for the store's chunks (one per chunk it
   // holds, one per claim), leaving a quarter of its limit (at least 256) to everything else.
   virtual size_t store_descriptors_left() = 0;
+  // What the latest backup offered to the store met: "" taken into it, else why it became a
+  // private copy instead (no room, no descriptors, the store's files failing, a device that
+  // cannot fingerprint), which the node's figures report until one is taken again.
+  virtual void note_store_refusal(const std::string& why) = 0;
 };
 
 }  // namespace tmsl

@@ -113,6 +113,7 @@ void NodeLedger::leave_after_fork() {
 NodeLedger::NodeLedger() : owner_(getpid()), start_time_(process_start_time(getpid())) {
   const ProcessDefaults& env = process_defaults();  // TMSL_HOST_LEDGER, TMSL_HOST_MEMORY_BUDGET (0: not set)
   path_ = env.host_ledger.empty() ? default_path() : env.host_ledger;
+  budget_applies_.store(env.host_memory_budget_applies);
   // Counted whether or not this process shares: another process of the node may.
   store_ = NodeStore::directory_for(path_);
   NodeStore::collect_garbage(store_);  // chunks of processes that died
@@ -339,7 +340,7 @@ Status NodeLedger::reserve(size_t bytes) {
     if (mine == nullptr) {
       return Status::Error(Code::kHostError, "the host-memory ledger " + path_ + " has no room for another process");
     }
-    const size_t budget = shared_->budget;
+    const size_t budget = budget_applies_.load() ? shared_->budget : 0;
     if (budget != 0 && total_held() + bytes > budget) {
       forget_dead_processes();
       NodeStore::collect_garbage(store_);  // chunks of processes that died
@@ -474,7 +475,7 @@ bool NodeLedger::fits(size_t bytes, size_t* others_cached) {
   *others_cached = 0;
   locked([&] {
     forget_dead_processes();
-    room = shared_->budget == 0 || total_held() + bytes <= shared_->budget;
+    room = shared_->budget == 0 || !budget_applies_.load() || total_held() + bytes <= shared_->budget;
     for (const Slot& slot : shared_->slots) {
       if (slot.pid != 0 && (slot_ < 0 || &slot != &shared_->slots[slot_])) *others_cached += slot.cached;
     }
@@ -509,7 +510,7 @@ size_t NodeLedger::room_with_others_caches() {
   size_t room = SIZE_MAX;
   locked([&] {
     forget_dead_processes();
-    if (shared_->budget == 0) return Status::Ok();
+    if (shared_->budget == 0 || !budget_applies_.load()) return Status::Ok();
     size_t cached = 0;
     for (const Slot& slot : shared_->slots) {
       if (slot.pid != 0 && (slot_ < 0 || &slot != &shared_->slots[slot_])) cached += slot.cached;
@@ -524,6 +525,7 @@ size_t NodeLedger::room_with_others_caches() {
 NodeLedger::Figures NodeLedger::figures() {
   Figures f;
   f.path = path_;
+  f.store = store_;
   f.error = error_;
   Status read = locked([&] {
     f.active = true;
@@ -542,6 +544,15 @@ NodeLedger::Figures NodeLedger::figures() {
     return Status::Ok();
   });
   if (!read.ok()) f.error = read.message();
+  if (f.active && !budget_applies_.load()) {
+    f.budget = 0;
+    f.error = "no host-memory budget limits this process: TMSL_LIKE_TORCH_MEMORY_SAVER=1, as torch_memory_saver "
+              "(TMSL_HOST_MEMORY_BUDGET or saver.host_memory_budget sets one)";
+  }
+  const bool keyed = content_key() != nullptr;
+  std::lock_guard<std::mutex> lock(refusal_mu_);
+  f.backups_shared = keyed && store_refusal_.empty();
+  f.sharing_off = keyed ? store_refusal_ : store_off_;
   return f;
 }
 
@@ -552,18 +563,30 @@ Status NodeLedger::set_budget(size_t bytes) {
   if (shared_ == nullptr) {
     return Status::Error(Code::kHostError, "no host-memory ledger: " + error_);
   }
-  return locked([&] {
+  Status s = locked([&] {
     shared_->budget = bytes;
     shared_->explicit_budget = 1;
     return Status::Ok();
   });
+  if (s.ok()) budget_applies_.store(true);  // asked for: also where the switch left it without
+  return s;
 }
 
 const FingerprintKey* NodeLedger::content_key() {
-  if (!NodeStore::enabled() || store_.empty()) return nullptr;
-  // Read (or drawn) once: a store that cannot be trusted or read means no sharing, not an error.
-  std::call_once(key_once_, [this] { has_key_ = NodeStore::key(store_, &key_).ok(); });
+  // Decided once: a store turned off, or that cannot be trusted or read, means no sharing (and
+  // the reason, for host_memory()), not an error.
+  std::call_once(key_once_, [this] {
+    if (!NodeStore::enabled(&store_off_)) return;
+    Status s = NodeStore::key(store_, &key_);
+    has_key_ = s.ok();
+    if (!s.ok()) store_off_ = s.message();
+  });
   return has_key_ ? &key_ : nullptr;
+}
+
+void NodeLedger::note_store_refusal(const std::string& why) {
+  std::lock_guard<std::mutex> lock(refusal_mu_);
+  store_refusal_ = why;
 }
 
 Status NodeLedger::open_chunk(const Fingerprint& f, int* fd, bool* here) {

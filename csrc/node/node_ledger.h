@@ -87,6 +87,7 @@ class NodeLedger final : public HostBudget {
   Status take_back_chunk(int fd, bool* taken) override;
   size_t store_room() override;
   size_t store_descriptors_left() override;
+  void note_store_refusal(const std::string& why) override;
 
   struct Holder {
     size_t entry;  // the process's entry in the ledger: unique while it lives
@@ -103,11 +104,18 @@ class NodeLedger final : public HostBudget {
     size_t held_by_others = 0;
     std::vector<Holder> holders;  // every process holding some, this one included
     size_t shared = 0;       // the node's shared backups (node_store.h), counted once
+    // Whether this process's large backups go into the node's store; where not, why (the
+    // store's own decision: sharing turned off, a store on disk or not trusted; or what the
+    // latest backup offered to it met: no room, no descriptors).
+    bool backups_shared = false;
+    std::string sharing_off;
+    std::string store;  // the store's directory (NodeStore::directory_for the ledger's path)
   };
   Figures figures();
   // The ledger file's path ("" when none could be opened).
   const std::string& path() const { return path_; }
-  // Sets the node's budget (0 is refused: use release_host_cache to hold nothing).
+  // Sets the node's budget (0 is refused: use release_host_cache to hold nothing); it applies
+  // to this process from then on, also where TMSL_LIKE_TORCH_MEMORY_SAVER=1 left it without.
   Status set_budget(size_t bytes);
 
  private:
@@ -162,6 +170,13 @@ class NodeLedger final : public HostBudget {
   std::once_flag key_once_;
   FingerprintKey key_;
   bool has_key_ = false;  // set once, under key_once_
+  std::string store_off_;  // why this process does not share ("": it does), set with has_key_
+  std::mutex refusal_mu_;
+  std::string store_refusal_;  // under refusal_mu_: what the latest backup offered to the store met
+  // Whether the budget limits this process (TMSL_LIKE_TORCH_MEMORY_SAVER=1 without a budget
+  // of its own: not, as torch_memory_saver's backups take what they need; what it holds is
+  // still in the ledger for the others to see).
+  std::atomic<bool> budget_applies_{true};
 };
 
 }  // namespace tmsl

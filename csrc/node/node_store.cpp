@@ -178,8 +178,13 @@ class HeldChunks {
 
 }  // namespace
 
-bool NodeStore::enabled() {
-  return process_defaults().share_backups;
+bool NodeStore::enabled(std::string* why_not) {
+  const ProcessDefaults& d = process_defaults();
+  if (d.share_backups) return true;
+  *why_not = d.share_backups_given ? "TMSL_SHARE_BACKUPS=0: this process holds its backups privately"
+                                   : "TMSL_LIKE_TORCH_MEMORY_SAVER=1: this process holds its backups privately, as "
+                                     "torch_memory_saver does (TMSL_SHARE_BACKUPS=1 shares them)";
+  return false;
 }
 
 std::string NodeStore::directory_for(const std::string& ledger_path) {
@@ -235,7 +240,9 @@ Status NodeStore::key(const std::string& path, FingerprintKey* out) {
   struct statfs fs {};
   if (fstatfs(directory.fd(), &fs) != 0 || fs.f_type != TMPFS_MAGIC) {
     return Status::Error(Code::kHostError, "the shared backup store " + path +
-                                               " is not in memory (tmpfs, as /dev/shm is): backups are not shared");
+                                               " is not in memory (tmpfs, as /dev/shm is): backups are not shared "
+                                               "(it lies beside the ledger: name one in /dev/shm with "
+                                               "TMSL_HOST_LEDGER, or leave it unset, to share them)");
   }
   for (int attempt = 0; attempt < 2; ++attempt) {
     const int fd = openat(directory.fd(), kKeyName, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);

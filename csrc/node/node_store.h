@@ -12,7 +12,9 @@
 // (kill -9 included); the last holder to let go, or any process that finds a chunk nobody
 // holds, removes it. The ledger counts the store's bytes once, beside the processes' own.
 //
-// Off unless TMSL_SHARE_BACKUPS=1.
+// On unless TMSL_SHARE_BACKUPS=0 (or TMSL_LIKE_TORCH_MEMORY_SAVER=1 without it), and only used
+// where the directory is in memory (tmpfs, as /dev/shm is): a ledger named on a disk leaves
+// sharing off (key() says why).
 #pragma once
 
 #include <sys/stat.h>
@@ -28,8 +30,8 @@ namespace tmsl {
 
 class NodeStore {
  public:
-  // Whether TMSL_SHARE_BACKUPS=1 (read once).
-  static bool enabled();
+  // Whether this process may share (the process defaults); *why_not names the variable where not.
+  static bool enabled(std::string* why_not);
   // The store's directory for the ledger at `ledger_path`.
   static std::string directory_for(const std::string& ledger_path);
   // The memory the chunks in `directory` take (0 when there is none, or it is not trusted):

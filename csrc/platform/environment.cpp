@@ -102,7 +102,16 @@ ProcessDefaults read_process_defaults() {
   ProcessDefaults d;
   std::string& error = d.error;
   bool given = false;
-  bool ok = read_flag("TMSL_REGION_ALL_THREADS", "TMS_INIT_ENABLE", &d.all_threads, nullptr, &error);
+  // First: it sets the defaults the variables below may still override.
+  bool ok = read_flag("TMSL_LIKE_TORCH_MEMORY_SAVER", nullptr, &d.like_torch_memory_saver, nullptr, &error);
+  if (d.like_torch_memory_saver) {
+    d.keeps_host_cache = false;
+    d.host_memory_budget_applies = false;
+    d.share_backups = false;
+    d.verify_wake = false;
+    d.stray_access = 0;  // off
+  }
+  ok = read_flag("TMSL_REGION_ALL_THREADS", "TMS_INIT_ENABLE", &d.all_threads, nullptr, &error) && ok;
   bool backup = false;
   if (read_flag("TMSL_DEFAULT_CPU_BACKUP", "TMS_INIT_ENABLE_CPU_BACKUP", &backup, &given, &error)) {
     if (given) d.backup = backup ? BackupChoice::kOn : BackupChoice::kOff;
@@ -164,7 +173,7 @@ ProcessDefaults read_process_defaults() {
       d.tag = tag;
     }
   }
-  ok = read_flag("TMSL_SHARE_BACKUPS", nullptr, &d.share_backups, nullptr, &error) && ok;
+  ok = read_flag("TMSL_SHARE_BACKUPS", nullptr, &d.share_backups, &d.share_backups_given, &error) && ok;
   ok = read_flag("TMSL_LOG_ALLOCATIONS", nullptr, &d.log_allocations, nullptr, &error) && ok;
   const Parser<size_t> size = [](const std::string& text, size_t* out) { return parse_size(text, out) && *out > 0; };
   if (!read_setting("TMSL_HOST_MEMORY_BUDGET", nullptr, size,
@@ -173,6 +182,8 @@ ProcessDefaults read_process_defaults() {
                     &d.host_memory_budget, &name, &d.host_memory_budget_error)) {
     note(&error, d.host_memory_budget_error);
     ok = false;
+  } else if (name != nullptr) {
+    d.host_memory_budget_applies = true;  // a budget of its own: also under the switch
   }
   const char* ledger = getenv("TMSL_HOST_LEDGER");  // a path, taken as it is
   if (ledger != nullptr) d.host_ledger = ledger;

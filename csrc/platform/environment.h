@@ -27,6 +27,11 @@ bool parse_size(const std::string& text, size_t* out);
 constexpr size_t kMaxDiskBackupDirBytes = 4096;  // with its NUL: what TmslProcessDefaults holds
 
 // Read once, at first use:
+//   TMSL_LIKE_TORCH_MEMORY_SAVER (flag)   defaults as torch_memory_saver has them, for the five
+//                               behaviours it has no counterpart for: no host cache kept after
+//                               a resume (keeps_host_cache), no host-memory budget, no shared
+//                               backups, no wake check, stray access off. Only defaults: each
+//                               setting's own variable (and what a program sets) still wins.
 //   TMSL_REGION_ALL_THREADS / TMS_INIT_ENABLE (flag)   every thread allocates in a region
 //                               unless told otherwise
 //   TMSL_DEFAULT_TAG=<tag>      that region's tag (default "default")
@@ -51,6 +56,8 @@ constexpr size_t kMaxDiskBackupDirBytes = 4096;  // with its NUL: what TmslProce
 //   TMSL_LOG_ALLOCATIONS (flag)   savers print a line per allocation and free to stderr
 // A bad value leaves the default regions off and is kept in `error`.
 struct ProcessDefaults {
+  bool like_torch_memory_saver = false;
+  bool keeps_host_cache = true;  // false: savers start with a host cache of 0 bytes
   bool all_threads = false;
   std::string tag = "default";
   BackupChoice backup = BackupChoice::kAuto;
@@ -63,7 +70,9 @@ struct ProcessDefaults {
   std::string disk_backup_dir_variable;  // the variable that named it ("": none did)
   std::string disk_backup_dir;
   bool share_backups = true;
+  bool share_backups_given = false;  // TMSL_SHARE_BACKUPS set (else the default or the switch's)
   size_t host_memory_budget = 0;  // 0: not set
+  bool host_memory_budget_applies = true;  // false: this process's backups take no budget
   std::string host_memory_budget_error;  // what is wrong with it ("": nothing); also in `error`
   std::string host_ledger;  // "": the default file (node_ledger.cpp)
   bool log_allocations = false;

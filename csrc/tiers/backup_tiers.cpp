@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "node/host_limits.h"
+#include "platform/environment.h"
 
 namespace tmsl {
 
@@ -19,6 +20,8 @@ size_t BackupTiers::default_cache_bytes() {
   // Judged once per process: the available memory moves, and a default that changed
   // between two reads would be no setting at all.
   static const size_t chosen = [] {
+    // Like torch_memory_saver (TMSL_LIKE_TORCH_MEMORY_SAVER): a backup is freed at its resume.
+    if (!process_defaults().keeps_host_cache) return size_t{0};
     size_t memory = host_memory_limit();
     if (memory == 0) {
       const long pages = sysconf(_SC_PHYS_PAGES);

@@ -78,7 +78,8 @@ class BackupTiers {
   // The host cache's budget: copies kept after a resume and the pool together (0: none).
   size_t cache_bytes() const { return cache_bytes_.load(); }
   void set_cache_bytes(size_t bytes) { cache_bytes_.store(bytes); }
-  // The default: an eighth of the host memory this process may use, at most 32 GiB.
+  // The default: an eighth of the host memory this process may use, at most 32 GiB; 0 under
+  // TMSL_LIKE_TORCH_MEMORY_SAVER=1 (environment.h).
   static size_t default_cache_bytes();
   // The copies kept after resumes hold `bytes` of the cache: the pool keeps at most the rest
   // (`now`: what it lets go is freed here, not in the background).
@@ -144,6 +145,9 @@ class BackupTiers {
   // The node's store (content_copies.cpp). The key chunks are fingerprinted under; nullptr
   // where this process does not share.
   const FingerprintKey* content_key() { return budget_.content_key(); }
+  // A backup that could have gone into the store became a private copy: why (HostBudget).
+  // content_copy notes its own outcome.
+  void note_store_refusal(const std::string& why) { budget_.note_store_refusal(why); }
   // The fingerprints of the chunks of [va, va + bytes) on `device`, computed there
   // (Backend::fingerprint); kUnsupported where the device cannot: the pause copies instead.
   // (After the copies before the mark `after`, where given: Backend::fingerprint.)

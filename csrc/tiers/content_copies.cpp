@@ -75,7 +75,9 @@ Status BackupTiers::content_copy(int device, size_t bytes, const std::vector<Fin
   if (!s.ok() && s.code != Code::kOutOfMemory && s.code != Code::kUnsupported) {
     s = Status::Error(Code::kUnsupported, "the node's store: " + s.message() + ": a private copy");
   }
+  if (s.code == Code::kUnsupported) budget_.note_store_refusal(s.message());  // host_memory() says it
   if (!s.ok()) return s;
+  budget_.note_store_refusal("");
   // Never pooled: its memory is chunks of the store (written again only by recycle()).
   *out = HostBuffer{pool_.track(std::move(made), false), 0, bytes};
   return Status::Ok();

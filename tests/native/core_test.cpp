@@ -479,6 +479,7 @@ struct NoLimit : tmsl::HostBudget {
   }
   size_t store_room() override { return SIZE_MAX; }
   size_t store_descriptors_left() override { return SIZE_MAX; }
+  void note_store_refusal(const std::string&) override {}
   tmsl::Status claim_chunk(const tmsl::Fingerprint&, int* claim) override {
     *claim = -1;
     return tmsl::Status::Ok();
