@@ -89,6 +89,7 @@ _SIGNATURES = {
     "tmsl_disk_backup_dir": ([_vp, ctypes.c_char_p, _sz], _int),
     "tmsl_check_disk_backup_dir": ([ctypes.c_char_p, _int, ctypes.c_char_p, _sz, ctypes.c_char_p, _sz], _int),
     "tmsl_disk_notices": ([_vp, ctypes.c_char_p, _sz], _int),
+    "tmsl_store_notices": ([ctypes.c_char_p, _sz], _int),
     "tmsl_check_tag": ([ctypes.c_char_p, _sz], _int),
     "tmsl_lease_backup": ([_vp, _vp, _sz, ctypes.POINTER(_vp), ctypes.POINTER(_vp)], _int),
     "tmsl_release_lease": ([_vp], _int),
@@ -573,6 +574,14 @@ def check_disk_backup_dir(path: str, make: bool = True) -> tuple[str, list[str]]
     out, notices = ctypes.create_string_buffer(_PATH_BYTES), ctypes.create_string_buffer(1 << 12)
     check(lib().tmsl_check_disk_backup_dir(os.fsencode(path), int(make), out, len(out), notices, len(notices)))
     return os.fsdecode(out.value), [line for line in notices.value.decode(errors="replace").split("\n") if line]
+
+
+def store_notices() -> list[str]:
+    """What the node's store of shared backups refused since last asked, in this process
+    (csrc/node/node_store.h), one message each; each is told once."""
+    out = ctypes.create_string_buffer(1 << 16)  # taken once: a longer text is cut
+    check(lib().tmsl_store_notices(out, len(out)))
+    return [line for line in out.value.decode(errors="replace").split("\n") if line]
 
 
 def release_lease(lease: int | None) -> None:

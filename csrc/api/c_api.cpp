@@ -8,6 +8,7 @@
 #include "api/abi_guard.h"
 #include "platform/environment.h"
 #include "node/node_ledger.h"
+#include "node/node_store.h"
 #include "platform/tag_rules.h"
 #include "core/thread_region.h"
 #include "tiers/disk_files.h"
@@ -281,6 +282,19 @@ TMSL_API int tmsl_disk_notices(void* handle, char* out, size_t capacity) {
     if (!s.ok()) return s;
     std::string text;
     for (const std::string& line : saver.disk_notices()) text += line + "\n";
+    const size_t n = std::min(text.size(), capacity - 1);
+    memcpy(out, text.data(), n);
+    out[n] = '\0';
+    return Status::Ok();
+  });
+}
+
+TMSL_API int tmsl_store_notices(char* out, size_t capacity) {
+  return guarded([&] {
+    Status s = require(out != nullptr && capacity > 0, "out must not be NULL and capacity above 0");
+    if (!s.ok()) return s;
+    std::string text;
+    for (const std::string& line : NodeStore::take_notices()) text += line + "\n";
     const size_t n = std::min(text.size(), capacity - 1);
     memcpy(out, text.data(), n);
     out[n] = '\0';

@@ -104,6 +104,11 @@ TMSL_API int tmsl_disk_backup_dir(void* saver, char* out, size_t capacity);
 TMSL_API int tmsl_check_disk_backup_dir(const char* path, int make, char* real, size_t capacity, char* notices,
                                         size_t notices_capacity);
 TMSL_API int tmsl_disk_notices(void* saver, char* out, size_t capacity);
+// What the node's store of shared backups refused since last asked, in this process (a key or
+// directory others may read or write, a chunk not this user's alone, made in another PID
+// namespace, or cut short: NodeStore::take_notices), one line each, each told once, as
+// tmsl_disk_notices.
+TMSL_API int tmsl_store_notices(char* out, size_t capacity);
 // *state: 0 = no region has used the tag, 1 = active, 2 = paused.
 TMSL_API int tmsl_tag_state(void* saver, const char* tag, int* state);
 // caches = 0: the tag's backups leave host memory at every resume (cpu_backup_backend

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "platform/fingerprint.h"
 #include "platform/status.h"
@@ -84,6 +85,10 @@ class NodeStore {
   // Removes the chunks in `directory` nobody holds, and the claims nobody holds (what processes
   // that died left behind).
   static void collect_garbage(const std::string& directory);
+  // What the store refused since last asked, one message each, each told once per process (a
+  // key or directory others may read or write, a chunk not this user's alone, made in another
+  // PID namespace, or cut short): the backups it concerns are private copies.
+  static std::vector<std::string> take_notices();
 };
 
 // Whether a file (or directory) of /dev/shm, which every user may write, can be trusted: this
