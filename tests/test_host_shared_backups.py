@@ -529,8 +529,10 @@ def test_chunks_another_user_may_write_are_refused_with_one_warning(ledger, how)
 def test_chunks_are_vouched_for_by_their_holders_once_their_maker_is_gone(ledger):
     # The process that made the chunks dies; the one that took them holds them still, and a
     # newcomer of the same PID namespace takes them from the store on its word.
-    children = paused_children(2)
+    children = paused_children(1)  # the maker of every chunk,
+    children += paused_children(1)  # then one that takes them all
     try:
+        assert ask(children[1], "held") == "held 0"
         children[0].send_signal(signal.SIGKILL)
         children[0].wait()
         newcomer = start()

@@ -12,7 +12,14 @@
 // (kill -9 included); the last holder to let go, or any process that finds a chunk nobody
 // holds, removes it. The ledger counts the store's bytes once, beside the processes' own.
 //
-// Off unless TMSL_SHARE_BACKUPS=1.
+// Trust: the store is used only as this user's directory nobody else may read or write, the
+// key only as this user's file nobody else may read, a chunk only as this user's read-only
+// file that a process of this PID namespace holds (each holder vouches for its chunks with a
+// shared record lock: process_identity.h). What is refused means private copies, told once
+// (take_notices()). Any process of this user can still change the store's files: a chunk cut
+// short under its holders is found by them before they touch it (HostArena::intact).
+//
+// On unless TMSL_SHARE_BACKUPS=0.
 #pragma once
 
 #include <sys/stat.h>
@@ -37,9 +44,8 @@ class NodeStore {
   // what the ledger counts.
   static size_t bytes_in(const std::string& directory);
 
-  // The node's fingerprint key: the store's `.key`, drawn by the first process that asks.
-  // The store is used only if it is this user's directory that nobody else may write, and a
-  // chunk or the key only if it is this user's read-only file.
+  // The node's fingerprint key: the store's `.key`, drawn by the first process that asks
+  // (trusted as above).
   static Status key(const std::string& directory, FingerprintKey* out);
   // Opens the chunk holding the bytes whose fingerprint is `f`, and holds it (a shared flock)
   // until release(); *fd is -1 where the store has none, or where this process holds or
