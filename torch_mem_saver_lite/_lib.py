@@ -80,8 +80,8 @@ _SIGNATURES = {
          ctypes.POINTER(_int), ctypes.POINTER(_int), _sz, ctypes.POINTER(_sz)],
         _int,
     ),
-    "tmsl_pause": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
-    "tmsl_resume": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int, ctypes.POINTER(_sz)], _int),
+    "tmsl_pause": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int, ctypes.POINTER(_sz)], _int),
+    "tmsl_resume": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int, ctypes.POINTER(_sz), ctypes.POINTER(_sz)], _int),
     "tmsl_prepare_backups": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
     "tmsl_spilled_bytes": ([_vp, ctypes.POINTER(_sz)], _int),
     "tmsl_tag_figures": ([_vp, ctypes.POINTER(TagFigures), _sz, ctypes.POINTER(_sz)], _int),
@@ -332,6 +332,7 @@ class NativeSaver:
     def __init__(self, handle: int | None):
         self.handle = handle  # a c_void_p's value, as ctypes gives it (None would be NULL)
         self.strays_to_tell = False  # a resume left stray writes to tell (resume)
+        self.store_notices_to_tell = False  # the node's store has refusals to tell (pause, resume)
 
     @classmethod
     def process_wide(cls) -> NativeSaver:
@@ -480,16 +481,31 @@ class NativeSaver:
         check(lib().tmsl_free(self.handle, ptr, stream))
 
     def pause(self, tags: Sequence[str] | None) -> None:
+        """Also notes whether the node's store has refusals to tell (take_store_notices_to_tell)."""
         array, count = _tag_array(tags)
-        check(lib().tmsl_pause(self.handle, array, count))
+        notices = _sz()
+        try:
+            check(lib().tmsl_pause(self.handle, array, count, ctypes.byref(notices)))
+        finally:
+            self.store_notices_to_tell = self.store_notices_to_tell or bool(notices.value)
 
     def resume(self, tags: Sequence[str] | None) -> None:
-        """Also notes whether the tags it covered have stray writes to tell (take_stray_report)."""
+        """Also notes whether the tags it covered have stray writes to tell (take_stray_report),
+        and whether the node's store has refusals to tell."""
         array, count = _tag_array(tags)
-        to_tell = _sz()
-        check(lib().tmsl_resume(self.handle, array, count, ctypes.byref(to_tell)))
+        to_tell, notices = _sz(), _sz()
+        try:
+            check(lib().tmsl_resume(self.handle, array, count, ctypes.byref(to_tell), ctypes.byref(notices)))
+        finally:
+            self.store_notices_to_tell = self.store_notices_to_tell or bool(notices.value)
         if to_tell.value:
             self.strays_to_tell = True
+
+    def take_store_notices_to_tell(self) -> bool:
+        """Whether a pause or resume since last asked left refusals of the node's store to tell
+        (shared_store.tell)."""
+        told, self.store_notices_to_tell = self.store_notices_to_tell, False
+        return told
 
     def take_strays_to_tell(self) -> bool:
         """Whether a resume since last asked left stray writes to tell (stray_access.report)."""

@@ -390,7 +390,7 @@ class MemorySaver(SafetySwitches):
                 self._transitions.pause(native, names, transition_log.wrap("pause", native, native.pause))
         finally:
             self._disk.tell(native)  # what the disk tier did (nothing asked without a directory)
-            shared_store.tell()  # what the node's store refused (private copies instead)
+            shared_store.tell(native)  # what the node's store refused (private copies instead)
 
     def resume(self, tag: str | Sequence[str] | None = None) -> None:
         """Give the tag(s) (None: every tag) device memory again, at the same addresses.
@@ -409,7 +409,7 @@ class MemorySaver(SafetySwitches):
             with torch.profiler.record_function("torch_mem_saver_lite.resume"):
                 self._transitions.resume(native, names, transition_log.wrap("resume", native, native.resume))
         finally:
-            shared_store.tell()  # what the node's store refused (in the background too)
+            shared_store.tell(native)  # what the node's store refused (in the background too)
         strays.report(native, names)  # once awake, hooks run
 
     # ----- disk backup -------------------------------------------------------------------

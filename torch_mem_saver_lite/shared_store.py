@@ -11,7 +11,10 @@ import warnings
 from . import _lib
 
 
-def tell() -> None:
-    """A RuntimeWarning for each refusal the store has not told yet."""
+def tell(native: _lib.NativeSaver | None = None) -> None:
+    """A RuntimeWarning for each refusal the store has not told yet. After a pause or resume of
+    ``native``: only where it said there are some (no call into the library otherwise)."""
+    if native is not None and not native.take_store_notices_to_tell():
+        return
     for notice in _lib.store_notices():
         warnings.warn(f"torch_mem_saver_lite: {notice}", RuntimeWarning, stacklevel=3)

@@ -207,18 +207,22 @@ TMSL_API int tmsl_note_graph_capture(void) {
   });
 }
 
-TMSL_API int tmsl_pause(void* handle, const char* const* tags, int ntags) {
-  return on_tags(handle, tags, ntags, &Saver::pause);
+TMSL_API int tmsl_pause(void* handle, const char* const* tags, int ntags, size_t* store_notices) {
+  const int status = on_tags(handle, tags, ntags, &Saver::pause);
+  if (store_notices != nullptr) *store_notices = NodeStore::notices_waiting();
+  return status;
 }
 
-TMSL_API int tmsl_resume(void* handle, const char* const* tags, int ntags, size_t* stray_tags) {
-  return on_saver(handle, [&](Saver& saver) {
+TMSL_API int tmsl_resume(void* handle, const char* const* tags, int ntags, size_t* stray_tags, size_t* store_notices) {
+  const int status = on_saver(handle, [&](Saver& saver) {
     TagSelection selection;
     Status s = tag_selection(tags, ntags, &selection);
     if (s.ok()) s = saver.resume(selection);
     if (s.ok() && stray_tags != nullptr) *stray_tags = saver.stray_tags_to_tell(selection);
     return s;
   });
+  if (store_notices != nullptr) *store_notices = NodeStore::notices_waiting();
+  return status;
 }
 
 TMSL_API int tmsl_prepare_backups(void* handle, const char* const* tags, int ntags) {

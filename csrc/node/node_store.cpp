@@ -202,18 +202,22 @@ class Notices {
   void tell(const std::string& what, const std::string& text) {
     std::lock_guard<std::mutex> lock(mu_);
     if (told_.insert(what).second) pending_.push_back(text);
+    waiting_ = pending_.size();
   }
   std::vector<std::string> take() {
     std::lock_guard<std::mutex> lock(mu_);
     std::vector<std::string> taken;
     taken.swap(pending_);
+    waiting_ = 0;
     return taken;
   }
+  size_t waiting() const { return waiting_.load(); }  // (no lock: asked after every pause)
 
  private:
   std::mutex mu_;
   std::set<std::string> told_;  // what was told (a path and why), ever
   std::vector<std::string> pending_;
+  std::atomic<size_t> waiting_{0};  // pending_.size()
 };
 
 // `what` names the refusal (told once); `text` says it, and what to do.
@@ -228,6 +232,8 @@ constexpr const char* kPrivateCopies = "backups it would hold are private copies
 }  // namespace
 
 std::vector<std::string> NodeStore::take_notices() { return Notices::instance().take(); }
+
+size_t NodeStore::notices_waiting() { return Notices::instance().waiting(); }
 
 bool NodeStore::enabled() {
   return process_defaults().share_backups;

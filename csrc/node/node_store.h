@@ -95,6 +95,8 @@ class NodeStore {
   // key or directory others may read or write, a chunk not this user's alone, made in another
   // PID namespace, or cut short): the backups it concerns are private copies.
   static std::vector<std::string> take_notices();
+  // How many take_notices() would return now (a pause asks only then).
+  static size_t notices_waiting();
 };
 
 // Whether a file (or directory) of /dev/shm, which every user may write, can be trusted: this
