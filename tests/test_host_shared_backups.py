@@ -9,6 +9,7 @@ once nobody holds it. Each test runs its processes on a ledger (and so a store) 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import select
 import shutil
@@ -37,6 +38,10 @@ MiB = 1 << 20
 if os.environ.get("NOFILE_LIMIT"):  # a process started under a low `ulimit -n`
     import resource
     resource.setrlimit(resource.RLIMIT_NOFILE, (int(os.environ["NOFILE_LIMIT"]),) * 2)
+import json, warnings
+told = []  # the warnings this process was given, for the "told" command
+warnings.simplefilter("always")
+warnings.showwarning = lambda message, *rest: told.append(str(message))
 mem, host = HostMemory(), HostSaver()
 host.host_cache_bytes = 512 * MiB  # room to keep or set aside the 192 MiB, whatever the machine's memory
 if os.environ.get("NO_READ_ONLY_PAGE_LOCKING"):  # a driver that cannot page-lock read-only memory
@@ -58,6 +63,13 @@ for line in sys.stdin:
     if command[0] == "resume":
         host.resume("weights")
         print("content", all(mem.read(p, 96 * MiB) == d for p, d in zip(ptrs, expected)), flush=True)
+    elif command[0] == "try":  # a resume that may be refused: what it raised, on one line
+        try:
+            host.resume("weights")
+            print("content", all(mem.read(p, 96 * MiB) == d for p, d in zip(ptrs, expected)), flush=True)
+        except Exception as error:
+            print("refused", host.stats()["weights"].paused, type(error).__name__, str(error).replace("\\n", " "),
+                  flush=True)
     elif command[0] == "nocache":  # a host cache of no bytes: nothing kept after a resume
         host.host_cache_bytes = 0
         print("no cache", flush=True)
@@ -104,6 +116,8 @@ for line in sys.stdin:
     elif command[0] == "sharing":  # whether its backups are shared, and if not why
         report = host.host_memory()
         print("sharing", report.backups_shared, report.sharing_off_reason, flush=True)
+    elif command[0] == "told":  # the warnings given so far, as JSON
+        print("told", json.dumps(told), flush=True)
     elif command[0] == "exit":
         break
 """
@@ -428,6 +442,43 @@ def test_a_lone_processs_lease_takes_its_own_chunks_back_without_a_copy_and_its_
     assert store_drains(ledger)
 
 
+@pytest.mark.parametrize("kept", [0, 32 * MiB])
+def test_a_held_chunk_cut_short_kills_none_of_its_holders_and_their_resumes_say_so(ledger, kept):
+    # Any process of this user can cut a chunk of the store short under its holders (truncate),
+    # and so can a cleaner of /dev/shm: its bytes are gone, and a holder touching its mapping
+    # past the new end would die of SIGBUS. Each holder's resume fails instead, naming the tag
+    # and the chunk, with the tag still paused; a newcomer pausing the same bytes makes the
+    # chunk anew (the cut one's name is gone) and gets them back.
+    children = paused_children(2)
+    try:
+        store = Path(str(ledger) + ".store")
+        first_page = bytes((i * 31 + 1) % 256 for i in range(4096))  # the first allocation's, A
+        (chunk,) = [f for f in store.iterdir() if not f.name.startswith(".") and f.stat().st_size == 64 * MiB
+                    and f.open("rb").read(4096) == first_page]  # A's first 64 MiB
+        chunk.chmod(0o600)  # (its owner may write it again; root needs no leave)
+        os.truncate(chunk, kept)
+        chunk.chmod(0o400)  # as it was: only its size tells
+        for child in children:
+            answer = ask(child, "try")
+            assert answer.startswith("refused True WakeVerificationError "), answer + why(child)
+            assert "tag 'weights'" in answer and chunk.name in answer and "cut short" in answer, answer
+            assert ask(child, "try").startswith("refused True "), why(child)  # as often as asked
+        # Its allocation freed, the rest of the tag resumes (B, bit for bit).
+        assert ask(children[0], "free") == "freed"
+        assert ask(children[0], "try") == "content True", why(children[0])
+        newcomer = start()
+        children.append(newcomer)
+        line = line_of(newcomer).split()
+        assert line[:3] == ["paused", line[1], "0"], line + [why(newcomer)]  # all four chunks shared
+        assert chunk.name in {f.name for f in store.iterdir()}  # made anew: its own size again
+        assert chunk.stat().st_size == 64 * MiB
+        assert ask(newcomer, "resume") == "content True"
+    finally:
+        finish(children)
+    assert [child.returncode for child in children] == [0, 0, 0]  # none died (SIGBUS: -7)
+    assert store_drains(ledger)
+
+
 def test_a_store_directory_others_may_write_is_never_trusted(ledger):
     store = Path(str(ledger) + ".store")
     store.mkdir()
@@ -442,8 +493,126 @@ def test_a_store_directory_others_may_write_is_never_trusted(ledger):
         assert line[0] == "paused" and int(line[2]) == 192, line + [child.stderr.read()]  # kept private
         assert sorted(p.name for p in store.iterdir()) == ["0000000000000000-1099511627776", "fifo"]  # no key
         assert ask(child, "resume") == "content True"
+        warned = told(child)
+        assert len(warned) == 1 and str(store) in warned[0] and "mode 0777" in warned[0], warned
     finally:
         finish([child])
+
+
+def told(child: subprocess.Popen) -> list[str]:
+    """The warnings the child was given so far."""
+    answer = ask(child, "told")
+    assert answer.startswith("told "), answer + why(child)
+    return json.loads(answer[len("told "):])
+
+
+def changed(path: Path, how: str) -> None:
+    """The file (or directory) made as another user, or a careless chmod, could leave it."""
+    if how == "owned_by_another_user":
+        if os.geteuid() != 0:
+            pytest.skip("only root can give a file to another user")
+        os.chown(path, 65534, -1)  # nobody's
+    else:
+        path.chmod(path.stat().st_mode & 0o7777 | {"group_readable": 0o040, "others_readable": 0o004,
+                                                   "group_writable": 0o020, "others_writable": 0o002}[how])
+
+
+def a_newcomer_keeps_private_copies_and_says_why_once(named: str, fix: str) -> None:
+    """A process pausing the bytes the store holds takes none of them (its own copy, whole),
+    gets them back bit for bit, and is warned once, naming `named` and the `fix`, over two cycles."""
+    newcomer = start()
+    try:
+        line = line_of(newcomer).split()
+        assert line[0] == "paused" and int(line[2]) == 192, line + [why(newcomer)]  # nothing of the store taken
+        assert ask(newcomer, "resume") == "content True"
+        assert ask(newcomer, "pause") == "paused again"
+        assert ask(newcomer, "resume") == "content True"
+        warned = told(newcomer)
+        assert len(warned) == 1 and named in warned[0] and fix in warned[0], warned
+    finally:
+        finish([newcomer])
+
+
+@pytest.mark.parametrize("how", ["group_readable", "others_readable", "owned_by_another_user"])
+def test_a_key_another_user_may_read_is_refused_with_one_warning(ledger, how):
+    # Whoever reads the key can make bytes whose fingerprint is another chunk's at will.
+    first = paused_children(1)[0]
+    try:
+        key = Path(str(ledger) + ".store") / ".key"
+        assert key.stat().st_mode & 0o777 == 0o400
+        changed(key, how)
+        a_newcomer_keeps_private_copies_and_says_why_once(str(key), "rm -r ")
+        assert ask(first, "resume") == "content True"  # what it holds is its own still
+    finally:
+        finish([first])
+
+
+@pytest.mark.parametrize("how", ["group_writable", "others_readable", "owned_by_another_user"])
+def test_a_store_directory_another_user_may_write_or_read_is_refused_with_one_warning(ledger, how):
+    # A directory others may write lets them plant chunks; one they may read shows them the
+    # chunks' names, which are fingerprints, which tell of the key.
+    first = paused_children(1)[0]
+    try:
+        store = Path(str(ledger) + ".store")
+        changed(store, how)
+        a_newcomer_keeps_private_copies_and_says_why_once(str(store), "rm -r ")
+        assert ask(first, "resume") == "content True"
+    finally:
+        finish([first])
+
+
+@pytest.mark.parametrize("how", ["group_writable", "others_writable", "owned_by_another_user"])
+def test_chunks_another_user_may_write_are_refused_with_one_warning(ledger, how):
+    first = paused_children(1)[0]
+    try:
+        store = Path(str(ledger) + ".store")
+        for chunk in store.iterdir():
+            if not chunk.name.startswith("."):
+                changed(chunk, how)
+        a_newcomer_keeps_private_copies_and_says_why_once(str(store) + "/", "rm " + str(store) + "/")
+        assert ask(first, "resume") == "content True"
+    finally:
+        finish([first])
+
+
+def test_chunks_are_vouched_for_by_their_holders_once_their_maker_is_gone(ledger):
+    # The process that made the chunks dies; the one that took them holds them still, and a
+    # newcomer of the same PID namespace takes them from the store on its word.
+    children = paused_children(1)  # the maker of every chunk,
+    children += paused_children(1)  # then one that takes them all
+    try:
+        assert ask(children[1], "held") == "held 0"
+        children[0].send_signal(signal.SIGKILL)
+        children[0].wait()
+        newcomer = start()
+        children.append(newcomer)
+        line = line_of(newcomer).split()
+        assert line[0] == "paused" and int(line[2]) == 0, line + [why(newcomer)]  # all of it the store's
+        assert told(newcomer) == []
+        assert ask(newcomer, "resume") == "content True"
+    finally:
+        finish(children)
+
+
+def test_chunks_made_in_another_pid_namespace_are_refused_with_one_warning(ledger):
+    # A process of another PID namespace (a container sharing /dev/shm as this user) makes the
+    # chunks; nothing in this namespace can vouch for their bytes.
+    wrapper = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
+    if subprocess.run([*wrapper, "true"], capture_output=True).returncode:
+        pytest.skip("cannot make a PID namespace here (needs root)")
+    other = subprocess.Popen([*wrapper, sys.executable, "-c", textwrap.dedent(CHILD.format(tests=str(TESTS)))],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = line_of(other).split()
+        assert line[0] == "paused" and int(line[2]) == 0, line + [why(other)]  # its chunks are the store's
+        assert store_bytes(ledger) == 192 * MiB
+        a_newcomer_keeps_private_copies_and_says_why_once(str(Path(str(ledger) + ".store")) + "/",
+                                                          "another one made it")
+        assert ask(other, "resume") == "content True"
+    finally:
+        finish([other])
+    assert other.returncode == 0
+    assert store_drains(ledger)
 
 
 def test_a_process_exiting_while_paused_leaves_nothing_it_held_alone(ledger):

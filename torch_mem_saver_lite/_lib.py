@@ -81,8 +81,8 @@ _SIGNATURES = {
          ctypes.POINTER(_int), ctypes.POINTER(_int), _sz, ctypes.POINTER(_sz)],
         _int,
     ),
-    "tmsl_pause": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
-    "tmsl_resume": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int, ctypes.POINTER(_sz)], _int),
+    "tmsl_pause": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int, ctypes.POINTER(_sz)], _int),
+    "tmsl_resume": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int, ctypes.POINTER(_sz), ctypes.POINTER(_sz)], _int),
     "tmsl_prepare_backups": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
     "tmsl_spilled_bytes": ([_vp, ctypes.POINTER(_sz)], _int),
     "tmsl_tag_figures": ([_vp, ctypes.POINTER(TagFigures), _sz, ctypes.POINTER(_sz)], _int),
@@ -90,6 +90,7 @@ _SIGNATURES = {
     "tmsl_disk_backup_dir": ([_vp, ctypes.c_char_p, _sz], _int),
     "tmsl_check_disk_backup_dir": ([ctypes.c_char_p, _int, ctypes.c_char_p, _sz, ctypes.c_char_p, _sz], _int),
     "tmsl_disk_notices": ([_vp, ctypes.c_char_p, _sz], _int),
+    "tmsl_store_notices": ([ctypes.c_char_p, _sz], _int),
     "tmsl_check_tag": ([ctypes.c_char_p, _sz], _int),
     "tmsl_lease_backup": ([_vp, _vp, _sz, ctypes.POINTER(_vp), ctypes.POINTER(_vp)], _int),
     "tmsl_release_lease": ([_vp], _int),
@@ -349,6 +350,7 @@ class NativeSaver:
     def __init__(self, handle: int | None):
         self.handle = handle  # a c_void_p's value, as ctypes gives it (None would be NULL)
         self.strays_to_tell = False  # a resume left stray writes to tell (resume)
+        self.store_notices_to_tell = False  # the node's store has refusals to tell (pause, resume)
 
     @classmethod
     def process_wide(cls) -> NativeSaver:
@@ -497,16 +499,31 @@ class NativeSaver:
         check(lib().tmsl_free(self.handle, ptr, stream))
 
     def pause(self, tags: Sequence[str] | None) -> None:
+        """Also notes whether the node's store has refusals to tell (take_store_notices_to_tell)."""
         array, count = _tag_array(tags)
-        check(lib().tmsl_pause(self.handle, array, count))
+        notices = _sz()
+        try:
+            check(lib().tmsl_pause(self.handle, array, count, ctypes.byref(notices)))
+        finally:
+            self.store_notices_to_tell = self.store_notices_to_tell or bool(notices.value)
 
     def resume(self, tags: Sequence[str] | None) -> None:
-        """Also notes whether the tags it covered have stray writes to tell (take_stray_report)."""
+        """Also notes whether the tags it covered have stray writes to tell (take_stray_report),
+        and whether the node's store has refusals to tell."""
         array, count = _tag_array(tags)
-        to_tell = _sz()
-        check(lib().tmsl_resume(self.handle, array, count, ctypes.byref(to_tell)))
+        to_tell, notices = _sz(), _sz()
+        try:
+            check(lib().tmsl_resume(self.handle, array, count, ctypes.byref(to_tell), ctypes.byref(notices)))
+        finally:
+            self.store_notices_to_tell = self.store_notices_to_tell or bool(notices.value)
         if to_tell.value:
             self.strays_to_tell = True
+
+    def take_store_notices_to_tell(self) -> bool:
+        """Whether a pause or resume since last asked left refusals of the node's store to tell
+        (shared_store.tell)."""
+        told, self.store_notices_to_tell = self.store_notices_to_tell, False
+        return told
 
     def take_strays_to_tell(self) -> bool:
         """Whether a resume since last asked left stray writes to tell (stray_access.report)."""
@@ -591,6 +608,14 @@ def check_disk_backup_dir(path: str, make: bool = True) -> tuple[str, list[str]]
     out, notices = ctypes.create_string_buffer(_PATH_BYTES), ctypes.create_string_buffer(1 << 12)
     check(lib().tmsl_check_disk_backup_dir(os.fsencode(path), int(make), out, len(out), notices, len(notices)))
     return os.fsdecode(out.value), [line for line in notices.value.decode(errors="replace").split("\n") if line]
+
+
+def store_notices() -> list[str]:
+    """What the node's store of shared backups refused since last asked, in this process
+    (csrc/node/node_store.h), one message each; each is told once."""
+    out = ctypes.create_string_buffer(1 << 16)  # taken once: a longer text is cut
+    check(lib().tmsl_store_notices(out, len(out)))
+    return [line for line in out.value.decode(errors="replace").split("\n") if line]
 
 
 def release_lease(lease: int | None) -> None:

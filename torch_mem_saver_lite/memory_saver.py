@@ -21,6 +21,7 @@ from . import (
     leftovers,
     nccl_suspend,
     paused_block,
+    shared_store,
     transition_log,
 )
 from . import stray_access as strays
@@ -398,6 +399,7 @@ class MemorySaver(SafetySwitches):
                 self._transitions.pause(native, names, transition_log.wrap("pause", native, native.pause))
         finally:
             self._disk.tell(native)  # what the disk tier did (nothing asked without a directory)
+            shared_store.tell(native)  # what the node's store refused (private copies instead)
 
     def resume(self, tag: str | Sequence[str] | None = None) -> None:
         """Give the tag(s) (None: every tag) device memory again, at the same addresses.
@@ -413,8 +415,11 @@ class MemorySaver(SafetySwitches):
             return
         self._refuse_during_capture("resume")
         transition_log.asked("resume", native, names)
-        with torch.profiler.record_function("torch_mem_saver_lite.resume"):
-            self._transitions.resume(native, names, transition_log.wrap("resume", native, native.resume))
+        try:
+            with torch.profiler.record_function("torch_mem_saver_lite.resume"):
+                self._transitions.resume(native, names, transition_log.wrap("resume", native, native.resume))
+        finally:
+            shared_store.tell(native)  # what the node's store refused (in the background too)
         strays.report(native, names)  # once awake, hooks run
 
     # ----- disk backup -------------------------------------------------------------------
@@ -598,3 +603,4 @@ class MemorySaver(SafetySwitches):
         native = self._core(create=False)
         if native is not None:
             native.wait_for_released_backups()
+            shared_store.tell()  # what the node's store refused meanwhile (private copies instead)

@@ -34,8 +34,8 @@ static struct {
 static struct {
   int (*default_saver)(void**);
   int (*set_thread_region)(void*, const char*, int);
-  int (*pause)(void*, const char* const*, int);
-  int (*resume)(void*, const char* const*, int, size_t*);
+  int (*pause)(void*, const char* const*, int, size_t*);
+  int (*resume)(void*, const char* const*, int, size_t*, size_t*);
   void* (*torch_malloc)(long, int, void*);
   void (*torch_free)(void*, size_t, int, void*);
   int (*preload_malloc)(void**, size_t);
@@ -94,7 +94,7 @@ BLOCK static void ours_preload_alloc_free_block(void** p, int n) {
 }
 
 BLOCK static void ours_pause_resume_block(const char* tag) {
-  g_failed |= ours.pause(ours.saver, &tag, 1) | ours.resume(ours.saver, &tag, 1, NULL);
+  g_failed |= ours.pause(ours.saver, &tag, 1, NULL) | ours.resume(ours.saver, &tag, 1, NULL, NULL);
 }
 
 BLOCK static void tms_torch_alloc_free_block(void** p, int n) {

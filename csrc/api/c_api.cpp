@@ -8,6 +8,7 @@
 #include "api/abi_guard.h"
 #include "platform/environment.h"
 #include "node/node_ledger.h"
+#include "node/node_store.h"
 #include "platform/tag_rules.h"
 #include "core/thread_region.h"
 #include "tiers/disk_files.h"
@@ -211,18 +212,22 @@ TMSL_API int tmsl_note_graph_capture(void) {
   });
 }
 
-TMSL_API int tmsl_pause(void* handle, const char* const* tags, int ntags) {
-  return on_tags(handle, tags, ntags, &Saver::pause);
+TMSL_API int tmsl_pause(void* handle, const char* const* tags, int ntags, size_t* store_notices) {
+  const int status = on_tags(handle, tags, ntags, &Saver::pause);
+  if (store_notices != nullptr) *store_notices = NodeStore::notices_waiting();
+  return status;
 }
 
-TMSL_API int tmsl_resume(void* handle, const char* const* tags, int ntags, size_t* stray_tags) {
-  return on_saver(handle, [&](Saver& saver) {
+TMSL_API int tmsl_resume(void* handle, const char* const* tags, int ntags, size_t* stray_tags, size_t* store_notices) {
+  const int status = on_saver(handle, [&](Saver& saver) {
     TagSelection selection;
     Status s = tag_selection(tags, ntags, &selection);
     if (s.ok()) s = saver.resume(selection);
     if (s.ok() && stray_tags != nullptr) *stray_tags = saver.stray_tags_to_tell(selection);
     return s;
   });
+  if (store_notices != nullptr) *store_notices = NodeStore::notices_waiting();
+  return status;
 }
 
 TMSL_API int tmsl_prepare_backups(void* handle, const char* const* tags, int ntags) {
@@ -286,6 +291,19 @@ TMSL_API int tmsl_disk_notices(void* handle, char* out, size_t capacity) {
     if (!s.ok()) return s;
     std::string text;
     for (const std::string& line : saver.disk_notices()) text += line + "\n";
+    const size_t n = std::min(text.size(), capacity - 1);
+    memcpy(out, text.data(), n);
+    out[n] = '\0';
+    return Status::Ok();
+  });
+}
+
+TMSL_API int tmsl_store_notices(char* out, size_t capacity) {
+  return guarded([&] {
+    Status s = require(out != nullptr && capacity > 0, "out must not be NULL and capacity above 0");
+    if (!s.ok()) return s;
+    std::string text;
+    for (const std::string& line : NodeStore::take_notices()) text += line + "\n";
     const size_t n = std::min(text.size(), capacity - 1);
     memcpy(out, text.data(), n);
     out[n] = '\0';

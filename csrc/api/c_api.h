@@ -86,11 +86,13 @@ TMSL_API int tmsl_disable_thread_region(void);
 // (if any) holds graph memory from now on. No region: nothing to do.
 TMSL_API int tmsl_note_graph_capture(void);
 
-// ntags < 0: every tag. A named tag no region has used is an error.
-TMSL_API int tmsl_pause(void* saver, const char* const* tags, int ntags);
+// ntags < 0: every tag. A named tag no region has used is an error. *store_notices (where
+// given, also on failure): how many refusals of the node's store wait to be told
+// (tmsl_store_notices), so the caller asks only then.
+TMSL_API int tmsl_pause(void* saver, const char* const* tags, int ntags, size_t* store_notices);
 // *stray_tags (where given): how many tags the resume covered are awake with stray writes to
-// tell (tmsl_take_stray_writes), so the caller asks only then.
-TMSL_API int tmsl_resume(void* saver, const char* const* tags, int ntags, size_t* stray_tags);
+// tell (tmsl_take_stray_writes), so the caller asks only then; *store_notices as tmsl_pause's.
+TMSL_API int tmsl_resume(void* saver, const char* const* tags, int ntags, size_t* stray_tags, size_t* store_notices);
 // Sets host memory aside, in the background, for the backups the next pause of the tags
 // (ntags < 0: all) will take, within the host cache's budget (Saver::prepare_backups).
 // Best effort, and returns at once; tags no region has used are skipped.
@@ -112,6 +114,11 @@ TMSL_API int tmsl_disk_backup_dir(void* saver, char* out, size_t capacity);
 TMSL_API int tmsl_check_disk_backup_dir(const char* path, int make, char* real, size_t capacity, char* notices,
                                         size_t notices_capacity);
 TMSL_API int tmsl_disk_notices(void* saver, char* out, size_t capacity);
+// What the node's store of shared backups refused since last asked, in this process (a key or
+// directory others may read or write, a chunk not this user's alone, made in another PID
+// namespace, or cut short: NodeStore::take_notices), one line each, each told once, as
+// tmsl_disk_notices.
+TMSL_API int tmsl_store_notices(char* out, size_t capacity);
 // *state: 0 = no region has used the tag, 1 = active, 2 = paused.
 TMSL_API int tmsl_tag_state(void* saver, const char* tag, int* state);
 // caches = 0: the tag's backups leave host memory at every resume (cpu_backup_backend

@@ -23,8 +23,9 @@ Status Saver::content_copy(const Allocation& a, const FingerprintKey& key, HostB
   if (*kept && kept->size == a.backup_bytes() && kept->arena->is_content()) {
     // The same bytes as at its last pause: the copy it kept is taken again as it is. Changed
     // bytes (new weights) go into its own chunks where nobody else holds them: no fresh memory,
-    // none held twice.
-    if (kept->arena->content() == chunks || kept->arena->recycle(chunks)) {
+    // none held twice. A chunk of it cut short meanwhile (intact()) has lost its bytes: the
+    // copy is made anew from the memory, which still holds them.
+    if (kept->arena->intact() && (kept->arena->content() == chunks || kept->arena->recycle(chunks))) {
       kept->arena->note_use();
       *out = *kept;
       return Status::Ok();

@@ -45,6 +45,16 @@ Status Saver::restore(const Allocation& a, const HostBuffer& copy, size_t k) {
   const size_t from = a.physical.offset(k), end = from + a.physical.length(k, a.size);
   // The backup covers [0, copy.size); the rest of the piece has no content to restore.
   const size_t copied_end = copy ? std::min(end, std::max(from, copy.size)) : from;
+  std::string cut;
+  if (copied_end > from && !copy.arena->intact(copy.offset + from, copied_end - from, &cut)) {
+    // Its bytes are gone for good: no resume can bring them back, so none is woken.
+    return Status::Error(Code::kContentMismatch,
+                         "resuming tag '" + a.tag + "': the backup of its allocation of " + format_bytes(a.size) +
+                             " at " + format_address(a.va) + " cannot be restored: " + cut +
+                             ". Nothing was woken: everything this resume covered stays paused. That content "
+                             "cannot come back: free the allocation and make it anew (the rest of its tag "
+                             "resumes once it is freed).");
+  }
   if (copied_end > from) {
     Status s = copy.for_each_part(from, copied_end - from, [&](char* host, size_t at, size_t n) {
       return copy.arena->is_soft() ? backend_->copy_async(a.device, a.va + at, reinterpret_cast<uintptr_t>(host), n)

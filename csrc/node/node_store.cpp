@@ -24,6 +24,7 @@
 #include <set>
 #include <mutex>
 
+#include "node/process_identity.h"
 #include "node/store_files.h"
 #include "platform/environment.h"
 
@@ -56,6 +57,16 @@ class HeldChunks {
   bool holds(const std::string& path) {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& entry : paths_) {
+      if (entry.second == path) return true;
+    }
+    return false;
+  }
+  // Whether the file at `path` is one this process holds, named or hidden: never opened here
+  // again, since closing that descriptor would drop the record lock its holder vouches with.
+  bool holds_file(const std::string& path) {
+    if (holds(path)) return true;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& entry : hidden_) {
       if (entry.second == path) return true;
     }
     return false;
@@ -178,6 +189,52 @@ class HeldChunks {
 
 }  // namespace
 
+namespace {
+
+// What the store refused and why, each told once per process: a refusal means private copies
+// (as with sharing off), which the user should hear of once, not at every pause.
+class Notices {
+ public:
+  static Notices& instance() {
+    static Notices* notices = new Notices();  // never destroyed: told from background threads
+    return *notices;
+  }
+  void tell(const std::string& what, const std::string& text) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (told_.insert(what).second) pending_.push_back(text);
+    waiting_ = pending_.size();
+  }
+  std::vector<std::string> take() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::string> taken;
+    taken.swap(pending_);
+    waiting_ = 0;
+    return taken;
+  }
+  size_t waiting() const { return waiting_.load(); }  // (no lock: asked after every pause)
+
+ private:
+  std::mutex mu_;
+  std::set<std::string> told_;  // what was told (a path and why), ever
+  std::vector<std::string> pending_;
+  std::atomic<size_t> waiting_{0};  // pending_.size()
+};
+
+// `what` names the refusal (told once); `text` says it, and what to do.
+void tell(const std::string& what, const std::string& text) { Notices::instance().tell(what, text); }
+
+// A chunk trusted is held with a shared record lock of its first byte besides its flock: what
+// another process of this PID namespace checks (process_identity.h) before trusting it in turn.
+constexpr off_t kVouchStart = 0, kVouchLength = 1;
+
+constexpr const char* kPrivateCopies = "backups it would hold are private copies, as with TMSL_SHARE_BACKUPS=0";
+
+}  // namespace
+
+std::vector<std::string> NodeStore::take_notices() { return Notices::instance().take(); }
+
+size_t NodeStore::notices_waiting() { return Notices::instance().waiting(); }
+
 bool NodeStore::enabled(std::string* why_not) {
   const ProcessDefaults& d = process_defaults();
   if (d.share_backups) return true;
@@ -210,10 +267,23 @@ constexpr const char* kKeyName = ".key";
 
 std::string claim_name(const Fingerprint& f) { return ".claim-" + f.name(); }
 
-// Reads the key file open at `fd` (trusted as a chunk is).
-Status read_key(int fd, FingerprintKey* out) {
+// Reads the key file open at `fd`: trusted as a chunk is, and read by nobody else (whoever
+// reads it can make bytes whose fingerprint is another's at will: the fingerprint's strength
+// is the key's secrecy).
+Status read_key(const std::string& path, int fd, FingerprintKey* out) {
   struct stat st {};
-  if (fstat(fd, &st) != 0 || !trusted_chunk(st) || st.st_size != static_cast<off_t>(sizeof(FingerprintKey))) {
+  const bool read = fstat(fd, &st) == 0;
+  const std::string foreign = read ? foreign_to_this_user(st, 077) : std::string();
+  if (!foreign.empty()) {
+    const std::string message = "the shared backup store's key " + path + "/" + kKeyName + " is not trusted: " +
+                                foreign + ", and whoever can read it can make chunks that pass for other bytes; " +
+                                kPrivateCopies + ". Remove the store (rm -r " + path +
+                                ") once no process of the node uses it: the next one draws a new key, readable by "
+                                "this user alone";
+    tell("key:" + path, message);
+    return Status::Error(Code::kHostError, message);
+  }
+  if (!read || !trusted_chunk(st) || st.st_size != static_cast<off_t>(sizeof(FingerprintKey))) {
     return Status::Error(Code::kHostError, "the shared backup store's key is not this user's read-only key file");
   }
   FingerprintKey key;
@@ -225,16 +295,24 @@ Status read_key(int fd, FingerprintKey* out) {
 }
 
 
-Status untrusted_store(const std::string& path) {
-  return Status::Error(Code::kHostError, "the shared backup store " + path +
-                                             " is not a directory of this user that only it may write");
+Status untrusted_store(const std::string& path, const StoreDirectory& directory) {
+  if (directory.refusal().empty()) {  // (missing, say: nothing planted to tell of)
+    return Status::Error(Code::kHostError, "the shared backup store " + path +
+                                               " is not a directory of this user that only it may read and write");
+  }
+  const std::string message = "the shared backup store " + path + " is not trusted: " + directory.refusal() +
+                              " (another user could plant chunks there, or read their fingerprints); " +
+                              kPrivateCopies + ". Remove it (rm -r " + path +
+                              ") once no process of the node uses it: the next one makes it anew, this user's alone";
+  tell("directory:" + path, message);
+  return Status::Error(Code::kHostError, message);
 }
 
 }  // namespace
 
 Status NodeStore::key(const std::string& path, FingerprintKey* out) {
   StoreDirectory directory(path, true);
-  if (directory.fd() < 0) return untrusted_store(path);
+  if (directory.fd() < 0) return untrusted_store(path, directory);
   // Chunks are host memory every holder page-locks: files of a disk's file system can be
   // neither (the kernel refuses to page-lock them for long), only tmpfs's.
   struct statfs fs {};
@@ -247,7 +325,7 @@ Status NodeStore::key(const std::string& path, FingerprintKey* out) {
   for (int attempt = 0; attempt < 2; ++attempt) {
     const int fd = openat(directory.fd(), kKeyName, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd >= 0) {
-      Status s = read_key(fd, out);
+      Status s = read_key(path, fd, out);
       close(fd);
       return s;
     }
@@ -272,10 +350,24 @@ Status NodeStore::key(const std::string& path, FingerprintKey* out) {
   return Status::Error(Code::kHostError, "the shared backup store's key kept changing");
 }
 
+namespace {
+
+// A chunk of the store not taken: told once per store and `kind` (the first met stands for all).
+Status refused_chunk(const char* kind, const std::string& path, const std::string& name, const std::string& why,
+                     const std::string& fix) {
+  const std::string message = "the shared backup chunk " + path + "/" + name + " is not trusted: " + why +
+                              "; the backups of its bytes are private copies here, as with TMSL_SHARE_BACKUPS=0. " +
+                              fix;
+  tell(std::string(kind) + ":" + path, message);
+  return Status::Error(Code::kHostError, message);
+}
+
+}  // namespace
+
 Status NodeStore::open(const std::string& path, const Fingerprint& f, int* fd, bool* here) {
   *fd = -1;
   StoreDirectory directory(path, true);
-  if (directory.fd() < 0) return untrusted_store(path);
+  if (directory.fd() < 0) return untrusted_store(path, directory);
   const std::string name = f.name();
   // A chunk this process holds or makes already: one file is never mapped twice in a process
   // (the driver page-locks its pages once).
@@ -291,11 +383,40 @@ Status NodeStore::open(const std::string& path, const Fingerprint& f, int* fd, b
       close(chunk);
       continue;
     }
-    if (!trusted_chunk(st) || st.st_size != static_cast<off_t>(f.bytes)) {
+    if (!trusted_chunk(st)) {
       close(chunk);
-      return Status::Error(Code::kHostError, "the shared backup chunk " + path + "/" + name +
-                                                 " is not this user's read-only file of its size");
+      const std::string foreign = foreign_to_this_user(st, 022);
+      return refused_chunk("chunk", path, name,
+                           (foreign.empty() ? std::string(S_ISREG(st.st_mode) ? "its owner may write it" : "it is no regular file")
+                                            : foreign) + ", so its bytes may not be those its name says",
+                           "Remove it (rm " + path + "/" + name + ": its holders keep theirs) and find what changed it");
     }
+    if (st.st_size != static_cast<off_t>(f.bytes)) {
+      // Cut short (or grown) under its holders: its bytes are not its name's any more. Its
+      // name goes, so that this pause and those after it make the chunk anew; its holders
+      // learn it at their resume (HostArena::intact).
+      unlink_if_named(directory.fd(), chunk, name.c_str());
+      close(chunk);
+      tell("cut:" + path, "the shared backup chunk " + path + "/" + name + " was cut short to " +
+                              std::to_string(st.st_size) + " of its " + std::to_string(f.bytes) +
+                              " bytes by a process of this user (truncate) or a cleaner of /dev/shm: it is made "
+                              "anew, but the paused backups that held it lost those bytes (their resumes fail, "
+                              "naming the tag). Leave the store's files alone while processes use it");
+      continue;
+    }
+    // Made, and held since, by processes of this PID namespace only (each vouches for it with
+    // a record lock): a chunk of a process this one cannot see (another container sharing
+    // /dev/shm as this user) cannot be told from one planted there.
+    if (!held_in_this_pid_namespace(chunk, kVouchStart, kVouchLength)) {
+      close(chunk);
+      return refused_chunk("namespace", path, name,
+                           "no process of this PID namespace holds it (a process of another one made it, a "
+                           "container sharing /dev/shm as this user, or it was planted), so nothing here vouches "
+                           "for its bytes",
+                           "Give each PID namespace a store of its own (TMSL_HOST_LEDGER, or a /dev/shm of its "
+                           "own), or run the processes that share in one");
+    }
+    hold_range_shared(chunk, kVouchStart, kVouchLength);  // (a holder that cannot vouch still holds it)
     if (!HeldChunks::instance().add(chunk, path + "/" + name)) {  // the process is exiting
       HeldChunks::let_go(chunk, path + "/" + name);
       return Status::Error(Code::kHostError, "the process is exiting: backups are not shared");
@@ -308,7 +429,7 @@ Status NodeStore::open(const std::string& path, const Fingerprint& f, int* fd, b
 
 Status NodeStore::create(const std::string& path, size_t size, int* fd) {
   StoreDirectory directory(path, true);
-  if (directory.fd() < 0) return untrusted_store(path);
+  if (directory.fd() < 0) return untrusted_store(path, directory);
   const int chunk = openat(directory.fd(), ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
   if (chunk < 0) return errno_status("making a shared backup chunk in " + path, errno);
   if (ftruncate(chunk, static_cast<off_t>(size)) != 0) {
@@ -316,6 +437,7 @@ Status NodeStore::create(const std::string& path, size_t size, int* fd) {
     close(chunk);
     return errno_status("sizing a shared backup chunk", error);
   }
+  hold_range_shared(chunk, kVouchStart, kVouchLength);  // its maker's word, before it has a name
   HeldChunks::instance().note_unnamed(chunk, true);
   *fd = chunk;
   return Status::Ok();
@@ -324,7 +446,7 @@ Status NodeStore::create(const std::string& path, size_t size, int* fd) {
 Status NodeStore::publish(const std::string& path, int fd, const Fingerprint& f, bool* published) {
   *published = false;
   StoreDirectory directory(path, false);
-  if (directory.fd() < 0) return untrusted_store(path);
+  if (directory.fd() < 0) return untrusted_store(path, directory);
   const std::string name = f.name();
   if (fchmod(fd, 0400) != 0) return errno_status("making a shared backup chunk read-only", errno);
   if (flock(fd, LOCK_SH) != 0) return errno_status("holding a shared backup chunk", errno);
@@ -389,7 +511,7 @@ bool claim_held(int directory, const std::string& name) {
 Status NodeStore::claim(const std::string& path, const Fingerprint& f, int* claim) {
   *claim = -1;
   StoreDirectory directory(path, true);
-  if (directory.fd() < 0) return untrusted_store(path);
+  if (directory.fd() < 0) return untrusted_store(path, directory);
   const std::string name = claim_name(f);
   for (int attempt = 0; attempt < 8; ++attempt) {
     // Locked before it has its name: nobody can find it unheld.
@@ -509,7 +631,10 @@ size_t NodeStore::descriptors_left() {
 void NodeStore::collect_garbage(const std::string& path) {
   StoreDirectory directory(path, false);
   directory.each_claim([&](const char* name) { claim_held(directory.fd(), name); });
+  // (Not the files this process holds: see holds_file().)
+  auto held_here = [&](const char* name) { return HeldChunks::instance().holds_file(path + "/" + name); };
   directory.each_hidden([&](const char* name) {  // taken back by a process that died meanwhile
+    if (held_here(name)) return;
     const int chunk = openat(directory.fd(), name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (chunk >= 0) {
       unlink_if_unheld(directory.fd(), chunk, name);
@@ -517,6 +642,7 @@ void NodeStore::collect_garbage(const std::string& path) {
     }
   });
   directory.each([&](const char* name) {
+    if (held_here(name)) return;
     const int chunk = open_chunk(directory.fd(), name);
     if (chunk >= 0) {
       unlink_if_unheld(directory.fd(), chunk, name);

@@ -12,6 +12,13 @@
 // (kill -9 included); the last holder to let go, or any process that finds a chunk nobody
 // holds, removes it. The ledger counts the store's bytes once, beside the processes' own.
 //
+// Trust: the store is used only as this user's directory nobody else may read or write, the
+// key only as this user's file nobody else may read, a chunk only as this user's read-only
+// file that a process of this PID namespace holds (each holder vouches for its chunks with a
+// shared record lock: process_identity.h). What is refused means private copies, told once
+// (take_notices()). Any process of this user can still change the store's files: a chunk cut
+// short under its holders is found by them before they touch it (HostArena::intact).
+//
 // On unless TMSL_SHARE_BACKUPS=0 (or TMSL_LIKE_TORCH_MEMORY_SAVER=1 without it), and only used
 // where the directory is in memory (tmpfs, as /dev/shm is): a ledger named on a disk leaves
 // sharing off (key() says why).
@@ -22,6 +29,7 @@
 #include <chrono>
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "platform/fingerprint.h"
 #include "platform/status.h"
@@ -38,9 +46,8 @@ class NodeStore {
   // what the ledger counts.
   static size_t bytes_in(const std::string& directory);
 
-  // The node's fingerprint key: the store's `.key`, drawn by the first process that asks.
-  // The store is used only if it is this user's directory that nobody else may write, and a
-  // chunk or the key only if it is this user's read-only file.
+  // The node's fingerprint key: the store's `.key`, drawn by the first process that asks
+  // (trusted as above).
   static Status key(const std::string& directory, FingerprintKey* out);
   // Opens the chunk holding the bytes whose fingerprint is `f`, and holds it (a shared flock)
   // until release(); *fd is -1 where the store has none, or where this process holds or
@@ -86,6 +93,12 @@ class NodeStore {
   // Removes the chunks in `directory` nobody holds, and the claims nobody holds (what processes
   // that died left behind).
   static void collect_garbage(const std::string& directory);
+  // What the store refused since last asked, one message each, each told once per process (a
+  // key or directory others may read or write, a chunk not this user's alone, made in another
+  // PID namespace, or cut short): the backups it concerns are private copies.
+  static std::vector<std::string> take_notices();
+  // How many take_notices() would return now (a pause asks only then).
+  static size_t notices_waiting();
 };
 
 // Whether a file (or directory) of /dev/shm, which every user may write, can be trusted: this

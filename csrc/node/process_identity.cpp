@@ -1,6 +1,8 @@
 #include "node/process_identity.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -45,6 +47,22 @@ bool range_held(int fd, off_t start, off_t length) {
   struct flock probe = range(F_WRLCK, start, length);
   if (fcntl(fd, F_GETLK, &probe) != 0) return true;
   return probe.l_type != F_UNLCK;
+}
+
+bool hold_range_shared(int fd, off_t start, off_t length) {
+  struct flock shared = range(F_RDLCK, start, length);
+  return fcntl(fd, F_SETLK, &shared) == 0;
+}
+
+bool held_in_this_pid_namespace(int fd, off_t start, off_t length) {
+  struct flock probe = range(F_WRLCK, start, length);  // (this process's own locks never conflict)
+  if (fcntl(fd, F_GETLK, &probe) != 0 || probe.l_type == F_UNLCK || probe.l_pid <= 0) return false;
+  // /proc numbers processes as the namespace it was mounted for does: only this one's will do.
+  char self[32] = {};
+  if (readlink("/proc/self", self, sizeof(self) - 1) <= 0 || std::strtol(self, nullptr, 10) != getpid()) return false;
+  struct stat holder {}, own {};
+  return stat(("/proc/" + std::to_string(probe.l_pid) + "/ns/pid").c_str(), &holder) == 0 &&
+         stat("/proc/self/ns/pid", &own) == 0 && holder.st_ino == own.st_ino && holder.st_dev == own.st_dev;
 }
 
 }  // namespace tmsl

@@ -24,4 +24,15 @@ bool claim_range(int fd, off_t start, off_t length);
 // (a share is never taken from a process that may be alive).
 bool range_held(int fd, off_t start, off_t length);
 
+// Takes a shared record lock on [start, start + length) of `fd` (open for reading) for this
+// process: many holders at once, each dropped when its process dies. (As every record lock,
+// closing any descriptor of the file in this process drops it: open such files once.)
+bool hold_range_shared(int fd, off_t start, off_t length);
+
+// Whether a process of this PID namespace holds a record lock on that range of `fd`. The
+// kernel says the holder's pid as this namespace numbers it (0 where it cannot see it: a
+// parent or sibling namespace's), and /proc says in which namespace that process lives (a
+// child namespace's are seen from here too). false where none holds one, or it cannot be told.
+bool held_in_this_pid_namespace(int fd, off_t start, off_t length);
+
 }  // namespace tmsl

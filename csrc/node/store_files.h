@@ -27,9 +27,24 @@ namespace store_files {
 // can be renamed, so it keeps one until published again.
 constexpr const char* kHiddenPrefix = ".recycled-";
 
+// Why a file of the store that is not this user's alone is refused ("" where it is): its owner
+// and the permissions others have, in words.
+inline std::string foreign_to_this_user(const struct stat& st, mode_t others_may_not) {
+  char text[160] = "";
+  if (st.st_uid != geteuid()) {
+    snprintf(text, sizeof(text), "it is owned by uid %u, not by this process's user (uid %u)",
+             static_cast<unsigned>(st.st_uid), static_cast<unsigned>(geteuid()));
+  } else if ((st.st_mode & others_may_not) != 0) {
+    snprintf(text, sizeof(text), "its mode %04o lets other users %s it", static_cast<unsigned>(st.st_mode & 07777),
+             (st.st_mode & others_may_not & 022) != 0 ? "write" : "read");
+  }
+  return text;
+}
+
 // The store's directory, opened and trusted only if it is this user's and nobody else may
-// write it: /dev/shm is every user's, and another one could plant a store or chunks. Every
-// use goes through the descriptor, never the path again. -1: none (or not trusted).
+// write it, nor read it: /dev/shm is every user's, and another one could plant a store or
+// chunks; the chunks' names are their fingerprints, which tell of the key. Every use goes
+// through the descriptor, never the path again. -1: none (or not trusted: refusal() says why).
 class StoreDirectory {
  public:
   StoreDirectory(const std::string& path, bool create) {
@@ -37,11 +52,14 @@ class StoreDirectory {
     if (create && mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) return;
     fd_ = open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     struct stat st {};
-    if (fd_ >= 0 && (fstat(fd_, &st) != 0 || !private_to_this_user(st))) {
+    if (fd_ >= 0 && (fstat(fd_, &st) != 0 || !private_to_this_user(st) || (st.st_mode & 077) != 0)) {
+      refusal_ = foreign_to_this_user(st, 077);
       close(fd_);
       fd_ = -1;
     }
   }
+  // Why the directory is not trusted ("" where it is, or is missing).
+  const std::string& refusal() const { return refusal_; }
   ~StoreDirectory() {
     if (fd_ >= 0) close(fd_);
   }
@@ -86,6 +104,7 @@ class StoreDirectory {
   }
 
   int fd_ = -1;
+  std::string refusal_;
 };
 
 // A chunk is trusted only as this user's read-only regular file.

@@ -1,7 +1,9 @@
 // Content fingerprints: whether two chunks of backed-up memory hold the same bytes, decided
 // where the bytes are (on the GPU, before any copy) from 32 bytes each. Identity is decided by
-// the fingerprint alone, so it must be of cryptographic strength: a keyed universal hash with a
-// secret key the node's processes share (node_store.h keeps it in the user's private store).
+// the fingerprint alone: a keyed universal hash with a secret key the node's processes share
+// (node_store.h keeps it in the user's private store). Not a cryptographic hash: its bound is
+// for bytes chosen without knowing the key, whose secrecy is its strength (docs/guarantees.md
+// derives the bound).
 //
 // The definition, which both halves compute bit for bit (the GPU half is
 // fingerprint_kernel.cu, run by the CUDA backend; the CPU half is fingerprint.cpp, run by the
@@ -12,9 +14,10 @@
 //     ((m[2i] + K[j][2i]) mod 2^32) * ((m[2i+1] + K[j][2i+1]) mod 2^32), mod 2^64.
 //   - The lane's value is the polynomial over the NH sums' 32-bit halves (low first, block by
 //     block): h = 0, then h = (h + e) * r[j] mod p for each half e.
-// NH is 2^-32-almost-universal and the polynomial adds (halves)/p, so two different chunks of
-// at most 64 MiB collide in one lane with probability below 2^-31.9 and in all four (keys drawn
-// independently) below 2^-127: a match is trusted as identity.
+// NH is 2^-32-almost-universal and the polynomial adds (halves - 1) * 9/2^64 (r's draw is at
+// most 9/8 times uniform), so two different chunks of at most 64 MiB collide in one lane with
+// probability below 2^-31.99 and in all four (keys drawn independently) below 2^-127: a match
+// is trusted as identity.
 //
 // Devices compute a value per segment of 256 blocks (256 KiB); join_segments folds the
 // segments of a chunk into its fingerprint (h over a segment of L halves is sum e_t r^(L - t),

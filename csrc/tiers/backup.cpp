@@ -316,7 +316,8 @@ Status HostArena::for_each_part(size_t offset, size_t size, const std::function<
     size_t range_end = 0;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      Range& range = ranges_[range_index(at)];
+      const size_t index = range_index(at);
+      Range& range = ranges_[index];
       changed_.wait(lock, [&] { return range.done || stopping(); });
       // The process is ending (the registrar stopped without finishing this range).
       if (!range.done) return Status::Error(Code::kHostError, "the process is ending: backup host memory was not prepared");
@@ -335,6 +336,9 @@ Status HostArena::for_each_part(size_t offset, size_t size, const std::function<
         if (!s.ok()) return s;
         range.registered = true;
       }
+      // Checked before each copy, for every reader (a resume says it in its own words first).
+      std::string cut;
+      if (!range_intact(index, &cut)) return Status::Error(Code::kHostError, cut);
       range_end = range.start + range.size;
     }
     if (range_end <= at) return Status::Error(Code::kHostError, "a backup lies outside its host memory ranges");

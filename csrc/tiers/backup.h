@@ -169,6 +169,13 @@ class HostArena {
   std::vector<std::pair<size_t, size_t>> writable_parts(size_t offset, size_t size);
   // Whether any range is a chunk of the store: its memory must never be written.
   bool has_shared() const { return shared_ranges_.load() != 0; }
+  // Whether the files of the store's chunks mapped at [offset, offset + size) still hold
+  // their ranges' bytes. Any process of this user can cut a chunk short under its holders
+  // (truncate), and so can a cleaner of /dev/shm: its bytes are gone, and touching its mapping
+  // past the file's new end is a SIGBUS. *cut (where given): which one, and how short, for the
+  // user. Every other range is always whole.
+  bool intact(size_t offset, size_t size, std::string* cut = nullptr);
+  bool intact() { return intact(0, size_); }
   // The memory it holds that is this process's own, not the store's.
   size_t own_bytes() const { return used_ - shared_bytes_.load(); }
   // Whether its memory may serve other buffers once nobody holds it: an ordinary arena
@@ -205,6 +212,7 @@ class HostArena {
   void fault_in();         // a worker: faults pieces in, in order
   void page_lock();        // the registrar: page-locks each range, in order, once its pages are in
   size_t range_index(size_t offset) const;  // the range holding offset; mu_ held
+  bool range_intact(size_t r, std::string* cut) const;  // (intact(): range r); mu_ held
   // A shared range made private again (its bytes read from its chunk; taken from the budget
   // again if they had been given back). mu_ held.
   Status unshare(Range& range);

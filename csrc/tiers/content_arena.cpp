@@ -4,7 +4,11 @@
 // is making settled (or made here) once the pause has named its own.
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cstdio>
+#include <string>
 
 #include "tiers/backup.h"
 
@@ -235,6 +239,38 @@ bool HostArena::recycle(const std::vector<Fingerprint>& content) {
   // Known again once copied, unless a lease still lets a user write them.
   leased_ = live_leases_.load() != 0;
   return true;
+}
+
+bool HostArena::intact(size_t offset, size_t size, std::string* cut) {
+  if (size == 0 || ranges_.empty()) return true;
+  std::lock_guard<std::mutex> lock(mu_);
+  const size_t first = range_index(offset), last = range_index(offset + size - 1);
+  for (size_t r = first; r <= last; ++r) {
+    if (!range_intact(r, cut)) return false;
+  }
+  return true;
+}
+
+bool HostArena::range_intact(size_t r, std::string* cut) const {
+  // (A chunk's file is made at its range's size and never shortened by this library: new
+  // chunks are sized before they are mapped, named ones never written.)
+  const Range& range = ranges_[r];
+  const int fd = range.shared_fd >= 0 ? range.shared_fd : range.new_fd;
+  struct stat st {};
+  if (fd < 0 || (fstat(fd, &st) == 0 && st.st_size >= static_cast<off_t>(range.size))) return true;
+  if (cut != nullptr) {
+    // Named as the store names it: its directory (where the file was made), its fingerprint.
+    char link[64], path[4096];
+    snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+    const ssize_t n = readlink(link, path, sizeof(path) - 1);
+    const std::string made_in = n > 0 ? std::string(path, static_cast<size_t>(n)) : std::string();
+    const std::string name = r < content_.size() ? content_[r].name() : std::string("(unnamed)");
+    *cut = "the node's store lost the bytes of a backup: its chunk " +
+           (made_in.rfind('/') != std::string::npos ? made_in.substr(0, made_in.rfind('/') + 1) : std::string()) +
+           name + " is cut short, " + std::to_string(st.st_size) + " of its " + std::to_string(range.size) +
+           " bytes left (a process of this user truncated it, or a cleaner of /dev/shm), so nothing was read from it";
+  }
+  return false;
 }
 
 std::vector<std::pair<size_t, size_t>> HostArena::writable_parts(size_t offset, size_t size) {

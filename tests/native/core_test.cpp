@@ -47,9 +47,9 @@ struct Saver {
     void* p = nullptr;
     return tmsl_malloc(handle, size, 0, tag, backup, &p) == 0 ? p : nullptr;
   }
-  int pause(const char* tag) { return tag ? tmsl_pause(handle, &tag, 1) : tmsl_pause(handle, nullptr, -1); }
+  int pause(const char* tag) { return tag ? tmsl_pause(handle, &tag, 1, nullptr) : tmsl_pause(handle, nullptr, -1, nullptr); }
   int resume(const char* tag) {
-    return tag ? tmsl_resume(handle, &tag, 1, nullptr) : tmsl_resume(handle, nullptr, -1, nullptr);
+    return tag ? tmsl_resume(handle, &tag, 1, nullptr, nullptr) : tmsl_resume(handle, nullptr, -1, nullptr, nullptr);
   }
   std::vector<TmslTagFigures> figures() {
     std::vector<TmslTagFigures> out(16);
@@ -205,7 +205,7 @@ void destroyed_saver_handles_reach_nothing() {
   CHECK(tmsl_take_allocation_failure() == 1);
   CHECK(tmsl_take_allocation_failure() == 0);
   Saver fresh;  // may take the same slot: the old handle must not reach it
-  CHECK(tmsl_pause(old_handle, nullptr, -1) != 0);
+  CHECK(tmsl_pause(old_handle, nullptr, -1, nullptr) != 0);
   CHECK(strstr(tmsl_last_error_message(), "destroyed saver handle") != nullptr);
   CHECK(tmsl_destroy_saver(old_handle) != 0);
   CHECK(tmsl_set_thread_region(nullptr, nullptr, 0) == 0);
@@ -223,7 +223,7 @@ void destroy_races_with_pauses_and_foreign_frees() {
     std::thread pauser([&] {
       while (!go) std::this_thread::yield();
       for (int i = 0; i < 50; ++i) {
-        if (tmsl_pause(handle, nullptr, -1) != 0 || tmsl_resume(handle, nullptr, -1, nullptr) != 0) break;
+        if (tmsl_pause(handle, nullptr, -1, nullptr) != 0 || tmsl_resume(handle, nullptr, -1, nullptr, nullptr) != 0) break;
       }
     });
     std::thread freer([&] {
@@ -235,7 +235,7 @@ void destroy_races_with_pauses_and_foreign_frees() {
     CHECK(tmsl_destroy_saver(handle) == 0);
     pauser.join();
     freer.join();
-    CHECK(tmsl_pause(handle, nullptr, -1) != 0);  // and the handle is dead for good
+    CHECK(tmsl_pause(handle, nullptr, -1, nullptr) != 0);  // and the handle is dead for good
   }
 }
 
@@ -255,7 +255,7 @@ void null_out_pointers_are_refused() {
   const void* host = nullptr;
   CHECK(tmsl_lease_backup(s.handle, nullptr, 1, nullptr, nullptr) != 0);
   CHECK(tmsl_lease_backup(s.handle, nullptr, 1, &host, nullptr) != 0);
-  CHECK(tmsl_pause(s.handle, nullptr, 2) != 0);  // two tags promised, none given
+  CHECK(tmsl_pause(s.handle, nullptr, 2, nullptr) != 0);  // two tags promised, none given
   CHECK(tmsl_enter_region(s.handle, nullptr, 0) != 0);
   CHECK(tmsl_inject_fault(s.handle, nullptr, 1, 1) != 0);
   tmsl_last_error_oom(nullptr, nullptr, nullptr, nullptr);
@@ -338,8 +338,8 @@ void cuda_backend_over_the_fake_driver() {
   // No host cache: the backups' arena goes (its threads joined) once the resume is done, as
   // this saver, the process-wide one, outlives the test.
   CHECK(tmsl_set_host_cache_bytes(handle, 0) == 0);
-  CHECK(tmsl_pause(handle, nullptr, -1) == 0);
-  CHECK(tmsl_resume(handle, nullptr, -1, nullptr) == 0);
+  CHECK(tmsl_pause(handle, nullptr, -1, nullptr) == 0);
+  CHECK(tmsl_resume(handle, nullptr, -1, nullptr, nullptr) == 0);
   for (int t = 0; t < kThreads; ++t) {
     for (int i = 0; i < kEach; ++i) {
       if (ptrs[t][i] == nullptr) continue;
