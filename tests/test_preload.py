@@ -89,6 +89,7 @@ def test_preload_mode_without_the_library_preloaded_says_how_to_fix_it():
     assert fresh.hook_mode == "torch"
 
 
+@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
 def test_bad_environment_values_are_named_and_never_fatal():
     result = run_preloaded(
         """
@@ -112,6 +113,7 @@ def test_bad_environment_values_are_named_and_never_fatal():
 
 
 @pytest.mark.parametrize("setting", ["expandable_segments:True", "backend:cudaMallocAsync"])
+@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
 def test_preload_refuses_allocator_settings_that_bypass_cudamalloc(setting):
     result = run_preloaded(
         """
