@@ -325,7 +325,7 @@ def test_a_bad_value_of_every_variable_read_once_raises_naming_it_at_first_use()
             bad[ours] = ("disk", "must be one of pinned, mmap")
         elif "`K`/`M`/`G`/`T`" in what:
             bad[ours] = ("64GB", "must be a size in bytes above 0")
-    assert len(bad) == 11, bad  # nine flags, the backend, the budget
+    assert len(bad) == 12, bad  # ten flags, the backend, the budget
     bad.pop("TMSL_ALIAS_TORCH_MEMORY_SAVER")  # the alias's, read when torch_memory_saver is imported
     said = defaults_in_child(**{name: value for name, (value, _) in bad.items()})["first_use"]
     assert said.startswith("MemorySaverError: ")

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import typing
 from pathlib import Path
 
 import pytest
@@ -85,8 +86,8 @@ def test_the_members_served_from_saver_keep_their_signatures_docstrings_and_type
         if isinstance(member, _Method):
             assert getattr(torch_memory_saver, name) == getattr(saver, name), name  # bound to saver
         else:  # the type declared here (_Setting[int]) is the one saver's property returns
-            declared = member.__orig_class__.__args__[0].__name__  # type: ignore[attr-defined]
-            assert declared == ours.fget.__annotations__["return"], name
+            declared = member.__orig_class__.__args__[0]  # type: ignore[attr-defined]
+            assert declared == typing.get_type_hints(ours.fget)["return"], name
             assert getattr(torch_memory_saver, name) == getattr(saver, name), name
 
 

@@ -29,7 +29,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, cast, overload
 import torch
 
 from . import _lib
-from .choices import CaptureErrorMode, CpuBackupBackend, HookModeName
+from .choices import CaptureErrorMode, CpuBackupBackend, HookModeName, StrayAccessMode
 from .memory_saver import MemorySaver
 from .regions import Region, pushed
 from .settings import check_tag
@@ -362,5 +362,5 @@ class TorchMemorySaver:
     status = _Method(MemorySaver.status)
     guard = _Method(MemorySaver.guard)
     verify_wake = _Setting[bool]()
-    stray_access = _Setting[str]()
+    stray_access = _Setting[StrayAccessMode]()
     soft_pause = _Setting[bool]()
