@@ -44,7 +44,7 @@ LEVELS: dict[str, dict[str, str]] = {
         "test_pause_path.py": "what a pause and a resume cost in Python: 2 native calls, at most 5 frames down",
         "test_leftovers.py": "release_leftovers / restore_leftovers, memory_breakdown, NCCL groups",
         "test_host_options.py": "disable(), memory_margin_bytes, retain_cpu_backup",
-        "test_like_torch_memory_saver.py": "TMSL_LIKE_TORCH_MEMORY_SAVER=1: torch_memory_saver's behaviour in one switch",
+        "test_like_torch_memory_saver.py": "TMSL_LIKE_TORCH_MEMORY_SAVER=1: behave like torch_memory_saver",
         "test_host_seam.py": "the core's tag rules hold for allocations Python routes",
         "test_preload.py": "preload mode's cudaMalloc/cudaFree; every GPU test again under LD_PRELOAD",
         "test_cuda_backend_fake_driver.py": "the CUDA backend over the stand-in driver",

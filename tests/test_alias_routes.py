@@ -101,7 +101,7 @@ def with_alias_path() -> str:
     return os.pathsep.join([alias.ALIAS_PATH, *environment()["PYTHONPATH"].split(os.pathsep)]).rstrip(os.pathsep)
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_without_an_override_the_alias_refuses_to_hide_the_installed_package(venv):
     assert run(venv.python, WHICH).stdout.strip() == venv.installed  # nothing asked: the real one
     for variable in ({}, {alias.VARIABLE: "0"}):
@@ -118,7 +118,7 @@ except Exception as error:
     assert in_process.stdout.split() == ["refused", "True"], in_process.stderr
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_the_pth_hook_loads_us_with_a_warning_survives_a_reinstall_and_removal_restores_the_package(venv):
     hook = Path(run(venv.python, "from torch_mem_saver_lite import alias; print(alias.hook_path())").stdout.strip())
     assert hook.is_relative_to(venv.python.parents[1]), hook  # the venv's site-packages, never ours
@@ -143,7 +143,7 @@ def test_the_pth_hook_loads_us_with_a_warning_survives_a_reinstall_and_removal_r
     assert "loads the installed torch_memory_saver" in command(venv, "alias", "status").stdout
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_the_variable_with_the_alias_folder_on_pythonpath_loads_us_with_a_warning(venv):
     loaded = run(venv.python, WHICH, PYTHONPATH=with_alias_path(), **{alias.VARIABLE: "1"})
     assert loaded.stdout.strip() == "ours", loaded.stderr

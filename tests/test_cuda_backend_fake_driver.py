@@ -26,7 +26,7 @@ def run_scenario(fake_driver: str, name: str, **env: str) -> None:
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_paused_memory_is_released_at_the_same_addresses_and_backups_come_back_bit_for_bit(fake_driver):
     run_scenario(fake_driver, "round_trip")
 
@@ -47,7 +47,7 @@ def test_memory_on_a_second_device_is_created_and_released_there(fake_driver):
     run_scenario(fake_driver, "second_device", FAKE_CUDA_DEVICES="2")
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_torch_memory_saver_c_entry_points_over_the_process_wide_region(fake_driver):
     import torch
 
@@ -59,7 +59,7 @@ def test_torch_memory_saver_c_entry_points_over_the_process_wide_region(fake_dri
                  TMS_INIT_CPU_BACKUP_BACKEND="mmap")
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_deep_ep_buffers_allocated_with_the_region_turned_off_through_the_drop_in_are_not_the_savers(fake_driver):
     # slime's and miles's calls: torch_memory_saver._impl._binary_wrapper.cdll.tms_set_interesting_region.
     import torch
@@ -69,7 +69,7 @@ def test_deep_ep_buffers_allocated_with_the_region_turned_off_through_the_drop_i
     run_scenario(fake_driver, "deep_ep_buffers", TMS_INIT_ENABLE="1")
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_the_promises_every_backend_keeps_hold_over_the_stand_in_driver(fake_driver):
     # The `backend` fixture offers the stand-in driver only in a process that loads it.
     tests = Path(__file__).parent
@@ -109,7 +109,7 @@ def test_reads_on_a_fresh_process_never_start_the_cuda_driver(fake_driver):
         result.stdout
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_the_devices_holding_a_context_are_the_ones_the_backend_used_as_the_driver_says(fake_driver, tmp_path):
     # breakdown's question, asked through the library's one driver loader: none before the
     # backend touched a device, then exactly the device it allocated on.

@@ -293,7 +293,7 @@ def valid_pair(grammar: str, ours: str) -> tuple[str, str]:
     return {"TMSL_DISK_BACKUP_DIR": ("/a", "/b"), "TMSL_DISK_BACKUP_CHUNK_MB": ("8", "256")}[ours]
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_both_names_of_every_setting_the_guide_pairs_must_agree():
     pairs = {ours: (theirs, valid_pair(grammar, ours)) for ours, (grammar, theirs, _) in environment_table().items()
              if theirs}

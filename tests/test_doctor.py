@@ -42,7 +42,7 @@ def doctor(driver: str, *args: str, torch_sees_gpus: bool = True, **env: str) ->
                           env=environment)
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_over_the_fake_driver_the_doctor_says_ready_with_the_drivers_figures(fake_driver):
     result = doctor(fake_driver, "--json", FAKE_CUDA_DEVICES="2")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -69,7 +69,7 @@ def test_a_gpu_without_virtual_memory_management_is_named_and_the_doctor_fails(f
     assert "Ready" not in result.stdout
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_without_a_driver_the_doctor_says_what_is_missing_and_fails(tmp_path):
     missing = str(tmp_path / "nowhere" / "libcuda.so.1")
     result = doctor(missing, "--json")
@@ -92,7 +92,7 @@ def test_a_cpu_only_torch_is_named_even_where_the_driver_is_usable(fake_driver):
     assert [p for p in report["problems"] if "CPU-only build" in p] == report["problems"] != []
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_the_doctor_names_the_budgets_disk_tier_or_says_there_is_none(fake_driver, tmp_path):
     with_tier = doctor(fake_driver, TMSL_DISK_BACKUP_DIR=str(tmp_path / "spill"),
                        TMSL_HOST_LEDGER=str(tmp_path / "ledger"))

@@ -167,7 +167,7 @@ def test_environment_variables_take_torch_memory_savers_names():
     ({"TMS_INIT_ENABLE_DISK_BACKUP": "1", "TMS_INIT_ENABLE_CPU_BACKUP": "1"}, "exclude each other"),
     ({"TMS_DISK_BACKUP_DIR": "/" + "d" * 5000}, "TMS_DISK_BACKUP_DIR is longer than 4095 bytes"),
 ])
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_bad_environment_values_are_reported_by_name_at_first_use(env, message):
     result = run(
         """
@@ -202,7 +202,7 @@ def test_python_reads_the_environment_through_the_native_library(tmp_path):
     assert result.stdout.splitlines() == expected, result.stdout + result.stderr
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_a_bad_retention_or_directory_variable_leaves_the_process_wide_region_off():
     code = """
         from torch_mem_saver_lite import _lib
@@ -265,7 +265,7 @@ def test_import_torch_memory_saver_resolves_to_us_only_when_asked():
     assert aliased.stdout.split() == ["True", "True", "True"], aliased.stderr
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_the_alias_never_hides_a_real_installation(tmp_path):
     fake = tmp_path / "site" / "torch_memory_saver"
     fake.mkdir(parents=True)
@@ -363,7 +363,7 @@ type(torch_mem_saver_lite.torch_memory_saver).hook_mode = property(_getter, _set
 """
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_a_patched_hook_mode_setter_sets_the_mode_before_first_use():
     # Preloaded, so that "preload" is a mode this process may take.
     result = run(AREAL_PATCH + """
@@ -416,7 +416,7 @@ PRELOAD_PROBES = ["torch_memory_saver_hook_mode_preload.abi3.so", "torch_memory_
 
 
 @pytest.mark.parametrize("probe", PRELOAD_PROBES)
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_the_preload_library_is_found_where_frameworks_look_beside_the_alias_package(probe):
     found = run(f"""
         import glob, os

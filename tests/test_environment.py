@@ -29,7 +29,7 @@ BACKUP_FLAGS = (("TMSL_DEFAULT_CPU_BACKUP", "TMS_INIT_ENABLE_CPU_BACKUP"),
 
 @pytest.mark.parametrize(("spelling", "meaning"), [("1", True), ("TRUE", True), (" True ", True), ("0", False),
                                                    ("false", False)])
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_every_flag_takes_0_1_false_or_true_in_any_case(spelling, meaning, monkeypatch):
     env = {name: spelling for names in FLAGS.values() for name in names if name}
     env[BACKUP_FLAGS[1][0]] = env[BACKUP_FLAGS[1][1]] = spelling  # disk backup of the default region
@@ -45,7 +45,7 @@ def test_every_flag_takes_0_1_false_or_true_in_any_case(spelling, meaning, monke
 
 
 @pytest.mark.parametrize("value", ["yes", "2", "tru"])
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_any_other_flag_value_is_refused_by_name_at_first_use(value, monkeypatch):
     names = [name for pair in (*FLAGS.values(), *BACKUP_FLAGS) for name in pair if name]
     found = defaults_in_child(**dict.fromkeys(names, value))

@@ -37,7 +37,7 @@ def child(s, mem, resident):
 """
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_a_forked_child_refuses_saver_calls_exits_cleanly_and_leaves_the_parent_intact():
     code = textwrap.dedent("""
         import os, sys, threading, warnings
@@ -93,7 +93,7 @@ def test_a_forked_child_refuses_saver_calls_exits_cleanly_and_leaves_the_parent_
     assert result.stdout.strip() == "codes [0, 0, 0, 0, 0, 0, 0, 0, 0, 0] parent True", result.stdout + result.stderr
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_a_forked_child_holds_none_of_the_parents_backups_or_host_cache():
     # The node's ledger counts the parent's backups and host cache once: a child that kept
     # their pages (copy-on-write, but resident and counted in its RSS) would hold them again.

@@ -177,7 +177,7 @@ def test_poison_setting_before_first_use_and_bad_values():
 
 
 @pytest.mark.parametrize("value, expected", [("1", True), ("0", False)])
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_poison_from_the_environment(value, expected):
     code = ("from torch_mem_saver_lite.testing import HostSaver; s = HostSaver(); "
             "s._core(); print(s.poison_on_resume); s.close()")

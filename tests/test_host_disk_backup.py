@@ -239,7 +239,7 @@ def pids_of(names) -> set[int]:
     return {int(NAME.fullmatch(name)[1]) for name in names}
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_files_of_a_killed_process_are_removed_by_the_next_one_choosing_the_directory(disk_dir):
     disk_dir.mkdir(parents=True)
     killed = paused_then_killed(disk_dir)
@@ -314,7 +314,7 @@ def test_stale_files_are_told_by_their_owners_lock_never_by_a_pid(host_saver, me
         os.close(owner)
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_a_live_process_whose_pid_names_nobody_here_keeps_its_files_and_content(disk_dir):
     # In a pid namespace that sees its parent's /proc (unshare --pid --fork without
     # --mount-proc), a process's own pid names another process, or none, in /proc: its files

@@ -67,7 +67,7 @@ def start(body: str, budget: str | None = None) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, env=env)
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_the_budget_from_the_environment_is_the_nodes_and_the_api_sets_it_for_every_process(ledger):
     first = run("""
         report = saver.host_memory()
@@ -86,7 +86,7 @@ def test_the_budget_from_the_environment_is_the_nodes_and_the_api_sets_it_for_ev
 
 
 @pytest.mark.parametrize("value", ["0", "-5", "lots", "12Q", "64GB", "1.5G", "16777216T", "99999999999999999999T"])
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_a_bad_budget_is_refused_by_name_at_first_use_and_no_budget_applies(ledger, value):
     result = run("""
         from torch_mem_saver_lite import MemorySaverError, _lib
@@ -106,7 +106,7 @@ def test_a_bad_budget_is_refused_by_name_at_first_use_and_no_budget_applies(ledg
 
 @pytest.mark.parametrize(("value", "nbytes"), [("65536", 65536), ("96M", 96 * MiB), ("96m", 96 * MiB),
                                                (" 2G ", 2 << 30), ("1t", 1 << 40)])
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_a_budget_takes_bytes_or_a_k_m_g_t_suffix_in_any_case(ledger, value, nbytes):
     result = run("print(saver.host_memory().budget_bytes)", budget=value)
     assert result.stdout.split() == [str(nbytes)], result.stderr
@@ -153,7 +153,7 @@ def test_a_pause_beyond_the_budget_is_refused_before_anything_is_released_and_lo
                                           "content True"], result.stdout + result.stderr
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_a_pause_short_of_room_frees_what_waits_for_the_background_without_waiting_for_its_queue(ledger):
     # A copy let go waits for a quiet moment to be freed; a region closing meanwhile queues
     # its preparation behind that free, and the preparation needs the saver's operation lock.
@@ -201,7 +201,7 @@ def test_the_host_cache_gives_way_least_recently_used_first_to_a_pause_that_need
                                           "content True True True"], result.stdout + result.stderr
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_another_processs_idle_host_cache_gives_way_to_a_pause_that_needs_the_room(ledger):
     holder = start("""
         host.host_cache_bytes = 256 * MiB
@@ -389,7 +389,7 @@ print("done", cycles, refused, frees, flush=True)
 """
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_six_processes_racing_pauses_resumes_and_frees_two_killed_at_random_keep_to_the_budget(ledger):
     budget = 96 * MiB  # each holds 16 to 48 MiB of backups and keeps them cached: they must share
     victims = [start(CHURNER.format(seed=100 + i, byte=200 + i, seconds=60), budget=str(budget)) for i in range(2)]
@@ -453,7 +453,7 @@ def test_what_the_budget_cannot_hold_goes_to_disk_largest_first_and_comes_back_b
     assert "go to disk backup" in result.stderr  # said as a warning
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_the_environments_directory_takes_the_spill_and_the_refusal_names_it_without_one(ledger, disk_dir):
     body = """
         ptrs = tagged("weights", 3, 32 * MiB, 5)
@@ -482,7 +482,7 @@ def test_the_environments_directory_takes_the_spill_and_the_refusal_names_it_wit
     assert off.stdout.splitlines() == ["refused True", "content True"], off.stdout + off.stderr
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_when_the_others_caches_do_not_come_back_in_time_everything_goes_to_disk(ledger, disk_dir):
     holder = start("""
         host.host_cache_bytes = 256 * MiB
@@ -515,7 +515,7 @@ def test_when_the_others_caches_do_not_come_back_in_time_everything_goes_to_disk
     assert out.split() == ["content", "True"], out + err
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_a_spill_whose_disk_write_fails_keeps_everything_resident_and_backs_up_to_host_later(ledger, disk_dir):
     result = run(f"""
         from torch_mem_saver_lite import MemorySaverError
@@ -541,7 +541,7 @@ def test_a_spill_whose_disk_write_fails_keeps_everything_resident_and_backs_up_t
                                           f"host {96 * MiB} 0 0", "content True"], result.stdout + result.stderr
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_only_what_the_budget_cannot_hold_goes_to_disk_when_the_pause_reuses_cached_copies(ledger, disk_dir):
     result = run(f"""
         host.set_disk_backup_dir({str(disk_dir)!r})
@@ -560,7 +560,7 @@ def test_only_what_the_budget_cannot_hold_goes_to_disk_when_the_pause_reuses_cac
         result.stdout + result.stderr
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_a_partly_failed_pause_tried_again_beyond_the_budget_loses_nothing(ledger, disk_dir):
     # The first pause releases one of three allocations; the tag's hooks (the disk files) do
     # not run for a tag that is partly paused, so the second pause may not release anything
@@ -753,7 +753,7 @@ print(report.budget_bytes, report.held_by_this_process, repr(report.error), inta
 
 
 @pytest.mark.parametrize("size", [100, 0])
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_a_ledger_cut_short_under_a_running_process_kills_nobody_and_is_made_whole(ledger, size):
     holder = start(HOLDER, budget="64M")
     try:
@@ -769,7 +769,7 @@ def test_a_ledger_cut_short_under_a_running_process_kills_nobody_and_is_made_who
     assert ledger.stat().st_size == 24 + 1024 * 32
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_a_ledger_planted_as_a_symbolic_link_is_not_followed(ledger, tmp_path):
     target = tmp_path / "made-by-the-link"
     ledger.symlink_to(target)
@@ -781,7 +781,7 @@ def test_a_ledger_planted_as_a_symbolic_link_is_not_followed(ledger, tmp_path):
 
 
 @pytest.mark.parametrize("plant", ["world-writable", "another user's"])
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_a_ledger_another_user_could_write_is_refused_and_left_alone(ledger, plant):
     ledger.write_bytes(b"")
     if plant == "world-writable":
@@ -798,7 +798,7 @@ def test_a_ledger_another_user_could_write_is_refused_and_left_alone(ledger, pla
     assert str(ledger) in error and ledger.stat().st_size == 0  # not made a ledger of
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_a_ledger_removed_under_its_holders_gets_their_holdings_back_before_a_newcomer_counts(ledger):
     holder = start(HOLDER.replace("16 * MiB", "64 * MiB"), budget="96M")
     try:
@@ -827,7 +827,7 @@ def test_a_ledger_removed_under_its_holders_gets_their_holdings_back_before_a_ne
     assert holder.returncode == 0 and out.split()[1:] == [str(64 * MiB), "''", "True"], out + err
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_holders_with_the_same_pid_in_two_pid_namespaces_are_shown_apart(ledger):
     import fcntl
     import struct

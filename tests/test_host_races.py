@@ -34,7 +34,7 @@ def test_a_zero_copy_backup_stays_readable_after_resume_and_release(host_saver, 
         host_saver.get_cpu_backup(backup, zero_copy="no")
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_get_cpu_backup_racing_resume_and_free_reads_the_backup_or_nothing(host_saver, mem):
     host_saver.host_cache_bytes = 0
     with host_saver.region("weights", enable_cpu_backup=True):

@@ -102,7 +102,8 @@ for line in sys.stdin:
         anon = rss_anon_bytes()
         held_lease = host.get_cpu_backup(view, zero_copy=True)
         same = held_lease.numpy().tobytes() == expected[0]
-        print("read", same, (rss_anon_bytes() - anon) // MiB, host.host_memory().held_by_this_process // MiB, flush=True)
+        held = host.host_memory().held_by_this_process
+        print("read", same, (rss_anon_bytes() - anon) // MiB, held // MiB, flush=True)
     elif command[0] == "drop":  # the lease "read" took let go of
         del held_lease
         print("dropped", flush=True)
@@ -212,7 +213,7 @@ def finish(children: list[subprocess.Popen]) -> None:
                 child.communicate()
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_four_processes_pausing_the_same_backups_hold_them_once_and_get_them_back_bit_exact(ledger):
     children = [start() for _ in range(4)]
     try:
@@ -234,7 +235,7 @@ def test_four_processes_pausing_the_same_backups_hold_them_once_and_get_them_bac
     assert store_drains(ledger) and node_figures() == [0, 0]
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_a_resume_keeps_its_chunks_so_the_next_pause_of_the_same_bytes_takes_no_memory(ledger):
     # No re-inflation: after a resume no private memory is set aside for the next pause, whose
     # unchanged bytes are the chunks the process kept; changed bytes are copied and shared afresh.
@@ -300,7 +301,7 @@ def test_a_host_cache_of_no_bytes_keeps_no_chunk_after_a_resume(ledger):
         finish([child])
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_a_process_where_no_thread_can_start_shares_and_resumes_without_hanging(ledger, tmp_path,
                                                                               shared_library_builder):
     # Without a background thread (a thread or memory limit) the work of arenas and the
@@ -324,7 +325,7 @@ def test_a_process_where_no_thread_can_start_shares_and_resumes_without_hanging(
     assert store_drains(ledger)
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_a_process_that_frees_or_changes_its_content_leaves_the_others_backups_intact(ledger):
     children = paused_children(3)
     try:
@@ -340,7 +341,7 @@ def test_a_process_that_frees_or_changes_its_content_leaves_the_others_backups_i
     assert store_drains(ledger) and node_figures() == [0, 0]
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_holders_killed_with_sigkill_leave_nothing_in_the_store_once_nobody_holds_it(ledger):
     children = paused_children(3)
     try:
@@ -360,7 +361,7 @@ def test_holders_killed_with_sigkill_leave_nothing_in_the_store_once_nobody_hold
         finish(children)
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_sharing_is_on_by_default_and_the_variable_at_0_turns_it_off(ledger, monkeypatch):
     monkeypatch.delenv("TMSL_SHARE_BACKUPS")
     child = start()
@@ -384,7 +385,7 @@ def test_sharing_is_on_by_default_and_the_variable_at_0_turns_it_off(ledger, mon
         finish([child])
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_where_the_driver_cannot_page_lock_read_only_memory_a_taken_chunk_becomes_private_at_once(ledger):
     # The first process writes its chunks and page-locks them writable; a second one taking them
     # needs read-only page-locking, and without it copies them into memory of its own at once
@@ -663,7 +664,7 @@ def test_a_forked_child_holds_none_of_the_stores_chunks(ledger):
         finish([child])
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_under_a_budget_of_one_processs_bytes_four_pausing_the_same_bytes_at_once_all_pause(ledger, monkeypatch):
     # 192 MiB each, a node budget of 192 MiB + 10 %: each chunk is copied once between them,
     # by whichever claims it, and the others take it; none is refused, nothing goes to disk.
@@ -821,7 +822,7 @@ def test_a_store_outside_memory_is_not_used_and_host_memory_says_why(disk_dir, m
 
 
 @pytest.mark.parametrize("size_mib", [100, 1100])
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_a_store_without_room_means_private_copies_and_never_fails_a_pause(tmp_path, monkeypatch, size_mib):
     # A small tmpfs (Docker's /dev/shm is 64 MiB), or one whose room is what stays free for
     # everyone else (NCCL and data loaders use /dev/shm too): no chunk is made there, the
@@ -850,7 +851,7 @@ def test_a_store_without_room_means_private_copies_and_never_fails_a_pause(tmp_p
 
 
 @pytest.mark.parametrize("limit, held_mib", [(264, 192), (1024, 0)])
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_chunks_are_taken_only_while_a_quarter_of_the_descriptor_limit_stays_free(ledger, limit, held_mib):
     # Each chunk held takes file descriptors, and the rule is checked per allocation (two
     # chunks of each 96 MiB allocation, two descriptors each): under `ulimit -n` 264, taking
@@ -957,7 +958,7 @@ def why(child: subprocess.Popen) -> str:
     return child.stderr.read()
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_weights_loaded_in_their_region_are_shared_ahead_and_the_first_pause_copies_nothing(ledger):
     # Two replicas: their identical backups are in the store once, before any pause, and held
     # privately by neither; the first pause of each then copies nothing (every copy to the host
@@ -991,7 +992,7 @@ def test_weights_changed_after_being_shared_ahead_are_copied_again_and_never_ser
 
 
 @pytest.mark.parametrize("late, size_mib", [("untouched", 96), ("constant", 192)])
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_weights_written_after_their_region_are_not_shared_ahead(ledger, late, size_mib):
     # In the region the memory was untouched (zeros) or held one byte everywhere (chunks like
     # one another): nothing of it is made ahead, which would hold the store's memory for nothing.

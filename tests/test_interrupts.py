@@ -89,7 +89,7 @@ def test_interrupting_paused_anywhere_leaves_the_tag_resumed(host_saver, mem):
     assert every_line(body, check) > 3
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_a_real_sigint_during_a_large_pause_leaves_everything_resumable(tmp_path):
     code = textwrap.dedent("""
         import os, signal, sys, threading, time
@@ -192,7 +192,7 @@ class DiskBacked:
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_interrupting_a_disk_backed_paused_block_anywhere_loses_and_leaks_nothing(mem, disk_dir, recwarn):
     setup = DiskBacked(mem, disk_dir, recwarn)
 
@@ -225,7 +225,7 @@ def test_interrupting_a_disk_backed_pause_anywhere_keeps_the_content(mem, disk_d
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_interrupting_a_disk_backed_resume_anywhere_keeps_the_content(mem, disk_dir, recwarn):
     setup = DiskBacked(mem, disk_dir, recwarn)
     k, pending = 0, []

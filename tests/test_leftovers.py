@@ -295,7 +295,7 @@ def test_memory_breakdown_is_refused_where_there_is_no_gpu_memory(host_saver):
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_interrupting_paused_with_release_leftovers_anywhere_leaves_everything_resumed(host_saver, mem, suspendable):
     with host_saver.region("kv", enable_cpu_backup=True):
         ptr = mem.malloc(4 * MiB)

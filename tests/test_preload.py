@@ -89,7 +89,7 @@ def test_preload_mode_without_the_library_preloaded_says_how_to_fix_it():
     assert fresh.hook_mode == "torch"
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_bad_environment_values_are_named_and_never_fatal():
     result = run_preloaded(
         """
@@ -113,7 +113,7 @@ def test_bad_environment_values_are_named_and_never_fatal():
 
 
 @pytest.mark.parametrize("setting", ["expandable_segments:True", "backend:cudaMallocAsync"])
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_preload_refuses_allocator_settings_that_bypass_cudamalloc(setting):
     result = run_preloaded(
         """

@@ -221,7 +221,7 @@ def test_a_pause_whose_copy_fails_leaves_the_memory_resident_at_its_address(host
     host_saver.resume("weights")
 
 
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_a_large_soft_copy_comes_off_piece_by_piece_and_a_resume_failing_midway_puts_it_back(host_saver, mem):
     # 100 MiB: the copy's ranges of 64 MiB and 36 MiB, the resume's pieces of 8 MiB here (one
     # range spans eight pieces, the second ends inside the last).

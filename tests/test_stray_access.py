@@ -129,7 +129,7 @@ def test_the_saver_wide_setting_is_checked_and_applies_from_the_next_pause(host_
 
 
 @pytest.mark.parametrize(("value", "mode"), [("off", 0), ("Warn", 1), (" raise ", 2)])
-@pytest.mark.slow  # tens of seconds on 2 cores (fresh processes, or a sweep over every step): make test-slow's, CI runs it
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_the_process_default_comes_from_TMSL_STRAY_ACCESS(value, mode):
     assert defaults_in_child(TMSL_STRAY_ACCESS=value)["stray_access"] == mode
     said = run_in_child("from torch_mem_saver_lite.testing import HostSaver; print(HostSaver().stray_access)",
