@@ -281,6 +281,8 @@ void HostArena::page_lock() {
         std::lock_guard<std::mutex> lock(mu_);
         range.own = true;
         range.no_room = false;
+        budget_.discard_chunk(range.new_fd);  // no longer mapped: its memory is private now
+        range.new_fd = -1;
       }
     }
     // A failure is not final: the range's first copy tries again (for_each_part).

@@ -252,8 +252,10 @@ bool HostArena::intact(size_t offset, size_t size, std::string* cut) {
 }
 
 bool HostArena::range_intact(size_t r, std::string* cut) const {
-  // (A chunk's file is made at its range's size and never shortened by this library: new
-  // chunks are sized before they are mapped, named ones never written.)
+  // (A chunk's file is made at its range's size and never shortened while it is mapped: new
+  // chunks are sized before they are mapped, named ones never written. Nor can it be sealed
+  // against others shortening it: only a memfd takes F_SEAL_SHRINK, and a memfd cannot be
+  // named in the store's directory, another file system; so the size is looked at instead.)
   const Range& range = ranges_[r];
   const int fd = range.shared_fd >= 0 ? range.shared_fd : range.new_fd;
   struct stat st {};
