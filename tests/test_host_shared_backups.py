@@ -664,7 +664,6 @@ def test_a_forked_child_holds_none_of_the_stores_chunks(ledger):
         finish([child])
 
 
-@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_under_a_budget_of_one_processs_bytes_four_pausing_the_same_bytes_at_once_all_pause(ledger, monkeypatch):
     # 192 MiB each, a node budget of 192 MiB + 10 %: each chunk is copied once between them,
     # by whichever claims it, and the others take it; none is refused, nothing goes to disk.
