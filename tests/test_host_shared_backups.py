@@ -615,7 +615,7 @@ def test_chunks_made_in_another_pid_namespace_are_refused_with_one_warning(ledge
         assert line[0] == "paused" and int(line[2]) == 0, line + [why(other)]  # its chunks are the store's
         assert store_bytes(ledger) == 192 * MiB
         a_newcomer_keeps_private_copies_and_says_why_once(str(Path(str(ledger) + ".store")) + "/",
-                                                          "another one made it")
+                                                          "another PID namespace holds it")
         assert ask(other, "resume") == "content True"
     finally:
         finish([other])

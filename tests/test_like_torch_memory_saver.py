@@ -21,20 +21,25 @@ MiB = 1 << 20
 TESTS = Path(__file__).resolve().parent
 SWITCH = "TMSL_LIKE_TORCH_MEMORY_SAVER"
 
+# What both children start with: a host-backend saver and memory to put in its regions.
+PRELUDE = """
+import os, sys
+sys.path.insert(0, {tests!r})
+from host_memory import HostMemory
+from torch_mem_saver_lite.testing import HostSaver
+MiB = 1 << 20
+mem, host = HostMemory(), HostSaver()
+"""
+
 # A child that meets four of the five: a 96 MiB backed-up tag (large enough to be shared)
 # paused (what it holds, what the node's store holds), its backup damaged through a zero-copy
 # lease and resumed (refused or woken as it is), what stays held after the resume, and where
 # paused memory without a backup lies (mapped over a scratch, or unmapped). CACHE_MIB: a host
 # cache set in Python.
-FOUR = """
-import json, os, sys, ctypes
-sys.path.insert(0, {tests!r})
+FOUR = PRELUDE + """
+import json, ctypes
 from backends import permissions
-from host_memory import HostMemory
 from torch_mem_saver_lite import WakeVerificationError, _lib
-from torch_mem_saver_lite.testing import HostSaver
-MiB = 1 << 20
-mem, host = HostMemory(), HostSaver()
 if os.environ.get("CACHE_MIB"):
     host.host_cache_bytes = int(os.environ["CACHE_MIB"]) * MiB
 facts = dict(host_cache_bytes=host.host_cache_bytes, verify_wake=host.verify_wake, stray_access=host.stray_access)
@@ -72,14 +77,8 @@ print(json.dumps(facts))
 
 # A child pausing 96 MiB backed up on a ledger whose budget another process set to 64 MiB.
 # BUDGET_MIB: a budget set in Python first.
-OVER_BUDGET = """
-import os, sys
-sys.path.insert(0, {tests!r})
-from host_memory import HostMemory
+OVER_BUDGET = PRELUDE + """
 from torch_mem_saver_lite import OutOfMemoryError
-from torch_mem_saver_lite.testing import HostSaver
-MiB = 1 << 20
-mem, host = HostMemory(), HostSaver()
 if os.environ.get("BUDGET_MIB"):
     host.host_memory_budget = int(os.environ["BUDGET_MIB"]) * MiB
 with host.region("weights", enable_cpu_backup=True):

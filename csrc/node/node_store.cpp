@@ -404,15 +404,13 @@ Status NodeStore::open(const std::string& path, const Fingerprint& f, int* fd, b
                               "naming the tag). Leave the store's files alone while processes use it");
       continue;
     }
-    // Made, and held since, by processes of this PID namespace only (each vouches for it with
-    // a record lock): a chunk of a process this one cannot see (another container sharing
-    // /dev/shm as this user) cannot be told from one planted there.
-    if (!held_in_this_pid_namespace(chunk, kVouchStart, kVouchLength)) {
+    // Held by a process this one cannot see (each holder keeps a record lock on it: another
+    // container sharing /dev/shm as this user): its bytes cannot be told from planted ones.
+    if (held_in_another_pid_namespace(chunk, kVouchStart, kVouchLength)) {
       close(chunk);
       return refused_chunk("namespace", path, name,
-                           "no process of this PID namespace holds it (a process of another one made it, a "
-                           "container sharing /dev/shm as this user, or it was planted), so nothing here vouches "
-                           "for its bytes",
+                           "a process of another PID namespace holds it (a container sharing /dev/shm as this "
+                           "user, or a process planting it), so nothing here vouches for its bytes",
                            "Give each PID namespace a store of its own (TMSL_HOST_LEDGER, or a /dev/shm of its "
                            "own), or run the processes that share in one");
     }

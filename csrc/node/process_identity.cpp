@@ -54,15 +54,17 @@ bool hold_range_shared(int fd, off_t start, off_t length) {
   return fcntl(fd, F_SETLK, &shared) == 0;
 }
 
-bool held_in_this_pid_namespace(int fd, off_t start, off_t length) {
+bool held_in_another_pid_namespace(int fd, off_t start, off_t length) {
   struct flock probe = range(F_WRLCK, start, length);  // (this process's own locks never conflict)
-  if (fcntl(fd, F_GETLK, &probe) != 0 || probe.l_type == F_UNLCK || probe.l_pid <= 0) return false;
+  if (fcntl(fd, F_GETLK, &probe) != 0) return true;  // cannot be told: not trusted
+  if (probe.l_type == F_UNLCK) return false;
+  if (probe.l_pid <= 0) return true;  // a holder this namespace cannot see
   // /proc numbers processes as the namespace it was mounted for does: only this one's will do.
   char self[32] = {};
-  if (readlink("/proc/self", self, sizeof(self) - 1) <= 0 || std::strtol(self, nullptr, 10) != getpid()) return false;
+  if (readlink("/proc/self", self, sizeof(self) - 1) <= 0 || std::strtol(self, nullptr, 10) != getpid()) return true;
   struct stat holder {}, own {};
-  return stat(("/proc/" + std::to_string(probe.l_pid) + "/ns/pid").c_str(), &holder) == 0 &&
-         stat("/proc/self/ns/pid", &own) == 0 && holder.st_ino == own.st_ino && holder.st_dev == own.st_dev;
+  return !(stat(("/proc/" + std::to_string(probe.l_pid) + "/ns/pid").c_str(), &holder) == 0 &&
+           stat("/proc/self/ns/pid", &own) == 0 && holder.st_ino == own.st_ino && holder.st_dev == own.st_dev);
 }
 
 }  // namespace tmsl

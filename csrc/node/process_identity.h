@@ -29,10 +29,12 @@ bool range_held(int fd, off_t start, off_t length);
 // closing any descriptor of the file in this process drops it: open such files once.)
 bool hold_range_shared(int fd, off_t start, off_t length);
 
-// Whether a process of this PID namespace holds a record lock on that range of `fd`. The
+// Whether a process of another PID namespace holds a record lock on that range of `fd`. The
 // kernel says the holder's pid as this namespace numbers it (0 where it cannot see it: a
 // parent or sibling namespace's), and /proc says in which namespace that process lives (a
-// child namespace's are seen from here too). false where none holds one, or it cannot be told.
-bool held_in_this_pid_namespace(int fd, off_t start, off_t length);
+// child namespace's are seen from here too). false where nobody holds one: a process's record
+// locks on a file go whenever it closes any descriptor of it, so a holder of this namespace
+// may have lost its own, and nothing then says the file is another namespace's.
+bool held_in_another_pid_namespace(int fd, off_t start, off_t length);
 
 }  // namespace tmsl
