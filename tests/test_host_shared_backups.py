@@ -9,6 +9,7 @@ once nobody holds it. Each test runs its processes on a ledger (and so a store) 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import select
@@ -46,7 +47,8 @@ mem, host = HostMemory(), HostSaver()
 host.host_cache_bytes = 512 * MiB  # room to keep or set aside the 192 MiB, whatever the machine's memory
 if os.environ.get("NO_READ_ONLY_PAGE_LOCKING"):  # a driver that cannot page-lock read-only memory
     host.inject_fault("register_host_read_only", 1, 1 << 30)
-def content(seed):
+def content(seed):  # CONTENT_SEED: other bytes than the other children's
+    seed += int(os.environ.get("CONTENT_SEED", "0"))
     return bytes((i * 31 + seed) % 256 for i in range(4096)) * (96 * MiB // 4096)
 with host.region("weights", enable_cpu_backup=True):
     ptrs = [mem.malloc(96 * MiB), mem.malloc(96 * MiB)]
@@ -54,6 +56,8 @@ expected = [content(1), content(2)]
 for ptr, data in zip(ptrs, expected):
     mem.write(ptr, data)
 before = rss_anon_bytes()
+if os.environ.get("SAY_PAUSING"):
+    print("pausing", flush=True)
 host.pause("weights")
 host.wait_for_released_backups()  # shared in the background
 report = host.host_memory()
@@ -680,6 +684,41 @@ def test_under_a_budget_of_one_processs_bytes_four_pausing_the_same_bytes_at_onc
     finally:
         finish(children)
     assert store_drains(ledger) and node_figures() == [0, 0]
+
+
+def test_a_pause_short_of_budget_while_another_process_makes_chunks_waits_for_them_and_pauses(ledger, monkeypatch):
+    # A chunk another process is making holds that process's budget, which a copy it gives up
+    # hands back (one made ahead while its memory was being written, say): a pause short of
+    # budget meanwhile waits for it and tries again, rather than refusing at once. Here a claim
+    # held by this test stands for the chunk in the making, and the budget comes back from
+    # the holder, which resumes and keeps nothing, before the claim goes.
+    monkeypatch.setenv("TMSL_HOST_MEMORY_BUDGET", str(int(1.5 * 192 * MiB)))
+    holder = start(CONTENT_SEED="100")
+    children = [holder]
+    claim = None
+    try:
+        assert line_of(holder).startswith("paused"), holder.stderr.read()
+        assert store_bytes(ledger) == 192 * MiB  # 96 MiB of the budget left: not the 192 a new pause needs
+        claim = os.open(Path(str(ledger) + ".store") / ".claim-made-by-another-process", os.O_CREAT | os.O_RDWR, 0o600)
+        fcntl.flock(claim, fcntl.LOCK_EX)
+        pauser = start(SAY_PAUSING="1")
+        children.append(pauser)
+        assert line_of(pauser) == "pausing", pauser.stderr.read()
+        # Refused at once, it would answer (or die) now; waiting, it says nothing.
+        assert not select.select([pauser.stdout], [], [], 2)[0], pauser.stdout.readline() + pauser.stderr.read()
+        assert ask(holder, "nocache") == "no cache"
+        assert ask(holder, "resume") == "content True"
+        assert store_drains(ledger)
+        os.close(claim)
+        claim = None
+        line = line_of(pauser)
+        assert line.startswith("paused"), line + pauser.stderr.read()
+        assert store_bytes(ledger) == 192 * MiB
+        assert ask(pauser, "resume") == "content True"
+    finally:
+        if claim is not None:
+            os.close(claim)
+        finish(children)
 
 
 # A process that pauses, resumes and changes the same content as the others, in a loop, until

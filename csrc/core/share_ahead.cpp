@@ -75,6 +75,11 @@ HostBuffer Saver::share_one_ahead(const Allocation& a, const FingerprintKey& key
   std::vector<Fingerprint> before;
   Status s = tiers_.fingerprint_chunks(a.device, a.va, a.backup_bytes(), key, &before);
   if (!s.ok() || looks_unwritten(before, key)) return HostBuffer();
+  // Memory being written now (weights loading into it) is left to the pause: a copy made of it
+  // would be given up, and meanwhile its new chunks would hold budget a pause elsewhere needs.
+  std::vector<Fingerprint> again;
+  s = tiers_.fingerprint_chunks(a.device, a.va, a.backup_bytes(), key, &again);
+  if (!s.ok() || again != before) return HostBuffer();
   // (No room made: a guess made in the background takes no other copy's memory, this process's or another's.)
   HostBuffer none;
   if (!content_copy(a, key, &none, &copy, &before, false).ok() || !copy || !copy.arena->is_content()) {

@@ -54,6 +54,12 @@ class HostBudget {
   virtual Status claim_chunk(const Fingerprint& f, int* claim) = 0;
   virtual void unclaim_chunk(const Fingerprint& f, int claim) = 0;
   virtual Status wait_for_chunk(const Fingerprint& f, std::chrono::milliseconds patience, int* fd) = 0;
+  // Waits while other processes of the node are making chunks (claims held), until each is
+  // named or given up or `deadline` passes; true once they are done, false where none was
+  // (nothing to wait for) or some still were at the deadline. A chunk in the making holds its
+  // maker's budget, which a copy given up (one made ahead while its memory was written, say)
+  // hands back: a pause short of budget meanwhile tries again after, instead of refusing.
+  virtual bool wait_while_others_make_chunks(std::chrono::steady_clock::time_point deadline) = 0;
   // Lets go of a chunk open_chunk or publish_chunk holds / of a new chunk never published.
   virtual void release_shared(int fd) = 0;
   virtual void discard_chunk(int fd) = 0;

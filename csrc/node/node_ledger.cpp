@@ -607,6 +607,15 @@ Status NodeLedger::wait_for_chunk(const Fingerprint& f, std::chrono::millisecond
   return NodeStore::wait_for(store_, f, patience, fd);
 }
 
+bool NodeLedger::wait_while_others_make_chunks(std::chrono::steady_clock::time_point deadline) {
+  if (content_key() == nullptr || !NodeStore::others_making(store_)) return false;
+  do {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    usleep(1000);
+  } while (NodeStore::others_making(store_));
+  return true;
+}
+
 void NodeLedger::release_shared(int fd) { NodeStore::release(fd); }
 
 void NodeLedger::discard_chunk(int fd) { NodeStore::discard(fd); }

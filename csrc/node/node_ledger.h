@@ -82,6 +82,7 @@ class NodeLedger final : public HostBudget {
   Status claim_chunk(const Fingerprint& f, int* claim) override;
   void unclaim_chunk(const Fingerprint& f, int claim) override;
   Status wait_for_chunk(const Fingerprint& f, std::chrono::milliseconds patience, int* fd) override;
+  bool wait_while_others_make_chunks(std::chrono::steady_clock::time_point deadline) override;
   void release_shared(int fd) override;
   void discard_chunk(int fd) override;
   Status take_back_chunk(int fd, bool* taken) override;

@@ -557,6 +557,18 @@ Status NodeStore::wait_for(const std::string& path, const Fingerprint& f, std::c
   }
 }
 
+bool NodeStore::others_making(const std::string& path) {
+  StoreDirectory directory(path, false);
+  if (directory.fd() < 0) return false;
+  bool any = false;
+  directory.each_claim([&](const char* name) {
+    // (This process's own claims are not looked at: opening and closing them here is harmless
+    // for a flock, but they are not the others'.)
+    if (!any && !HeldChunks::instance().claims(name)) any = claim_held(directory.fd(), name);
+  });
+  return any;
+}
+
 void NodeStore::release(int fd) {
   std::string path;
   if (HeldChunks::instance().take(fd, &path)) HeldChunks::let_go(fd, path);

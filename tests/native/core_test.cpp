@@ -478,6 +478,7 @@ struct NoLimit : tmsl::HostBudget {
     return tmsl::Status::Ok();
   }
   size_t store_room() override { return SIZE_MAX; }
+  bool wait_while_others_make_chunks(std::chrono::steady_clock::time_point) override { return false; }
   size_t store_descriptors_left() override { return SIZE_MAX; }
   void note_store_refusal(const std::string&) override {}
   tmsl::Status claim_chunk(const tmsl::Fingerprint&, int* claim) override {
