@@ -39,7 +39,9 @@ fi
 
 ${PYTHON:-python3} -m venv $venv
 # No pip cache: it would keep a second copy of the gigabytes just installed.
-$venv/bin/python -m pip install -q --no-cache-dir --disable-pip-version-check "$torch_req" "$wheel[test,examples]"
+# WHEEL_TEST_FIND_LINKS: a folder where the torch requirement's wheels were downloaded already.
+$venv/bin/python -m pip install -q --no-cache-dir --disable-pip-version-check \
+  ${WHEEL_TEST_FIND_LINKS:+--find-links "$WHEEL_TEST_FIND_LINKS"} "$torch_req" "$wheel[test,examples]"
 # The tests must see the installed wheel, not this checkout's package directory.
 (cd / && $venv/bin/python -c '
 import torch, torch_mem_saver_lite as t, torch_mem_saver_lite._lib as lib
