@@ -721,6 +721,35 @@ def test_a_pause_short_of_budget_while_another_process_makes_chunks_waits_for_th
         finish(children)
 
 
+@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
+def test_a_pause_short_of_budget_waits_for_chunks_in_the_making_at_most_its_patience_then_refuses(ledger, monkeypatch):
+    # The wait has an end: a claim that never goes (its maker stopped) holds a pause up for the
+    # chunks' patience (30 s), after which it is refused as a pause short of budget is, its tag
+    # still resident with its content (the child's pause raises, its traceback says so).
+    monkeypatch.setenv("TMSL_HOST_MEMORY_BUDGET", str(int(1.5 * 192 * MiB)))
+    holder = start(CONTENT_SEED="100")
+    children = [holder]
+    claim = None
+    try:
+        assert line_of(holder).startswith("paused"), holder.stderr.read()
+        claim = os.open(Path(str(ledger) + ".store") / ".claim-made-by-another-process", os.O_CREAT | os.O_RDWR, 0o600)
+        fcntl.flock(claim, fcntl.LOCK_EX)
+        pauser = start(SAY_PAUSING="1")
+        children.append(pauser)
+        assert line_of(pauser) == "pausing", pauser.stderr.read()
+        waited = time.monotonic()
+        assert line_of(pauser, 300) == ""  # (it ended)
+        waited = time.monotonic() - waited
+        error = pauser.stderr.read()
+        assert "OutOfMemoryError" in error and "everything stays resident with its content" in error, error
+        assert waited > 20, waited  # the library waits 30 s from its pause's start, after "pausing"
+        assert ask(holder, "resume") == "content True"
+    finally:
+        if claim is not None:
+            os.close(claim)
+        finish(children)
+
+
 # A process that pauses, resumes and changes the same content as the others, in a loop, until
 # it is killed: at any point of a pause (fingerprinting, claiming, copying, naming, waiting for
 # another's chunk), of a resume, or of letting chunks go.

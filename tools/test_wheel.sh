@@ -11,21 +11,36 @@
 # With less disk free than that, WHEEL_TEST_FALLBACK_TORCH (a requirement this machine can
 # install from a local file, as CI's CPU torch) is tested instead, and the output says so;
 # without it the script stops and says how much is missing.
+#   tools/test_wheel.sh --download-floor DIR
+# downloads the floor's torch wheels into DIR ahead (CI, while other tests run: the network's
+# time, not the cores'), where the disk holds them besides the install (4 GB more); the test
+# then installs from there with WHEEL_TEST_FIND_LINKS=DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-wheel=$(realpath "$1")
 floor=$(sed -n 's/^dependencies = \["torch>=\([0-9.]*\)"\]/\1/p' pyproject.toml)
+needs_gb=${WHEEL_TEST_NEEDS_GB:-12}
+gb_free() {
+  # pip's downloads go to TMPDIR; both it and the venv must fit.
+  ${PYTHON:-python3} -c 'import shutil, sys, tempfile
+print(min(shutil.disk_usage(p).free for p in (sys.argv[1], tempfile.gettempdir())) // 2**30)' "$1"
+}
+if [ "${1:-}" = --download-floor ]; then
+  mkdir -p "$2"
+  if [ "$(gb_free "$2")" -lt $((needs_gb + 4)) ]; then
+    echo "wheel-test: no room to download torch==$floor.0 ahead; the test downloads it, disk permitting"
+    exit 0
+  fi
+  exec ${PYTHON:-python3} -m pip download -q --disable-pip-version-check --no-cache-dir -d "$2" "torch==$floor.0"
+fi
+wheel=$(realpath "$1")
 torch_req=${2:-torch==$floor.0}
 venv=$PWD/build/wheel-venv
 arch=$(basename "$wheel" .whl | sed 's/.*_\(x86_64\|aarch64\)$/\1/')
 twin=$PWD/build/wheel-testing-$arch/torch_mem_saver_lite/libtorch_mem_saver_lite.so
 [ -f "$twin" ] || { echo "wheel-test: no testing twin at $twin: build the wheel with tools/build_wheel.sh" >&2; exit 1; }
-needs_gb=${WHEEL_TEST_NEEDS_GB:-12}
 
 rm -rf $venv && mkdir -p build
-# pip's downloads go to TMPDIR; both it and the venv must fit.
-free_gb=$(${PYTHON:-python3} -c 'import shutil, sys, tempfile
-print(min(shutil.disk_usage(p).free for p in (sys.argv[1], tempfile.gettempdir())) // 2**30)' build)
+free_gb=$(gb_free build)
 if [ -z "${2:-}" ] && [ "$free_gb" -lt "$needs_gb" ]; then
   if [ -z "${WHEEL_TEST_FALLBACK_TORCH:-}" ]; then
     echo "wheel-test: $torch_req needs about $needs_gb GB of disk, $free_gb GB is free." >&2

@@ -608,12 +608,7 @@ Status NodeLedger::wait_for_chunk(const Fingerprint& f, std::chrono::millisecond
 }
 
 bool NodeLedger::wait_while_others_make_chunks(std::chrono::steady_clock::time_point deadline) {
-  if (content_key() == nullptr || !NodeStore::others_making(store_)) return false;
-  do {
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    usleep(1000);
-  } while (NodeStore::others_making(store_));
-  return true;
+  return content_key() != nullptr && NodeStore::wait_while_others_make(store_, deadline);
 }
 
 void NodeLedger::release_shared(int fd) { NodeStore::release(fd); }

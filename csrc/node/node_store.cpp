@@ -557,16 +557,22 @@ Status NodeStore::wait_for(const std::string& path, const Fingerprint& f, std::c
   }
 }
 
-bool NodeStore::others_making(const std::string& path) {
-  StoreDirectory directory(path, false);
-  if (directory.fd() < 0) return false;
-  bool any = false;
-  directory.each_claim([&](const char* name) {
-    // (This process's own claims are not looked at: opening and closing them here is harmless
-    // for a flock, but they are not the others'.)
-    if (!any && !HeldChunks::instance().claims(name)) any = claim_held(directory.fd(), name);
-  });
-  return any;
+bool NodeStore::wait_while_others_make(const std::string& path, std::chrono::steady_clock::time_point deadline) {
+  auto others_making = [&] {
+    StoreDirectory directory(path, false);
+    bool any = false;
+    // (This process's own claims are not looked at: they are not the others'.)
+    directory.each_claim([&](const char* name) {
+      if (!any && !HeldChunks::instance().claims(name)) any = claim_held(directory.fd(), name);
+    });
+    return any;
+  };
+  if (!others_making()) return false;
+  do {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    usleep(500);
+  } while (others_making());
+  return true;
 }
 
 void NodeStore::release(int fd) {

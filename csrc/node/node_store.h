@@ -70,8 +70,10 @@ class NodeStore {
   // any more, or `patience` ran out (*fd -1 for both: the caller makes it itself).
   static Status wait_for(const std::string& directory, const Fingerprint& f, std::chrono::milliseconds patience,
                          int* fd);
-  // Whether a process other than this one claims a chunk in `directory` now (is making it).
-  static bool others_making(const std::string& directory);
+  // Waits while a process other than this one claims a chunk in `directory` (is making it),
+  // until none does or `deadline` passes: true once none does, false where none did to begin
+  // with or some still did at the deadline.
+  static bool wait_while_others_make(const std::string& directory, std::chrono::steady_clock::time_point deadline);
   // Lets go of a chunk open() or publish() holds (its mappings must be gone): closes it, and
   // removes its file when no other process holds it. Chunks still held at exit are let go of
   // then; a forked child closes its copies when it starts.

@@ -68,18 +68,18 @@ Status BackupTiers::content_copy(int device, size_t bytes, const std::vector<Fin
     return HostArena::create_content(backend_, budget_, gate_, device, bytes, chunks, &made);
   };
   // Short of room: the pool and the caches give way for the new chunks' bytes (only those).
-  Status s = attempt();
-  if (s.code == Code::kOutOfMemory && make_room) s = with_room(*new_bytes, attempt);
+  auto attempt_with_room = [&] {
+    Status tried = attempt();
+    return tried.code == Code::kOutOfMemory && make_room ? with_room(*new_bytes, attempt) : tried;
+  };
+  Status s = attempt_with_room();
   // Still short while other processes are making chunks: tried again once they are done (a
   // copy given up hands its budget back), within one patience for the whole pause. (Nothing
   // of a failed attempt is held meanwhile: its arena let its claims go.) A guess made in the
   // background (no room made) never waits: the pause that follows it would.
-  if (s.code == Code::kOutOfMemory && make_room) {
-    const auto deadline = std::chrono::steady_clock::now() + kPatienceForChunks;
-    while (s.code == Code::kOutOfMemory && budget_.wait_while_others_make_chunks(deadline)) {
-      s = attempt();
-      if (s.code == Code::kOutOfMemory) s = with_room(*new_bytes, attempt);
-    }
+  const auto deadline = std::chrono::steady_clock::now() + kPatienceForChunks;
+  while (s.code == Code::kOutOfMemory && make_room && budget_.wait_while_others_make_chunks(deadline)) {
+    s = attempt_with_room();
   }
   // The store failing otherwise (its files: descriptors, inodes, mapping) means a private copy,
   // as with sharing off; only the budget's refusal is the pause's.
