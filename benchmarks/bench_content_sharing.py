@@ -1,6 +1,6 @@
 """Identical bytes held once per node, decided on the GPU before any copy: several processes
 sharing one GPU (as colocated frameworks run them), each pausing --gib GiB of weights for
---cycles cycles, with content sharing off and on (TMSL_SHARE_BACKUPS).
+--cycles cycles, with content sharing off (TMSL_SHARE_BACKUPS=0) and on (the default).
 
     python benchmarks/bench_content_sharing.py [--processes 4] [--gib 8] [--cycles 3]
         [--scenarios identical,distinct,changed,trained,staggered,budget] [--paused 2] [--rollout 1]
@@ -150,7 +150,12 @@ def go(go_dir: str, name: str, rank: int | None = None) -> None:
 def run(scenario: str, share: bool, args: argparse.Namespace) -> dict:
     shm = tempfile.mkdtemp(prefix="tmsl-bench-", dir="/dev/shm")
     go_dir = tempfile.mkdtemp(prefix="tmsl-go-")
-    env = {**os.environ, "TMSL_HOST_LEDGER": os.path.join(shm, "ledger"), "TMSL_SHARE_BACKUPS": "1" if share else "0"}
+    # Sharing "on" is the default a user gets (the variable unset: the store is used where
+    # another process of the node uses the library, as every scenario's processes do).
+    env = {k: v for k, v in os.environ.items() if k != "TMSL_SHARE_BACKUPS"}
+    env["TMSL_HOST_LEDGER"] = os.path.join(shm, "ledger")
+    if not share:
+        env["TMSL_SHARE_BACKUPS"] = "0"
     if scenario == "budget":
         env["TMSL_HOST_MEMORY_BUDGET"] = str(int(1.1 * args.gib * GiB))
     worker = scenario if scenario in ("changed", "trained", "distinct") else "identical"

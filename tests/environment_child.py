@@ -3,11 +3,13 @@ reads them once per process, so each combination needs its own."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 
 DEFAULTS = """
 import json
@@ -46,3 +48,20 @@ def defaults_in_child(**env: str) -> dict:
     """The process defaults a fresh process reads (TmslProcessDefaults' numbers and its tag)
     and what its first use says ("ok", or the exception)."""
     return json.loads(run_in_child(DEFAULTS, **env))
+
+
+@contextlib.contextmanager
+def neighbour(**env: str) -> Iterator[None]:
+    """Another process of the node that uses the library and holds nothing (an engine not yet
+    paused, say), alive for the block: its saver, made by its first use, puts it in the node's
+    ledger (the one ``env`` or the tests' own names), so that a pause there is not alone."""
+    code = "import sys; from torch_mem_saver_lite.testing import HostSaver; h = HostSaver(); h.host_memory(); " \
+           "print('here', flush=True); sys.stdin.read()"
+    process = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=clean_environment(**env))
+    try:
+        said = process.stdout.readline().strip()
+        assert said == "here", said + process.stderr.read()
+        yield
+    finally:
+        process.communicate(input="", timeout=60)

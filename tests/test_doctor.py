@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -115,11 +118,22 @@ def test_a_disk_directory_that_cannot_be_looked_at_is_named_and_the_ledger_not_b
 
 
 def test_the_doctor_says_whether_backups_are_shared_and_why_not(fake_driver, disk_dir, tmp_path):
-    # On tmpfs (the tests' ledger is in /dev/shm) identical backups are held once; a ledger on
-    # a disk puts the store beside it there, which is never used: the doctor names it and why.
-    shared = doctor(fake_driver)
-    assert "shared backups:   yes, identical backups are held once per node in " in shared.stdout, \
-        shared.stdout + shared.stderr
+    # On tmpfs (the tests' ledger is in /dev/shm) identical backups are held once, by processes
+    # that are not alone on the node (the doctor, alone, says so); with TMSL_SHARE_BACKUPS=1 also
+    # alone. A ledger on a disk puts the store beside it there, which is never used: the doctor
+    # names it and why.
+    # (A ledger of the test's own, in memory: no other process of the test run is in it.)
+    in_memory = Path(tempfile.mkdtemp(prefix="tmsl-test-", dir="/dev/shm"))
+    try:
+        shared = doctor(fake_driver, TMSL_HOST_LEDGER=str(in_memory / "l1"))
+        assert "shared backups:   yes, where another process of the node uses the library (a process alone " \
+               "copies privately; TMSL_SHARE_BACKUPS=1 shares anyway): identical backups are held once per node in " \
+               f"{in_memory / 'l1'}.store" in shared.stdout, shared.stdout + shared.stderr
+        asked = doctor(fake_driver, TMSL_SHARE_BACKUPS="1", TMSL_HOST_LEDGER=str(in_memory / "l3"))
+        assert f"shared backups:   yes, identical backups are held once per node in {in_memory / 'l3'}.store" \
+               in asked.stdout, asked.stdout + asked.stderr
+    finally:
+        shutil.rmtree(in_memory, ignore_errors=True)
     disk_dir.mkdir(parents=True)
     on_disk = doctor(fake_driver, TMSL_HOST_LEDGER=str(disk_dir / "ledger"))
     assert f"shared backups:   no: the shared backup store {disk_dir / 'ledger'}.store is not in memory (tmpfs" \

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from environment_child import neighbour
 
 MiB = 1 << 20
 TESTS = Path(__file__).resolve().parent
@@ -365,24 +366,62 @@ def test_holders_killed_with_sigkill_leave_nothing_in_the_store_once_nobody_hold
 
 
 @pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
-def test_sharing_is_on_by_default_and_the_variable_at_0_turns_it_off(ledger, monkeypatch):
+def test_sharing_is_on_by_default_where_another_process_uses_the_library_and_off_alone_or_at_0(ledger, monkeypatch):
+    # Alone on the node, nobody could share a chunk and the store's memory would cost: a
+    # private copy, and host_memory() says why. With another process of the node there (even
+    # one holding nothing yet), the store takes the backups; TMSL_SHARE_BACKUPS=0 never.
     monkeypatch.delenv("TMSL_SHARE_BACKUPS")
     child = start()
     try:
         line = line_of(child).split()
-        assert line[0] == "paused" and int(line[2]) == 0, line + [why(child)]  # in the store
-        assert store_bytes(ledger) == 192 * MiB
-        assert ask(child, "sharing") == "sharing True"  # and host_memory() says so
+        assert line[0] == "paused" and int(line[2]) == 192, line + [why(child)]  # a private copy
+        assert store_bytes(ledger) == 0
+        assert ask(child, "sharing").startswith("sharing False this process is alone on the node")
         assert ask(child, "resume") == "content True"
     finally:
         finish([child])
-    assert store_drains(ledger)
-    child = start(TMSL_SHARE_BACKUPS="0")
+    with neighbour(TMSL_HOST_LEDGER=str(ledger)):
+        child = start()
+        try:
+            line = line_of(child).split()
+            assert line[0] == "paused" and int(line[2]) == 0, line + [why(child)]  # in the store
+            assert store_bytes(ledger) == 192 * MiB
+            assert ask(child, "sharing") == "sharing True"  # and host_memory() says so
+            assert ask(child, "resume") == "content True"
+        finally:
+            finish([child])
+        assert store_drains(ledger)
+        child = start(TMSL_SHARE_BACKUPS="0")
+        try:
+            line = line_of(child).split()
+            assert line[0] == "paused" and int(line[2]) == 192, line + [why(child)]  # a private copy
+            assert store_bytes(ledger) == 0
+            assert ask(child, "sharing").startswith("sharing False TMSL_SHARE_BACKUPS=0")
+            assert ask(child, "resume") == "content True"
+        finally:
+            finish([child])
+
+
+def test_a_process_alone_stores_its_next_pause_once_another_arrives_and_keeps_its_chunks_alone(ledger, monkeypatch):
+    # Its private copy kept after the resume gives way to the store's chunks at the first pause
+    # with another process there; once alone again, the chunks it holds stay its copy (an
+    # unchanged pause takes them again; changed bytes are copied into its own chunks again).
+    monkeypatch.delenv("TMSL_SHARE_BACKUPS")
+    child = start()
     try:
         line = line_of(child).split()
-        assert line[0] == "paused" and int(line[2]) == 192, line + [why(child)]  # a private copy
-        assert store_bytes(ledger) == 0
-        assert ask(child, "sharing").startswith("sharing False TMSL_SHARE_BACKUPS=0")
+        assert line[0] == "paused" and int(line[2]) == 192, line + [why(child)]
+        assert ask(child, "resume") == "content True"
+        with neighbour(TMSL_HOST_LEDGER=str(ledger)):
+            assert ask(child, "pause") == "paused again"
+            assert store_bytes(ledger) == 192 * MiB  # the store's chunks are its copy now
+            assert ask(child, "sharing") == "sharing True"
+            assert ask(child, "resume") == "content True"
+        assert ask(child, "pause") == "paused again"  # alone again: the same chunks, none new
+        assert store_bytes(ledger) == 192 * MiB
+        assert ask(child, "resume") == "content True"
+        assert ask(child, "change") == "paused again"  # changed alone: its own chunks, copied into again
+        assert store_bytes(ledger) == 192 * MiB
         assert ask(child, "resume") == "content True"
     finally:
         finish([child])
@@ -895,7 +934,8 @@ def test_a_store_without_room_means_private_copies_and_never_fails_a_pause(tmp_p
         pytest.skip("cannot mount a small tmpfs here (needs root)")
     try:
         monkeypatch.setenv("TMSL_HOST_LEDGER", str(mount / "host-memory.ledger"))
-        monkeypatch.delenv("TMSL_SHARE_BACKUPS", raising=False)  # on by default
+        # (Asked for by name: a process alone on the node would copy privately anyway.)
+        monkeypatch.setenv("TMSL_SHARE_BACKUPS", "1")
         child = start()
         try:
             line = line_of(child).split()
@@ -939,7 +979,8 @@ def test_a_store_with_room_holds_the_backups_once(tmp_path, monkeypatch):
         pytest.skip("cannot mount a tmpfs here (needs root)")
     try:
         monkeypatch.setenv("TMSL_HOST_LEDGER", str(mount / "host-memory.ledger"))
-        monkeypatch.delenv("TMSL_SHARE_BACKUPS", raising=False)
+        # (Asked for by name: a process alone on the node would copy privately anyway.)
+        monkeypatch.setenv("TMSL_SHARE_BACKUPS", "1")
         child = start()
         try:
             line = line_of(child).split()

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from environment_child import defaults_in_child, run_in_child
+from environment_child import defaults_in_child, neighbour, run_in_child
 
 MiB = 1 << 20
 TESTS = Path(__file__).resolve().parent
@@ -113,8 +113,10 @@ def over_budget(ledger: str, **env: str) -> str:
 
 
 def test_by_default_the_four_behaviours_are_ours(ledger):
-    # The control: what the switch changes is there without it.
-    facts = four(ledger)
+    # The control: what the switch changes is there without it (sharing, with another process
+    # of the node there: one alone copies privately).
+    with neighbour(TMSL_HOST_LEDGER=ledger):
+        facts = four(ledger)
     assert facts["host_cache_bytes"] > 0 and facts["verify_wake"] is True and facts["stray_access"] == "warn"
     assert facts["held_paused"] == 0 and facts["store_paused"] == 96 * MiB and facts["backups_shared"] is True
     assert facts["kv_while_paused"].startswith("rw")  # the scratch covers paused memory

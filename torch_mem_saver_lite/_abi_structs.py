@@ -53,6 +53,7 @@ class HostMemoryFigures(ctypes.Structure):
         ("backups_shared", ctypes.c_int32),
         ("sharing_off", ctypes.c_char * 1024),
         ("store", ctypes.c_char * 4096),
+        ("alone", ctypes.c_int32),
     ]
 
 

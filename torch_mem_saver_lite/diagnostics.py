@@ -250,8 +250,13 @@ def render(env: Environment) -> str:
                      f"host memory:      budget {mib(host['budget_bytes'])} for the node ({host['ledger']}); held: "
                      f"this process {mib(host['held_by_this_process'])}, others {mib(host['held_by_others'])} "
                      f"({len([h for h in host['holders'] if not h['this_process']])} processes)")
+        # (The doctor is a process of its own: alone, it says what a process that is not would do.)
         lines.append(f"shared backups:   yes, identical backups are held once per node in {host['store']}"
-                     if host["backups_shared"] else f"shared backups:   no: {host['sharing_off_reason']}")
+                     if host["backups_shared"] else
+                     f"shared backups:   yes, where another process of the node uses the library (a process alone "
+                     f"copies privately; TMSL_SHARE_BACKUPS=1 shares anyway): identical backups are held once per node "
+                     f"in {host['store']}" if host.get("alone") else
+                     f"shared backups:   no: {host['sharing_off_reason']}")
         if not host["error"]:
             sharers = [h for h in host["holders"] if h.get("shared_bytes")]
             lines.append(f"held once:        {mib(host['shared_bytes'])} of distinct backups in the node's store, "

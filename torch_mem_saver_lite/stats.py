@@ -216,12 +216,17 @@ class HostMemoryReport:
             holder's ``shared_bytes`` says how much of it that process maps.
         backups_shared: this process's large backups go into the node's store (held once
             however many processes pause the same bytes), as the native core decided.
-        sharing_off_reason: why not ("" while they do): sharing turned off
+        sharing_off_reason: why not ("" while they do): this process alone on the node (no
+            other live process uses the library: nobody to share with, so private copies until
+            one does; ``TMSL_SHARE_BACKUPS=1`` stores them anyway), sharing turned off
             (``TMSL_SHARE_BACKUPS=0``, ``TMSL_LIKE_TORCH_MEMORY_SAVER=1``), a store that is not
             in memory (it lies beside the ledger, ``<ledger>.store``: a ``TMSL_HOST_LEDGER`` on
             a disk puts it there) or not trusted, or what the latest backup offered to it met
             (no room in its file system, no file descriptors left): two processes pausing the
             same bytes then hold two copies.
+        alone: sharing is on, but this process is alone on the node (``sharing_off_reason``
+            says so): its backups go into the store from its first pause with another process
+            of the node there.
         store: the node's store's directory (``<ledger>.store``, beside the ledger).
     """
 
@@ -238,6 +243,7 @@ class HostMemoryReport:
     shared_bytes: int = 0
     backups_shared: bool = False
     sharing_off_reason: str = ""
+    alone: bool = False
     store: str = ""
 
 
@@ -256,4 +262,5 @@ def host_memory_report(figures: Any, max_holders: int, **ours: Any) -> HostMemor
                             error=figures.error.decode(errors="replace"),
                             backups_shared=bool(figures.backups_shared),
                             sharing_off_reason=figures.sharing_off.decode(errors="replace"),
+                            alone=bool(figures.alone),
                             store=figures.store.decode(errors="replace"), **ours)

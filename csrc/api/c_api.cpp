@@ -148,6 +148,7 @@ TMSL_API int tmsl_host_memory(TmslHostMemory* out) {
     out->backups_shared = f.backups_shared ? 1 : 0;
     snprintf(out->sharing_off, sizeof(out->sharing_off), "%s", f.sharing_off.c_str());
     snprintf(out->store, sizeof(out->store), "%s", f.store.c_str());
+    out->alone = f.alone ? 1 : 0;
     return s;
   });
 }

@@ -63,6 +63,9 @@ typedef struct TmslHostMemory {
   int32_t backups_shared;
   char sharing_off[1024];
   char store[4096];  // the node's store's directory, beside the ledger ("<ledger>.store")
+  // 1 where sharing is on but this process is alone on the node (no other live process uses
+  // the library), so that its backups are private copies until one does.
+  int32_t alone;
 } TmslHostMemory;
 TMSL_API int tmsl_host_memory(TmslHostMemory* out);
 // Sets the node's budget, for every process of the node (bytes > 0).

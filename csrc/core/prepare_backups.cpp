@@ -51,8 +51,9 @@ std::vector<std::shared_ptr<HostArena>> Saver::prepare_backups_now(const TagSele
   // Whether `a` is resident, backed up, may keep its backup cached and has none yet (the
   // tiers hold no copy of it: `copies`, their addresses in order). Needs mu_.
   const bool retain = retain_backups_.load();
-  // A backup the node's store takes needs no memory of this process's set aside.
-  const FingerprintKey* key = tiers_.content_key();
+  // A backup the node's store takes needs no memory of this process's set aside (one alone on
+  // the node copies privately: memory set aside, as with sharing off).
+  const FingerprintKey* key = tiers_.store_key_now();
   auto wants = [&](const Allocation& a, const std::vector<std::pair<uintptr_t, size_t>>& copies) {
     if (content_addressed(a, key) && !soft_pauses(*a.tag_info)) return false;  // (a soft tag's are never shared)
     auto has_copy = std::lower_bound(copies.begin(), copies.end(), std::make_pair(a.va, size_t{0}));

@@ -432,7 +432,10 @@ Status Saver::queue_backups(std::vector<Allocation*>* batch_in, std::vector<Host
   std::vector<CopyRequest> requests(batch.size());
   std::vector<HostBuffer> kept;  // the copies the tiers hold for the batch (moving: this pause's)
   kept = tiers_.copies().peek(addresses_of(batch));
+  // The store takes a large copy where another process of the node could share it, and one
+  // whose copy is in the store already (alone now or not: its unchanged chunks cost nothing).
   const FingerprintKey* key = tiers_.content_key();
+  const bool store_now = key != nullptr && tiers_.store_key_now() != nullptr;
   size_t bytes = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     Allocation& a = *batch[i];
@@ -448,7 +451,8 @@ Status Saver::queue_backups(std::vector<Allocation*>* batch_in, std::vector<Host
     const bool reusable = copy && copy.size == r.bytes && !copy.arena->is_content() && !soft;
     r.tier = !a.backup ? Tier::kNone : reusable ? Tier::kKept : Tier::kHost;
     r.soft_span = soft ? a.size : 0;
-    if (a.backup && !a.soft_pauses && content_addressed(a, key)) {
+    const bool stored = copy && copy.arena->is_content();
+    if (a.backup && !a.soft_pauses && content_addressed(a, key) && (store_now || stored)) {
       // (A private copy it kept goes at settle: the store's chunks replace it.)
       Status s = content_copy(a, *key, &copy, &(*backups)[i], &a.wake_fingerprints);
       if (!s.ok() && s.code != Code::kUnsupported) return s;

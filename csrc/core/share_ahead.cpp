@@ -19,7 +19,8 @@
 namespace tmsl {
 
 void Saver::share_ahead(const TagSelection& selection) {
-  const FingerprintKey* key = tiers_.content_key();
+  // Alone on the node: nobody to share with, and its pause copies privately.
+  const FingerprintKey* key = tiers_.store_key_now();
   if (key == nullptr || tiers_.closing()) return;
   std::lock_guard<std::mutex> op(op_mu_);  // no pause or resume meanwhile
   std::vector<uintptr_t> wanted;  // looked up again one at a time: a free may come between

@@ -38,6 +38,14 @@ class HostBudget {
   // named under; nullptr where this process does not share (TMSL_SHARE_BACKUPS=0, no trusted
   // store in memory), and then none of the calls below is made.
   virtual const FingerprintKey* content_key() = 0;
+  // The key to store a backup offered now under: content_key() where another live process of
+  // the node uses the library, or where sharing was asked for by name (TMSL_SHARE_BACKUPS=1);
+  // nullptr where this process is alone on the node. A process alone has nobody to share
+  // with, and the store's memory would cost it: /dev/shm gives 4 KiB pages (no huge pages on
+  // most nodes), faulted in and page-locked one chunk at a time at its first pause, and its
+  // next device allocations slow beside them. So it copies privately, as with sharing off,
+  // and its next pause after another process arrives stores what it pauses then.
+  virtual const FingerprintKey* store_key_now() = 0;
   // The chunk of the bytes fingerprinted `f`, held (*fd; -1 where the store has none, or where
   // this process holds or claims it already: *here).
   virtual Status open_chunk(const Fingerprint& f, int* fd, bool* here) = 0;

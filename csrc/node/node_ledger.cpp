@@ -114,6 +114,7 @@ NodeLedger::NodeLedger() : owner_(getpid()), start_time_(process_start_time(getp
   const ProcessDefaults& env = process_defaults();  // TMSL_HOST_LEDGER, TMSL_HOST_MEMORY_BUDGET (0: not set)
   path_ = env.host_ledger.empty() ? default_path() : env.host_ledger;
   budget_applies_.store(env.host_memory_budget_applies);
+  sharing_asked_for_ = env.share_backups && env.share_backups_given;
   // Counted whether or not this process shares: another process of the node may.
   store_ = NodeStore::directory_for(path_);
   NodeStore::collect_garbage(store_);  // chunks of processes that died
@@ -132,7 +133,15 @@ NodeLedger::NodeLedger() : owner_(getpid()), start_time_(process_start_time(getp
   if (shared_ == nullptr) {
     close(fd_);
     fd_ = -1;
+    return;
   }
+  // The ledger opens where a saver is made: from here on the node's other processes see this
+  // one, and a pause of theirs is not alone (store_key_now()).
+  joined_ = true;
+  locked([&] {
+    my_slot();
+    return Status::Ok();
+  });
 }
 
 int NodeLedger::open_private(std::string* why) const {
@@ -217,7 +226,7 @@ Status NodeLedger::load() {
   }
   loaded_ = true;
   // This process's entry, from what it knows: a file cut short or made again lost it.
-  if (slot_ < 0 && (my_held_ != 0 || my_shared_mib_ != 0)) my_slot();
+  if (slot_ < 0 && (joined_ || my_held_ != 0 || my_shared_mib_ != 0)) my_slot();
   if (slot_ >= 0) shared_->slots[slot_] = Slot{owner_, my_shared_mib_, start_time_, my_held_, my_cached_};
   return Status::Ok();
 }
@@ -291,6 +300,13 @@ bool NodeLedger::nobody_alive() const {
     if (shared_->slots[i].pid != 0 && alive(i)) return false;
   }
   return true;
+}
+
+bool NodeLedger::others_alive() const {
+  for (size_t i = 0; i < kSlots; ++i) {
+    if (static_cast<int>(i) != slot_ && shared_->slots[i].pid != 0 && alive(i)) return true;
+  }
+  return false;
 }
 
 NodeLedger::Slot* NodeLedger::my_slot() {
@@ -550,9 +566,14 @@ NodeLedger::Figures NodeLedger::figures() {
               "(TMSL_HOST_MEMORY_BUDGET or saver.host_memory_budget sets one)";
   }
   const bool keyed = content_key() != nullptr;
+  f.alone = keyed && store_key_now() == nullptr;
   std::lock_guard<std::mutex> lock(refusal_mu_);
-  f.backups_shared = keyed && store_refusal_.empty();
-  f.sharing_off = keyed ? store_refusal_ : store_off_;
+  f.backups_shared = keyed && !f.alone && store_refusal_.empty();
+  f.sharing_off = !keyed   ? store_off_
+                  : f.alone ? "this process is alone on the node: its backups are private copies (the store's memory "
+                              "would cost it and nobody could share it) until another process of the node uses the "
+                              "library; TMSL_SHARE_BACKUPS=1 stores them anyway"
+                            : store_refusal_;
   return f;
 }
 
@@ -582,6 +603,19 @@ const FingerprintKey* NodeLedger::content_key() {
     if (!s.ok()) store_off_ = s.message();
   });
   return has_key_ ? &key_ : nullptr;
+}
+
+const FingerprintKey* NodeLedger::store_key_now() {
+  const FingerprintKey* key = content_key();
+  if (key == nullptr || sharing_asked_for_) return key;
+  bool others = false;
+  // No ledger (or a forked child's copy): nobody to tell apart, so the store is used as before.
+  if (shared_ == nullptr || getpid() != owner_) return key;
+  Status read = locked([&] {
+    others = others_alive();
+    return Status::Ok();
+  });
+  return !read.ok() || others ? key : nullptr;
 }
 
 void NodeLedger::note_store_refusal(const std::string& why) {

@@ -76,6 +76,7 @@ class NodeLedger final : public HostBudget {
   size_t room_with_others_caches() override;
   // The node's store (node_store.h), in this ledger's directory; its key is read once.
   const FingerprintKey* content_key() override;
+  const FingerprintKey* store_key_now() override;
   Status open_chunk(const Fingerprint& f, int* fd, bool* here) override;
   Status new_chunk(size_t size, int* fd) override;
   Status publish_chunk(int fd, const Fingerprint& f, bool* published) override;
@@ -110,6 +111,9 @@ class NodeLedger final : public HostBudget {
     // latest backup offered to it met: no room, no descriptors).
     bool backups_shared = false;
     std::string sharing_off;
+    // Whether this process is alone on the node (no other live process uses the library), so
+    // that its backups are private copies until another arrives (store_key_now()).
+    bool alone = false;
     std::string store;  // the store's directory (NodeStore::directory_for the ledger's path)
   };
   Figures figures();
@@ -140,6 +144,7 @@ class NodeLedger final : public HostBudget {
   Slot* my_slot();                    // under the lock; takes a free slot the first time
   bool alive(size_t index) const;     // whether a process holds slot `index`'s record lock
   bool nobody_alive() const;          // under the lock
+  bool others_alive() const;          // under the lock: a live process besides this one holds a slot
   void forget_dead_processes();       // under the lock
   size_t total_held() const;          // under the lock: the processes' and the shared store's
   std::string holders_text() const;   // under the lock
@@ -178,6 +183,12 @@ class NodeLedger final : public HostBudget {
   // of its own: not, as torch_memory_saver's backups take what they need; what it holds is
   // still in the ledger for the others to see).
   std::atomic<bool> budget_applies_{true};
+  // TMSL_SHARE_BACKUPS=1 given: the store is used also by a process alone on the node.
+  bool sharing_asked_for_ = false;
+  // This process took its slot when the ledger opened, so that the others see it before it
+  // holds anything (whether a pause is alone is told by the slots); a ledger made again gets
+  // it back at once.
+  bool joined_ = false;
 };
 
 }  // namespace tmsl

@@ -21,7 +21,8 @@
 //
 // On unless TMSL_SHARE_BACKUPS=0 (or TMSL_LIKE_TORCH_MEMORY_SAVER=1 without it), and only used
 // where the directory is in memory (tmpfs, as /dev/shm is): a ledger named on a disk leaves
-// sharing off (key() says why).
+// sharing off (key() says why). A process alone on the node does not use it unless
+// TMSL_SHARE_BACKUPS=1 asks (HostBudget::store_key_now, which the ledger answers).
 #pragma once
 
 #include <sys/stat.h>

@@ -50,7 +50,8 @@ constexpr size_t kMaxDiskBackupDirBytes = 4096;  // with its NUL: what TmslProce
 //                               without a backup meets (0, 1, 2: Saver's StrayMode)
 //   TMSL_SOFT_PAUSE (flag)      savers start with soft pauses turned on
 //   TMSL_DISK_BACKUP_DIR / TMS_DISK_BACKUP_DIR (path)   where disk backups go; checked where used
-//   TMSL_SHARE_BACKUPS (flag, default 1)   identical large backups are stored once per node
+//   TMSL_SHARE_BACKUPS (flag)   identical large backups are stored once per node: unset, where
+//                               another process of the node uses the library; 1 also alone; 0 never
 //   TMSL_HOST_MEMORY_BUDGET (size)   the node's host-memory budget, set when the ledger opens
 //   TMSL_HOST_LEDGER (path)     the ledger file the node's processes share ("": the default)
 //   TMSL_LOG_ALLOCATIONS (flag)   savers print a line per allocation and free to stderr

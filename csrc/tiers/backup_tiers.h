@@ -145,6 +145,8 @@ class BackupTiers {
   // The node's store (content_copies.cpp). The key chunks are fingerprinted under; nullptr
   // where this process does not share.
   const FingerprintKey* content_key() { return budget_.content_key(); }
+  // The key where a backup offered now goes to the store; nullptr: a private copy (HostBudget).
+  const FingerprintKey* store_key_now() { return budget_.store_key_now(); }
   // A backup that could have gone into the store became a private copy: why (HostBudget).
   // content_copy notes its own outcome.
   void note_store_refusal(const std::string& why) { budget_.note_store_refusal(why); }

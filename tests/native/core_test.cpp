@@ -453,6 +453,7 @@ struct NoLimit : tmsl::HostBudget {
   size_t room_with_others_caches() override { return SIZE_MAX; }
   // A store of memfds: new chunks are memfds, publishing names nothing but says it did.
   const tmsl::FingerprintKey* content_key() override { return nullptr; }
+  const tmsl::FingerprintKey* store_key_now() override { return nullptr; }
   tmsl::Status open_chunk(const tmsl::Fingerprint&, int* fd, bool* here) override {
     *fd = -1;
     *here = false;
