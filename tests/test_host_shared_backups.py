@@ -46,6 +46,8 @@ warnings.simplefilter("always")
 warnings.showwarning = lambda message, *rest: told.append(str(message))
 mem, host = HostMemory(), HostSaver()
 host.host_cache_bytes = 512 * MiB  # room to keep or set aside the 192 MiB, whatever the machine's memory
+if os.environ.get("PATIENCE_FOR_REPLICAS"):  # seconds a changed pause waits for the other holders to pause
+    host.set_patience_for_replicas(float(os.environ["PATIENCE_FOR_REPLICAS"]))
 if os.environ.get("NO_READ_ONLY_PAGE_LOCKING"):  # a driver that cannot page-lock read-only memory
     host.inject_fault("register_host_read_only", 1, 1 << 30)
 def content(seed):
@@ -196,9 +198,9 @@ def sharers(**env: str) -> list[tuple[int, int, int]]:
     return sorted(eval(result.stdout))  # a list of int tuples, printed by Python
 
 
-def paused_children(count: int) -> list[subprocess.Popen]:
+def paused_children(count: int, **env: str) -> list[subprocess.Popen]:
     """Children started and paused (each says so before this returns)."""
-    children = [start() for _ in range(count)]
+    children = [start(**env) for _ in range(count)]
     for child in children:
         assert line_of(child).startswith("paused"), child.stderr.read()
     return children
@@ -289,6 +291,69 @@ def test_changed_bytes_a_process_alone_holds_are_copied_into_its_own_chunks_agai
         assert ask(child, "resume") == "content True"
     finally:
         finish([child])
+    assert store_drains(ledger)
+
+
+def changed_at_once(children: list[subprocess.Popen]) -> None:
+    """Every child changes its first allocation's bytes alike and pauses, all at about the same
+    time (each waits for the others to pause too: the patience the test gave them)."""
+    for child in children:
+        child.stdin.write("change\n")
+        child.stdin.flush()
+    for child in children:
+        assert line_of(child) == "paused again", child.stderr.read()
+
+
+def test_replicas_whose_bytes_changed_alike_rewrite_the_chunks_they_share_in_place(ledger):
+    # Data-parallel replicas after a weight update: each pause lets go of the old bytes of the
+    # chunks it did not make, and each chunk's maker rewrites it in place once all have: the
+    # same files, renamed after the new bytes, held once; no fresh memory, no new page-locking.
+    # Each waits up to two minutes for the others to pause too: no timing decides the outcome.
+    children = paused_children(3, PATIENCE_FOR_REPLICAS="120")
+    try:
+        before = store_files(ledger)
+        assert len(before) == 4 and store_bytes(ledger) == 192 * MiB
+        for child in children:
+            assert ask(child, "resume") == "content True"
+        changed_at_once(children)
+        after = store_files(ledger)
+        assert sorted(after.values()) == sorted(before.values()), (before, after)  # the same files
+        assert len(set(after) - set(before)) == 2  # the changed allocation's two, under new names
+        assert store_bytes(ledger) == 192 * MiB
+        for child in children:
+            assert ask(child, "held") == "held 0"  # no private copy anywhere
+        assert sharers() == sorted((child.pid, 0, 192 * MiB) for child in children)
+        for child in children:
+            assert ask(child, "resume") == "content True"
+        # Changed again (the same new bytes: taken as they are), then paused: nothing moves.
+        for child in children:
+            assert ask(child, "pause") == "paused again"
+        assert store_files(ledger) == after
+        for child in children:
+            assert ask(child, "resume") == "content True"
+    finally:
+        finish(children)
+    assert store_drains(ledger)
+
+
+def test_a_changed_pause_whose_chunks_another_process_still_needs_makes_new_ones_after_its_patience(ledger):
+    # The other holder stays paused (it needs the old bytes): nothing is rewritten under it. The
+    # changed pause waits its patience (0.1 s by default), then copies into new chunks; both get
+    # their own bytes back, bit for bit.
+    children = paused_children(2)
+    try:
+        before = store_files(ledger)
+        assert ask(children[0], "resume") == "content True"
+        started = time.monotonic()
+        assert ask(children[0], "change") == "paused again"
+        assert time.monotonic() - started >= 0.1  # it waited for the other to let go
+        after = store_files(ledger)
+        assert set(before.items()) <= set(after.items())  # the old chunks, untouched
+        assert len(after) == len(before) + 2 and store_bytes(ledger) == 3 * 192 * MiB // 2
+        for child in children:
+            assert ask(child, "resume") == "content True"
+    finally:
+        finish(children)
     assert store_drains(ledger)
 
 

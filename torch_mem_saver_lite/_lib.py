@@ -145,6 +145,7 @@ _TESTING_SIGNATURES = {
     "tmsl_host_memory_limit": ([ctypes.c_char_p, ctypes.POINTER(_sz)], _int),
     "tmsl_tiers_figures": ([_vp] + [ctypes.POINTER(_sz)] * 4, _int),
     "tmsl_hold_foreground": ([_vp, _int], _int),
+    "tmsl_set_patience_for_replicas": ([_vp, ctypes.c_long], _int),
     "tmsl_fingerprint_host_bytes": ([_vp, _sz, ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64)], _int),
     "tmsl_fingerprint_memory": ([_vp, _int, _vp, _sz, ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64)], _int),
 }
@@ -488,6 +489,11 @@ class NativeSaver:
         """Test hook (host backend): the `after_calls`-th next call of `operation` fails,
         and the `times` - 1 calls after it."""
         check(lib().tmsl_inject_fault(self.handle, operation.encode(), after_calls, times))
+
+    def set_patience_for_replicas(self, seconds: float) -> None:
+        """Test hook: how long a pause whose content changed waits for the other holders of its
+        chunks in the node's store to pause too (they then share one rewrite in place)."""
+        check(lib().tmsl_set_patience_for_replicas(self.handle, round(seconds * 1000)))
 
     def malloc(self, size: int, device: int, tag: str, enable_cpu_backup: bool | None) -> int | None:
         out = _vp()

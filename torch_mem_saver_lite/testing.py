@@ -39,6 +39,12 @@ class HostSaver(MemorySaver):
         fail as a driver error would."""
         self._core().inject_fault(operation, after_calls, times)
 
+    def set_patience_for_replicas(self, seconds: float) -> None:
+        """How long a pause whose content changed waits for the other holders of its chunks in
+        the node's store to pause too, so that they share one rewrite of each chunk in place
+        (default 0.1 s): a test sets it long, so that no timing decides what it checks."""
+        self._core().set_patience_for_replicas(seconds)
+
     def close(self) -> None:
         """Free everything the saver holds; it cannot be used afterwards."""
         with self._lock:

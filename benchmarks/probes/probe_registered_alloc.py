@@ -6,6 +6,9 @@ inside a region (and its pause without backup)? Each variant in a fresh process,
                written and page-locked on its own: as the node's store holds shared backups
   shm64-unreg  the same files mapped and written, not page-locked
   anon         anonymous memory (huge pages where THP allows), page-locked in one registration
+  anon64       the same memory page-locked in registrations of 64 MiB each: as a private
+               backup's host memory is (HostArena::kRangeBytes), what tells the number of
+               registrations from the kind of pages
 
     python benchmarks/probes/probe_registered_alloc.py [--gib 16] [--repeats 2]
 """
@@ -42,11 +45,13 @@ def child(variant: str, gib: int) -> None:
             if variant == "shm64":
                 assert int(rt.cudaHostRegister(ctypes.addressof(buf), 64 * MiB, 0)) == 0
             keep.append((m, buf))
-    elif variant == "anon":
+    elif variant in ("anon", "anon64"):
         m = mmap.mmap(-1, gib * GiB)
         buf = (ctypes.c_char * (gib * GiB)).from_buffer(m)
         ctypes.memset(buf, 1, gib * GiB)
-        assert int(rt.cudaHostRegister(ctypes.addressof(buf), gib * GiB, 0)) == 0
+        piece = gib * GiB if variant == "anon" else 64 * MiB
+        for at in range(0, gib * GiB, piece):
+            assert int(rt.cudaHostRegister(ctypes.addressof(buf) + at, piece, 0)) == 0
         keep.append((m, buf))
     setup = time.perf_counter() - t0
     torch.cuda.synchronize()
@@ -68,13 +73,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gib", type=int, default=16, help="host memory per variant (GiB)")
     parser.add_argument("--repeats", type=int, default=2, help="rounds over the variants")
+    parser.add_argument("--variants", default="none,shm64,shm64-unreg,anon,anon64")
     parser.add_argument("--child", nargs=2, metavar=("VARIANT", "GIB"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.child[0], int(args.child[1]))
         return
     for _ in range(args.repeats):
-        for variant in ("none", "shm64", "shm64-unreg", "anon"):
+        for variant in args.variants.split(","):
             gib = 0 if variant == "none" else args.gib
             r = subprocess.run([sys.executable, __file__, "--child", variant, str(gib)], capture_output=True, text=True)
             print(r.stdout.strip() or r.stderr[-800:], flush=True)

@@ -89,6 +89,14 @@ TMSL_API int tmsl_hold_foreground(void* handle, int hold) {
   });
 }
 
+TMSL_API int tmsl_set_patience_for_replicas(void* handle, long milliseconds) {
+  return on_saver(handle, [&](Saver& saver) {
+    Status s = require(milliseconds >= 0, "milliseconds must not be negative");
+    if (s.ok()) saver.tiers().set_patience_for_replicas(std::chrono::milliseconds(milliseconds));
+    return s;
+  });
+}
+
 TMSL_API int tmsl_host_memory_limit(const char* root, size_t* out) {
   return guarded([&] {
     Status s = require(root != nullptr && out != nullptr, "root and out must not be NULL");

@@ -28,6 +28,12 @@ TMSL_API int tmsl_tiers_figures(void* saver, size_t* pooled_bytes, size_t* fresh
 // a call with hold 0, so a test can watch what background host work does meanwhile.
 TMSL_API int tmsl_hold_foreground(void* saver, int hold);
 
+// How long a pause whose content changed waits for the other holders of its chunks in the
+// node's store to pause too (BackupTiers::kPatienceForReplicas), in milliseconds: tests set
+// it long, so that replicas pausing one after another rewrite their chunks in place whatever
+// the machine's load.
+TMSL_API int tmsl_set_patience_for_replicas(void* saver, long milliseconds);
+
 // The content fingerprint (platform/fingerprint.h) under the key derived from `seed`, its 4
 // lanes into lanes[0..3]: of `bytes` of host memory at `data` by the CPU half, or of the
 // memory at `address` on `device` by the saver's backend (the GPU half on a CUDA saver).

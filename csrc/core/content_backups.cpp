@@ -9,7 +9,8 @@
 namespace tmsl {
 
 Status Saver::content_copy(const Allocation& a, const FingerprintKey& key, HostBuffer* kept, HostBuffer* out,
-                           std::vector<Fingerprint>* fingerprints, bool make_room) {
+                           std::vector<Fingerprint>* fingerprints, std::chrono::steady_clock::time_point others_by,
+                           bool make_room) {
   std::vector<Fingerprint>& chunks = *fingerprints;
   // (Fingerprinted here also where the caller did just before, as share_ahead does: as late as
   // possible, so that bytes still being written when it looked are taken as they end up.)
@@ -22,10 +23,11 @@ Status Saver::content_copy(const Allocation& a, const FingerprintKey& key, HostB
                                           format_address(a.va) + "); everything stays resident with its content");
   if (*kept && kept->size == a.backup_bytes() && kept->arena->is_content()) {
     // The same bytes as at its last pause: the copy it kept is taken again as it is. Changed
-    // bytes (new weights) go into its own chunks where nobody else holds them: no fresh memory,
-    // none held twice. A chunk of it cut short meanwhile (intact()) has lost its bytes: the
-    // copy is made anew from the memory, which still holds them.
-    if (kept->arena->intact() && (kept->arena->content() == chunks || kept->arena->recycle(chunks))) {
+    // bytes (new weights) go into its own chunks where nobody else needs their old bytes (no
+    // fresh memory, none held twice), replicas' into the chunks they share, each rewritten by
+    // its maker. A chunk of it cut short meanwhile (intact()) has lost its bytes: the copy is
+    // made anew from the memory, which still holds them.
+    if (kept->arena->intact() && (kept->arena->content() == chunks || kept->arena->recycle(chunks, others_by))) {
       kept->arena->note_use();
       *out = *kept;
       return Status::Ok();

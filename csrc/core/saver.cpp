@@ -436,6 +436,7 @@ Status Saver::queue_backups(std::vector<Allocation*>* batch_in, std::vector<Host
   // whose copy is in the store already (alone now or not: its unchanged chunks cost nothing).
   const FingerprintKey* key = tiers_.content_key();
   const bool store_now = key != nullptr && tiers_.store_key_now() != nullptr;
+  const auto others_by = std::chrono::steady_clock::now() + tiers_.patience_for_replicas();
   size_t bytes = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     Allocation& a = *batch[i];
@@ -454,7 +455,7 @@ Status Saver::queue_backups(std::vector<Allocation*>* batch_in, std::vector<Host
     const bool stored = copy && copy.arena->is_content();
     if (a.backup && !a.soft_pauses && content_addressed(a, key) && (store_now || stored)) {
       // (A private copy it kept goes at settle: the store's chunks replace it.)
-      Status s = content_copy(a, *key, &copy, &(*backups)[i], &a.wake_fingerprints);
+      Status s = content_copy(a, *key, &copy, &(*backups)[i], &a.wake_fingerprints, others_by);
       if (!s.ok() && s.code != Code::kUnsupported) return s;
       if (s.ok()) r.tier = Tier::kContent;
       const bool verify = verify_wake_.load() && a.verify;

@@ -474,8 +474,11 @@ class Saver {
   // device cannot fingerprint, or the store has no room; the caller copies as before.
   // Its chunks' fingerprints go to *fingerprints.
   // Without `make_room`, a shortage of host memory fails it instead of making the caches give way.
+  // Chunks of *kept that other processes hold too are rewritten in place where they let go of
+  // them by `others_by` (HostArena::recycle: one deadline for a whole pause).
   Status content_copy(const Allocation& a, const FingerprintKey& key, HostBuffer* kept, HostBuffer* out,
-                      std::vector<Fingerprint>* fingerprints, bool make_room = true);
+                      std::vector<Fingerprint>* fingerprints, std::chrono::steady_clock::time_point others_by,
+                      bool make_room = true);
   // Whether a's backup goes to the node's store (where this process shares: `key`): large
   // (more than one chunk) and kept after a resume (not an "mmap" copy).
   static bool content_addressed(const Allocation& a, const FingerprintKey* key) {

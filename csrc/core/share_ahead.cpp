@@ -83,7 +83,7 @@ HostBuffer Saver::share_one_ahead(const Allocation& a, const FingerprintKey& key
   if (!s.ok() || again != before) return HostBuffer();
   // (No room made: a guess made in the background takes no other copy's memory, this process's or another's.)
   HostBuffer none;
-  if (!content_copy(a, key, &none, &copy, &before, false).ok() || !copy || !copy.arena->is_content()) {
+  if (!content_copy(a, key, &none, &copy, &before, std::chrono::steady_clock::now(), false).ok() || !copy || !copy.arena->is_content()) {
     return HostBuffer();
   }
   s = copy_chunks(a, copy, copy.arena->writable_parts(copy.offset, copy.size));

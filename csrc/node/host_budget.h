@@ -74,6 +74,10 @@ class HostBudget {
   // A chunk this process made and alone holds, unnamed again for new bytes (*taken; false:
   // still held as it was).
   virtual Status take_back_chunk(int fd, bool* taken) = 0;
+  // A held chunk's bytes let go of, its file kept open and mapped, for its maker to rewrite in
+  // place; then adopted as the chunk `fd` it became (the same file), or released.
+  virtual void retire_chunk(int fd) = 0;
+  virtual void adopt_chunk(int retired, int fd) = 0;
   // The bytes new chunks may still take in the store (its file system's free space, less
   // what stays free for others).
   virtual size_t store_room() = 0;

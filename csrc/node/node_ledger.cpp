@@ -651,6 +651,10 @@ void NodeLedger::discard_chunk(int fd) { NodeStore::discard(fd); }
 
 Status NodeLedger::take_back_chunk(int fd, bool* taken) { return NodeStore::take_back(fd, taken); }
 
+void NodeLedger::retire_chunk(int fd) { NodeStore::retire(fd); }
+
+void NodeLedger::adopt_chunk(int retired, int fd) { NodeStore::adopt(retired, fd); }
+
 size_t NodeLedger::store_room() { return NodeStore::room(store_); }
 
 size_t NodeLedger::store_descriptors_left() { return NodeStore::descriptors_left(); }

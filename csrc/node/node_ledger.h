@@ -87,6 +87,8 @@ class NodeLedger final : public HostBudget {
   void release_shared(int fd) override;
   void discard_chunk(int fd) override;
   Status take_back_chunk(int fd, bool* taken) override;
+  void retire_chunk(int fd) override;
+  void adopt_chunk(int retired, int fd) override;
   size_t store_room() override;
   size_t store_descriptors_left() override;
   void note_store_refusal(const std::string& why) override;

@@ -580,6 +580,19 @@ void NodeStore::release(int fd) {
   if (HeldChunks::instance().take(fd, &path)) HeldChunks::let_go(fd, path);
 }
 
+void NodeStore::retire(int fd) {
+  // (Its record lock stays: this process still vouches for the file it maps.)
+  if (!in_forked_child()) flock(fd, LOCK_UN);
+}
+
+void NodeStore::adopt(int retired, int fd) {
+  std::string path;
+  // No name to remove: the file is held under its new one.
+  if (HeldChunks::instance().take(retired, &path)) close(retired);
+  // Closing any descriptor of a file drops this process's record locks on it: vouched again.
+  hold_range_shared(fd, kVouchStart, kVouchLength);
+}
+
 Status NodeStore::take_back(int fd, bool* taken) {
   *taken = false;
   std::string path;

@@ -11,6 +11,9 @@
 // holder keeps the file open with a shared flock, which the kernel drops when the holder dies
 // (kill -9 included); the last holder to let go, or any process that finds a chunk nobody
 // holds, removes it. The ledger counts the store's bytes once, beside the processes' own.
+// A chunk's maker may take it back for new bytes once no other process holds it: replicas
+// whose bytes changed alike retire their old chunks (their flocks go, the files stay mapped),
+// so each maker rewrites its chunks in place and the others adopt them as they are mapped.
 //
 // Trust: the store is used only as this user's directory nobody else may read or write, the
 // key only as this user's file nobody else may read, a chunk only as this user's read-only
@@ -81,6 +84,15 @@ class NodeStore {
   static void release(int fd);
   // Closes a new chunk that was never published.
   static void discard(int fd);
+  // Lets go of the bytes of a chunk open() or publish() holds, not of its file: the descriptor
+  // stays open (its mapping and page-locking stay), so that the chunk's maker may take it back
+  // once no process needs its bytes any more and write new ones into it in place (replicas
+  // whose weights changed alike). The caller then adopts it under its new name, or lets it go
+  // (release).
+  static void retire(int fd);
+  // The chunk retired at `retired` is in the store again as `fd` (held, as open() holds it):
+  // the same file, rewritten by its maker. retired's descriptor goes, fd stays held.
+  static void adopt(int retired, int fd);
   // Takes back a chunk this process made (open for writing) and alone holds: its name goes,
   // and its file, open at fd, is an unnamed new chunk again, for new bytes and publish().
   // *taken false (the chunk still held as it was) where another process holds it too.

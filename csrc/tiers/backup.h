@@ -19,6 +19,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -145,18 +146,29 @@ class HostArena {
   void drop_claims();
   // The chunks another process was making when the arena was made.
   std::vector<size_t> pending_chunks();
-  // Pending chunk `index` is in the store now (fd held): mapped in, read-only.
+  // Pending chunk `index` is in the store now (fd held): mapped in, read-only. A retired one
+  // that came back as the same file (rewritten in place) stays mapped as it is; another file
+  // is mapped in its place, page-locked at its first copy.
   Status settle_chunk(size_t index, int fd);
   // Pending chunk `index` is nobody's to make any more: made here, new, for the caller to copy
-  // into and publish (`claim`: its claim, or -1).
+  // into and publish (`claim`: its claim, or -1); a retired one's file is let go of first.
   Status make_chunk(size_t index, int claim);
   // A content arena of this allocation's last cycle, whose bytes changed (`content`, each
   // chunk's): its changed chunks become new chunks for the pause to copy into and publish,
-  // where this process made them and alone holds them and the store has none of the new
-  // bytes (the weights after a training step: no fresh memory, none taken twice). A leased
-  // arena's chunks all count as changed (a user may have written them). false, the arena
-  // left as it was, where any changed chunk is not so.
-  bool recycle(const std::vector<Fingerprint>& content);
+  // where this process made them and the store has none of the new bytes (the weights after
+  // a training step: no fresh memory, no new page-locking, none taken twice). A chunk other
+  // processes hold too is rewritten in place only once none of them needs its bytes: replicas
+  // whose weights changed alike pause at about the same time, and each lets go of the old
+  // bytes of the chunks it did not make (retired: still mapped and page-locked, pending until
+  // their makers name the new bytes, settle_chunk) while each maker waits for the others to
+  // let go of its own, until `others_by`. A leased arena's chunks all count as changed (a user
+  // may have written them), and are never rewritten while others hold them. false where a
+  // chunk cannot be had so (still held by others at `others_by`, or the store has its new
+  // bytes as another file): the caller lets the arena go and copies anew.
+  bool recycle(const std::vector<Fingerprint>& content, std::chrono::steady_clock::time_point others_by);
+  // Until when the maker of pending chunk `index`, retired by recycle(), may still claim its
+  // new bytes (a replica pausing a little later): a waiter makes the chunk itself only after.
+  std::chrono::steady_clock::time_point maker_expected_until(size_t index);
   // A content arena's fingerprints, chunk by chunk, while its bytes are still theirs (never
   // leased); empty for any other arena.
   std::vector<Fingerprint> content();
@@ -196,6 +208,8 @@ class HostArena {
     bool own = false;         // a new chunk that is never published (Chunk::own)
     bool no_room = false;     // a new chunk's file could not get its pages: nothing may touch them
     bool counted = false;     // its bytes given back to the node's budget (the store counts them)
+    bool made_here = false;   // its chunk's file was made by this process (open for writing)
+    bool retired = false;     // pending, its old chunk still mapped for its maker to rewrite (recycle)
   };
   struct Piece {
     size_t range;
@@ -217,9 +231,14 @@ class HostArena {
   // again if they had been given back). mu_ held.
   Status unshare(Range& range);
   // A shared range that is a chunk this process made and alone holds, taken back from the
-  // store: unnamed, its own again, no copy (false where another process holds it, or where
-  // the budget has no room for its bytes). mu_ held.
-  bool take_back(Range& range);
+  // store: unnamed, its own again, no copy (false where another process made it or holds it,
+  // or where the budget has no room for its bytes; `reserved`: the caller took them from the
+  // budget already). mu_ held.
+  bool take_back(Range& range, bool reserved = false);
+  // A changed range's old file, mapped and page-locked here, replaced by `fd` (another file,
+  // read-only) or by nothing (fd -1: the caller maps a new one): its page-locking undone
+  // first. mu_ not held.
+  Status replace_retired(Range& range, int fd);
   // register_as_one's two ways (mu_ held): an ordinary arena's ranges of one buffer merged
   // into one registration; a content arena's buffer (all of it) registered as one, its ranges
   // kept as the chunks they are.
@@ -259,6 +278,7 @@ class HostArena {
   bool filled_ = false;               // a content arena's copies landed (publish ran): nothing is written again
                                       // (until recycle() takes changed chunks back)
   size_t ranges_left_ = 0;  // not yet done
+  std::chrono::steady_clock::time_point makers_expected_until_{};  // recycle()'s others_by
   std::mutex mu_;
   std::condition_variable changed_;
   std::vector<std::thread> workers_;

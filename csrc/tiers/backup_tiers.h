@@ -168,6 +168,16 @@ class BackupTiers {
   Status wait_for_chunk(HostArena& arena, size_t index, const Fingerprint& f,
                         std::chrono::steady_clock::time_point deadline, bool* made);
   static constexpr std::chrono::milliseconds kPatienceForChunks{30000};
+  // How long a pause whose content changed waits for the other holders of its old chunks to
+  // let go of them (replicas pausing new weights at about the same time: each chunk's maker
+  // then rewrites it in place, at the link's speed, HostArena::recycle), and a holder for a
+  // maker to claim the new bytes; past it, new chunks are made (fresh memory, page-locked
+  // 4 KiB page by page: 6-41 % of the link's speed measured on an H200 node). Paid once where the others do not
+  // pause (the next pause's chunks are its own). Tests set it longer, so that no timing can
+  // decide what they check.
+  static constexpr std::chrono::milliseconds kPatienceForReplicas{100};
+  std::chrono::milliseconds patience_for_replicas() const { return std::chrono::milliseconds(replica_patience_ms_.load()); }
+  void set_patience_for_replicas(std::chrono::milliseconds patience) { replica_patience_ms_.store(patience.count()); }
   // The saver is going: background passes and preparations stop.
   void close() { closing_.store(true); }
   bool closing() const { return closing_.load(); }
@@ -183,6 +193,7 @@ class BackupTiers {
   std::atomic<size_t> published_cache_{0};  // what the node's ledger was last told
   std::atomic<size_t> published_shared_{0};  // and of the store's bytes this process maps
   std::atomic<bool> closing_{false};
+  std::atomic<int64_t> replica_patience_ms_{kPatienceForReplicas.count()};
   ForegroundGate gate_;
   BackgroundWork background_;  // after the gate: its tasks wait on it
   HostPool pool_;              // after the background work: it frees there

@@ -70,6 +70,7 @@ Status HostArena::create_content(std::shared_ptr<Backend> backend, HostBudget& b
       if (!s.ok()) return s;
     }
     const bool fresh = range.new_fd >= 0;
+    range.made_here = fresh;
     if (mmap(a.data_ + range.start, range.size, fresh ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED | MAP_FIXED,
              fresh ? range.new_fd : range.shared_fd, 0) == MAP_FAILED) {
       return errno_status("mapping a backup chunk", errno);
@@ -129,9 +130,59 @@ std::vector<size_t> HostArena::pending_chunks() {
   return pending;
 }
 
+namespace {
+
+bool same_file(int a, int b) {
+  struct stat first {}, second {};
+  return fstat(a, &first) == 0 && fstat(b, &second) == 0 && first.st_ino == second.st_ino &&
+         first.st_dev == second.st_dev;
+}
+
+}  // namespace
+
+Status HostArena::replace_retired(Range& range, int fd) {
+  // (A recycled arena's ranges are all done: no registrar runs.)
+  if (range.registered && !backend_->unregister_host(device_, data_ + range.start).ok()) {
+    if (fd >= 0) budget_.release_shared(fd);
+    return Status::Error(Code::kHostError, "a changed shared backup chunk stayed page-locked");
+  }
+  range.registered = false;  // page-locked again at its first copy (for_each_part)
+  if (fd >= 0) {
+    if (mmap(data_ + range.start, range.size, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+      const int error = errno;
+      budget_.release_shared(fd);
+      return errno_status("mapping a shared backup chunk", error);
+    }
+    keep_from_children(data_ + range.start, range.size);
+  }
+  budget_.release_shared(range.shared_fd);  // the old file, unmapped now (or mapped over next)
+  std::lock_guard<std::mutex> lock(mu_);
+  range.shared_fd = fd;
+  range.retired = false;
+  range.made_here = false;
+  if (fd < 0) shared_ranges_--;
+  return Status::Ok();
+}
+
 // (A pending range is this thread's alone until it is settled: the registrar waits for it.)
 Status HostArena::settle_chunk(size_t index, int fd) {
   Range& range = ranges_[index];
+  if (range.retired) {
+    if (same_file(fd, range.shared_fd)) {
+      // Rewritten in place by its maker: its mapping and page-locking here already hold the
+      // new bytes.
+      budget_.adopt_chunk(range.shared_fd, fd);
+    } else {
+      Status s = replace_retired(range, fd);
+      if (!s.ok()) return s;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    range.shared_fd = fd;
+    range.retired = false;
+    range.pending = false;
+    changed_.notify_all();
+    return Status::Ok();
+  }
   if (mmap(data_ + range.start, range.size, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
     const int error = errno;
     budget_.release_shared(fd);
@@ -152,6 +203,11 @@ Status HostArena::make_chunk(size_t index, int claim) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     range.claim_fd = claim;  // let go with the arena should anything below fail
+  }
+  if (range.retired) {
+    // Its maker never came for the new bytes: its old file goes, a new one is made below.
+    Status s = replace_retired(range, -1);
+    if (!s.ok()) return s;
   }
   Status s = budget_.reserve(range.size);
   if (!s.ok()) return s;
@@ -174,6 +230,7 @@ Status HostArena::make_chunk(size_t index, int claim) {
   keep_from_children(data_ + range.start, range.size);
   std::lock_guard<std::mutex> lock(mu_);
   range.new_fd = fd;
+  range.made_here = fd >= 0;
   range.own = fd < 0;
   range.pending = false;
   range.counted = false;  // this process's own from here until it is published
@@ -183,10 +240,11 @@ Status HostArena::make_chunk(size_t index, int claim) {
   return Status::Ok();
 }
 
-bool HostArena::take_back(Range& range) {
+bool HostArena::take_back(Range& range, bool reserved) {
+  if (!range.made_here) return false;  // (only its maker has it open for writing)
   // Its bytes go from the store's count (gone with its name) to this process's: reserved
   // first, so that they are never counted by neither.
-  const bool reserve = range.counted && reserved_;
+  const bool reserve = range.counted && reserved_ && !reserved;
   if (reserve && !budget_.reserve(range.size).ok()) return false;
   bool taken = false;
   if (!budget_.take_back_chunk(range.shared_fd, &taken).ok() || !taken) {
@@ -201,8 +259,8 @@ bool HostArena::take_back(Range& range) {
   return true;
 }
 
-bool HostArena::recycle(const std::vector<Fingerprint>& content) {
-  std::lock_guard<std::mutex> lock(mu_);
+bool HostArena::recycle(const std::vector<Fingerprint>& content, std::chrono::steady_clock::time_point others_by) {
+  std::unique_lock<std::mutex> lock(mu_);
   if (soft_ || content.size() != content_.size() || content.size() != ranges_.size()) return false;
   // A leased arena's bytes are no longer known (a user may have written them): every chunk
   // is copied again, as with a private copy.
@@ -221,24 +279,98 @@ bool HostArena::recycle(const std::vector<Fingerprint>& content) {
     }
     changed.push_back(r);
   }
-  // Each changed chunk of the store taken back: unnamed, this process's own again.
+  // The bytes of the chunks this process made, which it may take back: from the store's count
+  // to this process's, taken from the budget at once (one look at the node's ledger, not one
+  // per chunk and per look below); what is not taken back is given back on the way out.
+  size_t unused = 0;
+  for (size_t r : changed) {
+    const Range& range = ranges_[r];
+    if (range.shared_fd >= 0 && range.made_here && range.counted && reserved_) unused += range.size;
+  }
+  if (unused != 0 && !budget_.reserve(unused).ok()) return false;
+  struct GiveBackUnused {
+    HostBudget& budget;
+    size_t& bytes;
+    ~GiveBackUnused() {
+      if (bytes != 0) budget.give_back(bytes);
+    }
+  } give_back_unused{budget_, unused};
+  auto taken_back = [&](Range& range) {
+    const bool counted = range.counted && reserved_;
+    if (!take_back(range, counted)) return false;
+    if (counted) unused -= range.size;
+    return true;
+  };
+  // Each changed chunk of the store taken back: unnamed, this process's own again. Those
+  // other processes hold too (or made) are left for below.
+  std::vector<size_t> held_by_others;
   for (size_t r : changed) {
     Range& range = ranges_[r];
     if (range.shared_fd < 0) continue;  // its own already (unnamed, or private memory)
-    if (!take_back(range)) {
-      // Another process holds it: the ones taken back keep their old bytes (still what
-      // content_ says), never published, and the caller lets the arena go.
-      for (size_t t : changed) {
-        if (ranges_[t].shared_fd < 0) ranges_[t].own = true;
-      }
-      return false;
+    if (!taken_back(range)) held_by_others.push_back(r);
+  }
+  // Given up: the ones taken back keep their old bytes (still what content_ says), never
+  // published, and the caller lets the arena go (with any retired below: their bytes are
+  // nobody's any more).
+  std::vector<std::pair<size_t, int>> claimed;  // chunks made here, waited for: (range, claim)
+  auto give_up = [&] {
+    for (const auto& [r, claim] : claimed) budget_.unclaim_chunk(content[r], claim);
+    for (size_t t : changed) {
+      Range& range = ranges_[t];
+      if (range.claim_fd >= 0) budget_.unclaim_chunk(content[t], range.claim_fd);  // (taken back below)
+      range.claim_fd = -1;
+      if (range.shared_fd < 0) range.own = true;
     }
+    return false;
+  };
+  // Never a leased arena's in place (its pages may be a user's), nor one page-locked as one.
+  if (!held_by_others.empty() && (leased_ || whole_registered_)) return give_up();
+  // Replicas: each chunk made here waits, claimed (the others wait for its new bytes instead
+  // of making them), until the others let go of it; each of the others' is retired at once,
+  // its maker writing the new bytes into it (no process waits for another before letting go
+  // of what it does not make, so no two wait for each other).
+  for (size_t r : held_by_others) {
+    Range& range = ranges_[r];
+    int claim = -1;
+    if (range.made_here && !budget_.claim_chunk(content[r], &claim).ok()) return give_up();
+    if (claim >= 0) {
+      claimed.emplace_back(r, claim);
+      continue;
+    }
+    // (Made here, but another process makes the new bytes: waited for as the others' are.)
+    budget_.retire_chunk(range.shared_fd);
+    range.retired = true;
+    range.pending = true;
+  }
+  // In order, one at a time: the others let go of all their old chunks at once, so the first
+  // still held says when to look again (each look is a few system calls).
+  for (size_t next = 0; next < claimed.size();) {
+    Range& range = ranges_[claimed[next].first];
+    if (taken_back(range)) {
+      range.claim_fd = claimed[next].second;  // let go once publish() names the new bytes
+      ++next;
+      continue;
+    }
+    if (std::chrono::steady_clock::now() >= others_by) {
+      // (The claims of those taken back are their ranges' now: give_up lets them go there.)
+      claimed.erase(claimed.begin(), claimed.begin() + static_cast<std::ptrdiff_t>(next));
+      return give_up();
+    }
+    lock.unlock();  // (nobody else uses a kept arena meanwhile: a pause holds its allocation)
+    usleep(200);
+    lock.lock();
   }
   for (size_t r : changed) content_[r] = content[r];  // (their mappings are writable: its own files')
   filled_ = false;  // the pause copies into the changed chunks, then publishes them
+  makers_expected_until_ = others_by;
   // Known again once copied, unless a lease still lets a user write them.
   leased_ = live_leases_.load() != 0;
   return true;
+}
+
+std::chrono::steady_clock::time_point HostArena::maker_expected_until(size_t index) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ranges_[index].retired ? makers_expected_until_ : std::chrono::steady_clock::time_point{};
 }
 
 bool HostArena::intact(size_t offset, size_t size, std::string* cut) {

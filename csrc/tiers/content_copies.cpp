@@ -2,6 +2,9 @@
 // identical bytes once per node: a pause fingerprints a large backup's memory where it lies,
 // chunk by chunk (kRangeBytes each), and its copy becomes a content arena (backup.h) whose
 // chunks the store has are taken as they are; only the new ones are copied, then named.
+#include <unistd.h>
+
+#include <algorithm>
 #include <set>
 #include <string>
 
@@ -97,12 +100,19 @@ Status BackupTiers::content_copy(int device, size_t bytes, const std::vector<Fin
 Status BackupTiers::wait_for_chunk(HostArena& arena, size_t index, const Fingerprint& f,
                                    std::chrono::steady_clock::time_point deadline, bool* made) {
   *made = false;
+  // A chunk retired for its maker to rewrite (HostArena::recycle): that maker, a replica
+  // pausing a little later, may not have claimed the new bytes yet.
+  const auto maker_expected_until = std::min(arena.maker_expected_until(index), deadline);
   for (;;) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     int fd = -1;
     Status s = budget_.wait_for_chunk(f, std::max(left, std::chrono::milliseconds(0)), &fd);
     if (!s.ok()) return s;
     if (fd >= 0) return arena.settle_chunk(index, fd);
+    if (std::chrono::steady_clock::now() < maker_expected_until) {
+      usleep(200);
+      continue;
+    }
     int claim = -1;
     s = budget_.claim_chunk(f, &claim);
     if (!s.ok()) return s;

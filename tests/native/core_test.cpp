@@ -478,6 +478,11 @@ struct NoLimit : tmsl::HostBudget {
     *taken = false;
     return tmsl::Status::Ok();
   }
+  void retire_chunk(int) override { ++retired_; }
+  void adopt_chunk(int retired, int) override {
+    close(retired);
+    ++adopted_;
+  }
   size_t store_room() override { return SIZE_MAX; }
   bool wait_while_others_make_chunks(std::chrono::steady_clock::time_point) override { return false; }
   size_t store_descriptors_left() override { return SIZE_MAX; }
@@ -491,7 +496,7 @@ struct NoLimit : tmsl::HostBudget {
     *fd = -1;
     return tmsl::Status::Ok();
   }
-  std::atomic<int> published_{0}, released_{0};
+  std::atomic<int> published_{0}, released_{0}, retired_{0}, adopted_{0};
 };
 
 struct CopiesFixture {
@@ -590,13 +595,24 @@ void content_arena_without_room_in_the_store_copies_into_private_memory() {
 }
 
 // A store whose chunks can be taken back while `take_backs` lasts (node_store.h: this process
-// made them and alone holds them), and refused after.
+// made them and alone holds them), and refused after (another process holds them: a replica
+// that never pauses). New bytes are claimed here (a claim is a memfd), counted.
 struct RecyclingStore : NoLimit {
   int take_backs = 0;
+  std::atomic<int> claims_{0}, unclaims_{0};
   tmsl::Status take_back_chunk(int, bool* taken) override {
     *taken = take_backs > 0;
     --take_backs;
     return tmsl::Status::Ok();
+  }
+  tmsl::Status claim_chunk(const tmsl::Fingerprint&, int* claim) override {
+    *claim = memfd_create("claim", MFD_CLOEXEC);
+    ++claims_;
+    return tmsl::Status::Ok();
+  }
+  void unclaim_chunk(const tmsl::Fingerprint&, int claim) override {
+    close(claim);
+    ++unclaims_;
   }
 };
 
@@ -639,22 +655,105 @@ void changed_content_arena_is_recycled_only_where_every_changed_chunk_is_taken_b
   changed[1].lanes[0] = 99;
   changed[2].lanes[0] = 98;
   budget.take_backs = 2;
-  CHECK(arena->recycle(changed));
+  CHECK(arena->recycle(changed, std::chrono::steady_clock::now()));
   CHECK(arena->content() == changed && arena->own_bytes() == 2 * range);
   const auto parts = arena->writable_parts(0, size);
   CHECK(parts.size() == 2 && parts[0].first == range && parts[1].first == 2 * range);
   arena->publish();
   CHECK(budget.published_.load() == 5 && arena->own_bytes() == 0 && arena->writable_parts(0, size).empty());
-  // Changed again, but the second is refused (another process holds it): nothing recycled,
-  // the arena keeps saying what it holds (the bytes before the change), never reused as new.
+  // Changed again, but the second stays held by another process until the replicas' patience
+  // ends (claimed meanwhile, so others would wait for it, then let go): nothing recycled, the
+  // arena keeps saying what it holds (the bytes before the change), never reused as new.
   std::vector<tmsl::Fingerprint> again = changed;
   again[1].lanes[0] = 77;
   again[2].lanes[0] = 76;
   budget.take_backs = 1;
-  CHECK(!arena->recycle(again));
+  const auto asked = std::chrono::steady_clock::now();
+  CHECK(!arena->recycle(again, asked + std::chrono::milliseconds(30)));
+  CHECK(std::chrono::steady_clock::now() - asked >= std::chrono::milliseconds(30));  // it waited that long
+  CHECK(budget.claims_.load() == 1 && budget.unclaims_.load() == 1 && budget.retired_.load() == 0);
   CHECK(arena->content() == changed);
   arena->publish();
   CHECK(budget.published_.load() == 5);  // the one taken back is never named again
+}
+
+// Replicas whose bytes changed alike: another process made this arena's chunks. A changed
+// chunk is retired (its file stays mapped and page-locked here) until its maker names the new
+// bytes: the same file rewritten in place is adopted as it is mapped; another file is mapped
+// in its place; one nobody made is made here.
+void replicas_changed_chunks_are_retired_then_adopted_in_place_or_replaced() {
+  RecyclingStore budget;  // (take_backs 0: the chunks are another process's, held by others)
+  tmsl::ForegroundGate gate;
+  std::shared_ptr<tmsl::Backend> backend{tmsl::make_host_backend(0, 2 * MiB)};
+  const size_t range = tmsl::HostArena::kRangeBytes, size = 3 * range;
+  std::vector<int> files(3);
+  std::vector<tmsl::HostArena::Chunk> chunks(3);
+  for (size_t i = 0; i < 3; ++i) {
+    files[i] = memfd_create("maker's chunk", MFD_CLOEXEC);
+    CHECK(files[i] >= 0 && ftruncate(files[i], static_cast<off_t>(range)) == 0);
+    std::vector<char> bytes(range, static_cast<char>(0x20 + i));
+    CHECK(pwrite(files[i], bytes.data(), range, 0) == static_cast<ssize_t>(range));
+    chunks[i].fingerprint.bytes = range;
+    chunks[i].fingerprint.lanes[0] = 10 + i;
+    chunks[i].fd = dup(files[i]);  // the store's chunk, held (read-only here)
+  }
+  std::unique_ptr<tmsl::HostArena> made;
+  CHECK(tmsl::HostArena::create_content(backend, budget, gate, 0, size, chunks, &made).ok());
+  if (made == nullptr) return;
+  std::shared_ptr<tmsl::HostArena> arena(std::move(made));
+  tmsl::HostBuffer buffer{arena, 0, size};
+  auto first_byte_of = [&](size_t r) {
+    char seen = 0;
+    CHECK(buffer.for_each_part(r * range, 1, [&](char* host, size_t, size_t) {
+            seen = host[0];
+            return tmsl::Status::Ok();
+          }).ok());
+    return seen;
+  };
+  CHECK(first_byte_of(0) == 0x20 && first_byte_of(2) == 0x22);
+  CHECK(arena->writable_parts(0, size).empty() && arena->has_shared());
+  std::vector<tmsl::Fingerprint> changed(3);
+  for (size_t i = 0; i < 3; ++i) changed[i] = chunks[i].fingerprint;
+  changed[0].lanes[0] = 90;
+  changed[1].lanes[0] = 91;
+  changed[2].lanes[0] = 92;
+  const auto others_by = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  CHECK(arena->recycle(changed, others_by));  // at once: nothing of its own to wait for
+  CHECK(budget.retired_.load() == 3 && budget.claims_.load() == 0);  // a maker claims, not a holder
+  CHECK(arena->pending_chunks() == std::vector<size_t>({0, 1, 2}));
+  CHECK(arena->writable_parts(0, size).empty());  // nothing copied here: the makers write them
+  CHECK(arena->content().empty());                // not known until they are settled
+  CHECK(arena->maker_expected_until(0) == others_by);
+  // Chunk 0 rewritten in place by its maker: adopted, no mapping made, the new bytes there.
+  std::vector<char> fresh(range, 0x50);
+  CHECK(pwrite(files[0], fresh.data(), range, 0) == static_cast<ssize_t>(range));
+  CHECK(arena->settle_chunk(0, dup(files[0])).ok());
+  CHECK(budget.adopted_.load() == 1 && first_byte_of(0) == 0x50);
+  // Chunk 1 came as another file: mapped in place of the old one, page-locked at its read.
+  const int other = memfd_create("another maker's chunk", MFD_CLOEXEC);
+  CHECK(other >= 0 && ftruncate(other, static_cast<off_t>(range)) == 0);
+  std::vector<char> elsewhere(range, 0x61);
+  CHECK(pwrite(other, elsewhere.data(), range, 0) == static_cast<ssize_t>(range));
+  const int released = budget.released_.load();
+  CHECK(arena->settle_chunk(1, other).ok());
+  CHECK(budget.released_.load() == released + 1 && budget.adopted_.load() == 1);  // the old file let go of
+  CHECK(first_byte_of(1) == 0x61);
+  // Chunk 2: nobody made it: a new file here, for the pause to copy into and publish.
+  CHECK(arena->maker_expected_until(1) == std::chrono::steady_clock::time_point{});
+  CHECK(arena->make_chunk(2, -1).ok());
+  CHECK(budget.released_.load() == released + 2);
+  const auto parts = arena->writable_parts(0, size);
+  CHECK(parts.size() == 1 && parts[0].first == 2 * range);
+  CHECK(buffer.for_each_part(2 * range, range, [](char* host, size_t, size_t part) {
+          memset(host, 0x72, part);
+          return tmsl::Status::Ok();
+        }).ok());
+  CHECK(arena->pending_chunks().empty() && arena->content() == changed);
+  arena->publish();
+  CHECK(first_byte_of(2) == 0x72 && first_byte_of(0) == 0x50);
+  std::vector<char> old_maker(1);
+  CHECK(pread(files[2], old_maker.data(), 1, 0) == 1 && old_maker[0] == 0x22);  // never written here
+  for (int fd : files) close(fd);
 }
 
 void host_copies_cache_goes_least_recently_used_first() {
@@ -715,6 +814,8 @@ int main() {
        content_arena_without_room_in_the_store_copies_into_private_memory},
       {"changed_content_arena_is_recycled_only_where_every_changed_chunk_is_taken_back",
        changed_content_arena_is_recycled_only_where_every_changed_chunk_is_taken_back},
+      {"replicas_changed_chunks_are_retired_then_adopted_in_place_or_replaced",
+       replicas_changed_chunks_are_retired_then_adopted_in_place_or_replaced},
       {"host_copies_cache_goes_least_recently_used_first", host_copies_cache_goes_least_recently_used_first},
   };
   int passed = 0, failed = 0;
