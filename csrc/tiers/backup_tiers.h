@@ -168,6 +168,9 @@ class BackupTiers {
   Status wait_for_chunk(HostArena& arena, size_t index, const Fingerprint& f,
                         std::chrono::steady_clock::time_point deadline, bool* made);
   static constexpr std::chrono::milliseconds kPatienceForChunks{30000};
+  // After a claim of `f` (*claim) had where the store had no chunk of it: the chunk, held in
+  // *fd, if another process named it meanwhile (the claim let go, *claim -1); else *fd -1.
+  Status taken_if_named_meanwhile(int* fd, const Fingerprint& f, int* claim);
   // How long a pause whose content changed waits for the other holders of its old chunks to
   // let go of them (replicas pausing new weights at about the same time: each chunk's maker
   // then rewrites it in place, at the link's speed, HostArena::recycle), and a holder for a

@@ -335,6 +335,15 @@ bool HostArena::recycle(const std::vector<Fingerprint>& content, std::chrono::st
     if (range.made_here && !budget_.claim_chunk(content[r], &claim).ok()) return give_up();
     if (claim >= 0) {
       claimed.emplace_back(r, claim);
+      // Named by another process since the look above (see BackupTiers::taken_if_named_meanwhile):
+      // the caller takes it from the store.
+      int fd = -1;
+      bool here = false;
+      if (!budget_.open_chunk(content[r], &fd, &here).ok()) return give_up();
+      if (fd >= 0) {
+        budget_.release_shared(fd);
+        return give_up();
+      }
       continue;
     }
     // (Made here, but another process makes the new bytes: waited for as the others' are.)

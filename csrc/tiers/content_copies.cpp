@@ -51,7 +51,10 @@ Status BackupTiers::content_copy(int device, size_t bytes, const std::vector<Fin
       chunk.fingerprint = fingerprints[i];
       chunk.own = !seen.insert(chunk.fingerprint.name()).second;
       if (!chunk.own) opened = budget_.open_chunk(chunk.fingerprint, &chunk.fd, &chunk.own);
-      if (opened.ok() && chunk.fd < 0 && !chunk.own) opened = budget_.claim_chunk(chunk.fingerprint, &chunk.claim);
+      if (opened.ok() && chunk.fd < 0 && !chunk.own) {
+        opened = budget_.claim_chunk(chunk.fingerprint, &chunk.claim);
+        if (opened.ok() && chunk.claim >= 0) opened = taken_if_named_meanwhile(&chunk.fd, chunk.fingerprint, &chunk.claim);
+      }
       chunk.pending = opened.ok() && chunk.fd < 0 && chunk.claim < 0 && !chunk.own;
       if (chunk.fd < 0 && !chunk.pending) *new_bytes += chunk.fingerprint.bytes;
     }
@@ -97,6 +100,19 @@ Status BackupTiers::content_copy(int device, size_t bytes, const std::vector<Fin
   return Status::Ok();
 }
 
+Status BackupTiers::taken_if_named_meanwhile(int* fd, const Fingerprint& f, int* claim) {
+  // Its maker names a chunk, then lets its claim go: a look that found nothing and a claim
+  // had after that look may lie on either side of both. Looked for again (else two copies of
+  // one chunk: the second stays its maker's own, unnamed).
+  bool here = false;
+  Status s = budget_.open_chunk(f, fd, &here);
+  if (s.ok() && *fd >= 0) {
+    budget_.unclaim_chunk(f, *claim);
+    *claim = -1;
+  }
+  return s;
+}
+
 Status BackupTiers::wait_for_chunk(HostArena& arena, size_t index, const Fingerprint& f,
                                    std::chrono::steady_clock::time_point deadline, bool* made) {
   *made = false;
@@ -115,7 +131,12 @@ Status BackupTiers::wait_for_chunk(HostArena& arena, size_t index, const Fingerp
     }
     int claim = -1;
     s = budget_.claim_chunk(f, &claim);
-    if (!s.ok()) return s;
+    if (s.ok() && claim >= 0) s = taken_if_named_meanwhile(&fd, f, &claim);
+    if (!s.ok()) {
+      if (claim >= 0) budget_.unclaim_chunk(f, claim);
+      return s;
+    }
+    if (fd >= 0) return arena.settle_chunk(index, fd);
     // Claimed again by another process meanwhile: wait for that one, until the deadline.
     if (claim < 0 && std::chrono::steady_clock::now() < deadline) continue;
     *made = true;
