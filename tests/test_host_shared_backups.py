@@ -850,27 +850,50 @@ def claim_held_by_another_process(ledger: Path) -> Iterator[None]:
 
 # A process that pauses, resumes and changes the same content as the others, in a loop, until
 # it is killed: at any point of a pause (fingerprinting, claiming, copying, naming, waiting for
-# another's chunk), of a resume, or of letting chunks go.
-VICTIM = """
-import os, sys
+# another's chunk), of a resume, or of letting chunks go. Each is forked by one server that has
+# imported everything once (a hundred fresh interpreters importing torch took most of this
+# test's time); nothing of the library is made before the fork, so each victim's saver, node
+# ledger and store are its own, as a fresh process's are. A victim says "ready <pid>".
+VICTIMS = """
+import os, signal, sys
 sys.path.insert(0, {tests!r})
 from host_memory import HostMemory
 from torch_mem_saver_lite.testing import HostSaver
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the victims killed are reaped by the kernel
 MiB = 1 << 20
-mem, host = HostMemory(), HostSaver()
 def content(seed):
     return bytes((i * 31 + seed) % 256 for i in range(4096)) * (96 * MiB // 4096)
-with host.region("weights", enable_cpu_backup=True):
-    ptrs = [mem.malloc(96 * MiB), mem.malloc(96 * MiB)]
-mem.write(ptrs[1], content(2))
-print("ready", flush=True)
-seed = 1
-while True:
-    mem.write(ptrs[0], content(seed))
-    host.pause("weights")
-    host.resume("weights")
-    seed = 8 - seed  # 1, 7, 1, ...: the others' content and their changed content in turn
+def victim():
+    mem, host = HostMemory(), HostSaver()
+    with host.region("weights", enable_cpu_backup=True):
+        ptrs = [mem.malloc(96 * MiB), mem.malloc(96 * MiB)]
+    mem.write(ptrs[1], content(2))
+    print("ready", os.getpid(), flush=True)
+    seed = 1
+    while True:
+        mem.write(ptrs[0], content(seed))
+        host.pause("weights")
+        host.resume("weights")
+        seed = 8 - seed  # 1, 7, 1, ...: the others' content and their changed content in turn
+for line in sys.stdin:  # one victim per line, until the test closes stdin
+    if os.fork() == 0:
+        try:
+            victim()
+        finally:
+            os._exit(1)
 """
+
+
+def gone(pid: int, timeout: float = 60) -> bool:
+    """Whether the process with this id has ended (and was reaped) within the timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.005)
+    return False
 
 
 @pytest.mark.slow
@@ -880,12 +903,15 @@ def test_processes_killed_at_random_points_leave_the_others_bit_exact_and_nothin
     rng = random.Random(34)
     survivors = paused_children(2)
     paused = [True, True]
+    victims = subprocess.Popen([sys.executable, "-c", VICTIMS.format(tests=str(TESTS))], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         for kill in range(100):
-            victim = subprocess.Popen([sys.executable, "-c", VICTIM.format(tests=str(TESTS))],
-                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True)
-            assert line_of(victim, 120) == "ready", victim.stderr.read()
+            victims.stdin.write("fork\n")
+            victims.stdin.flush()
+            ready = line_of(victims, 120).split()
+            assert ready[:1] == ["ready"], (ready, victims.poll())
+            victim = int(ready[1])
             # A survivor resumes (its content checked), or pauses (the same or changed content),
             # while the victim works and is killed.
             k = kill % 2
@@ -893,8 +919,8 @@ def test_processes_killed_at_random_points_leave_the_others_bit_exact_and_nothin
             survivors[k].stdin.write(command + "\n")
             survivors[k].stdin.flush()
             time.sleep(rng.uniform(0, 0.4))
-            victim.send_signal(signal.SIGKILL)
-            victim.communicate()
+            os.kill(victim, signal.SIGKILL)
+            assert gone(victim), f"victim {victim} still there after SIGKILL"
             answer = line_of(survivors[k], 120)
             assert answer == ("content True" if paused[k] else "paused again"), (kill, answer)
             paused[k] = not paused[k]
@@ -903,6 +929,14 @@ def test_processes_killed_at_random_points_leave_the_others_bit_exact_and_nothin
                 assert ask(survivor, "pause") == "paused again"
             assert ask(survivor, "resume") == "content True"
     finally:
+        victims.stdin.close()  # the server's loop ends
+        try:
+            victims.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            victims.kill()
+            victims.wait()
+        victims.stdout.close()
+        victims.stderr.close()
         finish(survivors)
     # Nothing left once all are gone: a process opening the ledger collects what nobody holds.
     assert node_figures() == [0, 0]
