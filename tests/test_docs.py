@@ -503,7 +503,7 @@ def test_importing_the_package_does_what_the_side_effects_page_says():
 
 
 def results_rows() -> list[tuple[list[str], set[str]]]:
-    """performance.md's results table: (the files of a row, the commits it says they landed in)."""
+    """performance.md's results table: (the files of a row, the commits it says their code was)."""
     table = section((ROOT / "docs" / "performance.md").read_text(), "## Results files")
     rows = []
     for line in table.splitlines():
@@ -519,9 +519,30 @@ def results_rows() -> list[tuple[list[str], set[str]]]:
     return rows
 
 
-def test_every_results_file_is_listed_with_the_commit_that_last_changed_it():
-    # A figure describes the code of its results file's commit; the table is where that is
-    # said, once, for every file a figure cites.
+# A results file's first line: `# <command>; <GPU>, <host>, ...; code <hash>[, <hash>...] ...`,
+# the commits of the code it measured. A JSON or a chart is described by the log of its name,
+# an example's folder by its run.log.
+RESULTS_HEADER = re.compile(r"^# .*?; code ([0-9a-f]{7,40}(?:, [0-9a-f]{7,40})*)\b")
+
+
+def header_of(name: str) -> str:
+    path = ROOT / name
+    if path.is_dir():
+        path = path / "run.log"
+    elif path.suffix in (".json", ".png"):
+        path = path.with_suffix(".log")
+    with open(path, encoding="utf-8") as log:
+        return log.readline().rstrip("\n")
+
+
+def header_commits(name: str) -> list[str]:
+    found = RESULTS_HEADER.match(header_of(name))
+    return found[1].split(", ") if found else []
+
+
+def test_every_results_file_names_the_code_it_measured_and_is_listed():
+    # A figure describes the code its results file's header names; the table is where that is
+    # said, once, for every results file (renaming a file keeps it: the header moves with it).
     rows = results_rows()
     listed = {name for files, _ in rows for name in files}
     missing = [name for name in listed if not (ROOT / name).exists()]
@@ -530,16 +551,21 @@ def test_every_results_file_is_listed_with_the_commit_that_last_changed_it():
     cited = set(re.findall(r"`(?:benchmarks/)?results/([\w.-]+\.(?:log|json|png))`", text))
     unlisted = sorted(name for name in cited if f"benchmarks/results/{name}" not in listed)
     assert not unlisted, f"performance.md cites results its table does not list (add a row each): {unlisted}"
+    committed = subprocess.run(["git", "ls-files", "benchmarks/results"], capture_output=True, text=True,
+                               cwd=ROOT).stdout.split()
+    headless = sorted(name for name in committed if not header_commits(name))
+    assert not headless, ("results files whose first line is not `# <command>; <GPU>, <host>, ...; code <hash>`"
+                          f" (a JSON or chart: the .log of its name): {headless}")
+    wrong = []
+    for files, commits in rows:
+        named = {commit for name in files for commit in header_commits(name)}
+        if not commits or {c[:7] for c in commits} != {c[:7] for c in named}:
+            wrong.append(f"{files[0]}: the table says {sorted(commits)}, the file's header {sorted(named)}")
+    assert not wrong, "\n".join(wrong) + "\n(a row's code measured is the `code <hash>` of its file's first line)"
     git = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], capture_output=True, text=True, cwd=ROOT)
     if git.returncode != 0 or git.stdout.strip() != "false":
         pytest.skip("the commits are checked against a full git history")
-    wrong = []
-    for files, commits in rows:
-        actual = set()
-        for name in files:
-            log = subprocess.run(["git", "log", "-1", "--format=%h", "--", name], capture_output=True, text=True,
-                                 cwd=ROOT).stdout.split()
-            actual |= set(log)
-        if not commits or {c[:7] for c in commits} != {c[:7] for c in actual}:
-            wrong.append(f"{files[0]}: says {sorted(commits)}, git says {sorted(actual)}")
-    assert not wrong, "\n".join(wrong) + "\n(a results file changed: its row names `git log -1 --format=%h -- FILE`)"
+    named = {commit for name in [*committed, *listed] for commit in header_commits(name)}
+    unknown = sorted(commit for commit in named if subprocess.run(
+        ["git", "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True, cwd=ROOT).returncode != 0)
+    assert not unknown, f"results headers name commits that do not exist: {unknown}"
