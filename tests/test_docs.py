@@ -531,6 +531,8 @@ def header_of(name: str) -> str:
         path = path / "run.log"
     elif path.suffix in (".json", ".png"):
         path = path.with_suffix(".log")
+    if not path.is_file():
+        return ""
     with open(path, encoding="utf-8") as log:
         return log.readline().rstrip("\n")
 
@@ -553,6 +555,11 @@ def test_every_results_file_names_the_code_it_measured_and_is_listed():
     assert not unlisted, f"performance.md cites results its table does not list (add a row each): {unlisted}"
     committed = subprocess.run(["git", "ls-files", "benchmarks/results"], capture_output=True, text=True,
                                cwd=ROOT).stdout.split()
+    examples = subprocess.run(["git", "ls-files", "examples/results"], capture_output=True, text=True,
+                              cwd=ROOT).stdout.split()
+    committed += sorted({"/".join(name.split("/")[:3]) + "/" for name in examples})  # a run's folder
+    rowless = sorted(name for name in committed if name not in listed)
+    assert not rowless, f"results files performance.md's table does not list (add a row each): {rowless}"
     headless = sorted(name for name in committed if not header_commits(name))
     assert not headless, ("results files whose first line is not `# <command>; <GPU>, <host>, ...; code <hash>`"
                           f" (a JSON or chart: the .log of its name): {headless}")
