@@ -16,9 +16,10 @@ default capped at --cache-gib (16): on a host larger than 128 GiB the default ca
 of the host) would hold every workload, which is not the case this measures. torch_memory_saver
 runs the same sequence side by side where it is importable (installed, or in --tms-path).
 
-Targets (issue 33): every workload's pause with backup in cycles 2+ >= 90 % of the pinned link,
-cycle 1 >= 25 GB/s, resume cycles 2+ >= 90 %; the first allocation without backup <= 1.2 x
-torch_memory_saver's in the same run, in both hook modes.
+Targets (those of the host pool and of the backup tiers owning every host copy): every
+workload's pause with backup in cycles 2+ >= 90 % of the pinned link, cycle 1 >= 25 GB/s, resume
+cycles 2+ >= 90 %; the first allocation without backup <= 1.2 x torch_memory_saver's in the same
+run, in both hook modes.
 """
 
 from __future__ import annotations

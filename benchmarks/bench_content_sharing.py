@@ -23,8 +23,8 @@ against the time one process's bytes take over the link; the fastest and slowest
 the resume of all, as GB/s summed (they share the link); the node's host memory (the sum of
 the processes' PSS growth from /proc, sampled every 0.5 s through every phase: the peak over
 the whole run); refusals and spills; content checked bit for bit after every resume. The
-pinned link's bandwidth is measured in the same run; the identical-content bar of issue 34
-(1.1 x one process's bytes + 200 MiB per process) is printed beside the peak.
+pinned link's bandwidth is measured in the same run; the identical-content bar of backups held
+once per node (1.1 x one process's bytes + 200 MiB per process) is printed beside the peak.
 """
 
 from __future__ import annotations

@@ -385,7 +385,7 @@ def add_ratios(rows: list[dict], limits: dict) -> None:
 
 
 def check_targets(rows: list[dict], limits: dict) -> None:
-    """row["target"]: whether our row meets the issue's target, with torch_memory_saver's row
+    """row["target"]: whether our row meets its target, with torch_memory_saver's row
     of the same workload, mode, variant and cycle as the bar where one is measured."""
     theirs = {(r["workload"], r["hook_mode"], r["variant"], r["cycle"]): r
               for r in rows if r["tool"] == "torch_memory_saver"}

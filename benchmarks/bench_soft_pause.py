@@ -7,7 +7,7 @@ tensor (over the link), and cycle 1 apart: a soft copy is made by the driver the
 
     python benchmarks/bench_soft_pause.py [--gib 8] [--cycles 6]
 
-The issue's bar: pause and resume with backup in cycles 2+ at >= 95 % of the link with soft
+The target: pause and resume with backup in cycles 2+ at >= 95 % of the link with soft
 pause on.
 """
 

@@ -9,7 +9,7 @@ torch_memory_saver's own pause and resume do).
 Workloads: one allocation of --gib GiB (a KV cache), and 512 of 2 MiB (many small allocations
 pay per allocation: a map and an access change each), made straight from the core. "+ write" resumes after a
 stray kernel wrote into the paused memory: the check finds it and the scratch is filled again.
-The issue's bar: a pause without backup at most torch_memory_saver's + 5 ms (8 GiB);
+The target of stray access: a pause without backup at most torch_memory_saver's + 5 ms (8 GiB);
 bench_pause_resume.py --only-without-backup runs torch_memory_saver itself side by side.
 """
 

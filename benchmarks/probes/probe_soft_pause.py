@@ -1,4 +1,4 @@
-"""What a soft pause (issue 35, item 1) can be built from, on the GPU machine: the pause's host
+"""What a soft pause (`soft_pause`) can be built from, on the GPU machine: the pause's host
 copy made of CUDA-VMM host memory (HOST_NUMA), mapped at the paused tensor's own address once
 its device memory is released.
 

@@ -1,4 +1,4 @@
-"""Where a soft pause's time goes (issue 35, item 1; follows probe_soft_pause.py): the driver
+"""Where a soft pause's time goes (`soft_pause`; follows probe_soft_pause.py): the driver
 calls of the swap (device memory off the tensor's address, its host copy on) one by one, on
 their own and beside the copy, for host copies made of handles of several sizes.
 
