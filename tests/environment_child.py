@@ -18,6 +18,12 @@ from torch_mem_saver_lite.testing import HostSaver
 d = _lib.process_defaults()
 facts = {name: getattr(d, name) for name, _ in d._fields_ if not name.startswith(("tag", "disk"))}
 facts["tag"] = d.tag.decode()
+# The saver's options as the process defaults them (a new saver's values), under the names
+# and numbers the tests compare: flags 0/1, stray_access as the core's mode number.
+for option, fact in (("poison_on_resume", "poison_on_resume"), ("retain_cpu_backup", "retain_backups"),
+                     ("verify_wake", "verify_wake"), ("soft_pause", "soft_pause")):
+    facts[fact] = int(_lib.process_option(option))
+facts["stray_access"] = ("off", "warn", "raise").index(_lib.process_option("stray_access"))
 try:
     HostSaver()._core()  # the first use
     facts["first_use"] = "ok"
@@ -45,8 +51,8 @@ def run_in_child(code: str, **env: str) -> str:
 
 
 def defaults_in_child(**env: str) -> dict:
-    """The process defaults a fresh process reads (TmslProcessDefaults' numbers and its tag)
-    and what its first use says ("ok", or the exception)."""
+    """The process defaults a fresh process reads (TmslProcessDefaults' numbers and its tag,
+    and the saver options' defaults) and what its first use says ("ok", or the exception)."""
     return json.loads(run_in_child(DEFAULTS, **env))
 
 

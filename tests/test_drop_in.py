@@ -87,7 +87,8 @@ def test_the_members_served_from_saver_keep_their_signatures_docstrings_and_type
             assert getattr(torch_memory_saver, name) == getattr(saver, name), name  # bound to saver
         else:  # the type declared here (_Setting[int]) is the one saver's property returns
             declared = member.__orig_class__.__args__[0]  # type: ignore[attr-defined]
-            assert declared == typing.get_type_hints(ours.fget)["return"], name
+            option = vars(MemorySaver)[name]  # an option's descriptor carries its type
+            assert declared == typing.get_args(option.__orig_class__)[0], name
             assert getattr(torch_memory_saver, name) == getattr(saver, name), name
 
 
@@ -191,8 +192,10 @@ def test_python_reads_the_environment_through_the_native_library(tmp_path):
         from torch_mem_saver_lite import _lib
         from torch_mem_saver_lite.settings import read_environment
         d, env = _lib.process_defaults(), read_environment()
-        print(d.retain_backups, d.caches_backups, d.tag.decode(), d.disk_backup_dir_variable.decode())
-        print(env.retain_cpu_backup, env.default_caches_backups, env.default_tag, env.disk_backup_dir[0],
+        print(_lib.process_option("retain_cpu_backup"), d.caches_backups, d.tag.decode(),
+              d.disk_backup_dir_variable.decode())
+        from torch_mem_saver_lite import saver
+        print(saver.retain_cpu_backup, env.default_caches_backups, env.default_tag, env.disk_backup_dir[0],
               env.disk_backup_dir[1] == d.disk_backup_dir.decode(), env.default_disk_backup)
         """,
         TMS_RETAIN_CPU_BACKUP="1", TMS_INIT_CPU_BACKUP_BACKEND="mmap", TMSL_DEFAULT_TAG="wé",

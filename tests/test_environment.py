@@ -14,7 +14,7 @@ from torch_mem_saver_lite import InvalidArgumentError, MemorySaverError, _lib, a
 MiB = 1 << 20
 FLAG_TAKES = "must be 0, 1, false or true, got"
 
-# The flags read once per process: TmslProcessDefaults' field -> our name, torch_memory_saver's.
+# The flags read once per process: the fact defaults_in_child reports -> our name, torch_memory_saver's.
 FLAGS = {
     "region_all_threads": ("TMSL_REGION_ALL_THREADS", "TMS_INIT_ENABLE"),
     "poison_on_resume": ("TMSL_POISON_ON_RESUME", None),

@@ -104,7 +104,7 @@ def test_a_tag_with_a_nul_inside_is_refused_by_every_entry_point_and_touches_not
         "compat region": lambda: compat.region(bad).__enter__(),
         "the core's tag state": lambda: native.tag_state(bad),
         "the core's tag allocations": lambda: native.allocations(bad),
-        "the core's cache choice": lambda: native.set_caches_backups(bad, False),
+        "the core's tag option": lambda: native.set_option("caches_backups", "0", tag=bad),
     }
     for name, call in entry_points.items():
         with pytest.raises(InvalidArgumentError, match="without NUL, got one with a NUL character"):

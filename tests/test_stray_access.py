@@ -100,7 +100,7 @@ def test_a_region_can_ask_for_the_raw_behaviour(backend):
         with backend.saver.region(raw, stray_access="loud"):
             pass
     if backend.name == "stand_in":  # no torch CUDA to open a region with: what region() sets
-        backend.saver._core().set_tag_stray_access(raw, 0)
+        backend.saver._core().set_option("stray_access", "off", tag=raw)
     else:
         with backend.saver.region(raw, stray_access="off"):
             pass

@@ -15,16 +15,10 @@ class ProcessDefaults(ctypes.Structure):
         ("region_all_threads", ctypes.c_int),
         ("backup_choice", ctypes.c_int),
         ("caches_backups", ctypes.c_int),
-        ("poison_on_resume", ctypes.c_int),
-        ("retain_backups", ctypes.c_int),
         ("tag", ctypes.c_char * (MAX_TAG_BYTES + 1)),
         ("disk_backup_dir_variable", ctypes.c_char * 32),
         ("disk_backup_dir", ctypes.c_char * 4096),
         ("share_backups", ctypes.c_int),
-        ("host_memory_budget", ctypes.c_uint64),
-        ("verify_wake", ctypes.c_int),
-        ("stray_access", ctypes.c_int),
-        ("soft_pause", ctypes.c_int),
         ("like_torch_memory_saver", ctypes.c_int),
     ]
 

@@ -12,6 +12,7 @@ import functools
 import importlib.metadata
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,28 +55,14 @@ _SIGNATURES = {
     "tmsl_check_process": ([], _int),
     "tmsl_default_saver": ([ctypes.POINTER(_vp)], _int),
     "tmsl_existing_default_saver": ([ctypes.POINTER(_vp)], _int),
-    "tmsl_default_host_cache_bytes": ([ctypes.POINTER(_sz)], _int),
     "tmsl_host_memory": ([ctypes.POINTER(HostMemoryFigures)], _int),
-    "tmsl_set_host_memory_budget": ([_sz], _int),
     "tmsl_enter_region": ([_vp, ctypes.c_char_p, _int], _int),
     "tmsl_set_thread_region": ([_vp, ctypes.c_char_p, _int], _int),
-    "tmsl_set_poison_on_resume": ([_vp, _int], _int),
-    "tmsl_get_poison_on_resume": ([_vp, ctypes.POINTER(_int)], _int),
-    "tmsl_set_verify_wake": ([_vp, _int], _int),
     "tmsl_paused_tag_in": ([_vp, _vp, _sz, ctypes.POINTER(_int), ctypes.c_char_p, _sz], _int),
-    "tmsl_get_verify_wake": ([_vp, ctypes.POINTER(_int)], _int),
-    "tmsl_set_stray_access": ([_vp, _int], _int),
-    "tmsl_get_stray_access": ([_vp, ctypes.POINTER(_int)], _int),
-    "tmsl_set_tag_stray_access": ([_vp, ctypes.c_char_p, _int], _int),
-    "tmsl_set_soft_pause": ([_vp, _int], _int),
-    "tmsl_get_soft_pause": ([_vp, ctypes.POINTER(_int)], _int),
-    "tmsl_set_tag_soft_pause": ([_vp, ctypes.c_char_p, _int], _int),
     "tmsl_stray_scratch_bytes": ([_vp, _int, ctypes.POINTER(ctypes.c_uint64)], _int),
     "tmsl_take_stray_writes": ([_vp, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(_int)], _int),
     "tmsl_note_graph_capture": ([], _int),
     "tmsl_tag_state": ([_vp, ctypes.c_char_p, ctypes.POINTER(_int)], _int),
-    "tmsl_set_tag_caches_backups": ([_vp, ctypes.c_char_p, _int], _int),
-    "tmsl_set_tag_verify_wake": ([_vp, ctypes.c_char_p, _int], _int),
     "tmsl_tag_allocations": (
         [_vp, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64),
          ctypes.POINTER(_int), ctypes.POINTER(_int), _sz, ctypes.POINTER(_sz)],
@@ -86,8 +73,6 @@ _SIGNATURES = {
     "tmsl_prepare_backups": ([_vp, ctypes.POINTER(ctypes.c_char_p), _int], _int),
     "tmsl_spilled_bytes": ([_vp, ctypes.POINTER(_sz)], _int),
     "tmsl_tag_figures": ([_vp, ctypes.POINTER(TagFigures), _sz, ctypes.POINTER(_sz)], _int),
-    "tmsl_set_disk_backup_dir": ([_vp, ctypes.c_char_p], _int),
-    "tmsl_disk_backup_dir": ([_vp, ctypes.c_char_p, _sz], _int),
     "tmsl_check_disk_backup_dir": ([ctypes.c_char_p, _int, ctypes.c_char_p, _sz, ctypes.c_char_p, _sz], _int),
     "tmsl_disk_notices": ([_vp, ctypes.c_char_p, _sz], _int),
     "tmsl_store_notices": ([ctypes.c_char_p, _sz], _int),
@@ -101,10 +86,9 @@ _SIGNATURES = {
         None,
     ),
     "tmsl_disable_thread_region": ([], _int),
-    "tmsl_set_memory_margin": ([_vp, _sz], _int),
-    "tmsl_set_retain_backups": ([_vp, _int], _int),
-    "tmsl_set_host_cache_bytes": ([_vp, _sz], _int),
-    "tmsl_get_host_cache_bytes": ([_vp, ctypes.POINTER(_sz)], _int),
+    "tmsl_set_option": ([_vp, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p], _int),
+    "tmsl_get_option": ([_vp, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, _sz], _int),
+    "tmsl_options": ([ctypes.c_char_p, _sz, ctypes.POINTER(_sz)], _int),
     "tmsl_release_host_cache": ([_vp], _int),
     "tmsl_wait_for_released_backups": ([_vp], _int),
     "tmsl_process_defaults_error": ([], ctypes.c_char_p),
@@ -247,11 +231,52 @@ def last_error() -> MemorySaverError:
     return _EXCEPTIONS.get(name, MemorySaverError)(message)
 
 
-def default_host_cache_bytes() -> int:
-    """The host cache budget a new saver starts with, from the host memory this process may use."""
-    out = _sz()
-    check(lib().tmsl_default_host_cache_bytes(ctypes.byref(out)))
-    return out.value
+@dataclass(frozen=True)
+class OptionRow:
+    """A row of the options table (csrc/platform/options.h): one switch a program may set."""
+
+    name: str
+    kind: str  # "flag", "size", "stray" or "path": the grammar of its value's text
+    scopes: frozenset[str]  # where it may be set: "saver", "tag", "node"
+    variable: str  # its environment variable ("": none)
+    tms_variable: str  # torch_memory_saver's name for it ("": none)
+    default: str
+    like_tms_default: str  # under TMSL_LIKE_TORCH_MEMORY_SAVER
+
+
+@functools.cache
+def option_table() -> dict[str, OptionRow]:
+    """The options table, by name, as the native library has it."""
+    length = _sz()
+    check(lib().tmsl_options(None, 0, ctypes.byref(length)))
+    out = ctypes.create_string_buffer(length.value + 1)
+    check(lib().tmsl_options(out, len(out), ctypes.byref(length)))
+    rows = {}
+    for line in out.value.decode().splitlines():
+        name, kind, scopes, variable, tms_variable, default, like = line.split("\t")
+        rows[name] = OptionRow(name, kind, frozenset(scopes.split(",")), variable, tms_variable, default, like)
+    return rows
+
+
+def _option(handle: int | None, tag: str | None, name: str) -> str:
+    out = ctypes.create_string_buffer(_PATH_BYTES)
+    check(lib().tmsl_get_option(handle, None if tag is None else _c_tag(tag), name.encode(), out, len(out)))
+    return os.fsdecode(out.value)
+
+
+def _set_option(handle: int | None, tag: str | None, name: str, value: str) -> None:
+    check(lib().tmsl_set_option(handle, None if tag is None else _c_tag(tag), name.encode(), os.fsencode(value)))
+
+
+def process_option(name: str) -> str:
+    """The process's value of an option (text in its kind's grammar): what a new saver starts
+    with, a tag's default, or the node's."""
+    return _option(None, None, name)
+
+
+def set_node_option(name: str, value: str) -> None:
+    """Sets an option of the node (host_memory_budget), for every process of the node."""
+    _set_option(None, None, name, value)
 
 
 def host_memory() -> HostMemoryFigures:
@@ -259,11 +284,6 @@ def host_memory() -> HostMemoryFigures:
     out = HostMemoryFigures()
     check(lib().tmsl_host_memory(ctypes.byref(out)))
     return out
-
-
-def set_host_memory_budget(nbytes: int) -> None:
-    """Sets the node's host-memory budget, for every process of the node."""
-    check(lib().tmsl_set_host_memory_budget(nbytes))
 
 
 def process_defaults() -> ProcessDefaults:
@@ -378,57 +398,17 @@ class NativeSaver:
     def destroy(self) -> None:
         check(lib().tmsl_destroy_saver(self.handle))
 
-    def set_host_cache_bytes(self, nbytes: int) -> None:
-        check(lib().tmsl_set_host_cache_bytes(self.handle, nbytes))
+    def option(self, name: str, tag: str | None = None) -> str:
+        """The saver's value of an option (tag: that tag's own, "" where it follows the
+        saver's), as text in the grammar of its kind (option_table())."""
+        return _option(self.handle, tag, name)
 
-    def host_cache_bytes(self) -> int:
-        out = _sz()
-        check(lib().tmsl_get_host_cache_bytes(self.handle, ctypes.byref(out)))
-        return out.value
+    def set_option(self, name: str, value: str, tag: str | None = None) -> None:
+        """Sets the saver's option (tag: that tag's own; "" follows the saver's again)."""
+        _set_option(self.handle, tag, name, value)
 
     def release_host_cache(self) -> None:
         check(lib().tmsl_release_host_cache(self.handle))
-
-    def set_poison_on_resume(self, poison: bool) -> None:
-        check(lib().tmsl_set_poison_on_resume(self.handle, int(poison)))
-
-    def poison_on_resume(self) -> bool:
-        out = _int()
-        check(lib().tmsl_get_poison_on_resume(self.handle, ctypes.byref(out)))
-        return bool(out.value)
-
-    def set_verify_wake(self, verify: bool) -> None:
-        check(lib().tmsl_set_verify_wake(self.handle, int(verify)))
-
-    def verify_wake(self) -> bool:
-        out = _int()
-        check(lib().tmsl_get_verify_wake(self.handle, ctypes.byref(out)))
-        return bool(out.value)
-
-    def set_stray_access(self, mode: int) -> None:
-        """STRAY_OFF, STRAY_WARN or STRAY_RAISE (stray_access.py)."""
-        check(lib().tmsl_set_stray_access(self.handle, mode))
-
-    def stray_access(self) -> int:
-        out = _int()
-        check(lib().tmsl_get_stray_access(self.handle, ctypes.byref(out)))
-        return out.value
-
-    def set_soft_pause(self, soft: bool) -> None:
-        check(lib().tmsl_set_soft_pause(self.handle, int(soft)))
-
-    def soft_pause(self) -> bool:
-        out = _int()
-        check(lib().tmsl_get_soft_pause(self.handle, ctypes.byref(out)))
-        return bool(out.value)
-
-    def set_tag_soft_pause(self, tag: str, soft: bool) -> None:
-        """Whether the tag's pauses are soft, from its next pause on."""
-        check(lib().tmsl_set_tag_soft_pause(self.handle, _c_tag(tag), int(soft)))
-
-    def set_tag_stray_access(self, tag: str, mode: int) -> None:
-        """The tag's mode (-1: the saver's), from its next pause on."""
-        check(lib().tmsl_set_tag_stray_access(self.handle, _c_tag(tag), mode))
 
     def take_stray_writes(self, tag: str) -> tuple[int, int]:
         """(stray writes seen in the awake tag's memory since last asked, the mode it follows)."""
@@ -447,12 +427,6 @@ class NativeSaver:
         out = _int()
         check(lib().tmsl_tag_state(self.handle, _c_tag(tag), ctypes.byref(out)))
         return out.value
-
-    def set_caches_backups(self, tag: str, caches: bool) -> None:
-        check(lib().tmsl_set_tag_caches_backups(self.handle, _c_tag(tag), int(caches)))
-
-    def set_tag_verify_wake(self, tag: str, verify: bool) -> None:
-        check(lib().tmsl_set_tag_verify_wake(self.handle, _c_tag(tag), int(verify)))
 
     def allocations(self, tag: str) -> list[tuple[int, int, int]]:
         """The tag's allocations as (address, size, device), in address order."""
@@ -475,12 +449,6 @@ class NativeSaver:
                                              capacity, ctypes.byref(count)))
             if count.value <= capacity:  # else more were allocated meanwhile: ask again
                 return [(addresses[i], sizes[i], devices[i], choices[i]) for i in range(count.value)]
-
-    def set_memory_margin(self, nbytes: int) -> None:
-        check(lib().tmsl_set_memory_margin(self.handle, nbytes))
-
-    def set_retain_backups(self, retain: bool) -> None:
-        check(lib().tmsl_set_retain_backups(self.handle, int(retain)))
 
     def wait_for_released_backups(self) -> None:
         check(lib().tmsl_wait_for_released_backups(self.handle))
@@ -545,17 +513,6 @@ class NativeSaver:
         out = _sz()
         check(lib().tmsl_spilled_bytes(self.handle, ctypes.byref(out)))
         return out.value
-
-    def set_disk_backup_dir(self, path: str | None) -> None:
-        """The disk tier's directory (checked, made if missing, its stale files removed);
-        None or "": none."""
-        check(lib().tmsl_set_disk_backup_dir(self.handle, os.fsencode(path) if path else None))
-
-    def disk_backup_dir(self) -> str:
-        """The disk tier's directory ("" for none)."""
-        out = ctypes.create_string_buffer(_PATH_BYTES)
-        check(lib().tmsl_disk_backup_dir(self.handle, out, len(out)))
-        return os.fsdecode(out.value)
 
     def disk_notices(self) -> list[str]:
         """What the disk tier has to tell since last asked (stale files removed, O_DIRECT

@@ -47,8 +47,8 @@ class DiskDirectory:
             for notice in notices:
                 logger.warning("%s", notice)
         else:
-            native.set_disk_backup_dir(text or None)
-            chosen = native.disk_backup_dir()
+            native.set_option("disk_backup_dir", text)
+            chosen = native.option("disk_backup_dir")
             self.active = bool(chosen)
             self.tell(native)
         self._chosen, self._problem = chosen, ""
@@ -56,20 +56,20 @@ class DiskDirectory:
     def apply(self, native: _lib.NativeSaver, environment: tuple[str, str] | None) -> None:
         """A core was made or found: the program's choice, else the environment's."""
         if self._chosen is not None:
-            native.set_disk_backup_dir(self._chosen or None)
-        elif environment is not None and not native.disk_backup_dir():
+            native.set_option("disk_backup_dir", self._chosen)
+        elif environment is not None and not native.option("disk_backup_dir"):
             # The core could not take it: this says why.
             try:
-                native.set_disk_backup_dir(environment[1])
+                native.set_option("disk_backup_dir", environment[1])
             except MemorySaverError as error:
                 self._problem = f"{environment[0]}: {error}"
                 logger.warning("no disk tier for the node's host-memory budget: %s", self._problem)
-        self.active = bool(native.disk_backup_dir())
+        self.active = bool(native.option("disk_backup_dir"))
         self.tell(native)
 
     def require(self, native: _lib.NativeSaver) -> None:
         """A disk-backed region is opening: refused without a directory, saying what to do."""
-        if not native.disk_backup_dir():
+        if not native.option("disk_backup_dir"):
             raise MemorySaverError(self._problem or NEEDS_DIRECTORY)
 
     def tell(self, native: _lib.NativeSaver | None) -> None:
@@ -83,7 +83,7 @@ class DiskDirectory:
         """The directory the core has, else (no core yet) the one it will take; "" for none.
         Changes nothing."""
         if native is not None:
-            return native.disk_backup_dir()
+            return native.option("disk_backup_dir")
         if self._chosen is not None:
             return self._chosen
         return environment[1] if environment is not None and not self.problem(None, environment) else ""

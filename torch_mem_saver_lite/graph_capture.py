@@ -130,7 +130,7 @@ def captured(native: _lib.NativeSaver, pools: Any, mode: Any, tag: str, backup: 
     pool = mode.capture_pool(pool, tag_pool)
     with pushed(entry):
         if caches is not None and backup is None:  # an explicit choice says it per allocation
-            native.set_caches_backups(tag, caches)
+            native.set_option("caches_backups", "1" if caches else "0", tag=tag)
         _lib.note_graph_capture()  # the tag is graph memory even if the capture allocates nothing
         with torch.cuda.graph(cuda_graph, pool=pool, stream=stream, capture_error_mode=capture_error_mode):
             yield

@@ -180,7 +180,7 @@ class _Cuda(Platform):
     def default_region(self, native: _lib.NativeSaver, tag: str, caches: bool) -> None:
         # The preload-mode process region's backup backend.
         if not caches:
-            native.set_caches_backups(tag, False)
+            native.set_option("caches_backups", "0", tag=tag)
 
     def check_breakdown(self) -> None:
         pass

@@ -20,6 +20,7 @@ from . import (
     hook_modes,
     leftovers,
     nccl_suspend,
+    options,
     paused_block,
     shared_store,
     transition_log,
@@ -31,15 +32,15 @@ from .disk_backup import DiskDirectory
 from .errors import InvalidArgumentError, MemorySaverError
 from .hooks import TorchPools
 from .leftovers import LeftoverReport
+from .options import SaverOption, SaverOptions
 from .paused_guard import PausedMemoryGuard
 from .regions import Region, Undo, prepare_quietly, pushed, refusals_explained, retire_pool
-from .safety_switches import SafetySwitches
-from .settings import Settings, backup_choice, check_bool, check_bytes, check_selection, check_tag
+from .settings import Settings, backup_choice, check_bool, check_selection, check_tag
 from .stats import HostMemoryReport, TagStats, TagStatus, host_memory_report
 from .transitions import Hook, Transitions
 
 
-class MemorySaver(SafetySwitches):
+class MemorySaver:
     """Releases the device memory of tagged allocations and gives it back at the same addresses.
 
     There is one per process, ``torch_mem_saver_lite.saver``, and ``MemorySaver()`` returns
@@ -74,6 +75,7 @@ class MemorySaver(SafetySwitches):
         self._lock = threading.RLock()
         self._pools: TorchPools | None = None
         self._settings = Settings()
+        self._options = SaverOptions(self._core, self._settings.environment)
         self._disk = DiskDirectory()  # the disk backup directory; the core writes the files
         self._transitions = Transitions()
 
@@ -107,32 +109,16 @@ class MemorySaver(SafetySwitches):
             return
         self._mode = hook_modes.chosen(self._mode, mode)
 
-    @property
-    def memory_margin_bytes(self) -> int:
-        """Device memory (bytes) allocations and resumes must leave free; 0 = none."""
-        return self._settings.memory_margin_bytes
-
-    @memory_margin_bytes.setter
-    def memory_margin_bytes(self, nbytes: int) -> None:
-        self._settings.memory_margin_bytes = check_bytes(nbytes, "memory_margin_bytes")
-        self._settings.forward(self._core(create=False), _lib.NativeSaver.set_memory_margin, nbytes)
-
-    @property
-    def retain_cpu_backup(self) -> bool:
+    # ----- options (the native options table: csrc/platform/options.h) -----------------
+    memory_margin_bytes = SaverOption[int](
+        """Device memory (bytes) allocations and resumes must leave free; 0 = none.""")
+    retain_cpu_backup = SaverOption[bool](
         """Keep every host backup after resume, whatever its size, and reuse it at the next
         pause (faster cycles, host memory held throughout). Default False (or
         ``TMS_RETAIN_CPU_BACKUP`` / ``TMSL_RETAIN_CPU_BACKUP``): after a resume, backups stay
         only as far as the host cache holds them (``host_cache_bytes``, on by default) and the
-        rest is freed; with ``host_cache_bytes = 0`` every backup is freed."""
-        return self._settings.retain()
-
-    @retain_cpu_backup.setter
-    def retain_cpu_backup(self, retain: bool) -> None:
-        self._settings.retain_cpu_backup = check_bool(retain, "retain_cpu_backup")
-        self._settings.forward(self._core(create=False), _lib.NativeSaver.set_retain_backups, retain)
-
-    @property
-    def host_cache_bytes(self) -> int:
+        rest is freed; with ``host_cache_bytes = 0`` every backup is freed.""")
+    host_cache_bytes = SaverOption[int](
         """Host memory (bytes) that backups may keep between cycles: after a resume, its
         backups stay page-locked for the next pause of the same memory while everything kept
         this way fits in the budget, so later cycles skip preparing host memory and run at
@@ -142,17 +128,39 @@ class MemorySaver(SafetySwitches):
         fits, so the first pause copies at once. Default: an eighth of the host memory this
         process may use (the least of the machine's memory, what is available at start and its
         container's cgroup limit), at most 32 GiB; 0 turns the cache off. Lowering it gives
-        back at once what no longer fits. ``release_host_cache()`` frees what it holds."""
-        native = self._core(create=False)
-        if native is not None:
-            return native.host_cache_bytes()
-        chosen = self._settings.host_cache_bytes
-        return chosen if chosen is not None else _lib.default_host_cache_bytes()
-
-    @host_cache_bytes.setter
-    def host_cache_bytes(self, nbytes: int) -> None:
-        self._settings.host_cache_bytes = check_bytes(nbytes, "host_cache_bytes")
-        self._settings.forward(self._core(create=False), _lib.NativeSaver.set_host_cache_bytes, nbytes)
+        back at once what no longer fits. ``release_host_cache()`` frees what it holds.""")
+    poison_on_resume = SaverOption[bool](
+        """Debugging aid: fill resumed memory that has no backup with 0xFF bytes (NaN in every
+        float format, -1 as integers), so code that wrongly relies on discarded content fails
+        visibly instead of reading leftovers. Default: off, or ``TMSL_POISON_ON_RESUME=1``.""")
+    verify_wake = SaverOption[bool](
+        """A pause fingerprints every backed-up allocation on its GPU; a resume checks the
+        restored bytes and, where they differ, raises ``WakeVerificationError`` naming the tag
+        and allocation, everything it covered still paused with its backups. Default: on, or
+        ``TMSL_VERIFY_WAKE=0``; per tag: ``region(..., verify_wake=False)``.""")
+    stray_access = SaverOption[StrayAccessMode](
+        """What a kernel that touches paused memory without a backup (a KV cache, say) meets.
+        ``"warn"`` (default) and ``"raise"``: while paused, that memory's addresses map a small
+        scratch of device memory (pieces of 128 MiB down to 2 MiB, each made once an allocation
+        needs it: at most 254 MiB per device), so the kernel reads 0xFF bytes and its writes
+        are dropped, instead of an illegal address that ends the CUDA context. A resume that finds writes there warns
+        (``StrayAccessWarning``) or raises ``StrayAccessError`` once the tags are awake, naming
+        them; ``TagStats.stray_writes`` counts them. Reads are harmless but not seen. ``"off"``:
+        the raw behaviour, the memory unmapped while paused. Default: ``TMSL_STRAY_ACCESS``;
+        per tag: ``region(..., stray_access=...)``. Applies from the next pause on: a resume
+        tells the writes as the mode its pause began with said.""")
+    soft_pause = SaverOption[bool](
+        """Soft pauses: while a tag is paused, each of its allocations with a host backup keeps
+        that host copy mapped at its own address (host memory the GPU maps, made by the CUDA
+        driver; the copy the pause made, not a second one). A kernel, a graph replay or a copy
+        that touches the paused tensor reads its exact bytes and writes into the copy, over the
+        link, instead of hitting an illegal address; the resume brings back what the copy holds
+        then, so writing into a paused tensor works (a weight update into a sleeping engine).
+        The wake check takes such writes as the tag's content. The copy stays set aside after a
+        resume where the host cache has room (the next pause reuses it: making it costs about
+        0.3 s per GiB). Not soft: allocations without a backup (``stray_access``), on disk or
+        in the node's store. Default: off, or ``TMSL_SOFT_PAUSE=1``; per tag:
+        ``region(..., soft_pause=True)``. Applies from the next pause on.""")
 
     @property
     def host_memory_budget(self) -> int:
@@ -171,7 +179,7 @@ class MemorySaver(SafetySwitches):
 
     @host_memory_budget.setter
     def host_memory_budget(self, nbytes: int) -> None:
-        _lib.set_host_memory_budget(check_bytes(nbytes, "host_memory_budget"))
+        _lib.set_node_option("host_memory_budget", options.check("host_memory_budget", nbytes))
 
     def host_memory(self) -> HostMemoryReport:
         """The node's host-memory budget, what this process and the others hold of it, and
@@ -218,7 +226,7 @@ class MemorySaver(SafetySwitches):
                 if native is None:
                     return None
                 env = self._settings.environment()
-                self._settings.apply(native)
+                self._options.apply(native)
                 # A default region with disk backup and no directory yet is not refused here: the
                 # program may still set one; the core refuses a pause of its memory until then.
                 self._disk.apply(native, env.disk_backup_dir)
@@ -269,9 +277,10 @@ class MemorySaver(SafetySwitches):
         """
         choice = self._region_choice(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
         disk = choice == _lib.CHOICE_DISK
-        verify = None if verify_wake is None else check_bool(verify_wake, "verify_wake")
-        stray = None if stray_access is None else strays.check_mode(stray_access)
-        soft = None if soft_pause is None else check_bool(soft_pause, "soft_pause")
+        tag_options = dict(verify_wake=verify_wake, stray_access=stray_access, soft_pause=soft_pause)
+        for name, value in tag_options.items():  # checked before anything changes
+            if value is not None:
+                options.check(name, value)
         native = self._enter()
         check_tag(tag)
         if disk:
@@ -281,12 +290,7 @@ class MemorySaver(SafetySwitches):
         with pushed(Region(native, tag, choice, route)):
             # Once the region is open: a refused one (its tag paused) changes none of the tag's
             # settings, so a paused tag's wake is checked and told as its pause was promised.
-            if verify is not None:
-                native.set_tag_verify_wake(tag, verify)
-            if stray is not None:
-                native.set_tag_stray_access(tag, stray)
-            if soft is not None:
-                native.set_tag_soft_pause(tag, soft)
+            options.set_tag_options(native, tag, tag_options)
             transition_log.region_entered(native, tag, choice)
             if self._platform.capturing():
                 _lib.note_graph_capture()  # entered inside a capture: graph memory too

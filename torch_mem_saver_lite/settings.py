@@ -5,9 +5,8 @@
   reader for both languages; csrc/platform/environment.h lists the variables and their grammar). Each has our
   ``TMSL_*`` name and torch_memory_saver's ``TMS_*`` name, with the same meaning; both set to
   different values is an error.
-- ``Settings``: the values a program sets before the core exists, applied to the core once
-  when it is made and forwarded to it afterwards, so setting or reading them never starts
-  the CUDA driver.
+- ``Settings``: the environment's defaults as a saver reads them, once. (What a program sets
+  on a saver are its options: options.py.)
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 from . import _lib
 from .choices import CPU_BACKUP_BACKENDS
@@ -116,11 +115,6 @@ def backup_choice(enable_cpu_backup: object, enable_disk_backup: object, cpu_bac
 # ----- the environment ---------------------------------------------------------------------
 @dataclass(frozen=True)
 class EnvironmentDefaults:
-    retain_cpu_backup: bool
-    poison_on_resume: bool
-    verify_wake: bool
-    stray_access: int  # stray_access.MODES's index
-    soft_pause: bool
     disk_backup_dir: tuple[str, str] | None  # (variable, path): checked when first used
     default_tag: str  # the tag of the preload-mode process region
     default_caches_backups: bool  # False: the default backend is "mmap"
@@ -137,11 +131,6 @@ def read_environment() -> EnvironmentDefaults:
     d = _lib.process_defaults()
     variable = d.disk_backup_dir_variable.decode()
     return EnvironmentDefaults(
-        retain_cpu_backup=bool(d.retain_backups),
-        poison_on_resume=bool(d.poison_on_resume),
-        verify_wake=bool(d.verify_wake),
-        stray_access=d.stray_access,
-        soft_pause=bool(d.soft_pause),
         disk_backup_dir=(variable, os.fsdecode(d.disk_backup_dir)) if variable else None,
         default_tag=d.tag.decode(),
         default_caches_backups=bool(d.caches_backups),
@@ -152,21 +141,15 @@ def read_environment() -> EnvironmentDefaults:
 
 # ----- settings ----------------------------------------------------------------------------
 class Settings:
-    """What a program set on a saver, kept until its core exists (then applied once, in
-    ``apply``) and forwarded to the core afterwards."""
+    """A saver's reading of the environment: the TMSL_*/TMS_* defaults the native library
+    read, taken once at first use. (The switches a program sets are options:
+    options.py.)"""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         # Read at first use: a bad value must not break the import, and a program may set
         # the variables after importing us.
         self._environment: EnvironmentDefaults | None = None
-        self.memory_margin_bytes = 0
-        self.retain_cpu_backup: bool | None = None  # None: the environment's default
-        self.poison_on_resume: bool | None = None  # None: the process default (environment)
-        self.verify_wake: bool | None = None  # None: the process default (environment)
-        self.stray_access: int | None = None  # None: the process default (environment)
-        self.soft_pause: bool | None = None  # None: the process default (environment)
-        self.host_cache_bytes: int | None = None  # None: the core's default
 
     def environment(self) -> EnvironmentDefaults:
         """The TMSL_*/TMS_* defaults, read once; MemorySaverError names a bad variable."""
@@ -175,49 +158,7 @@ class Settings:
                 self._environment = read_environment()
             return self._environment
 
-    def retain(self) -> bool:
-        return self.retain_cpu_backup if self.retain_cpu_backup is not None else self.environment().retain_cpu_backup
-
-    def poison(self) -> bool:
-        """Before the core exists: what it will start with."""
-        return self.poison_on_resume if self.poison_on_resume is not None else self.environment().poison_on_resume
-
-    def verify(self) -> bool:
-        """Before the core exists: whether it will verify wakes."""
-        return self.verify_wake if self.verify_wake is not None else self.environment().verify_wake
-
-    def stray(self) -> int:
-        """Before the core exists: its stray-access mode (stray_access.MODES's index)."""
-        return self.stray_access if self.stray_access is not None else self.environment().stray_access
-
-    def soft(self) -> bool:
-        """Before the core exists: whether its pauses will be soft."""
-        return self.soft_pause if self.soft_pause is not None else self.environment().soft_pause
-
     def default_caches(self) -> bool | None:
         """TMS_INIT_CPU_BACKUP_BACKEND / TMSL_DEFAULT_CPU_BACKUP_BACKEND for backed-up regions
         that name no backend: False for "mmap", else None (the default, "pinned")."""
         return None if self.environment().default_caches_backups else False
-
-    @staticmethod
-    def forward(native: _lib.NativeSaver | None, setter: Callable[[_lib.NativeSaver, Any], None], value: Any) -> None:
-        """A setting just changed: the core takes it at once where it exists (else ``apply``
-        hands it over when it is made)."""
-        if native is not None:
-            setter(native, value)
-
-    def apply(self, native: _lib.NativeSaver) -> None:
-        """Give a new core what was set before it existed."""
-        native.set_memory_margin(self.memory_margin_bytes)
-        if self.retain_cpu_backup is not None:  # else the environment's, which the core started with
-            native.set_retain_backups(self.retain_cpu_backup)
-        if self.poison_on_resume is not None:
-            native.set_poison_on_resume(self.poison_on_resume)
-        if self.verify_wake is not None:
-            native.set_verify_wake(self.verify_wake)
-        if self.stray_access is not None:
-            native.set_stray_access(self.stray_access)
-        if self.soft_pause is not None:
-            native.set_soft_pause(self.soft_pause)
-        if self.host_cache_bytes is not None:
-            native.set_host_cache_bytes(self.host_cache_bytes)

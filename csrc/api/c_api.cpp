@@ -7,6 +7,7 @@
 
 #include "api/abi_guard.h"
 #include "platform/environment.h"
+#include "platform/options.h"
 #include "node/node_ledger.h"
 #include "node/node_store.h"
 #include "platform/tag_rules.h"
@@ -63,8 +64,9 @@ int on_tags(void* handle, const char* const* tags, int ntags,
 
 // `text` into out[capacity], NUL-terminated; refused (nothing written) when it does not fit.
 Status copy_out(const std::string& text, char* out, size_t capacity) {
+  if (out == nullptr) return Status::Error(Code::kInvalidArgument, "out must not be NULL");
   if (text.size() >= capacity) {
-    return Status::Error(Code::kInvalidArgument, "the path (" + std::to_string(text.size()) +
+    return Status::Error(Code::kInvalidArgument, "the value (" + std::to_string(text.size()) +
                                                      " bytes) does not fit in out: give a capacity above it");
   }
   memcpy(out, text.c_str(), text.size() + 1);
@@ -115,14 +117,6 @@ TMSL_API int tmsl_existing_default_saver(void** out) {
   });
 }
 
-TMSL_API int tmsl_default_host_cache_bytes(size_t* out) {
-  return guarded([&] {
-    Status s = require(out != nullptr, "out must not be NULL");
-    if (s.ok()) *out = BackupTiers::default_cache_bytes();
-    return s;
-  });
-}
-
 TMSL_API int tmsl_host_memory(TmslHostMemory* out) {
   return guarded([&] {
     Status s = require(out != nullptr, "out must not be NULL");
@@ -151,10 +145,6 @@ TMSL_API int tmsl_host_memory(TmslHostMemory* out) {
     out->alone = f.alone ? 1 : 0;
     return s;
   });
-}
-
-TMSL_API int tmsl_set_host_memory_budget(size_t bytes) {
-  return guarded([&] { return NodeLedger::instance().set_budget(bytes); });
 }
 
 TMSL_API int tmsl_default_saver(void** out) {
@@ -243,20 +233,6 @@ TMSL_API int tmsl_spilled_bytes(void* handle, size_t* bytes) {
   });
 }
 
-TMSL_API int tmsl_set_disk_backup_dir(void* handle, const char* path) {
-  return on_saver(handle, [&](Saver& saver) {
-    return saver.set_disk_directory(path == nullptr ? "" : path);
-  });
-}
-
-TMSL_API int tmsl_disk_backup_dir(void* handle, char* out, size_t capacity) {
-  return on_saver(handle, [&](Saver& saver) {
-    Status s = require(out != nullptr && capacity > 0, "out must not be NULL and capacity above 0");
-    if (!s.ok()) return s;
-    return copy_out(saver.disk_directory(), out, capacity);
-  });
-}
-
 TMSL_API int tmsl_check_disk_backup_dir(const char* path, int make, char* real, size_t capacity, char* notices,
                                         size_t notices_capacity) {
   return guarded([&] {
@@ -322,38 +298,6 @@ TMSL_API int tmsl_tag_state(void* handle, const char* tag, int* state) {
   });
 }
 
-TMSL_API int tmsl_set_tag_caches_backups(void* handle, const char* tag, int caches) {
-  return on_saver(handle, [&](Saver& saver) {
-    Status s = check_tag(tag);
-    if (s.ok()) s = require(caches == 0 || caches == 1, "caches must be 0 or 1");
-    return s.ok() ? saver.set_caches_backups(tag, caches == 1) : s;
-  });
-}
-
-TMSL_API int tmsl_set_tag_verify_wake(void* handle, const char* tag, int verify) {
-  return on_saver(handle, [&](Saver& saver) {
-    Status s = check_tag(tag);
-    if (s.ok()) s = require(verify == 0 || verify == 1, "verify must be 0 or 1");
-    return s.ok() ? saver.set_verifies_wakes(tag, verify == 1) : s;
-  });
-}
-
-TMSL_API int tmsl_set_tag_stray_access(void* handle, const char* tag, int mode) {
-  return on_saver(handle, [&](Saver& saver) {
-    Status s = check_tag(tag);
-    if (s.ok()) s = require(mode >= -1 && mode <= 2, "mode must be -1, 0, 1 or 2");
-    return s.ok() ? saver.set_stray_mode(tag, mode) : s;
-  });
-}
-
-TMSL_API int tmsl_set_tag_soft_pause(void* handle, const char* tag, int soft) {
-  return on_saver(handle, [&](Saver& saver) {
-    Status s = check_tag(tag);
-    if (s.ok()) s = require(soft >= -1 && soft <= 1, "soft must be -1, 0 or 1");
-    return s.ok() ? saver.set_soft_pause(tag, soft) : s;
-  });
-}
-
 TMSL_API int tmsl_take_stray_writes(void* handle, const char* tag, uint64_t* count, int* mode) {
   return on_saver(handle, [&](Saver& saver) {
     Status s = check_tag(tag);
@@ -398,35 +342,6 @@ TMSL_API int tmsl_tag_allocations(void* handle, const char* tag, uint64_t* addre
   });
 }
 
-TMSL_API int tmsl_set_memory_margin(void* handle, size_t bytes) {
-  return on_saver(handle, [&](Saver& saver) {
-    saver.set_memory_margin(bytes);
-    return Status::Ok();
-  });
-}
-
-TMSL_API int tmsl_set_retain_backups(void* handle, int retain) {
-  return on_saver(handle, [&](Saver& saver) {
-    saver.set_retain_backups(retain != 0);
-    return Status::Ok();
-  });
-}
-
-TMSL_API int tmsl_set_host_cache_bytes(void* handle, size_t bytes) {
-  return on_saver(handle, [&](Saver& saver) {
-    saver.set_host_cache_bytes(bytes);
-    return Status::Ok();
-  });
-}
-
-TMSL_API int tmsl_get_host_cache_bytes(void* handle, size_t* out) {
-  return on_saver(handle, [&](Saver& saver) {
-    Status s = require(out != nullptr, "out must not be NULL");
-    if (s.ok()) *out = saver.host_cache_bytes();
-    return s;
-  });
-}
-
 TMSL_API int tmsl_release_host_cache(void* handle) {
   return on_saver(handle, [&](Saver& saver) {
     saver.release_host_cache();
@@ -434,63 +349,112 @@ TMSL_API int tmsl_release_host_cache(void* handle) {
   });
 }
 
-TMSL_API int tmsl_set_poison_on_resume(void* handle, int poison) {
-  return on_saver(handle, [&](Saver& saver) {
-    saver.set_poison_on_resume(poison != 0);
-    return Status::Ok();
+namespace {
+
+// The process's value of an option: what a new saver starts with (the environment's, else the
+// table's default), a tag's default, or the node's value.
+Status process_option(const OptionRow& row, std::string* out) {
+  const ProcessDefaults& d = process_defaults();
+  if (row.id == Option::kHostMemoryBudget) {
+    *out = std::to_string(NodeLedger::instance().figures().budget);
+  } else if (row.id == Option::kHostCacheBytes) {
+    *out = std::to_string(BackupTiers::default_cache_bytes());
+  } else if (row.id == Option::kDiskBackupDir) {
+    *out = d.disk_backup_dir;
+  } else if (saver_holds(row)) {
+    *out = format_option(row, d.saver_options[static_cast<size_t>(row.id)]);
+  } else {
+    *out = row.fallback;
+  }
+  return Status::Ok();
+}
+
+// A tag's own value ("" where it follows the saver's).
+Status tag_option(const Saver& saver, const std::string& tag, const OptionRow& row, std::string* out) {
+  if (!(row.scopes & kTagScope)) {
+    return Status::Error(Code::kInvalidArgument, std::string("option '") + row.name + "' is not a tag's");
+  }
+  TagInfo info;
+  if (!saver.tag_info(tag, &info)) {
+    return Status::Error(Code::kInvalidArgument, "unknown tag '" + tag + "': no region has used it");
+  }
+  switch (row.id) {
+    case Option::kVerifyWake:
+      *out = info.verifies_wakes ? "1" : "0";
+      break;
+    case Option::kCachesBackups:
+      *out = info.caches_backups ? "1" : "0";
+      break;
+    case Option::kStrayAccess:
+      *out = info.stray_mode < 0 ? "" : format_option(row, info.stray_mode);
+      break;
+    case Option::kSoftPause:
+      *out = info.soft_pause < 0 ? "" : std::to_string(info.soft_pause);
+      break;
+    default:
+      *out = "";
+  }
+  return Status::Ok();
+}
+
+Status named_option(const char* name, const OptionRow** row) {
+  Status s = require(name != nullptr, "name must not be NULL");
+  return s.ok() ? find_option(name, row) : s;
+}
+
+}  // namespace
+
+TMSL_API int tmsl_set_option(void* handle, const char* tag, const char* name, const char* value) {
+  return guarded([&] {
+    const OptionRow* row = nullptr;
+    Status s = named_option(name, &row);
+    if (s.ok()) s = require(value != nullptr, "value must not be NULL");
+    if (s.ok() && tag != nullptr) s = check_tag(tag);
+    if (!s.ok()) return s;
+    if (handle == nullptr) {
+      if (row->id != Option::kHostMemoryBudget) {
+        return Status::Error(Code::kInvalidArgument, std::string("option '") + row->name +
+                                                         "' is set on a saver (or a tag), not for the node");
+      }
+      uint64_t bytes = 0;
+      s = parse_option(*row, value, &bytes);
+      return s.ok() ? NodeLedger::instance().set_budget(static_cast<size_t>(bytes)) : s;
+    }
+    SaverRef saver;
+    s = live_saver(handle, &saver);
+    if (!s.ok()) return s;
+    return tag != nullptr ? saver->set_tag_option(tag, *row, value) : saver->set_option(*row, value);
   });
 }
 
-TMSL_API int tmsl_get_poison_on_resume(void* handle, int* out) {
-  return on_saver(handle, [&](Saver& saver) {
-    Status s = require(out != nullptr, "out must not be NULL");
-    if (s.ok()) *out = saver.poison_on_resume() ? 1 : 0;
-    return s;
+TMSL_API int tmsl_get_option(void* handle, const char* tag, const char* name, char* out, size_t capacity) {
+  return guarded([&] {
+    const OptionRow* row = nullptr;
+    Status s = named_option(name, &row);
+    if (s.ok() && tag != nullptr) s = check_tag(tag);
+    if (!s.ok()) return s;
+    std::string text;
+    if (handle == nullptr) {
+      s = process_option(*row, &text);
+    } else {
+      SaverRef saver;
+      s = live_saver(handle, &saver);
+      if (s.ok()) s = tag != nullptr ? tag_option(*saver, tag, *row, &text) : saver->option(*row, &text);
+    }
+    return s.ok() ? copy_out(text, out, capacity) : s;
   });
 }
 
-TMSL_API int tmsl_set_verify_wake(void* handle, int verify) {
-  return on_saver(handle, [&](Saver& saver) {
-    saver.set_verify_wake(verify != 0);
-    return Status::Ok();
-  });
-}
-
-TMSL_API int tmsl_get_verify_wake(void* handle, int* out) {
-  return on_saver(handle, [&](Saver& saver) {
-    Status s = require(out != nullptr, "out must not be NULL");
-    if (s.ok()) *out = saver.verify_wake() ? 1 : 0;
-    return s;
-  });
-}
-
-TMSL_API int tmsl_set_soft_pause(void* handle, int soft) {
-  return on_saver(handle, [&](Saver& saver) {
-    saver.set_soft_pause(soft != 0);
-    return Status::Ok();
-  });
-}
-
-TMSL_API int tmsl_get_soft_pause(void* handle, int* out) {
-  return on_saver(handle, [&](Saver& saver) {
-    Status s = require(out != nullptr, "out must not be NULL");
-    if (s.ok()) *out = saver.soft_pause() ? 1 : 0;
-    return s;
-  });
-}
-
-TMSL_API int tmsl_set_stray_access(void* handle, int mode) {
-  return on_saver(handle, [&](Saver& saver) {
-    Status s = require(mode >= 0 && mode <= 2, "mode must be 0, 1 or 2");
-    if (s.ok()) saver.set_stray_mode(static_cast<StrayMode>(mode));
-    return s;
-  });
-}
-
-TMSL_API int tmsl_get_stray_access(void* handle, int* out) {
-  return on_saver(handle, [&](Saver& saver) {
-    Status s = require(out != nullptr, "out must not be NULL");
-    if (s.ok()) *out = static_cast<int>(saver.stray_mode());
+TMSL_API int tmsl_options(char* out, size_t capacity, size_t* length) {
+  return guarded([&] {
+    const std::string text = option_table_text();
+    Status s = require(length != nullptr, "length must not be NULL");
+    if (s.ok()) *length = text.size();
+    if (s.ok() && out != nullptr && capacity > 0) {
+      const size_t n = std::min(text.size(), capacity - 1);
+      memcpy(out, text.c_str(), n);
+      out[n] = '\0';
+    }
     return s;
   });
 }
@@ -596,18 +560,12 @@ TMSL_API int tmsl_process_defaults(TmslProcessDefaults* out) {
     out->region_all_threads = d.all_threads;
     out->backup_choice = static_cast<int>(d.backup);
     out->caches_backups = d.caches_backups;
-    out->poison_on_resume = d.poison_on_resume;
-    out->retain_backups = d.retain_backups;
     // The tag rule, the two variable names and the path limit keep these within their arrays.
     memcpy(out->tag, d.tag.c_str(), std::min(d.tag.size(), sizeof(out->tag) - 1));
     memcpy(out->disk_backup_dir_variable, d.disk_backup_dir_variable.c_str(),
            std::min(d.disk_backup_dir_variable.size(), sizeof(out->disk_backup_dir_variable) - 1));
     memcpy(out->disk_backup_dir, d.disk_backup_dir.c_str(), d.disk_backup_dir.size());
     out->share_backups = d.share_backups;
-    out->host_memory_budget = d.host_memory_budget;
-    out->verify_wake = d.verify_wake;
-    out->stray_access = static_cast<int>(d.stray_access);
-    out->soft_pause = d.soft_pause;
     out->like_torch_memory_saver = d.like_torch_memory_saver;
     return Status::Ok();
   });

@@ -35,8 +35,6 @@ TMSL_API int tmsl_default_saver(void** out);
 // The process-wide saver if a region or the allocation hooks created it already, else NULL:
 // for reads, which must not start the CUDA driver.
 TMSL_API int tmsl_existing_default_saver(void** out);
-// The host cache budget a new saver starts with (bytes), read without any saver.
-TMSL_API int tmsl_default_host_cache_bytes(size_t* out);
 
 // The node's host-memory budget (node_ledger.h): every process of the node that uses the
 // library takes the host memory of its backups and host cache from it. `active` 0: no
@@ -68,8 +66,6 @@ typedef struct TmslHostMemory {
   int32_t alone;
 } TmslHostMemory;
 TMSL_API int tmsl_host_memory(TmslHostMemory* out);
-// Sets the node's budget, for every process of the node (bytes > 0).
-TMSL_API int tmsl_set_host_memory_budget(size_t bytes);
 
 // enable_cpu_backup, the region's backup choice: -1 = not given (the tag's first explicit
 // setting; without one, graph memory only), 0 = off, 1 = on, 2 = on with the host memory
@@ -102,18 +98,16 @@ TMSL_API int tmsl_resume(void* saver, const char* const* tags, int ntags, size_t
 TMSL_API int tmsl_prepare_backups(void* saver, const char* const* tags, int ntags);
 // Paused memory whose content the node's host-memory budget sent to disk (Saver::spilled_bytes).
 TMSL_API int tmsl_spilled_bytes(void* saver, size_t* bytes);
-// The disk tier's directory (Saver::set_disk_directory): checked, made if missing, its stale
-// files removed; NULL or "": none. Once set, pauses write disk-backed allocations (and what
-// the node's budget cannot hold) to files themselves, and resumes read them back.
+// The disk tier's directory is the option disk_backup_dir (tmsl_set_option, below;
+// Saver::set_disk_directory): checked, made if missing, its stale files removed; "": none.
+// Once set, pauses write disk-backed allocations (and what the node's budget cannot hold) to
+// files themselves, and resumes read them back.
 // tmsl_disk_notices: what the tier has to tell since last asked (stale files removed,
 // O_DIRECT refused), one line each, NUL-terminated, cut to `capacity` bytes.
-// tmsl_disk_backup_dir: the directory set ("" for none), into out (at most capacity - 1
-// bytes, else kInvalidArgument). tmsl_check_disk_backup_dir: the directory checks alone, with
+// tmsl_check_disk_backup_dir: the directory checks alone, with
 // no saver (refused on host memory or unwritable; make != 0: made if missing, its stale files
 // removed, *real its real path, `notices` what to tell as tmsl_disk_notices; make == 0:
 // nothing changed, *real the path as given, `notices` "").
-TMSL_API int tmsl_set_disk_backup_dir(void* saver, const char* path);
-TMSL_API int tmsl_disk_backup_dir(void* saver, char* out, size_t capacity);
 TMSL_API int tmsl_check_disk_backup_dir(const char* path, int make, char* real, size_t capacity, char* notices,
                                         size_t notices_capacity);
 TMSL_API int tmsl_disk_notices(void* saver, char* out, size_t capacity);
@@ -124,18 +118,6 @@ TMSL_API int tmsl_disk_notices(void* saver, char* out, size_t capacity);
 TMSL_API int tmsl_store_notices(char* out, size_t capacity);
 // *state: 0 = no region has used the tag, 1 = active, 2 = paused.
 TMSL_API int tmsl_tag_state(void* saver, const char* tag, int* state);
-// caches = 0: the tag's backups leave host memory at every resume (cpu_backup_backend
-// "mmap"); 1 (the default): they may stay in the host cache. Enters the tag if new.
-TMSL_API int tmsl_set_tag_caches_backups(void* saver, const char* tag, int caches);
-// Whether the tag's wakes are checked (with tmsl_set_verify_wake on; 1 by default).
-TMSL_API int tmsl_set_tag_verify_wake(void* saver, const char* tag, int verify);
-// What a stray access to the tag's paused memory without a backup meets, from its next pause
-// on: 0 off (unmapped: an illegal address), 1 warn, 2 raise (the scratch takes it; the resume
-// warns or raises); -1: the saver's (tmsl_set_stray_access).
-TMSL_API int tmsl_set_tag_stray_access(void* saver, const char* tag, int mode);
-// Whether the tag's pauses are soft, from its next pause on: 1 yes, 0 no, -1 the saver's
-// (tmsl_set_soft_pause).
-TMSL_API int tmsl_set_tag_soft_pause(void* saver, const char* tag, int soft);
 // The stray writes seen in the tag's memory since last asked, while it is awake (0 while it
 // is paused: they are told once it resumes), and the mode (0, 1, 2) it follows.
 TMSL_API int tmsl_take_stray_writes(void* saver, const char* tag, uint64_t* count, int* mode);
@@ -146,26 +128,23 @@ TMSL_API int tmsl_stray_scratch_bytes(void* saver, int device, uint64_t* out);
 TMSL_API int tmsl_tag_allocations(void* saver, const char* tag, uint64_t* addresses, uint64_t* sizes,
                                   int* devices, int* choices, size_t capacity, size_t* count);
 
-TMSL_API int tmsl_set_memory_margin(void* saver, size_t bytes);
-TMSL_API int tmsl_set_retain_backups(void* saver, int retain);
-// The host cache's budget in bytes (0: none); *out reads it. release frees what it holds.
-TMSL_API int tmsl_set_host_cache_bytes(void* saver, size_t bytes);
-TMSL_API int tmsl_get_host_cache_bytes(void* saver, size_t* out);
+// The options (platform/options.h: one table of every switch a program may set), by name, with
+// values as text in the grammar of their kind (flag 0/1/false/true, size in bytes with an
+// optional K/M/G/T, stray off/warn/raise, path). saver NULL: the process's value, which is
+// what a new saver starts with (the environment's, else the table's default), a tag's
+// default, or the node's (host_memory_budget, the only one set with saver NULL: for every
+// process of the node). tag NULL: the saver's value; a tag: that tag's own (options of the tag
+// scope, from its next pause on; the value "" for stray_access and soft_pause follows the
+// saver's again, and reads back as "" where the tag follows it). Setting a tag enters it.
+// tmsl_get_option writes the value and its NUL into out (kInvalidArgument where capacity is
+// too small). tmsl_options: the table, one line per option, "name, kind, scopes, variable,
+// torch_memory_saver's variable, default, default under TMSL_LIKE_TORCH_MEMORY_SAVER"
+// separated by tabs; *length its length; the first capacity - 1 bytes and a NUL into out.
+TMSL_API int tmsl_set_option(void* saver, const char* tag, const char* name, const char* value);
+TMSL_API int tmsl_get_option(void* saver, const char* tag, const char* name, char* out, size_t capacity);
+TMSL_API int tmsl_options(char* out, size_t capacity, size_t* length);
+// Frees the host memory the host cache keeps for resident allocations.
 TMSL_API int tmsl_release_host_cache(void* saver);
-// Fill resumed memory that has no backup with 0xFF bytes (NaN as floats); *out reads it.
-TMSL_API int tmsl_set_poison_on_resume(void* saver, int poison);
-TMSL_API int tmsl_get_poison_on_resume(void* saver, int* out);
-// Verified wakes (on by default, TMSL_VERIFY_WAKE): a pause fingerprints backed-up memory, a
-// resume checks the restored bytes and fails with "content_mismatch" where they differ.
-TMSL_API int tmsl_set_verify_wake(void* saver, int verify);
-TMSL_API int tmsl_get_verify_wake(void* saver, int* out);
-// The saver's stray-access mode (0 off, 1 warn, 2 raise; TMSL_STRAY_ACCESS, default 1).
-TMSL_API int tmsl_set_stray_access(void* saver, int mode);
-TMSL_API int tmsl_get_stray_access(void* saver, int* out);
-// Soft pauses (off by default, TMSL_SOFT_PAUSE): a pause leaves each host copy mapped at its
-// allocation's address, so touching paused memory with a backup reads and writes the copy.
-TMSL_API int tmsl_set_soft_pause(void* saver, int soft);
-TMSL_API int tmsl_get_soft_pause(void* saver, int* out);
 // Returns once the background work handed over has run: backups a resume let go of freed,
 // host memory asked for by tmsl_prepare_backups set aside (its pages may still be arriving).
 TMSL_API int tmsl_wait_for_released_backups(void* saver);
@@ -211,16 +190,10 @@ typedef struct TmslProcessDefaults {
   int region_all_threads;  // TMSL_REGION_ALL_THREADS / TMS_INIT_ENABLE
   int backup_choice;       // the default region's enable_cpu_backup choice (-1 to 3, as above)
   int caches_backups;      // 0: TMSL_DEFAULT_CPU_BACKUP_BACKEND / TMS_INIT_CPU_BACKUP_BACKEND=mmap
-  int poison_on_resume;    // TMSL_POISON_ON_RESUME
-  int retain_backups;      // TMSL_RETAIN_CPU_BACKUP / TMS_RETAIN_CPU_BACKUP
   char tag[TMSL_MAX_TAG_BYTES + 1];      // TMSL_DEFAULT_TAG ("default")
   char disk_backup_dir_variable[32];     // which variable named the directory ("": none)
   char disk_backup_dir[4096];            // TMSL_DISK_BACKUP_DIR / TMS_DISK_BACKUP_DIR
   int share_backups;                     // TMSL_SHARE_BACKUPS
-  uint64_t host_memory_budget;           // TMSL_HOST_MEMORY_BUDGET (0: not set)
-  int verify_wake;                       // TMSL_VERIFY_WAKE (default 1)
-  int stray_access;                      // TMSL_STRAY_ACCESS: 0 off, 1 warn (default), 2 raise
-  int soft_pause;                        // TMSL_SOFT_PAUSE
   int like_torch_memory_saver;           // TMSL_LIKE_TORCH_MEMORY_SAVER
 } TmslProcessDefaults;
 TMSL_API int tmsl_process_defaults(TmslProcessDefaults* out);

@@ -118,17 +118,23 @@ TMSL_API void tms_set_enable_disk_backup(bool enable) {
 
 TMSL_API void set_memory_margin_bytes(uint64_t bytes) {
   SaverHandle handle = 0;
-  if (default_saver(&node_budget, &handle).ok()) tmsl_set_memory_margin(reinterpret_cast<void*>(handle), bytes);
+  SaverRef saver;
+  if (default_saver(&node_budget, &handle).ok() && live_saver(reinterpret_cast<void*>(handle), &saver).ok()) {
+    saver->set_option(Option::kMemoryMarginBytes, bytes);
+  }
 }
 
 TMSL_API void tms_set_retain_cpu_backup(bool retain) {
   SaverHandle handle = 0;
-  if (default_saver(&node_budget, &handle).ok()) tmsl_set_retain_backups(reinterpret_cast<void*>(handle), retain ? 1 : 0);
+  SaverRef saver;
+  if (default_saver(&node_budget, &handle).ok() && live_saver(reinterpret_cast<void*>(handle), &saver).ok()) {
+    saver->set_option(Option::kRetainCpuBackup, retain ? 1 : 0);
+  }
 }
 
 TMSL_API bool tms_get_retain_cpu_backup(void) {
   SaverHandle handle = 0;
   SaverRef saver;
   if (!default_saver(&node_budget, &handle).ok() || !live_saver(reinterpret_cast<void*>(handle), &saver).ok()) return false;
-  return saver->retain_backups();
+  return saver->option(Option::kRetainCpuBackup) != 0;
 }

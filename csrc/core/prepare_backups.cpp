@@ -50,7 +50,7 @@ std::vector<std::shared_ptr<HostArena>> Saver::prepare_backups_now(const TagSele
   std::map<int, std::vector<Wanted>> wanted;  // by device
   // Whether `a` is resident, backed up, may keep its backup cached and has none yet (the
   // tiers hold no copy of it: `copies`, their addresses in order). Needs mu_.
-  const bool retain = retain_backups_.load();
+  const bool retain = options_.flag(Option::kRetainCpuBackup);
   // A backup the node's store takes needs no memory of this process's set aside (one alone on
   // the node copies privately: memory set aside, as with sharing off).
   const FingerprintKey* key = tiers_.store_key_now();

@@ -68,18 +68,16 @@ Status publish(Registry& r, Saver* saver, SaverHandle* out, bool permanent = fal
                        "too many savers (at most 64 at once): close() the ones no longer needed");
 }
 
-// The environment's defaults a new saver starts with (TMSL_POISON_ON_RESUME,
-// TMSL_RETAIN_CPU_BACKUP, TMSL_VERIFY_WAKE, TMSL_DISK_BACKUP_DIR): the library owns them, so a saver the hooks
+// The environment's defaults a new saver starts with (the options it holds, options.h, and
+// TMSL_DISK_BACKUP_DIR): the library owns them, so a saver the hooks
 // made has them too (tms_pause pauses disk-backed tags). A directory that cannot serve leaves
 // the saver without one: its disk-backed pauses are refused, and the Python side, setting
 // it again, says why.
 void take_process_defaults(Saver* saver) {
   const ProcessDefaults& d = process_defaults();
-  saver->set_poison_on_resume(d.poison_on_resume);
-  saver->set_retain_backups(d.retain_backups);
-  saver->set_verify_wake(d.verify_wake);
-  saver->set_stray_mode(static_cast<StrayMode>(d.stray_access));
-  saver->set_soft_pause(d.soft_pause);
+  for (size_t i = 0; i < kOptionCount; ++i) {
+    if (saver_holds(option_row(static_cast<Option>(i)))) saver->set_option(static_cast<Option>(i), d.saver_options[i]);
+  }
   if (!d.disk_backup_dir.empty()) saver->set_disk_directory(d.disk_backup_dir);
 }
 

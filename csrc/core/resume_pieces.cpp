@@ -33,7 +33,7 @@ Status Saver::map_next_piece(Allocation& a) {
   if (!s.ok()) return s;
   PhysicalHandle physical = 0;
   Orphan orphan;
-  s = map_physical(*backend_, a.device, at, bytes, margin_bytes_.load(), &physical, &orphan);
+  s = map_physical(*backend_, a.device, at, bytes, static_cast<size_t>(options_.get(Option::kMemoryMarginBytes)), &physical, &orphan);
   if (orphan.physical != 0) mappings_.adopt(orphan);
   if (s.code == Code::kOutOfMemory) return s;  // the caller explains what the resume needed
   if (!s.ok()) return with_context(s, "resuming tag '" + a.tag + "' at " + format_address(at));
@@ -62,7 +62,7 @@ Status Saver::restore(const Allocation& a, const HostBuffer& copy, size_t k) {
     });
     if (!s.ok()) return with_context(s, "restoring backups");
   }
-  if (copied_end == end || !poison_on_resume_.load() || tiers_.disk_copies().has(a.va)) return Status::Ok();  // a file fills it
+  if (copied_end == end || !options_.flag(Option::kPoisonOnResume) || tiers_.disk_copies().has(a.va)) return Status::Ok();  // a file fills it
   return with_context(backend_->fill_async(a.device, a.va + copied_end, end - copied_end, kPoisonByte),
                       "poisoning resumed memory");
 }

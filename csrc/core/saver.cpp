@@ -103,7 +103,7 @@ Status Saver::allocate(size_t size, int device, const std::string& tag, BackupCh
   if (!s.ok()) return explain(s);
   PhysicalHandle physical = 0;
   Orphan orphan;
-  s = map_physical(*backend_, device, address, rounded, margin_bytes_.load(), &physical, &orphan);
+  s = map_physical(*backend_, device, address, rounded, static_cast<size_t>(options_.get(Option::kMemoryMarginBytes)), &physical, &orphan);
   if (!s.ok()) {
     orphan.range = true;  // the range goes back too, once nothing is mapped in it
     if (orphan.physical != 0) mappings_.adopt(orphan);
@@ -277,7 +277,7 @@ void Saver::settle(const std::vector<Allocation*>& batch, size_t done, State don
       tiers_.copies().settle_pause(vas, devices, done, backups, &let_go);
     } else {
       // (A cache of no bytes keeps nothing after a resume, the store's chunks neither.)
-      tiers_.copies().settle_resume(resumed_batch, done, drop_backups, retain_backups_.load(), tiers_.cache_bytes() > 0,
+      tiers_.copies().settle_resume(resumed_batch, done, drop_backups, options_.flag(Option::kRetainCpuBackup), tiers_.cache_bytes() > 0,
                                     &let_go, &free_now);
     }
   }
@@ -458,7 +458,7 @@ Status Saver::queue_backups(std::vector<Allocation*>* batch_in, std::vector<Host
       Status s = content_copy(a, *key, &copy, &(*backups)[i], &a.wake_fingerprints, others_by);
       if (!s.ok() && s.code != Code::kUnsupported) return s;
       if (s.ok()) r.tier = Tier::kContent;
-      const bool verify = verify_wake_.load() && a.verify;
+      const bool verify = options_.flag(Option::kVerifyWake) && a.verify;
       if (s.ok() && verify) a.wake_key = key;
       if (!s.ok() || !verify) a.wake_fingerprints.clear();
     }
@@ -601,7 +601,7 @@ Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>
       std::lock_guard<std::mutex> lock(mu_);
       for (const Allocation* a : batch) resumed_batch.push_back(resumed(*a));
     }
-    keep = tiers_.keep_after_resume(resumed_batch, retain_backups_.load(), &older);
+    keep = tiers_.keep_after_resume(resumed_batch, options_.flag(Option::kRetainCpuBackup), &older);
   }
   older.clear();  // back to the pool within its limit, else freed after the foreground's work
   settle(batch, batch.size(), State::kActive, State::kPaused, nullptr, !keep);

@@ -28,6 +28,7 @@
 #include "core/address_index.h"
 #include "platform/backend.h"
 #include "platform/backup_choice.h"
+#include "platform/options.h"
 #include "platform/environment.h"
 #include "node/host_budget.h"
 #include "tiers/backup.h"
@@ -129,14 +130,10 @@ class Saver {
   Status mark_graph_memory(const std::string& tag);
   // The tag's catalogue entry; false when no region or allocation has named it.
   bool tag_info(const std::string& tag, TagInfo* out) const;
-  // Whether the tag's backups may stay in the host cache after a resume (see TagInfo).
-  Status set_caches_backups(const std::string& tag, bool caches);
-  // Whether the tag's wakes are checked (with the saver's verify_wake; see TagInfo).
-  Status set_verifies_wakes(const std::string& tag, bool verify);
-  // The tag's StrayMode (-1: the saver's), from its next pause on.
-  Status set_stray_mode(const std::string& tag, int mode);
-  // Whether the tag's pauses are soft (1, 0; -1: the saver's), from its next pause on.
-  Status set_soft_pause(const std::string& tag, int soft);
+  // A tag's own value of an option of kTagScope (options.h), from its next pause on; "" goes
+  // back to the saver's (stray_access, soft_pause; verify_wake and caches_backups go back to
+  // their defaults). Enters the tag if new. Its TagInfo field holds it.
+  Status set_tag_option(const std::string& tag, const OptionRow& row, const std::string& text);
   // The stray writes seen in the tag's memory since last asked, where it is awake (0 while
   // paused: they are told at its resume), and the StrayMode its last pause began with.
   Status take_stray_writes(const std::string& tag, size_t* count, StrayMode* mode);
@@ -224,14 +221,31 @@ class Saver {
   // Whether va is the start of one of this saver's allocations; takes no saver-wide lock.
   bool owns(uintptr_t va) const { return index_.contains(va); }
 
-  // Free device memory an allocation or a resume must leave behind (0: none). Checked
-  // before each physical allocation, so the saver never takes the last bytes another
-  // engine on the GPU counts on.
-  void set_memory_margin(size_t bytes) { margin_bytes_.store(bytes); }
-  // Keep host backups after a successful resume and reuse them at the next pause, so a
-  // pause/resume cycle stops paying for host allocation.
-  void set_retain_backups(bool retain) { retain_backups_.store(retain); }
-  bool retain_backups() const { return retain_backups_.load(); }
+  // The saver's value of an option of kSaverScope (options.h), as text in the option's
+  // grammar; kInvalidArgument for a bad value or an option of another scope. What each means:
+  //   memory_margin_bytes  free device memory an allocation or a resume must leave behind
+  //       (checked before each physical allocation, so the saver never takes the last bytes
+  //       another engine on the GPU counts on)
+  //   retain_cpu_backup    keep host backups after a successful resume and reuse them at the
+  //       next pause, so a pause/resume cycle stops paying for host allocation
+  //   host_cache_bytes     the host cache's budget, held by the tiers (set_host_cache_bytes)
+  //   poison_on_resume     fill resumed memory that has no backup with 0xFF bytes, so code
+  //       that wrongly reads discarded content sees NaN instead of plausible leftovers
+  //   verify_wake          a pause fingerprints every backed-up allocation on its device, and
+  //       a resume checks the restored bytes against it; on a mismatch the resume fails with
+  //       Code::kContentMismatch naming the tag and allocation, and everything it covered stays
+  //       paused with its backups
+  //   stray_access         whether pauses cover memory without a backup with the scratch, and
+  //       what a resume that finds writes there does (StrayMode; tags may choose their own)
+  //   soft_pause           a pause keeps each host copy mapped at its allocation's own address
+  //       (soft_pause.cpp), so touching the paused tensor reads and writes the copy instead of
+  //       faulting, and the resume brings back what the copy holds then (tags may choose)
+  //   disk_backup_dir      the disk tier's directory (set_disk_directory)
+  Status set_option(const OptionRow& row, const std::string& text);
+  Status option(const OptionRow& row, std::string* out) const;
+  // A numeric option the saver holds (options.h's saver_holds), for the code that obeys it.
+  uint64_t option(Option id) const { return options_.get(id); }
+  void set_option(Option id, uint64_t value) { options_.set(id, value); }
   // The host cache: after a resume, its backups stay (page-locked, ready for the next pause
   // of the same memory) as long as all that is kept this way fits in `bytes`; 0 = none.
   // Without it every pause would fault in and page-lock new host memory, at a fraction of
@@ -243,32 +257,9 @@ class Saver {
   size_t host_cache_bytes() const { return tiers_.cache_bytes(); }
   // Frees the host memory kept for resident allocations (the cache, retained backups).
   void release_host_cache();
-  // The default cache budget: an eighth of the host memory this process may use (the least
-  // of the machine's memory, what is available and its container's limit), at most 32 GiB.
-  static size_t default_host_cache_bytes() { return BackupTiers::default_cache_bytes(); }
   // The backup tiers (host memory, its pool, the background work and its gate): for tests
   // and the testing ABI.
   BackupTiers& tiers() { return tiers_; }
-  // Fill resumed memory that has no backup with 0xFF bytes, so code that wrongly reads
-  // discarded content sees NaN instead of plausible leftovers (a debugging aid).
-  void set_poison_on_resume(bool poison) { poison_on_resume_.store(poison); }
-  bool poison_on_resume() const { return poison_on_resume_.load(); }
-  // Verified wakes (on unless turned off): a pause fingerprints every backed-up allocation on
-  // its device, and a resume checks the restored bytes against it; on a mismatch the resume
-  // fails with Code::kContentMismatch naming the tag and allocation, and everything it
-  // covered stays paused with its backups.
-  void set_verify_wake(bool verify) { verify_wake_.store(verify); }
-  bool verify_wake() const { return verify_wake_.load(); }
-  // Whether pauses cover memory without a backup with the scratch, and what a resume that
-  // finds writes there does (StrayMode; regions may choose their own).
-  void set_stray_mode(StrayMode mode) { stray_mode_.store(static_cast<int>(mode)); }
-  StrayMode stray_mode() const { return static_cast<StrayMode>(stray_mode_.load()); }
-  // Soft pauses (off unless turned on; regions may choose their own): a pause keeps each host
-  // copy mapped at its allocation's own address (soft_pause.cpp), so touching the paused
-  // tensor reads and writes the copy instead of faulting, and the resume brings back what the
-  // copy holds then.
-  void set_soft_pause(bool soft) { soft_pause_.store(soft); }
-  bool soft_pause() const { return soft_pause_.load(); }
 
  private:
   enum class State { kActive, kPausing, kPaused, kResuming };
@@ -415,7 +406,9 @@ class Saver {
   Status take_wake_fingerprints(const std::vector<Allocation*>& batch, bool* taken);
   // Whether a's resume checks it now: it has fingerprints, and the check is on for the saver
   // and its tag (turned off after the pause: its backup is taken as it is).
-  bool checks_wake(const Allocation& a) const { return !a.wake_fingerprints.empty() && verify_wake_.load() && a.verify; }
+  bool checks_wake(const Allocation& a) const {
+    return !a.wake_fingerprints.empty() && options_.flag(Option::kVerifyWake) && a.verify;
+  }
   Status check_wake_behind(Allocation& a, size_t restored, WakeCheckBehind* behind);
   Status drop_wake_mark(WakeCheckBehind* behind);
   Status check_wake(const std::vector<Allocation*>& batch);
@@ -566,12 +559,9 @@ class Saver {
   Mappings mappings_;  // every take-down and its orphans; after backend_, which it uses
   StrayCatcher catcher_;  // after mappings_, which it hands its orphans
   AddressIndex index_;
-  std::atomic<size_t> margin_bytes_{0};
-  std::atomic<bool> retain_backups_{false};
-  std::atomic<bool> poison_on_resume_{false};
-  std::atomic<bool> verify_wake_{true};
-  std::atomic<int> stray_mode_{static_cast<int>(StrayMode::kWarn)};
-  std::atomic<bool> soft_pause_{false};
+  // Its values of the options it holds (options.h), the process defaults until set: the
+  // api layer hands them over when it makes the saver.
+  OptionValues options_;
   FingerprintKey wake_key_;  // drawn at construction; where the process shares, the store key serves instead
   // TMSL_LOG_ALLOCATIONS: a line on stderr per allocation and free (read once: off, it costs
   // each of them one predictable branch).

@@ -62,7 +62,7 @@ void Saver::share_ahead(const TagSelection& selection) {
 
 bool Saver::wants_ahead(const Allocation& a, const FingerprintKey& key) {
   if (a.state != State::kActive || !a.backs_up() || !content_addressed(a, &key) || soft_pauses(*a.tag_info) ||
-      !(retain_backups_.load() || resumed(a).cacheable)) {
+      !(options_.flag(Option::kRetainCpuBackup) || resumed(a).cacheable)) {
     return false;
   }
   return !tiers_.copies().peek({a.va})[0];  // (none kept from a resume, none set aside)

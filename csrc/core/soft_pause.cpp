@@ -8,7 +8,7 @@
 namespace tmsl {
 
 bool Saver::soft_pauses(const TagInfo& info) const {
-  return info.soft_pause >= 0 ? info.soft_pause == 1 : soft_pause_.load();
+  return info.soft_pause >= 0 ? info.soft_pause == 1 : options_.flag(Option::kSoftPause);
 }
 
 bool Saver::soft_request(const Allocation& a, const HostBuffer& kept) const {

@@ -83,20 +83,65 @@ Status Saver::set_tag(const std::string& tag, const std::function<void(TagInfo&)
   return s;
 }
 
-Status Saver::set_verifies_wakes(const std::string& tag, bool verify) {
-  return set_tag(tag, [verify](TagInfo& info) { info.verifies_wakes = verify; });
+Status Saver::set_tag_option(const std::string& tag, const OptionRow& row, const std::string& text) {
+  if (!(row.scopes & kTagScope)) {
+    return Status::Error(Code::kInvalidArgument,
+                         std::string("option '") + row.name + "' is not a tag's: set it on the saver");
+  }
+  // "" for stray_access and soft_pause: the saver's again (-1); for the others, the default.
+  const bool saver_again = text.empty() && (row.id == Option::kStrayAccess || row.id == Option::kSoftPause);
+  uint64_t number = 0;
+  Status s = saver_again ? Status::Ok() : parse_option(row, text.empty() ? row.fallback : text, &number);
+  if (!s.ok()) return s;
+  const int value = saver_again ? -1 : static_cast<int>(number);  // (flags and modes: 0 to 2)
+  return set_tag(tag, [&row, value](TagInfo& info) {
+    switch (row.id) {
+      case Option::kVerifyWake:
+        info.verifies_wakes = value == 1;
+        break;
+      case Option::kCachesBackups:
+        info.caches_backups = value == 1;
+        break;
+      case Option::kStrayAccess:
+        info.stray_mode = value;
+        break;
+      case Option::kSoftPause:
+        info.soft_pause = value;
+        break;
+      default:
+        break;
+    }
+  });
 }
 
-Status Saver::set_caches_backups(const std::string& tag, bool caches) {
-  return set_tag(tag, [caches](TagInfo& info) { info.caches_backups = caches; });
+Status Saver::set_option(const OptionRow& row, const std::string& text) {
+  if (!(row.scopes & kSaverScope)) {
+    return Status::Error(Code::kInvalidArgument, std::string("option '") + row.name + "' is not a saver's");
+  }
+  if (row.id == Option::kDiskBackupDir) return set_disk_directory(text);
+  uint64_t value = 0;
+  Status s = parse_option(row, text, &value);
+  if (!s.ok()) return s;
+  if (row.id == Option::kHostCacheBytes) {
+    set_host_cache_bytes(static_cast<size_t>(value));
+  } else {
+    options_.set(row.id, value);
+  }
+  return Status::Ok();
 }
 
-Status Saver::set_stray_mode(const std::string& tag, int mode) {
-  return set_tag(tag, [mode](TagInfo& info) { info.stray_mode = mode; });
-}
-
-Status Saver::set_soft_pause(const std::string& tag, int soft) {
-  return set_tag(tag, [soft](TagInfo& info) { info.soft_pause = soft; });
+Status Saver::option(const OptionRow& row, std::string* out) const {
+  if (!(row.scopes & kSaverScope)) {
+    return Status::Error(Code::kInvalidArgument, std::string("option '") + row.name + "' is not a saver's");
+  }
+  if (row.id == Option::kDiskBackupDir) {
+    *out = disk_directory();
+  } else if (row.id == Option::kHostCacheBytes) {
+    *out = std::to_string(host_cache_bytes());
+  } else {
+    *out = format_option(row, options_.get(row.id));
+  }
+  return Status::Ok();
 }
 
 std::vector<Saver::Range> Saver::allocations_of(const std::string& tag) const {

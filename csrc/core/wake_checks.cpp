@@ -25,7 +25,7 @@ Status Saver::take_wake_fingerprints(const std::vector<Allocation*>& batch, bool
   *taken = true;
   for (Allocation* a : batch) {
     if (!a->copied() || !a->wake_fingerprints.empty()) continue;  // (content copies: theirs)
-    a->wake_unchecked = !verify_wake_.load() || !a->verify || !fingerprintable(a->backup_bytes());
+    a->wake_unchecked = !options_.flag(Option::kVerifyWake) || !a->verify || !fingerprintable(a->backup_bytes());
     if (a->wake_unchecked) continue;
     // One key per process (the store's where it shares): the device keeps the last one it had.
     const FingerprintKey* key = &process_key();

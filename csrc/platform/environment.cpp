@@ -1,5 +1,6 @@
 #include "platform/environment.h"
 
+#include "platform/options.h"
 #include "platform/tag_rules.h"
 
 #include <cstdlib>
@@ -98,6 +99,28 @@ Parser<size_t> choice_of(std::initializer_list<const char*> names) {
   };
 }
 
+// The defaults of the options a saver holds itself (options.h), each from its variables,
+// else the table's default (torch_memory_saver's under the switch, read before).
+bool read_saver_options(ProcessDefaults* d) {
+  bool ok = true;
+  for (size_t i = 0; i < kOptionCount; ++i) {
+    const OptionRow& row = option_row(static_cast<Option>(i));
+    if (!saver_holds(row)) continue;
+    uint64_t value = 0;
+    parse_option(row, d->like_torch_memory_saver ? row.like_tms : row.fallback, &value);
+    if (*row.variable != '\0') {
+      const Parser<uint64_t> parse = [&row](const std::string& text, uint64_t* out) {
+        return parse_option(row, text, out).ok();
+      };
+      const char* name = nullptr;
+      ok = read_setting<uint64_t>(row.variable, *row.tms_variable != '\0' ? row.tms_variable : nullptr, parse,
+                                 option_takes(row.kind), &value, &name, &d->error) && ok;
+    }
+    d->saver_options[i] = value;
+  }
+  return ok;
+}
+
 ProcessDefaults read_process_defaults() {
   ProcessDefaults d;
   std::string& error = d.error;
@@ -108,8 +131,6 @@ ProcessDefaults read_process_defaults() {
     d.keeps_host_cache = false;
     d.host_memory_budget_applies = false;
     d.share_backups = false;
-    d.verify_wake = false;
-    d.stray_access = 0;  // off
   }
   ok = read_flag("TMSL_REGION_ALL_THREADS", "TMS_INIT_ENABLE", &d.all_threads, nullptr, &error) && ok;
   bool backup = false;
@@ -140,12 +161,7 @@ ProcessDefaults read_process_defaults() {
   } else {
     ok = false;
   }
-  ok = read_flag("TMSL_POISON_ON_RESUME", nullptr, &d.poison_on_resume, nullptr, &error) && ok;
-  ok = read_flag("TMSL_RETAIN_CPU_BACKUP", "TMS_RETAIN_CPU_BACKUP", &d.retain_backups, nullptr, &error) && ok;
-  ok = read_flag("TMSL_VERIFY_WAKE", nullptr, &d.verify_wake, nullptr, &error) && ok;
-  ok = read_flag("TMSL_SOFT_PAUSE", nullptr, &d.soft_pause, nullptr, &error) && ok;
-  ok = read_setting("TMSL_STRAY_ACCESS", nullptr, choice_of({"off", "warn", "raise"}), "one of off, warn, raise",
-                    &d.stray_access, &name, &error) && ok;
+  ok = read_saver_options(&d) && ok;
   // A path is taken as it is (spaces included): only its length is checked here.
   std::string dir;
   const Parser<std::string> any_path = [](const std::string& text, std::string* out) {
@@ -192,44 +208,6 @@ ProcessDefaults read_process_defaults() {
 }
 
 }  // namespace
-
-bool parse_flag(const std::string& text, bool* out) {
-  const std::string word = lower(text);
-  if (word == "1" || word == "true") {
-    *out = true;
-  } else if (word == "0" || word == "false") {
-    *out = false;
-  } else {
-    return false;
-  }
-  return true;
-}
-
-bool parse_whole_number(const std::string& text, size_t* out) {
-  if (text.empty() || text.size() > 20) return false;
-  unsigned long long value = 0;
-  for (char c : text) {
-    if (c < '0' || c > '9') return false;
-    const unsigned digit = static_cast<unsigned>(c - '0');
-    if (value > (~0ULL - digit) / 10) return false;  // beyond 64 bits
-    value = value * 10 + digit;
-  }
-  *out = static_cast<size_t>(value);
-  return true;
-}
-
-bool parse_size(const std::string& text, size_t* out) {
-  if (text.empty()) return false;
-  const char* const kSuffixes = "kmgt";
-  const char* suffix = strchr(kSuffixes, lower(text.substr(text.size() - 1))[0]);
-  const bool has_suffix = suffix != nullptr && *suffix != '\0';
-  size_t value = 0;
-  if (!parse_whole_number(has_suffix ? text.substr(0, text.size() - 1) : text, &value)) return false;
-  const int shift = has_suffix ? 10 * static_cast<int>(suffix - kSuffixes + 1) : 0;
-  if (shift != 0 && value > (~size_t{0} >> shift)) return false;
-  *out = value << shift;
-  return true;
-}
 
 const ProcessDefaults& process_defaults() {
   static const ProcessDefaults* defaults = new ProcessDefaults(read_process_defaults());

@@ -11,18 +11,18 @@
 // variable, the value and what it takes, which Python raises at first use.
 #pragma once
 
+#include <array>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "platform/backup_choice.h"
+#include "platform/options.h"
 #include "platform/status.h"
 
 namespace tmsl {
 
-// The grammar itself (false: not of that form).
-bool parse_flag(const std::string& text, bool* out);
-bool parse_whole_number(const std::string& text, size_t* out);
-bool parse_size(const std::string& text, size_t* out);
+// The grammar itself: parse_flag, parse_whole_number, parse_size (options.h).
 
 constexpr size_t kMaxDiskBackupDirBytes = 4096;  // with its NUL: what TmslProcessDefaults holds
 
@@ -63,11 +63,10 @@ struct ProcessDefaults {
   std::string tag = "default";
   BackupChoice backup = BackupChoice::kAuto;
   bool caches_backups = true;  // the default backend is "pinned"
-  bool poison_on_resume = false;
-  bool retain_backups = false;
-  bool verify_wake = true;
-  size_t stray_access = 1;  // warn
-  bool soft_pause = false;
+  // The process defaults of the options a saver holds itself (options.h's saver_holds), by
+  // Option: TMSL_POISON_ON_RESUME, TMSL_RETAIN_CPU_BACKUP, TMSL_VERIFY_WAKE, TMSL_STRAY_ACCESS,
+  // TMSL_SOFT_PAUSE; the others' slots unused.
+  std::array<uint64_t, kOptionCount> saver_options{};
   std::string disk_backup_dir_variable;  // the variable that named it ("": none did)
   std::string disk_backup_dir;
   bool share_backups = true;

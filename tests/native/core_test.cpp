@@ -170,7 +170,7 @@ void injected_faults_keep_state_recoverable() {
 
 void retained_backups_are_reused_and_fresh() {
   Saver s;
-  CHECK(tmsl_set_retain_backups(s.handle, 1) == 0);
+  CHECK(tmsl_set_option(s.handle, nullptr, "retain_cpu_backup", "1") == 0);
   void* p = s.malloc(4 * MiB, "weights", true);
   for (unsigned char round = 1; round <= 5; ++round) {
     memset(p, round, 4 * MiB);
@@ -250,8 +250,14 @@ void null_out_pointers_are_refused() {
   CHECK(tmsl_check_tag("\xff", 1) != 0 && tmsl_check_tag(nullptr, 0) != 0);
   CHECK(tmsl_tag_state(s.handle, "kv", nullptr) != 0);
   CHECK(tmsl_tag_state(s.handle, nullptr, nullptr) != 0);
-  CHECK(tmsl_get_poison_on_resume(s.handle, nullptr) != 0);
-  CHECK(tmsl_get_host_cache_bytes(s.handle, nullptr) != 0);
+  char value[8];
+  CHECK(tmsl_get_option(s.handle, nullptr, "poison_on_resume", nullptr, 8) != 0);
+  CHECK(tmsl_get_option(s.handle, nullptr, "host_cache_bytes", value, 1) != 0);  // no room for the digits
+  CHECK(tmsl_get_option(s.handle, nullptr, "no_such_option", value, 8) != 0);
+  CHECK(tmsl_set_option(s.handle, nullptr, "verify_wake", "maybe") != 0);
+  CHECK(tmsl_set_option(s.handle, nullptr, "verify_wake", nullptr) != 0);
+  CHECK(tmsl_set_option(s.handle, "kv", "poison_on_resume", "1") != 0);  // not a tag's
+  CHECK(tmsl_set_option(nullptr, nullptr, "verify_wake", "1") != 0);  // not the node's
   const void* host = nullptr;
   CHECK(tmsl_lease_backup(s.handle, nullptr, 1, nullptr, nullptr) != 0);
   CHECK(tmsl_lease_backup(s.handle, nullptr, 1, &host, nullptr) != 0);
@@ -337,7 +343,7 @@ void cuda_backend_over_the_fake_driver() {
   }
   // No host cache: the backups' arena goes (its threads joined) once the resume is done, as
   // this saver, the process-wide one, outlives the test.
-  CHECK(tmsl_set_host_cache_bytes(handle, 0) == 0);
+  CHECK(tmsl_set_option(handle, nullptr, "host_cache_bytes", "0") == 0);
   CHECK(tmsl_pause(handle, nullptr, -1, nullptr) == 0);
   CHECK(tmsl_resume(handle, nullptr, -1, nullptr, nullptr) == 0);
   for (int t = 0; t < kThreads; ++t) {
@@ -385,7 +391,7 @@ void disk_backup_round_trips_and_removes_its_files() {
   setenv("TMSL_DISK_BACKUP_CHUNK_MB", "1", 1);  // several chunks per allocation, on several workers
   {
     Saver s;
-    CHECK(tmsl_set_disk_backup_dir(s.handle, dir.c_str()) == 0);
+    CHECK(tmsl_set_option(s.handle, nullptr, "disk_backup_dir", dir.c_str()) == 0);
     const size_t sizes[] = {6 * MiB, 2 * MiB};
     void* p[2] = {nullptr, nullptr};
     for (int i = 0; i < 2; ++i) {
@@ -414,7 +420,7 @@ void disk_backup_round_trips_and_removes_its_files() {
 void failed_disk_write_leaves_everything_resident() {
   const std::string dir = disk_test_dir();
   Saver s;
-  CHECK(tmsl_set_disk_backup_dir(s.handle, dir.c_str()) == 0);
+  CHECK(tmsl_set_option(s.handle, nullptr, "disk_backup_dir", dir.c_str()) == 0);
   void* p = nullptr;
   CHECK(tmsl_malloc(s.handle, 4 * MiB, 0, "disk", 3, &p) == 0);
   if (p != nullptr) fill_pattern(p, 4 * MiB, 9);
@@ -433,7 +439,7 @@ void failed_disk_write_leaves_everything_resident() {
 
 void disk_directory_on_host_memory_is_refused() {
   Saver s;
-  CHECK(tmsl_set_disk_backup_dir(s.handle, "/dev/shm/tmsl-native-test") != 0);
+  CHECK(tmsl_set_option(s.handle, nullptr, "disk_backup_dir", "/dev/shm/tmsl-native-test") != 0);
   CHECK(strstr(tmsl_last_error_message(), "which is host memory") != nullptr);
   CHECK(access("/dev/shm/tmsl-native-test", F_OK) != 0);  // a refused directory is not left behind
 }
