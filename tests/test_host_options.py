@@ -1,4 +1,4 @@
-"""disable(), memory_margin_bytes and retain_cpu_backup on the host backend."""
+"""disable(), the options (memory_margin_bytes, retain_cpu_backup and the options table) on the host backend."""
 
 from __future__ import annotations
 
@@ -61,3 +61,57 @@ def test_retain_cpu_backup_keeps_host_memory_between_cycles_with_fresh_content(m
             assert saver.stats()["weights"].host_backup_bytes == (4 * MiB if retain else 0)
     finally:
         saver.close()
+
+
+# ----- the options table ----------------------------------------------------------------------
+def test_every_saver_option_is_one_row_of_the_native_table_and_one_attribute():
+    from torch_mem_saver_lite import MemorySaver, _lib
+    from torch_mem_saver_lite.options import SaverOption
+
+    table = _lib.option_table()
+    attributes = {name for name, value in vars(MemorySaver).items() if isinstance(value, SaverOption)}
+    # The saver's switches are the table's saver rows; the disk directory is set_disk_backup_dir()'s.
+    assert attributes == {name for name, row in table.items() if "saver" in row.scopes} - {"disk_backup_dir"}
+    # The tag's are region()'s arguments (and the backend's "pinned"/"mmap" choice).
+    import inspect
+    region = set(inspect.signature(MemorySaver.region).parameters)
+    assert {name for name, row in table.items() if "tag" in row.scopes} - {"caches_backups"} <= region
+    assert table["verify_wake"].variable == "TMSL_VERIFY_WAKE" and table["verify_wake"].like_tms_default == "0"
+    assert table["retain_cpu_backup"].tms_variable == "TMS_RETAIN_CPU_BACKUP"
+
+
+def test_an_option_set_before_the_core_exists_is_what_the_core_starts_with(mem):
+    saver = HostSaver(capacity_bytes=64 * MiB)
+    try:
+        saver.verify_wake = False
+        saver.stray_access = "raise"
+        saver.host_cache_bytes = 3 * MiB
+        assert saver._core(create=False) is None  # none of this made the core
+        native = saver._core()
+        assert (native.option("verify_wake"), native.option("stray_access"), native.option("host_cache_bytes")) == \
+            ("0", "raise", str(3 * MiB))
+        assert (saver.verify_wake, saver.stray_access, saver.host_cache_bytes) == (False, "raise", 3 * MiB)
+        saver.verify_wake = True  # set on the core at once now
+        assert native.option("verify_wake") == "1"
+    finally:
+        saver.close()
+
+
+def test_the_generic_pair_refuses_what_is_not_an_option_or_not_its_scope_by_name(host_saver):
+    from torch_mem_saver_lite import InvalidArgumentError
+
+    native = host_saver._core()
+    with pytest.raises(InvalidArgumentError, match="no option named 'verify_wakes'; the options are .*verify_wake"):
+        native.set_option("verify_wakes", "1")
+    with pytest.raises(InvalidArgumentError, match="verify_wake must be 0, 1, false or true, got 'maybe'"):
+        native.set_option("verify_wake", "maybe")
+    with pytest.raises(InvalidArgumentError, match="'poison_on_resume' is not a tag's"):
+        native.set_option("poison_on_resume", "1", tag="kv")
+    with pytest.raises(InvalidArgumentError, match="not for the node"):
+        from torch_mem_saver_lite import _lib
+        _lib.set_node_option("verify_wake", "1")
+    # A tag's own value, and back to the saver's with "".
+    native.set_option("stray_access", "off", tag="kv")
+    assert native.option("stray_access", tag="kv") == "off"
+    native.set_option("stray_access", "", tag="kv")
+    assert native.option("stray_access", tag="kv") == ""
