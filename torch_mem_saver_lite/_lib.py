@@ -184,6 +184,9 @@ def lib() -> ctypes.CDLL:
     path = library_path()
     source = " (from TMSL_LIBRARY)" if os.environ.get("TMSL_LIBRARY") else ""
     try:
+        # A CDLL: ctypes lets go of the GIL for the length of every call, so a pause copying
+        # gigabytes never holds up the process's other Python threads; the library does its own
+        # locking (each saver's table, the node's ledger), and its threads never call Python.
         handle = ctypes.CDLL(path)
         testing = {name: types for name, types in _TESTING_SIGNATURES.items() if hasattr(handle, name)}
         for name, (argtypes, restype) in {**_SIGNATURES, **testing}.items():
@@ -286,8 +289,36 @@ def host_memory() -> HostMemoryFigures:
     return out
 
 
+def process_defaults_error() -> str:
+    """What is wrong with the TMSL_*/TMS_* variables as the library read them ("": nothing)."""
+    return (lib().tmsl_process_defaults_error() or b"").decode(errors="replace")
+
+
+def preload_active() -> bool:
+    """Whether this library's cudaMalloc is the one the process calls (LD_PRELOAD in effect)."""
+    return bool(lib().tmsl_preload_active())
+
+
+# The calling thread's region, natively. Each returns the status code as it is: the region
+# stack (regions.py) settles its own state first, then raises (check()) where it failed.
+def enter_region(handle: int | None, tag: bytes, choice: int) -> int:
+    """Checks the region against its saver's tag catalogue and makes it the thread's."""
+    return int(lib().tmsl_enter_region(handle, tag, choice))
+
+
+def set_thread_region(handle: int | None, tag: bytes | None, choice: int) -> int:
+    """Makes (saver, tag) the thread's region again without checks; handle None: the process
+    defaults again."""
+    return int(lib().tmsl_set_thread_region(handle, tag, choice))
+
+
+def disable_thread_region() -> int:
+    """The thread allocates outside any region, whatever the defaults say."""
+    return int(lib().tmsl_disable_thread_region())
+
+
 def process_defaults() -> ProcessDefaults:
-    """What the library read from the environment (check tmsl_process_defaults_error first)."""
+    """What the library read from the environment (check process_defaults_error() first)."""
     out = ProcessDefaults()
     check(lib().tmsl_process_defaults(ctypes.byref(out)))
     return out
@@ -431,12 +462,6 @@ class NativeSaver:
     def allocations(self, tag: str) -> list[tuple[int, int, int]]:
         """The tag's allocations as (address, size, device), in address order."""
         return [(address, size, device) for address, size, device, _ in self._allocations(tag)]
-
-    def disk_allocations(self, tag: str) -> list[tuple[int, int, int]]:
-        """The tag's disk-backed allocations (made in regions with enable_disk_backup=True, or
-        marked for the budget's disk tier), as (address, size, device), in address order."""
-        return [(address, size, device) for address, size, device, choice in self._allocations(tag)
-                if choice == CHOICE_DISK]
 
     def _allocations(self, tag: str) -> list[tuple[int, int, int, int]]:
         count = _sz()

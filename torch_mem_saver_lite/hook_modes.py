@@ -58,7 +58,7 @@ class _Torch(HookMode):
         return tag_pool
 
     def refusal(self) -> str | None:
-        if _lib.lib().tmsl_preload_active():
+        if _lib.preload_active():
             return ("torch_mem_saver_lite: hook_mode stays 'preload': this process runs with the library "
                     "preloaded, which serves every allocation; the assignment of 'torch' is ignored")
         return None

@@ -22,7 +22,7 @@ import torch
 
 from . import _lib, nccl_suspend
 from .breakdown import MemoryBreakdown, breakdowns, devices_in_use, record_baseline
-from .hooks import TorchPools
+from .pool_routing import TorchPools
 from .nccl_suspend import GroupOutcome
 
 _MiB = 1 << 20

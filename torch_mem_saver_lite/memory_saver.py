@@ -30,7 +30,7 @@ from .breakdown import MemoryBreakdown
 from .choices import CaptureErrorMode, CpuBackupBackend, HookModeName, StrayAccessMode
 from .disk_backup import DiskDirectory
 from .errors import InvalidArgumentError, MemorySaverError
-from .hooks import TorchPools
+from .pool_routing import TorchPools
 from .leftovers import LeftoverReport
 from .options import SaverOption, SaverOptions
 from .paused_guard import PausedMemoryGuard

@@ -1,11 +1,12 @@
 """The two ends of ``saver.paused()``: which tags the block pauses (those active now; a tag
-no region used raises the core's error), and the exit that resumes them whatever happens."""
+no region used is refused as the core refuses it), and the exit that resumes them whatever happens."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from . import _lib, leftovers, nccl_suspend
+from .errors import InvalidArgumentError
 
 
 def active_tags(native: _lib.NativeSaver | None, names: list[str] | None) -> list[str]:
@@ -15,7 +16,10 @@ def active_tags(native: _lib.NativeSaver | None, names: list[str] | None) -> lis
     states = {t: native.tag_state(t) for t in (names if names is not None else list(native.stats()))}
     unknown = [t for t, state in states.items() if state == _lib.TAG_UNKNOWN]
     if unknown:
-        native.pause(unknown)  # raises the core's "unknown tag" error; changes nothing
+        # The words of the core's refusal of an unknown tag (Saver::check_known), before anything changes.
+        known = ", ".join(f"'{t}'" for t in native.stats())
+        raise InvalidArgumentError(f"unknown tag '{unknown[0]}': no region has used it; known tags: "
+                                   f"{f'[{known}]' if known else 'none yet'}")
     return [t for t, state in states.items() if state == _lib.TAG_ACTIVE]
 
 

@@ -29,13 +29,13 @@ def cudamalloc_bypassed() -> str | None:
 def check_preload_ready() -> None:
     """Raise MemorySaverError unless preload mode can work in this process."""
     path = _lib.library_path()
-    if not _lib.lib().tmsl_preload_active():
+    if not _lib.preload_active():
         raise MemorySaverError(
             "hook_mode='preload' needs the library preloaded, and this process's cudaMalloc is "
             f"not ours: start it with LD_PRELOAD={path} (for child processes, start them inside "
             "torch_mem_saver_lite.configure_subprocess()), or use hook_mode='torch'"
         )
-    error = _lib.lib().tmsl_process_defaults_error().decode(errors="replace")
+    error = _lib.process_defaults_error()
     if error:
         raise MemorySaverError(f"bad environment for torch_mem_saver_lite: {error}")
     bypass = cudamalloc_bypassed()

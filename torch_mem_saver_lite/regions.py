@@ -18,7 +18,7 @@ import torch
 
 from . import _lib, interrupts
 from .errors import MemorySaverError
-from .hooks import Route, begin_route, end_route, release_route
+from .pool_routing import Route, begin_route, end_route, release_route
 
 logger = logging.getLogger("torch_mem_saver_lite")
 
@@ -46,15 +46,15 @@ class Region:
             self.restore()
             return 0
         if self.native is None:
-            return _lib.lib().tmsl_disable_thread_region()
-        return _lib.lib().tmsl_enter_region(self._handle, self._tag, self._choice)
+            return _lib.disable_thread_region()
+        return _lib.enter_region(self._handle, self._tag, self._choice)
 
     def restore(self) -> None:
         """Make this (enclosing) entry current natively again, without the checks."""
         if self.native is None:
-            _lib.lib().tmsl_disable_thread_region()
+            _lib.disable_thread_region()
         else:
-            _lib.lib().tmsl_set_thread_region(self._handle, self._tag, self._choice)
+            _lib.set_thread_region(self._handle, self._tag, self._choice)
 
 
 def _stack() -> list[Region]:
@@ -136,7 +136,7 @@ def _settle(stack: list[Region], depth: int) -> BaseException | None:
             if top is not None:
                 top.restore()
             else:
-                _lib.lib().tmsl_set_thread_region(None, None, 0)  # back to the process defaults
+                _lib.set_thread_region(None, None, 0)  # back to the process defaults
             break
         except BaseException as error:  # noqa: BLE001 - handed back, once settled
             interrupt = interrupt or error

@@ -125,7 +125,7 @@ class EnvironmentDefaults:
 def read_environment() -> EnvironmentDefaults:
     """The process defaults as the native library read them (the one reader of the
     TMSL_*/TMS_* variables for both languages), or MemorySaverError naming what is wrong."""
-    error = _lib.lib().tmsl_process_defaults_error().decode(errors="replace")
+    error = _lib.process_defaults_error()
     if error:
         raise MemorySaverError(error)
     d = _lib.process_defaults()

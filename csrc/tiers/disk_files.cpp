@@ -17,6 +17,8 @@
 #include <set>
 #include <sstream>
 
+#include "node/process_identity.h"
+
 namespace tmsl {
 namespace {
 
@@ -62,20 +64,6 @@ std::string real_path(const std::string& path) {
 const std::set<std::string>& memory_file_systems() {
   static const std::set<std::string> kinds{"tmpfs", "ramfs", "hugetlbfs", "devtmpfs"};
   return kinds;
-}
-
-// When this process started, in clock ticks after boot (field 22 of /proc/self/stat), 0 if
-// /proc cannot tell: only for names (a pid reused later gets other names), never liveness.
-uint64_t own_start_time() {
-  std::ifstream stat("/proc/self/stat");
-  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-  const size_t close = text.rfind(')');
-  if (close == std::string::npos) return 0;
-  std::istringstream fields(text.substr(close + 2));
-  std::string field;
-  for (int i = 0; i < 20 && fields >> field; ++i) {
-  }
-  return strtoull(field.c_str(), nullptr, 10);
 }
 
 }  // namespace
@@ -192,7 +180,8 @@ std::string safe_tag(const std::string& tag) {
 }
 
 std::string disk_file_name(const std::string& tag, int device, uintptr_t address) {
-  static const uint64_t start = own_start_time();
+  // (The start time only tells names apart, a pid reused later getting others; never liveness.)
+  static const uint64_t start = process_start_time(getpid());
   char tail[64];
   snprintf(tail, sizeof(tail), "-dev%d-%llx.bin", device, static_cast<unsigned long long>(address));
   return "tmsl-" + std::to_string(getpid()) + "-" + std::to_string(start) + "-" + host_id() + "-" + safe_tag(tag) +
