@@ -22,8 +22,8 @@ import torch
 
 from . import _lib, nccl_suspend
 from .breakdown import MemoryBreakdown, breakdowns, devices_in_use, record_baseline
-from .pool_routing import TorchPools
 from .nccl_suspend import GroupOutcome
+from .pool_routing import TorchPools
 
 _MiB = 1 << 20
 

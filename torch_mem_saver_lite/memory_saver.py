@@ -30,10 +30,10 @@ from .breakdown import MemoryBreakdown
 from .choices import CaptureErrorMode, CpuBackupBackend, HookModeName, StrayAccessMode
 from .disk_backup import DiskDirectory
 from .errors import InvalidArgumentError, MemorySaverError
-from .pool_routing import TorchPools
 from .leftovers import LeftoverReport
 from .options import SaverOption, SaverOptions
 from .paused_guard import PausedMemoryGuard
+from .pool_routing import TorchPools
 from .regions import Region, Undo, prepare_quietly, pushed, refusals_explained, retire_pool
 from .settings import Settings, backup_choice, check_bool, check_selection, check_tag
 from .stats import HostMemoryReport, TagStats, TagStatus, host_memory_report
