@@ -1,4 +1,4 @@
-"""Draw csrc/ from its includes and check the layout issue 33 asks for.
+"""Draw csrc/ from its includes and check its layering rules.
 
 Each folder of csrc/ is a layer; a file may include files of its own layer and of the layers
 below it, never above (an "upward arrow"). A header and its source file are one unit; the
