@@ -569,7 +569,18 @@ class MemorySaver:
     def status(self) -> list[TagStatus]:
         """Each tag's ``TagStatus`` per device: awake or paused, where each byte is, its last
         wake, what it holds. The one record of what the saver holds, and the one to log
-        (``dataclasses.asdict`` of each entry); ``stats()`` is its sum per tag."""
+        (``dataclasses.asdict`` of each entry); ``stats()`` is its sum per tag.
+
+        Every reserved byte of a tag on a device is counted once, in one of five places:
+        ``on_device_bytes`` (backed by device memory: the tag is awake, or the byte is of an
+        allocation a failed pause left resident), ``in_host_bytes`` (paused, its content in
+        this process's host memory), ``in_store_bytes`` (paused, its content in the node's
+        store, held once however many processes pause the same bytes), ``on_disk_bytes``
+        (paused, its content in a disk backup file) and ``discarded_bytes`` (paused without a
+        backup: its content is gone, undefined after the resume or 0xFF with
+        ``poison_on_resume``). ``last_wake_check`` says what the last resume's check of the
+        restored bytes found, ``stray_writes`` how many checks found writes into paused memory
+        without a backup. A tag no region has allocated in has one entry with device -1."""
         native = self._core(create=False)
         return [TagStatus.from_figures(f) for f in native.figures()] if native is not None else []
 
