@@ -45,7 +45,7 @@ size_t Saver::choose_spill(const TagSelection& selection, bool everything) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for_each_selected(selection, [&](Allocation& a) {
-      if (a.state == State::kActive) a.disk_marked = false;  // judged afresh
+      if (a.state == State::kActive) a.disk.marked = false;  // judged afresh
       selected.push_back({a.va, a.backup_bytes(), a.state == State::kActive && a.backs_up()});
     });
   }
@@ -59,8 +59,8 @@ size_t Saver::choose_spill(const TagSelection& selection, bool everything) {
       auto it = table_.find(va);
       if (it == table_.end()) continue;
       Allocation& a = it->second;
-      if (a.state != State::kActive || a.disk_marked || !a.backs_up()) continue;
-      a.disk_marked = true;
+      if (a.state != State::kActive || a.disk.marked || !a.backs_up()) continue;
+      a.disk.marked = true;
       bytes += a.size;
     }
   }

@@ -11,7 +11,7 @@ Status Saver::plan_pieces(Allocation& a, bool has_copy) {
   if (!s.ok()) return s;
   Pieces& pieces = a.physical;
   pieces.piece_bytes = a.size;
-  a.wake_checked_chunks = 0;  // this resume checks them all
+  a.wake.checked_chunks = 0;  // this resume checks them all
   const size_t wanted = backend_->resume_piece_bytes(a.device);
   if (has_copy && a.size > wanted) {
     size_t granularity = 0;

@@ -163,7 +163,7 @@ Status Saver::free(uintptr_t va, void* stream) {
                                  "made by another allocator)");
       }
       State state = it->second.state;
-      if ((state == State::kActive && !it->second.sharing_ahead) || state == State::kPaused) {
+      if ((state == State::kActive && !it->second.ahead.sharing) || state == State::kPaused) {
         node = table_.extract(it);
         index_.erase(va);
         // Its copies too, before its address is released and may be another allocation's.
@@ -185,7 +185,7 @@ Status Saver::free(uintptr_t va, void* stream) {
     // business (torch waits for their events before it frees a block).
     keep_first(backend_->synchronize_stream(a.device, stream));
   }
-  if (a.covered) {
+  if (a.stray.covered) {
     // Writes into the scratch are counted before it leaves this range (this tag's too), one
     // check at a time with pauses and resumes.
     std::lock_guard<std::mutex> op(op_mu_);
@@ -216,14 +216,14 @@ std::vector<Saver::Allocation*> Saver::claim(const TagSelection& selection, Stat
     a.state = to;
     // No directory now: a mark left on resident memory by an earlier one is void (a paused
     // allocation's mark says its content is in a file, and stays until it is resident).
-    if (!disk_ && from == State::kActive) a.disk_marked = false;
+    if (!disk_ && from == State::kActive) a.disk.marked = false;
     a.backup = a.backs_up();
-    a.verify = a.tag_info->verifies_wakes;
+    a.wake.verify = a.tag_info->verifies_wakes;
     // A resume (and its rollback) keeps to the mode its pause covered the memory by.
-    a.catches_strays = from == State::kPaused && a.tag_info->paused_stray_mode >= 0
+    a.stray.catches = from == State::kPaused && a.tag_info->paused_stray_mode >= 0
                            ? a.tag_info->paused_stray_mode != static_cast<int>(StrayMode::kOff)
                            : catches_strays(*a.tag_info);
-    a.soft_pauses = soft_pauses(*a.tag_info);
+    a.soft.pauses = soft_pauses(*a.tag_info);
     batch.push_back(&a);
     vas.push_back(a.va);
   };
@@ -263,7 +263,7 @@ void Saver::settle(const std::vector<Allocation*>& batch, size_t done, State don
       if (a.state == State::kActive) {
         if (DiskCopies::Copy file = tiers_.disk_copies().take(a.va)) files_let_go.push_back(std::move(file.file));
       }
-      if (a.state == State::kActive && backups == nullptr) a.disk_marked = false;
+      if (a.state == State::kActive && backups == nullptr) a.disk.marked = false;
       if (backups != nullptr) {
         vas.push_back(a.va);
         devices.push_back(a.device);
@@ -442,9 +442,9 @@ Status Saver::queue_backups(std::vector<Allocation*>* batch_in, std::vector<Host
     Allocation& a = *batch[i];
     HostBuffer& copy = kept[i];
     CopyRequest& r = requests[i];
-    a.wake_fingerprints.clear();  // this pause's, below or in take_wake_fingerprints
-    a.wake_unchecked = false;
-    a.soft_copy_at = 0;
+    a.wake.fingerprints.clear();  // this pause's, below or in take_wake_fingerprints
+    a.wake.unchecked = false;
+    a.soft.copy_at = 0;
     r.device = a.device;
     r.bytes = a.backup_bytes();
     r.cacheable = a.choice != BackupChoice::kOnUncached;
@@ -453,14 +453,14 @@ Status Saver::queue_backups(std::vector<Allocation*>* batch_in, std::vector<Host
     r.tier = !a.backup ? Tier::kNone : reusable ? Tier::kKept : Tier::kHost;
     r.soft_span = soft ? a.size : 0;
     const bool stored = copy && copy.arena->is_content();
-    if (a.backup && !a.soft_pauses && content_addressed(a, key) && (store_now || stored)) {
+    if (a.backup && !a.soft.pauses && content_addressed(a, key) && (store_now || stored)) {
       // (A private copy it kept goes at settle: the store's chunks replace it.)
-      Status s = content_copy(a, *key, &copy, &(*backups)[i], &a.wake_fingerprints, others_by);
+      Status s = content_copy(a, *key, &copy, &(*backups)[i], &a.wake.fingerprints, others_by);
       if (!s.ok() && s.code != Code::kUnsupported) return s;
       if (s.ok()) r.tier = Tier::kContent;
-      const bool verify = options_.flag(Option::kVerifyWake) && a.verify;
-      if (s.ok() && verify) a.wake_key = key;
-      if (!s.ok() || !verify) a.wake_fingerprints.clear();
+      const bool verify = options_.flag(Option::kVerifyWake) && a.wake.verify;
+      if (s.ok() && verify) a.wake.key = key;
+      if (!s.ok() || !verify) a.wake.fingerprints.clear();
     }
     if (r.tier == Tier::kKept) {
       (*backups)[i] = copy;  // retained or cached from the last cycle: reused
@@ -490,7 +490,7 @@ Status Saver::queue_backups(std::vector<Allocation*>* batch_in, std::vector<Host
     const HostBuffer& backup = (*backups)[i];
     if (!backup) continue;
     soft_alias(a, backup);
-    const uintptr_t source = a.soft_alias != 0 ? a.soft_alias : a.va;
+    const uintptr_t source = a.soft.alias != 0 ? a.soft.alias : a.va;
     copies->begin();
     // Into the whole copy, or into a content arena's new chunks only.
     for (const auto& [from, n] : backup.arena->writable_parts(backup.offset, backup.size)) {
@@ -511,7 +511,7 @@ Status Saver::queue_backups(std::vector<Allocation*>* batch_in, std::vector<Host
 }
 
 Status Saver::release_physical(Allocation& a, bool* unmapped, const HostBuffer& copy) {
-  Status s = a.soft_alias != 0 ? soft_release(a, unmapped) : mappings_.take_down(a.device, a.va, a.size, a.physical, unmapped);
+  Status s = a.soft.alias != 0 ? soft_release(a, unmapped) : mappings_.take_down(a.device, a.va, a.size, a.physical, unmapped);
   if (s.ok()) soft_map(a, copy);
   if (s.ok()) cover_stray(a);
   if (s.ok()) return s;

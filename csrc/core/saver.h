@@ -264,6 +264,53 @@ class Saver {
  private:
   enum class State { kActive, kPausing, kPaused, kResuming };
 
+  // The records of the features that follow an allocation through its pauses, one each,
+  // written only by that feature (and read by the pipeline that calls it). Each is written by
+  // the pause or resume that has claimed the allocation (state kPausing or kResuming), or
+  // under mu_.
+  //
+  // Verified wakes (wake_checks.cpp): what its resume checks the restored bytes against.
+  struct WakeRecord {
+    // The fingerprints of its backed-up bytes, chunk by chunk (HostArena::kRangeBytes), when
+    // its pause copied them, under `key`. Empty: not checked.
+    std::vector<Fingerprint> fingerprints;
+    const FingerprintKey* key = nullptr;
+    bool unchecked = false;  // its pause copied it without fingerprints
+    bool verify = true;  // its tag's verifies_wakes when a pause or resume claimed it
+    size_t checked_chunks = 0;  // of fingerprints, those its resume checked so far
+  };
+  // The stray catcher (stray_writes.cpp).
+  struct StrayRecord {
+    bool catches = false;  // its tag's StrayMode is not kOff (when a pause or resume claimed it)
+    bool covered = false;  // paused with the scratch mapped over it (written under op_mu_)
+  };
+  // Soft pauses (soft_pause.cpp).
+  struct SoftRecord {
+    bool pauses = false;  // its tag's soft pause (when a pause or resume claimed it)
+    // While paused: its host copy (a soft arena), mapped at its address. Held here too, so the
+    // copy's memory never goes while mapped there.
+    std::shared_ptr<HostArena> arena;
+    // Mid-resume: where the soft copy it restores from lies (for the wake check's second look),
+    // and the bytes from its start the copy is off its address already (piece by piece).
+    uintptr_t copy_at = 0;
+    size_t unmapped = 0;
+    // Mid-pause: its device memory mapped here too, the source of its copy, so that its own
+    // address can map the soft copy while the copy still runs (soft_swap).
+    uintptr_t alias = 0;
+  };
+  // Sharing ahead (share_ahead.cpp).
+  struct AheadRecord {
+    bool sharing = false;  // its backup is being made ahead: a free waits
+  };
+  // The disk tier's spill (disk_backups.cpp).
+  struct DiskMark {
+    // Marked for the disk tier by the pause's choose_spill (judged afresh at each pause, the
+    // choice the tiers'; dropped once resumed, and by a pause while no directory is set).
+    bool marked = false;
+  };
+
+  // What every allocation has, and one slot per feature. (Its copies, host and disk, are the
+  // tiers': tiers_.copies(), tiers_.disk_copies(), by va.)
   struct Allocation {
     uintptr_t va = 0;
     size_t size = 0;  // reserved = mapped bytes, a multiple of the granularity
@@ -272,41 +319,18 @@ class Saver {
     std::string tag;
     TagInfo* tag_info = nullptr;  // its tag's entry in tags_ (never erased), read under mu_
     BackupChoice choice = BackupChoice::kAuto;  // its region's
-    // Marked for the disk tier by the pause's choose_spill (judged afresh at each pause, the
-    // choice the tiers'; dropped once resumed, and by a pause while no directory is set).
-    bool disk_marked = false;
-    BackupChoice effective_choice() const { return disk_marked ? BackupChoice::kDisk : choice; }
     bool backup = false;  // whether the pause that claimed it copies it out (backs_up())
     State state = State::kActive;
-    // What its resume checks the restored bytes against (wake_checks.cpp): the fingerprints of
-    // its backed-up bytes, chunk by chunk (HostArena::kRangeBytes), when its pause copied them,
-    // under `wake_key`. Empty: not checked. Written by the pause or resume that claimed it.
-    std::vector<Fingerprint> wake_fingerprints;
-    const FingerprintKey* wake_key = nullptr;
-    bool wake_unchecked = false;  // its pause copied it without fingerprints
-    bool verify = true;  // its tag's verifies_wakes when a pause or resume claimed it
+    Pieces physical;      // while active; mid-resume, the pieces mapped so far
+    WakeRecord wake;
+    StrayRecord stray;
+    SoftRecord soft;
+    AheadRecord ahead;
+    DiskMark disk;
+
+    BackupChoice effective_choice() const { return disk.marked ? BackupChoice::kDisk : choice; }
     // Whether its pause keeps its content: a host copy, or disk files (its region's or the spill's).
     bool copied() const { return backup || effective_choice() == BackupChoice::kDisk; }
-    size_t wake_checked_chunks = 0;  // of wake_fingerprints, those its resume checked so far
-    bool catches_strays = false;  // its tag's StrayMode is not kOff (when a pause or resume claimed it)
-    bool covered = false;  // paused with the scratch mapped over it (written under op_mu_)
-    bool soft_pauses = false;  // its tag's soft pause (when a pause or resume claimed it)
-    bool sharing_ahead = false;  // its backup is being made ahead (share_ahead): a free waits
-    // While paused: its host copy (a soft arena), mapped at its address (a soft pause). Held
-    // here too, so the copy's memory never goes while mapped there.
-    std::shared_ptr<HostArena> soft;
-    // Mid-resume: where the soft copy it restores from lies (for the wake check's second look),
-    // and the bytes from its start the copy is off its address already (piece by piece).
-    uintptr_t soft_copy_at = 0;
-    size_t soft_unmapped = 0;
-    // Mid-pause: its device memory mapped here too, the source of its copy, so that its own
-    // address can map the soft copy while the copy still runs (soft_swap).
-    uintptr_t soft_alias = 0;
-    // Written only by the pause/resume that has claimed the allocation (state kPausing or
-    // kResuming) or under mu_. Its host copy, while paused with backup (or kept by the cache
-    // or retention after a resume), is the tiers' (HostCopies, by va).
-    Pieces physical;      // while active; mid-resume, the pieces mapped so far
-    // (Its copies, host and disk, are the tiers': tiers_.copies(), tiers_.disk_copies().)
     // The bytes a backup holds: what was asked for, to whole host pages; the rest of the
     // last granule was never the caller's.
     size_t backup_bytes() const { return std::min(size, (requested + kPageBytes - 1) / kPageBytes * kPageBytes); }
@@ -407,7 +431,7 @@ class Saver {
   // Whether a's resume checks it now: it has fingerprints, and the check is on for the saver
   // and its tag (turned off after the pause: its backup is taken as it is).
   bool checks_wake(const Allocation& a) const {
-    return !a.wake_fingerprints.empty() && options_.flag(Option::kVerifyWake) && a.verify;
+    return !a.wake.fingerprints.empty() && options_.flag(Option::kVerifyWake) && a.wake.verify;
   }
   Status check_wake_behind(Allocation& a, size_t restored, WakeCheckBehind* behind);
   Status drop_wake_mark(WakeCheckBehind* behind);

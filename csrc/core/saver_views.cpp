@@ -63,7 +63,7 @@ size_t Saver::spilled_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   size_t bytes = 0;
   for (const auto& entry : table_) {
-    if (entry.second.disk_marked && entry.second.state == State::kPaused) bytes += entry.second.size;
+    if (entry.second.disk.marked && entry.second.state == State::kPaused) bytes += entry.second.size;
   }
   return bytes;
 }
@@ -105,7 +105,7 @@ Status Saver::lease_backup(uintptr_t address, size_t nbytes, const void** host, 
                            "memory at " + format_address(address) +
                                " was not allocated inside a region (or has been freed)");
     }
-    if (a->disk_marked && a->state == State::kPaused) {
+    if (a->disk.marked && a->state == State::kPaused) {
       return Status::Error(Code::kInvalidArgument,
                            "the backup of tag '" + a->tag + "' at " + format_address(a->va) +
                                " is in a disk file, not host memory: the node's host-memory budget could not "

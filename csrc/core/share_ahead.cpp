@@ -39,7 +39,7 @@ void Saver::share_ahead(const TagSelection& selection) {
       auto it = table_.find(va);
       if (it == table_.end() || !wants_ahead(it->second, *key)) continue;
       a = &it->second;
-      a->sharing_ahead = true;  // a free of it waits until it is cleared below: its memory is read
+      a->ahead.sharing = true;  // a free of it waits until it is cleared below: its memory is read
     }
     HostBuffer copy;
     try {
@@ -49,7 +49,7 @@ void Saver::share_ahead(const TagSelection& selection) {
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
-      a->sharing_ahead = false;
+      a->ahead.sharing = false;
       try {
         if (copy) tiers_.copies().put_if_absent(va, copy, a->device, CopyState::kResident);
       } catch (const std::exception&) {

@@ -13,7 +13,7 @@ bool Saver::catches_strays(const TagInfo& info) const { return stray_mode_of(inf
 
 void Saver::ready_stray_catchers(const std::vector<Allocation*>& batch) {
   for (const Allocation* a : batch) {
-    if (a->catches_strays && !a->copied()) catcher_.ready_to_cover(a->device, a->size);  // a failure: it stays unmapped
+    if (a->stray.catches && !a->copied()) catcher_.ready_to_cover(a->device, a->size);  // a failure: it stays unmapped
   }
   note_stray_writes(devices_of(batch));
 }
@@ -24,9 +24,9 @@ void Saver::note_stray_writes(const std::set<int>& devices, const Allocation* le
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (auto& entry : table_) {
-        if (entry.second.covered && entry.second.device == device) covered.insert(entry.second.tag_info);
+        if (entry.second.stray.covered && entry.second.device == device) covered.insert(entry.second.tag_info);
       }
-      if (leaving != nullptr && leaving->covered && leaving->device == device) covered.insert(leaving->tag_info);
+      if (leaving != nullptr && leaving->stray.covered && leaving->device == device) covered.insert(leaving->tag_info);
     }
     if (covered.empty()) continue;
     // The stray kernels still queued write first. (A device that cannot fingerprint covers all
@@ -44,13 +44,13 @@ void Saver::note_stray_writes(const std::set<int>& devices, const Allocation* le
 
 void Saver::cover_stray(Allocation& a) {
   // (Where an orphan is still mapped in its range, that unmap is retried first.)
-  if (!a.catches_strays || a.covered || a.copied() || mappings_.mapped_in(a.device, a.va, a.size)) return;
-  a.covered = catcher_.cover(a.device, a.va, a.size).ok();
+  if (!a.stray.catches || a.stray.covered || a.copied() || mappings_.mapped_in(a.device, a.va, a.size)) return;
+  a.stray.covered = catcher_.cover(a.device, a.va, a.size).ok();
 }
 
 Status Saver::uncover_stray(Allocation& a) {
-  if (!a.covered) return Status::Ok();
-  a.covered = false;  // unmapped now, or the orphans' to unmap
+  if (!a.stray.covered) return Status::Ok();
+  a.stray.covered = false;  // unmapped now, or the orphans' to unmap
   Status s = catcher_.uncover(a.device, a.va, a.size);
   if (s.ok()) return s;
   return with_context(s, "unmapping the scratch from paused tag '" + a.tag + "' (" + format_bytes(a.size) +

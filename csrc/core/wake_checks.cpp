@@ -24,15 +24,15 @@ Status Saver::take_wake_fingerprints(const std::vector<Allocation*>& batch, bool
   if (*taken) return Status::Ok();
   *taken = true;
   for (Allocation* a : batch) {
-    if (!a->copied() || !a->wake_fingerprints.empty()) continue;  // (content copies: theirs)
-    a->wake_unchecked = !options_.flag(Option::kVerifyWake) || !a->verify || !fingerprintable(a->backup_bytes());
-    if (a->wake_unchecked) continue;
+    if (!a->copied() || !a->wake.fingerprints.empty()) continue;  // (content copies: theirs)
+    a->wake.unchecked = !options_.flag(Option::kVerifyWake) || !a->wake.verify || !fingerprintable(a->backup_bytes());
+    if (a->wake.unchecked) continue;
     // One key per process (the store's where it shares): the device keeps the last one it had.
     const FingerprintKey* key = &process_key();
-    Status s = tiers_.fingerprint_chunks(a->device, a->va, a->backup_bytes(), *key, &a->wake_fingerprints);
+    Status s = tiers_.fingerprint_chunks(a->device, a->va, a->backup_bytes(), *key, &a->wake.fingerprints);
     if (s.code == Code::kUnsupported) {
-      a->wake_fingerprints.clear();  // not checked: the tag's stats say so
-      a->wake_unchecked = true;
+      a->wake.fingerprints.clear();  // not checked: the tag's stats say so
+      a->wake.unchecked = true;
       continue;
     }
     if (!s.ok()) {
@@ -40,24 +40,24 @@ Status Saver::take_wake_fingerprints(const std::vector<Allocation*>& batch, bool
                                  format_address(a->va) + ") for its wake's check; what has a backup stays "
                                  "resident with its content, call pause again (or turn verify_wake off)");
     }
-    a->wake_key = key;
+    a->wake.key = key;
   }
   return Status::Ok();
 }
 
 Status Saver::check_wake_chunks(Allocation& a, size_t end, const CopyMark* after) {
-  const size_t first = a.wake_checked_chunks;
+  const size_t first = a.wake.checked_chunks;
   if (end <= first) return Status::Ok();
   const size_t from = first * HostArena::kRangeBytes, to = std::min(a.backup_bytes(), end * HostArena::kRangeBytes);
   std::vector<Fingerprint> restored;
-  Status s = tiers_.fingerprint_chunks(a.device, a.va + from, to - from, *a.wake_key, &restored, after);
+  Status s = tiers_.fingerprint_chunks(a.device, a.va + from, to - from, *a.wake.key, &restored, after);
   if (!s.ok()) {
     return with_context(s, "checking the restored content of tag '" + a.tag + "' at " + format_address(a.va) +
                                "; everything this resume covered stays paused with its backups kept, call "
                                "resume again");
   }
   for (size_t k = first; k < end; ++k) {
-    if (restored[k - first] == a.wake_fingerprints[k] || soft_write_kept(a, k, restored[k - first])) continue;
+    if (restored[k - first] == a.wake.fingerprints[k] || soft_write_kept(a, k, restored[k - first])) continue;
     {
       std::lock_guard<std::mutex> lock(mu_);
       a.tag_info->last_wake_check = WakeCheck::kFailed;
@@ -72,7 +72,7 @@ Status Saver::check_wake_chunks(Allocation& a, size_t end, const CopyMark* after
             "paused with its backups as they are. Repair or rewrite the content and resume again, or "
             "turn verify_wake off to take the backup as it is.");
   }
-  a.wake_checked_chunks = end;
+  a.wake.checked_chunks = end;
   return Status::Ok();
 }
 
@@ -80,7 +80,7 @@ Status Saver::check_wake_behind(Allocation& a, size_t restored, WakeCheckBehind*
   if (behind->marked) {
     // The chunks wholly restored by the pieces before this one (all of them, at the end).
     Allocation& earlier = *behind->a;
-    const size_t chunks = earlier.wake_fingerprints.size();
+    const size_t chunks = earlier.wake.fingerprints.size();
     const size_t end = behind->restored >= earlier.backup_bytes() ? chunks : behind->restored / HostArena::kRangeBytes;
     Status s = check_wake_chunks(earlier, end, &behind->mark);
     const Status waited = drop_wake_mark(behind);  // its copies have landed: a failure there is theirs
@@ -103,7 +103,7 @@ Status Saver::drop_wake_mark(WakeCheckBehind* behind) {
 Status Saver::check_wake(const std::vector<Allocation*>& batch) {
   for (Allocation* a : batch) {
     if (!checks_wake(*a)) continue;
-    Status s = check_wake_chunks(*a, a->wake_fingerprints.size(), nullptr);
+    Status s = check_wake_chunks(*a, a->wake.fingerprints.size(), nullptr);
     if (!s.ok()) return s;
   }
   return Status::Ok();
@@ -114,13 +114,13 @@ void Saver::note_wake_checks(const std::vector<Allocation*>& batch) {
   std::map<TagInfo*, WakeCheck> verdicts;
   for (Allocation* a : batch) {
     WakeCheck& verdict = verdicts.emplace(a->tag_info, WakeCheck::kNever).first->second;
-    if (a->wake_unchecked || (!a->wake_fingerprints.empty() && !checks_wake(*a))) {
+    if (a->wake.unchecked || (!a->wake.fingerprints.empty() && !checks_wake(*a))) {
       verdict = WakeCheck::kUnchecked;
-    } else if (!a->wake_fingerprints.empty() && verdict == WakeCheck::kNever) {
+    } else if (!a->wake.fingerprints.empty() && verdict == WakeCheck::kNever) {
       verdict = WakeCheck::kPassed;
     }
-    a->wake_fingerprints = std::vector<Fingerprint>();  // checked: not needed again
-    a->soft_copy_at = 0;
+    a->wake.fingerprints = std::vector<Fingerprint>();  // checked: not needed again
+    a->soft.copy_at = 0;
   }
   for (const auto& [info, verdict] : verdicts) {
     if (verdict != WakeCheck::kNever) info->last_wake_check = verdict;
