@@ -75,7 +75,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _sigint_raises() -> Iterator[None]:
     """Ctrl-C raises in every test (and in the programs it starts) even where the test
-    session was started with SIGINT ignored, as a background job is (tests/interrupts.py)."""
+    session was started with SIGINT ignored, as a background job is (tests/support/interrupts.py)."""
     with sigint_raises():
         yield
 
@@ -83,7 +83,7 @@ def _sigint_raises() -> Iterator[None]:
 @pytest.fixture(params=[pytest.param(name, marks=[pytest.mark.gpu] if name == "cuda" else [])
                         for name in backends.NAMES])
 def backend(request) -> Iterator[backends.Backend]:
-    """Each place the core runs (tests/backends.py): a feature's promise, checked on each."""
+    """Each place the core runs (tests/support/backends.py): a feature's promise, checked on each."""
     if request.param == "host" and not _lib.has_testing_abi():
         pytest.skip(_lib.NO_TESTING_ABI)
     made = backends.make(request.param)

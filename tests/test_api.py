@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
+from children import run_python
 from torch_mem_saver_lite import (
     DriverNotFoundError,
     InvalidArgumentError,
@@ -22,13 +22,6 @@ from torch_mem_saver_lite import (
 from torch_mem_saver_lite.testing import HostSaver
 
 MiB = 1 << 20
-
-
-def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True, text=True, timeout=120, env={**os.environ, **env},
-    )
 
 
 def test_unknown_tag_is_a_value_error_listing_known_tags(host_saver, mem):

@@ -6,17 +6,17 @@ cycles, with and without retention."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
-from support.workloads import WORKLOADS, tensor_sizes
 
-from cuda_evidence import pattern, unique_tag
+from children import prelude, run_python
+from cuda_evidence import unique_tag
 from host_memory import rss_anon_bytes
+from patterns import SCATTERED, pattern
 from torch_mem_saver_lite import saver
+from workloads import WORKLOADS, tensor_sizes
 
 MiB, GiB = 1 << 20, 1 << 30
 
@@ -167,12 +167,8 @@ def test_a_full_cache_hands_its_memory_to_a_pause_of_the_same_shape(host_saver, 
 
 
 def test_pause_that_runs_out_of_host_memory_keeps_everything_resident():
-    code = textwrap.dedent(
+    code = prelude("import resource", "from torch_mem_saver_lite import OutOfMemoryError") + textwrap.dedent(
         """
-        import resource
-        from host_memory import HostMemory
-        from torch_mem_saver_lite import OutOfMemoryError
-        from torch_mem_saver_lite.testing import HostSaver
         mem, saver = HostMemory(), HostSaver()
         saver.host_cache_bytes = 0  # nothing set aside ahead: the pause itself needs the memory
         with saver.region("weights", enable_cpu_backup=True):
@@ -197,8 +193,7 @@ def test_pause_that_runs_out_of_host_memory_keeps_everything_resident():
         print("retry", all(mem.read(p, 32 << 20) == bytes([7 + i]) * (32 << 20) for i, p in enumerate(ptrs)))
         """
     )
-    env = {**os.environ, "PYTHONPATH": os.path.dirname(__file__) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    result = run_python(code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["oom: True", f"state {64 * MiB} 0 0", "content True", "retry True"]
 
@@ -225,11 +220,8 @@ def test_backups_larger_than_a_page_locked_range_and_at_odd_offsets_keep_their_c
 def test_a_pause_whose_worker_threads_cannot_start_still_completes_and_settles():
     # The address space is capped just above what the process uses: room for the 4 MiB
     # backup, none for a worker thread's 8 MiB stack (as under a small pids or memory limit).
-    code = textwrap.dedent(
+    code = prelude("import resource") + textwrap.dedent(
         """
-        import resource
-        from host_memory import HostMemory
-        from torch_mem_saver_lite.testing import HostSaver
         mem, saver = HostMemory(), HostSaver(granularity_bytes=1 << 20)
         saver.host_cache_bytes = 0
         with saver.region("weights", enable_cpu_backup=True):
@@ -257,12 +249,9 @@ def test_a_pause_whose_worker_threads_cannot_start_still_completes_and_settles()
         print("freed", saver.stats()["weights"].allocations == 0)
         """
     )
-    # host_memory comes from this directory, named explicitly (the working directory is not
-    # on sys.path under PYTHONSAFEPATH, as in the wheel test).
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.path.dirname(__file__),
-                                                                    os.environ.get("PYTHONPATH")]))}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                            cwd=os.path.dirname(__file__), env=env)
+    # host_memory comes from tests/support/, named explicitly by the prelude (the working
+    # directory is not on sys.path under PYTHONSAFEPATH, as in the wheel test).
+    result = run_python(code)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split("\n")[:4] == ["no thread can start", "paused True True", "content True",
                                              "freed True"], result.stdout + result.stderr[-2000:]
@@ -287,12 +276,13 @@ def test_backup_content_identical_after_five_cycles(workload, keep):
         for cycle in range(5):
             # New content every cycle: a stale (retained) backup would be caught.
             for i, t in enumerate(tensors):
-                t.copy_(pattern(t.numel(), 1000 * cycle + i))
+                t.copy_(pattern(t.numel(), 1000 * cycle + i, device="cuda", **SCATTERED))
             saver.pause(tag)
             assert saver.stats()[tag].host_backup_bytes == saver.stats()[tag].reserved_bytes
             saver.resume(tag)
             for i, t in enumerate(tensors):
-                assert torch.equal(t, pattern(t.numel(), 1000 * cycle + i)), f"cycle {cycle} tensor {i}"
+                assert torch.equal(t, pattern(t.numel(), 1000 * cycle + i, device="cuda", **SCATTERED)), \
+                    f"cycle {cycle} tensor {i}"
             saver.wait_for_released_backups()
             # Measured from the end of the first cycle: the process's first pinned transfer
             # costs the CUDA driver some host memory of its own once.
@@ -327,7 +317,7 @@ def test_leaving_a_backed_up_region_sets_host_memory_aside_so_the_first_pause_ta
         reserved = saver.stats()[tag].reserved_bytes
         assert saver.stats()[tag].host_backup_bytes == reserved  # set aside, without any pause
         for i, t in enumerate(tensors):
-            t.copy_(pattern(t.numel(), i))
+            t.copy_(pattern(t.numel(), i, device="cuda", **SCATTERED))
         # wait_for_released_backups returned once it was faulted in and page-locked
         assert rss_anon_bytes() - rss_start >= reserved, "the host memory set aside is not there"
         torch.cuda.synchronize()
@@ -338,7 +328,7 @@ def test_leaving_a_backed_up_region_sets_host_memory_aside_so_the_first_pause_ta
         assert grown < 64 * MiB, f"the first pause took +{grown / MiB:.0f} MiB of new host memory"
         saver.resume(tag)
         for i, t in enumerate(tensors):
-            assert torch.equal(t, pattern(t.numel(), i)), f"tensor {i}"
+            assert torch.equal(t, pattern(t.numel(), i, device="cuda", **SCATTERED)), f"tensor {i}"
     finally:
         saver.host_cache_bytes = default_cache
     del tensors, t
@@ -358,8 +348,7 @@ def test_a_process_that_exits_while_host_memory_is_being_set_aside_exits_cleanly
         """
     )
     for _ in range(3):
-        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                                env=dict(os.environ))
+        result = run_python(code)
         assert (result.returncode, result.stdout) == (0, "exiting\n"), result.stderr[-3000:]
 
 
@@ -373,7 +362,7 @@ def test_zero_copy_backup_is_page_locked_and_copies_to_the_gpu_in_one_piece():
         tensors = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in (3 * MiB, 200 * MiB)]
     for cycle in range(2):
         for seed, t in enumerate(tensors):
-            t.copy_(pattern(t.numel(), seed + 10 * cycle))
+            t.copy_(pattern(t.numel(), seed + 10 * cycle, device="cuda", **SCATTERED))
         saver.pause(tag)
         try:
             for seed, t in enumerate(tensors):
@@ -382,11 +371,11 @@ def test_zero_copy_backup_is_page_locked_and_copies_to_the_gpu_in_one_piece():
                 on_gpu = torch.empty_like(t)  # outside the region: resident while it is paused
                 on_gpu.copy_(host, non_blocking=True)
                 torch.cuda.synchronize()
-                assert torch.equal(on_gpu, pattern(t.numel(), seed + 10 * cycle))
+                assert torch.equal(on_gpu, pattern(t.numel(), seed + 10 * cycle, device="cuda", **SCATTERED))
         finally:
             saver.resume(tag)
         for seed, t in enumerate(tensors):
-            assert torch.equal(t, pattern(t.numel(), seed + 10 * cycle))
+            assert torch.equal(t, pattern(t.numel(), seed + 10 * cycle, device="cuda", **SCATTERED))
     del tensors, t, host, on_gpu
     saver.empty_cache(tag)
 
@@ -419,7 +408,6 @@ def test_pause_interrupted_by_host_memory_exhaustion_loses_nothing():
         print("retry", int((w == 7).sum()) == w.numel())
         """
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                            env=dict(os.environ))
+    result = run_python(code, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines() == ["oom True", "state True 0 0", "content True", "retry True"], result.stdout

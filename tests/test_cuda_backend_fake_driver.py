@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from children import run_python
+
 FAKE_DIR = Path(__file__).parent / "fake_cuda"
 MiB = 1 << 20
 
@@ -102,8 +104,7 @@ def test_reads_on_a_fresh_process_never_start_the_cuda_driver(fake_driver):
         tmsl._lib.NativeSaver.process_wide()  # the core: loads the driver
         print("core", driver_loaded(), tmsl.saver.host_cache_bytes)
     """
-    result = subprocess.run([sys.executable, "-c", code, fake_driver], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "TMSL_CUDA_DRIVER_LIBRARY": fake_driver})
+    result = run_python(code, fake_driver, TMSL_CUDA_DRIVER_LIBRARY=fake_driver)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines() == ["reads {} True False", "setting 1048576 False", "core True 1048576"], \
         result.stdout
@@ -122,7 +123,7 @@ def test_the_devices_holding_a_context_are_the_ones_the_backend_used_as_the_driv
         print("after", driver_info.devices_with_context(), address is not None)
     """
     env = {**os.environ, "TMSL_CUDA_DRIVER_LIBRARY": fake_driver, "FAKE_CUDA_DEVICES": "3"}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    result = run_python(code, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines() == ["before []", "core []", "after [1] True"], result.stdout
 
@@ -135,6 +136,5 @@ def test_the_devices_holding_a_context_are_the_ones_the_backend_used_as_the_driv
         except DriverNotFoundError as error:
             print(error)
     """
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "TMSL_CUDA_DRIVER_LIBRARY": missing})
+    result = run_python(code, TMSL_CUDA_DRIVER_LIBRARY=missing)
     assert result.stdout.startswith(f"cannot load {missing}"), result.stdout + result.stderr

@@ -9,13 +9,13 @@ import inspect
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from environment_child import defaults_in_child, run_in_child
 
 import torch_mem_saver_lite
+from children import prelude, run_python
 from torch_mem_saver_lite import MemorySaver, MemorySaverError, _lib
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -191,12 +191,10 @@ def guide_snippet(heading: str) -> str:
 
 
 # The guide's rebuild pattern, run as written on the host backend: Engine's weights are
-# host-backend allocations, the trainer's a Python copy that each step replaces.
+# host-backend allocations, the trainer's a Python copy that each step replaces (after the
+# children's prelude).
 REBUILD_CHILD = """
-import json, os, sys
-sys.path.insert(0, {tests!r})
-from host_memory import HostMemory
-from torch_mem_saver_lite.testing import HostSaver
+import json
 mem, saver, config, seen = HostMemory(), HostSaver(), 8 << 20, {{}}
 class Engine:
     def __init__(self, nbytes):
@@ -226,8 +224,8 @@ print(json.dumps(seen))
 def test_the_guides_rebuild_pattern_keeps_no_host_backup_and_rebuilds_the_content_bit_for_bit():
     snippet = guide_snippet("Rebuild instead of back up")
     assert "enable_cpu_backup=False" in snippet and "after_resume=" in snippet
-    code = REBUILD_CHILD.format(tests=str(ROOT / "tests"), snippet=snippet)
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    code = prelude() + REBUILD_CHILD.format(snippet=snippet)
+    result = run_python(code)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {
         "paused": True, "backup_while_paused": 0, "held_while_paused": 0,
@@ -495,8 +493,7 @@ def test_importing_the_package_does_what_the_side_effects_page_says():
     assert ("`import torch_mem_saver_lite` imports no torch, creates no object, reads no environment variable and "
             "loads no native library. The `saver` object (and `torch_memory_saver` over it) is created on first use"
             ) in text
-    result = subprocess.run([sys.executable, "-c", IMPORT_CHILD], capture_output=True, text=True, timeout=120,
-                            cwd=ROOT.parent)
+    result = run_python(IMPORT_CHILD, cwd=ROOT.parent)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {"read": [], "torch": False, "saver": False, "library": False,
                                          "saver_on_first_use": True}

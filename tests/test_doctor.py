@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from children import run_python
+
 MiB = 1 << 20
 
 # torch answering as on a machine with `FAKE_CUDA_DEVICES` GPUs (default 1), then the doctor.
@@ -102,8 +104,8 @@ def test_the_doctor_names_the_budgets_disk_tier_or_says_there_is_none(fake_drive
     assert f"disk tier:        {tmp_path / 'spill'} (what the budget cannot hold goes there)" in with_tier.stdout, \
         with_tier.stdout + with_tier.stderr
     environment = {k: v for k, v in os.environ.items() if k not in ("TMSL_DISK_BACKUP_DIR", "TMS_DISK_BACKUP_DIR")}
-    without = subprocess.run([sys.executable, "-c", TORCH_SEES_GPUS], capture_output=True, text=True, timeout=120,
-                             env={**environment, "TMSL_CUDA_DRIVER_LIBRARY": fake_driver,
+    without = run_python(TORCH_SEES_GPUS,
+                         env={**environment, "TMSL_CUDA_DRIVER_LIBRARY": fake_driver,
                                   "FAKE_CUDA_MEMORY_BYTES": str(512 * MiB), "TMSL_HOST_LEDGER": str(tmp_path / "l2")})
     assert "disk tier:        none (a pause beyond the budget is refused" in without.stdout, \
         without.stdout + without.stderr

@@ -14,18 +14,17 @@ import subprocess
 import sys
 import textwrap
 import typing
-from pathlib import Path
 
 import pytest
 import torch
 
 import torch_mem_saver_lite
+from children import SUPPORT, run_python
 from host_memory import rss_anon_bytes
 from torch_mem_saver_lite import TorchMemorySaver, _lib, alias, saver, torch_memory_saver
 from torch_mem_saver_lite.compat import TorchMemorySaver as CompatClass
 
 MiB = 1 << 20
-TESTS = Path(__file__).resolve().parent
 
 
 def params(f) -> list[str]:
@@ -34,9 +33,8 @@ def params(f) -> list[str]:
 
 def run(code: str, **env: str) -> subprocess.CompletedProcess:
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("TMS_", "TMSL_"))}
-    environment.update(env, PYTHONPATH=str(TESTS))
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=120, env=environment)
+    environment.update(env, PYTHONPATH=SUPPORT)
+    return run_python(code, env=environment)
 
 
 def test_every_public_signature_of_torch_memory_saver():
@@ -263,8 +261,7 @@ def test_import_torch_memory_saver_resolves_to_us_only_when_asked():
         print(str(get_binary_path_from_package("torch_memory_saver_hook_mode_preload")) == _lib.library_path())
     """
     environment = {**os.environ, "PYTHONPATH": path}
-    aliased = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                             timeout=120, env=environment)
+    aliased = run_python(code, env=environment)
     assert aliased.stdout.split() == ["True", "True", "True"], aliased.stderr
 
 
@@ -274,8 +271,7 @@ def test_the_alias_never_hides_a_real_installation(tmp_path):
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("REAL = True\n")
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([alias.ALIAS_PATH, str(fake.parent)])}
-    result = subprocess.run([sys.executable, "-c", "import torch_memory_saver"], capture_output=True, text=True,
-                            timeout=120, env=environment)
+    result = run_python("import torch_memory_saver", env=environment)
     assert result.returncode != 0 and "installed too" in result.stderr
     code = f"""
         import sys
@@ -795,5 +791,5 @@ def test_torch_memory_saver_program(name, mode, disk_dir):
     if mode == "preload":
         env["LD_PRELOAD"] = _lib.library_path()
     code = PRELUDE + textwrap.dedent(PROGRAMS[name]) + "\nprint('OK')\n"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    result = run_python(code, timeout=300, env=env)
     assert result.returncode == 0 and result.stdout.strip().endswith("OK"), result.stderr[-4000:]

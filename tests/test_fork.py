@@ -6,15 +6,12 @@ too, in both hook modes."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 from cuda_child import MODES, run_in_fresh_process
 
-HERE = Path(__file__).parent
+from children import prelude, run_python
 
 CHILD_CHECKS = """
 def child(s, mem, resident):
@@ -39,14 +36,10 @@ def child(s, mem, resident):
 
 @pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_a_forked_child_refuses_saver_calls_exits_cleanly_and_leaves_the_parent_intact():
-    code = textwrap.dedent("""
-        import os, sys, threading, warnings
-        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads: that is the point
-        sys.path.insert(0, {here!r})
-        from host_memory import HostMemory, resident_pages
-        from torch_mem_saver_lite import MemorySaverError
-        from torch_mem_saver_lite.testing import HostSaver
-        MiB = 1 << 20
+    code = prelude("import warnings",
+                   'warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads: that is the point',
+                   "from host_memory import resident_pages", "from torch_mem_saver_lite import MemorySaverError")
+    code += textwrap.dedent("""
         {child}
         mem, s = HostMemory(), HostSaver()
         with s.region("resident", enable_cpu_backup=True):
@@ -86,9 +79,8 @@ def test_a_forked_child_refuses_saver_calls_exits_cleanly_and_leaves_the_parent_
               and all(mem.read(p, 4) == b"busy" for p in busy))
         s.pause(); s.resume()
         print("codes", codes, "parent", ok)
-        """).format(here=str(HERE), child=textwrap.indent(CHILD_CHECKS, ""))
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "PYTHONWARNINGS": "ignore::DeprecationWarning"})
+        """).format(child=textwrap.indent(CHILD_CHECKS, ""))
+    result = run_python(code, timeout=300, PYTHONWARNINGS="ignore::DeprecationWarning")
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "codes [0, 0, 0, 0, 0, 0, 0, 0, 0, 0] parent True", result.stdout + result.stderr
 
@@ -97,14 +89,8 @@ def test_a_forked_child_refuses_saver_calls_exits_cleanly_and_leaves_the_parent_
 def test_a_forked_child_holds_none_of_the_parents_backups_or_host_cache():
     # The node's ledger counts the parent's backups and host cache once: a child that kept
     # their pages (copy-on-write, but resident and counted in its RSS) would hold them again.
-    code = textwrap.dedent("""
-        import os, sys, warnings
-        warnings.simplefilter("ignore", DeprecationWarning)
-        sys.path.insert(0, {here!r})
-        from host_memory import HostMemory
-        from torch_mem_saver_lite import saver
-        from torch_mem_saver_lite.testing import HostSaver
-        MiB = 1 << 20
+    code = prelude("import warnings", 'warnings.simplefilter("ignore", DeprecationWarning)',
+                   "from torch_mem_saver_lite import saver") + textwrap.dedent("""
         mem, s = HostMemory(), HostSaver()
         s.host_cache_bytes = 256 * MiB
         for tag in ("paused", "cached"):
@@ -115,7 +101,7 @@ def test_a_forked_child_holds_none_of_the_parents_backups_or_host_cache():
         s.wait_for_released_backups()
         held = saver.host_memory().held_by_this_process
         def anon(pid):
-            with open(f"/proc/{{pid}}/status") as status:
+            with open(f"/proc/{pid}/status") as status:
                 return next(int(line.split()[1]) * 1024 for line in status if line.startswith("RssAnon:"))
         wake_read, wake_write = os.pipe()
         pid = os.fork()
@@ -126,8 +112,8 @@ def test_a_forked_child_holds_none_of_the_parents_backups_or_host_cache():
         os.write(wake_write, b"x")
         os.waitpid(pid, 0)
         print(held // MiB, (parent - child) // MiB)
-    """).format(here=str(HERE))
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    """)
+    result = run_python(code, timeout=300)
     assert result.returncode == 0, result.stderr
     held, missing_in_child = map(int, result.stdout.split())
     assert held == 128  # the two backups, one paused, one in the cache
@@ -136,12 +122,7 @@ def test_a_forked_child_holds_none_of_the_parents_backups_or_host_cache():
 
 
 def test_a_fork_before_any_saver_exists_is_an_ordinary_process():
-    code = textwrap.dedent("""
-        import os, sys
-        sys.path.insert(0, {here!r})
-        from host_memory import HostMemory
-        from torch_mem_saver_lite import _lib
-        from torch_mem_saver_lite.testing import HostSaver
+    code = prelude("from torch_mem_saver_lite import _lib") + textwrap.dedent("""
         _lib.lib()  # the library is loaded, but no saver exists yet
         pid = os.fork()
         if pid == 0:
@@ -152,8 +133,8 @@ def test_a_fork_before_any_saver_exists_is_an_ordinary_process():
             s.pause("kv"); s.resume("kv")
             sys.exit(0 if mem.read(ptr, 5) == b"child" else 3)
         print("child", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
-        """).format(here=str(HERE))
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        """)
+    result = run_python(code)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "child 0", result.stdout + result.stderr
 
@@ -161,13 +142,8 @@ def test_a_fork_before_any_saver_exists_is_an_ordinary_process():
 def test_a_child_forked_while_another_thread_holds_the_savers_locks_is_refused_not_hung():
     # A thread is inside a before_pause hook (the hooks' lock held) when the fork happens:
     # the child inherits that lock held forever, so every call must refuse before taking it.
-    code = textwrap.dedent("""
-        import os, sys, threading, time, warnings
-        warnings.simplefilter("ignore", DeprecationWarning)
-        sys.path.insert(0, {here!r})
-        from host_memory import HostMemory
-        from torch_mem_saver_lite import MemorySaverError
-        from torch_mem_saver_lite.testing import HostSaver
+    code = prelude("import warnings", 'warnings.simplefilter("ignore", DeprecationWarning)',
+                   "from torch_mem_saver_lite import MemorySaverError") + textwrap.dedent("""
         mem, s = HostMemory(), HostSaver()
         with s.region("a", enable_cpu_backup=True):
             mem.malloc(1 << 20)
@@ -205,9 +181,8 @@ def test_a_child_forked_while_another_thread_holds_the_savers_locks_is_refused_n
         pauser.join()
         s.resume()
         print("child", status, "parent", not s.stats()["a"].paused)
-        """).format(here=str(HERE))
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "PYTHONWARNINGS": "ignore::DeprecationWarning"})
+        """)
+    result = run_python(code, timeout=300, PYTHONWARNINGS="ignore::DeprecationWarning")
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "child 0 parent True", result.stdout + result.stderr
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
-import sys
 import textwrap
 import threading
 import warnings
@@ -16,6 +14,7 @@ import pytest
 import torch
 from cuda_child import MODES, run_in_fresh_process
 
+from children import run_python
 from cuda_evidence import device_free_bytes, unique_tag
 from torch_mem_saver_lite import MemorySaverError, _lib, saver
 from torch_mem_saver_lite.testing import HostSaver
@@ -181,8 +180,7 @@ def test_poison_setting_before_first_use_and_bad_values():
 def test_poison_from_the_environment(value, expected):
     code = ("from torch_mem_saver_lite.testing import HostSaver; s = HostSaver(); "
             "s._core(); print(s.poison_on_resume); s.close()")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "TMSL_POISON_ON_RESUME": value})
+    result = run_python(code, TMSL_POISON_ON_RESUME=value)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(expected)
 
@@ -332,7 +330,7 @@ def test_tag_rules_hold_for_allocations_from_preload_defaults():
     )
     env = {**os.environ, "LD_PRELOAD": _lib.library_path(), "TMSL_REGION_ALL_THREADS": "1",
            "TMSL_DEFAULT_TAG": "everything", "TMSL_DEFAULT_CPU_BACKUP": "1"}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    result = run_python(code, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split("\n")[:4] == ["default tag True True", "refused True", "restored True",
                                              "backs up True"], result.stdout + result.stderr[-2000:]

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
 
+from children import run_python
 from torch_mem_saver_lite import OutOfMemoryError, _lib
 from torch_mem_saver_lite.testing import HostSaver
 
@@ -63,7 +63,7 @@ def test_an_impossible_size_is_an_out_of_memory_error_with_its_figures(host_save
 
 def python(code: str, **env: str | bytes) -> subprocess.CompletedProcess:
     environ = {**os.environb, **{k.encode(): v if isinstance(v, bytes) else v.encode() for k, v in env.items()}}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=environ)
+    return run_python(code, env=environ)
 
 
 def test_a_bad_tmsl_library_is_a_clear_error():

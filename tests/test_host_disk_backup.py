@@ -12,18 +12,17 @@ import os
 import re
 import signal
 import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
+from children import SUPPORT, run_python, start_python
 from host_memory import filesystem_type, resident_pages
+from patterns import pattern
 from torch_mem_saver_lite import MemorySaverError
 from torch_mem_saver_lite.testing import HostSaver
 
 MiB = 1 << 20
-TESTS = Path(__file__).resolve().parent
 NAME = re.compile(r"tmsl-(\d+)-(\d+)-([0-9a-f]{8})-(.+)-dev(\d+)-([0-9a-f]+)\.bin")
 
 
@@ -49,22 +48,7 @@ def open_files_in(directory: Path) -> list[str]:
     return found
 
 
-def pattern(size: int, seed: int) -> bytes:
-    return bytes((i * 7 + seed) % 251 for i in range(4096)) * (size // 4096)
-
-
-def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": str(TESTS), **env})
-
-
-def start_python(code: str) -> subprocess.Popen:
-    """A child that prints a line once its tags are paused, then waits for a line on stdin."""
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(TESTS)})
-
-
+# A child that says so once its tag is paused, then waits for a line on stdin.
 PAUSED_CHILD = """
     import sys
     from host_memory import HostMemory
@@ -195,7 +179,7 @@ def test_files_are_removed_when_the_process_exits(disk_dir):
             mem.malloc(2 << 20); mem.malloc(2 << 20)
         saver.pause("kv")
         print(len(os.listdir({str(disk_dir)!r})))
-    """)  # ends without resume or close
+    """, PYTHONPATH=SUPPORT)  # ends without resume or close
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["2"]
     assert files_in(disk_dir) == {}
@@ -219,14 +203,14 @@ def test_a_forked_child_leaves_its_parents_files_alone(disk_dir):
         print(len(os.listdir({str(disk_dir)!r})))
         saver.resume("kv")
         print(mem.read(ptr, 6))
-    """)
+    """, PYTHONPATH=SUPPORT)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["1", "b'parent'"]
 
 
 def paused_then_killed(directory: Path) -> int:
     """The pid of a child killed with SIGKILL (no exit handler runs) while its tag was paused."""
-    child = start_python(PAUSED_CHILD.format(directory=str(directory)))
+    child = start_python(PAUSED_CHILD.format(directory=str(directory)), PYTHONPATH=SUPPORT)
     assert child.stdout.readline() == "paused\n"
     child.kill()
     child.wait()
@@ -245,7 +229,7 @@ def test_files_of_a_killed_process_are_removed_by_the_next_one_choosing_the_dire
     killed = paused_then_killed(disk_dir)
     assert len(files_in(disk_dir)) == 2 and pids_of(files_in(disk_dir)) == {killed}
 
-    alive = start_python(PAUSED_CHILD.format(directory=str(disk_dir)))  # set_disk_backup_dir
+    alive = start_python(PAUSED_CHILD.format(directory=str(disk_dir)), PYTHONPATH=SUPPORT)  # set_disk_backup_dir
     try:
         assert alive.stdout.readline() == "paused\n"
         assert len(files_in(disk_dir)) == 2 and pids_of(files_in(disk_dir)) == {alive.pid}
@@ -258,7 +242,7 @@ def test_files_of_a_killed_process_are_removed_by_the_next_one_choosing_the_dire
             saver = HostSaver()
             with saver.region("x", enable_disk_backup=True):
                 pass
-        """, TMS_DISK_BACKUP_DIR=str(disk_dir))
+        """, TMS_DISK_BACKUP_DIR=str(disk_dir), PYTHONPATH=SUPPORT)
         assert result.returncode == 0, result.stderr
         assert "removed 2 disk backup files (6 MiB)" in result.stderr
         assert len(files_in(disk_dir)) == 2 and pids_of(files_in(disk_dir)) == {alive.pid}  # live: kept
@@ -319,7 +303,7 @@ def test_a_live_process_whose_pid_names_nobody_here_keeps_its_files_and_content(
     # In a pid namespace that sees its parent's /proc (unshare --pid --fork without
     # --mount-proc), a process's own pid names another process, or none, in /proc: its files
     # must survive a cleanup by any other process all the same.
-    owner = start_python(PAUSED_CHILD.format(directory=str(disk_dir)))
+    owner = start_python(PAUSED_CHILD.format(directory=str(disk_dir)), PYTHONPATH=SUPPORT)
     renamed = {}
     try:
         assert owner.stdout.readline() == "paused\n", owner.stderr.read()
@@ -333,7 +317,7 @@ def test_a_live_process_whose_pid_names_nobody_here_keeps_its_files_and_content(
         cleaner = run_python(f"""
             from torch_mem_saver_lite.testing import HostSaver
             HostSaver().set_disk_backup_dir({str(disk_dir)!r})
-        """)
+        """, PYTHONPATH=SUPPORT)
         assert cleaner.returncode == 0, cleaner.stderr
         assert len(files_in(disk_dir)) == 2, cleaner.stderr
     finally:
@@ -387,7 +371,7 @@ def test_a_full_disk_fails_the_pause_with_the_region_resident_and_intact(disk_di
                if os.path.exists(f"/proc/self/fd/{{fd}}")]
         print("files", os.listdir({str(disk_dir)!r}), [t for t in fds if t.startswith({str(disk_dir)!r})])
         saver.close()
-    """)
+    """, PYTHONPATH=SUPPORT)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith("refused: disk backup of tag 'kv' (18 MiB)") and "stays resident" in lines[0]
@@ -517,7 +501,7 @@ def test_a_sigkill_leaves_nothing_the_next_process_cannot_clean(disk_dir):
         print("paused", flush=True)
         while True:
             saver.resume("kv"); saver.pause("kv")
-    """)
+    """, PYTHONPATH=SUPPORT)
     assert child.stdout.readline() == "paused\n"
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
@@ -574,7 +558,7 @@ def test_a_directory_that_cannot_be_looked_at_is_a_clear_error_and_spoils_nothin
         host.pause("kv")
         host.resume("kv")
         print(mem.read(ptr, 7))
-    """, TMSL_DISK_BACKUP_DIR=unusable)
+    """, TMSL_DISK_BACKUP_DIR=unusable, PYTHONPATH=SUPPORT)
     assert result.returncode == 0, result.stderr
     first, second = result.stdout.splitlines()
     assert first == (f"'' True TMSL_DISK_BACKUP_DIR: the disk backup directory {unusable!r} cannot be used: "
@@ -618,7 +602,7 @@ def test_a_directory_gone_read_only_fails_the_pause_clearly_and_loses_nothing(bi
         except MemorySaverError as error:
             print("refused:", error)
         print(saver.stats()["kv"].paused, mem.read(ptr, 7))
-    """)
+    """, PYTHONPATH=SUPPORT)
     assert result.returncode == 0, result.stderr
     refusal, state = result.stdout.splitlines()
     assert refusal.startswith(f"refused: disk backup of tag 'kv' (2 MiB) to {str(directory)!r} failed: "

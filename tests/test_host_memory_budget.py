@@ -10,25 +10,19 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
-from support.ledger import held_bytes
+
+from children import prelude, run_python, start_python
+from ledger import held_bytes
 
 MiB = 1 << 20
-TESTS = Path(__file__).resolve().parent
 
 # A child: a HostSaver with backed-up tags, then whatever the test's body does.
-PRELUDE = """
-import os, sys, time
-sys.path.insert(0, {tests!r})
-from host_memory import HostMemory
-from torch_mem_saver_lite import OutOfMemoryError, saver
-from torch_mem_saver_lite.testing import HostSaver
-MiB = 1 << 20
+PRELUDE = prelude("from torch_mem_saver_lite import OutOfMemoryError, saver") + """
 mem = HostMemory()
 host = HostSaver()
 def tagged(tag, n, size, byte):
@@ -50,21 +44,17 @@ def ledger(tmp_path, monkeypatch) -> Path:
     return path
 
 
+def variables(budget: str | None) -> dict[str, str]:
+    """The child's variables over this process's: the node's budget where the test gives one."""
+    return {} if budget is None else {"TMSL_HOST_MEMORY_BUDGET": budget}
+
+
 def run(body: str, budget: str | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    if budget is not None:
-        env["TMSL_HOST_MEMORY_BUDGET"] = budget
-    code = PRELUDE.format(tests=str(TESTS)) + textwrap.dedent(body)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env)
+    return run_python(PRELUDE + textwrap.dedent(body), timeout=timeout, **variables(budget))
 
 
 def start(body: str, budget: str | None = None) -> subprocess.Popen:
-    env = dict(os.environ)
-    if budget is not None:
-        env["TMSL_HOST_MEMORY_BUDGET"] = budget
-    code = PRELUDE.format(tests=str(TESTS)) + textwrap.dedent(body)
-    return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    return start_python(PRELUDE + textwrap.dedent(body), **variables(budget))
 
 
 @pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's

@@ -6,13 +6,12 @@ aside, the pause takes itself; nothing is ever lost."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 import time
 
 import pytest
 
+from children import prelude, run_python
 from host_memory import rss_anon_bytes
 from torch_mem_saver_lite import MemorySaverError
 
@@ -62,11 +61,8 @@ def test_the_first_pause_uses_the_memory_set_aside_and_needs_no_more():
     # With the address space capped just above what the process uses, a pause that had to
     # map its own host memory fails (test_host_backup_memory's out-of-memory test); with the
     # memory set aside at the region's end, the same pause succeeds and keeps every byte.
-    code = textwrap.dedent(
+    code = prelude("import resource") + textwrap.dedent(
         """
-        import os, resource
-        from host_memory import HostMemory
-        from torch_mem_saver_lite.testing import HostSaver
         mem, saver = HostMemory(), HostSaver()
         saver.host_cache_bytes = 128 << 20
         with saver.region("weights", enable_cpu_backup=True):
@@ -87,8 +83,7 @@ def test_the_first_pause_uses_the_memory_set_aside_and_needs_no_more():
         print("content", [mem.read(p, 32 << 20) for p in ptrs] == contents)
         """
     )
-    env = {**os.environ, "PYTHONPATH": os.path.dirname(__file__) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    result = run_python(code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [f"paused 0 {64 * MiB} {64 * MiB}", "content True"]
 

@@ -16,9 +16,7 @@ import select
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
-import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,17 +24,14 @@ from pathlib import Path
 import pytest
 from environment_child import neighbour
 
+from children import prelude, run_python, start_python
+from patterns import pattern
+
 MiB = 1 << 20
-TESTS = Path(__file__).resolve().parent
 
 # A child: two 96 MiB backed-up allocations with content A and B (the same in every child),
 # paused; it says so, then runs the commands it is sent, one per line.
-CHILD = """
-import os, sys
-sys.path.insert(0, {tests!r})
-from host_memory import HostMemory, rss_anon_bytes
-from torch_mem_saver_lite.testing import HostSaver
-MiB = 1 << 20
+CHILD = prelude("from host_memory import rss_anon_bytes", "from patterns import pattern") + """
 if os.environ.get("NOFILE_LIMIT"):  # a process started under a low `ulimit -n`
     import resource
     resource.setrlimit(resource.RLIMIT_NOFILE, (int(os.environ["NOFILE_LIMIT"]),) * 2)
@@ -51,7 +46,7 @@ if os.environ.get("PATIENCE_FOR_REPLICAS"):  # seconds a changed pause waits for
 if os.environ.get("NO_READ_ONLY_PAGE_LOCKING"):  # a driver that cannot page-lock read-only memory
     host.inject_fault("register_host_read_only", 1, 1 << 30)
 def content(seed):
-    return bytes((i * 31 + seed) % 256 for i in range(4096)) * (96 * MiB // 4096)
+    return pattern(96 * MiB, seed, step=31, modulus=256)
 with host.region("weights", enable_cpu_backup=True):
     ptrs = [mem.malloc(96 * MiB), mem.malloc(96 * MiB)]
 expected = [content(1), content(2)]
@@ -143,9 +138,7 @@ def ledger(monkeypatch) -> Iterator[Path]:
 
 
 def start(**env: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(CHILD.format(tests=str(TESTS)))],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **env})
+    return start_python(CHILD, **env)
 
 
 def line_of(child: subprocess.Popen, timeout: float = 300) -> str:
@@ -182,8 +175,7 @@ def node_figures(**env: str) -> list[int]:
     """The node's shared bytes and what its processes hold, as a new process sees them."""
     code = "from torch_mem_saver_lite import saver; r = saver.host_memory(); " \
            "print(r.shared_bytes, r.held_by_this_process + r.held_by_others)"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                            env={**os.environ, **env})
+    result = run_python(code, timeout=60, **env)
     assert result.returncode == 0, result.stderr
     return [int(x) for x in result.stdout.split()]
 
@@ -192,8 +184,7 @@ def sharers(**env: str) -> list[tuple[int, int, int]]:
     """(pid, bytes held, bytes of the store mapped) of each process the node's figures list."""
     code = "from torch_mem_saver_lite import saver; " \
            "print([(h.pid, h.bytes, h.shared_bytes) for h in saver.host_memory().holders])"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                            env={**os.environ, **env})
+    result = run_python(code, timeout=60, **env)
     assert result.returncode == 0, result.stderr
     return sorted(eval(result.stdout))  # a list of int tuples, printed by Python
 
@@ -567,7 +558,7 @@ def test_a_held_chunk_cut_short_kills_none_of_its_holders_and_their_resumes_say_
     children = paused_children(2)
     try:
         store = Path(str(ledger) + ".store")
-        first_page = bytes((i * 31 + 1) % 256 for i in range(4096))  # the first allocation's, A
+        first_page = pattern(4096, 1, step=31, modulus=256)  # the first allocation's, A
         (chunk,) = [f for f in store.iterdir() if not f.name.startswith(".") and f.stat().st_size == 64 * MiB
                     and f.open("rb").read(4096) == first_page]  # A's first 64 MiB
         chunk.chmod(0o600)  # (its owner may write it again; root needs no leave)
@@ -715,8 +706,7 @@ def test_chunks_made_in_another_pid_namespace_are_refused_with_one_warning(ledge
     wrapper = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
     if subprocess.run([*wrapper, "true"], capture_output=True).returncode:
         pytest.skip("cannot make a PID namespace here (needs root)")
-    other = subprocess.Popen([*wrapper, sys.executable, "-c", textwrap.dedent(CHILD.format(tests=str(TESTS)))],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    other = start_python(CHILD, prefix=wrapper)
     try:
         line = line_of(other).split()
         assert line[0] == "paused" and int(line[2]) == 0, line + [why(other)]  # its chunks are the store's
@@ -854,15 +844,10 @@ def claim_held_by_another_process(ledger: Path) -> Iterator[None]:
 # imported everything once (a hundred fresh interpreters importing torch took most of this
 # test's time); nothing of the library is made before the fork, so each victim's saver, node
 # ledger and store are its own, as a fresh process's are. A victim says "ready <pid>".
-VICTIMS = """
-import os, signal, sys
-sys.path.insert(0, {tests!r})
-from host_memory import HostMemory
-from torch_mem_saver_lite.testing import HostSaver
+VICTIMS = prelude("from patterns import pattern") + """
 signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the victims killed are reaped by the kernel
-MiB = 1 << 20
 def content(seed):
-    return bytes((i * 31 + seed) % 256 for i in range(4096)) * (96 * MiB // 4096)
+    return pattern(96 * MiB, seed, step=31, modulus=256)
 def victim():
     mem, host = HostMemory(), HostSaver()
     with host.region("weights", enable_cpu_backup=True):
@@ -903,8 +888,7 @@ def test_processes_killed_at_random_points_leave_the_others_bit_exact_and_nothin
     rng = random.Random(34)
     survivors = paused_children(2)
     paused = [True, True]
-    victims = subprocess.Popen([sys.executable, "-c", VICTIMS.format(tests=str(TESTS))], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    victims = start_python(VICTIMS)
     try:
         for kill in range(100):
             victims.stdin.write("fork\n")
@@ -946,12 +930,7 @@ def test_processes_killed_at_random_points_leave_the_others_bit_exact_and_nothin
 
 
 # A process whose backups repeat one chunk (zeros): 192 MiB and 128 MiB of them.
-ZEROS = """
-import os, sys
-sys.path.insert(0, {tests!r})
-from host_memory import HostMemory
-from torch_mem_saver_lite.testing import HostSaver
-MiB = 1 << 20
+ZEROS = prelude() + """
 mem, host = HostMemory(), HostSaver()
 with host.region("zeros", enable_cpu_backup=True):
     ptrs = [mem.malloc(192 * MiB), mem.malloc(128 * MiB)]
@@ -959,7 +938,7 @@ for ptr, size in zip(ptrs, (192 * MiB, 128 * MiB)):
     mem.write(ptr, bytes(size))
 store = os.environ["TMSL_HOST_LEDGER"] + ".store"
 def mapped():  # how many times each of the store's files (by inode) is mapped here
-    counts = {{}}
+    counts = {}
     for line in open("/proc/self/maps"):
         if store in line:
             inode = line.split()[4]
@@ -977,8 +956,7 @@ for cycle in range(2):
 def test_a_chunk_repeated_in_one_process_is_mapped_there_once_and_its_repeats_are_its_own(ledger):
     # The driver page-locks a file's pages once per process: the zero chunk is the store's,
     # mapped once; its four repeats are files of the process's own (held in its share).
-    child = subprocess.Popen([sys.executable, "-c", ZEROS.format(tests=str(TESTS))], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    child = start_python(ZEROS)
     try:
         for _ in range(2):
             line = line_of(child).split()
@@ -1095,12 +1073,7 @@ def test_a_store_with_room_holds_the_backups_once(tmp_path, monkeypatch):
 # A child whose weights are written inside their region, as engines load them: leaving the
 # region makes their backups ahead, in the node's store. LATE=untouched: written after the
 # region (inside it the memory reads as zeros); LATE=constant: one byte everywhere inside it.
-AHEAD_CHILD = """
-import os, sys
-sys.path.insert(0, {tests!r})
-from host_memory import HostMemory
-from torch_mem_saver_lite.testing import HostSaver
-MiB = 1 << 20
+AHEAD_CHILD = prelude() + """
 size = int(os.environ.get("SIZE_MIB", "96")) * MiB
 mem, host = HostMemory(), HostSaver()
 host.host_cache_bytes = 1024 * MiB
@@ -1145,10 +1118,7 @@ for line in sys.stdin:
 
 
 def start_ahead(**env: str) -> subprocess.Popen:
-    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(AHEAD_CHILD.format(tests=str(TESTS)))],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env={**os.environ, **env})
-    return child
+    return start_python(AHEAD_CHILD, **env)
 
 
 def why(child: subprocess.Popen) -> str:

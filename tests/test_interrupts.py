@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 from cuda_child import MODES, run_in_fresh_process
 
+from children import prelude, run_python
 from interrupts import interrupted_at
+from patterns import pattern
 from torch_mem_saver_lite import regions
 from torch_mem_saver_lite.testing import HostSaver
 
@@ -91,11 +93,7 @@ def test_interrupting_paused_anywhere_leaves_the_tag_resumed(host_saver, mem):
 
 @pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_a_real_sigint_during_a_large_pause_leaves_everything_resumable(tmp_path):
-    code = textwrap.dedent("""
-        import os, signal, sys, threading, time
-        sys.path.insert(0, {here!r})
-        from host_memory import HostMemory
-        from torch_mem_saver_lite.testing import HostSaver
+    code = prelude() + textwrap.dedent("""
         mem, s = HostMemory(), HostSaver()
         s.host_cache_bytes = 0
         with s.region("weights", enable_cpu_backup=True):
@@ -118,8 +116,8 @@ def test_a_real_sigint_during_a_large_pause_leaves_everything_resumable(tmp_path
         ok = ok and all(mem.read(p, 64) == bytes([i + 1]) * 64 for i, p in enumerate(ptrs))
         s.pause(); s.resume()
         print("interrupts", interrupts, "ok", ok)
-        """).format(here=str(Path(__file__).parent))
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        """)
+    result = run_python(code, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     words = result.stdout.split()
     assert words[0] == "interrupts" and int(words[1]) >= 6 and words[3] == "True", result.stdout
@@ -132,10 +130,6 @@ def test_paused_of_an_unknown_tag_is_refused(host_saver):
 
 
 # ----- disk-backed pause and resume ------------------------------------------------------------
-def pattern(size: int, seed: int) -> bytes:
-    return bytes((i * 7 + seed) % 251 for i in range(4096)) * (size // 4096)
-
-
 def open_descriptors() -> list[str]:
     """What this process's descriptors point at (files, memfds, pipes)."""
     targets = []
@@ -286,7 +280,7 @@ def test_a_real_sigint_inside_a_deferred_block_is_raised_when_the_block_ends():
 def test_ctrl_c_tests_pass_in_a_session_started_with_sigint_ignored():
     """A background job of a non-interactive shell (`setsid make test &`, nohup, some CI
     runners) starts with SIGINT ignored: the tests that interrupt still get their
-    KeyboardInterrupt, from a real SIGINT and from interrupted_at (tests/interrupts.py)."""
+    KeyboardInterrupt, from a real SIGINT and from interrupted_at (tests/support/interrupts.py)."""
     here = Path(__file__).resolve()
     hooks = here.parent / "test_host_hooks.py"
     chosen = [f"{here}::test_a_real_sigint_inside_a_deferred_block_is_raised_when_the_block_ends",

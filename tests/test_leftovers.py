@@ -19,8 +19,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from cuda_evidence import device_free_bytes, pattern, unique_tag
+from cuda_evidence import device_free_bytes, unique_tag
 from interrupts import interrupted_at
+from patterns import SCATTERED, pattern
 from torch_mem_saver_lite import (
     GroupOutcome,
     LeftoverReport,
@@ -429,7 +430,7 @@ def test_release_leftovers_gives_back_what_an_idle_saver_pool_caches_and_keeps_l
     with saver.region(tag, enable_cpu_backup=True):
         kept = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
         gone = torch.empty(256 * MiB, dtype=torch.uint8, device="cuda")
-    kept.copy_(pattern(kept.numel(), 5))
+    kept.copy_(pattern(kept.numel(), 5, device="cuda", **SCATTERED))
     gone.fill_(3)
     del gone  # cached in the tag's pool: still resident, still the tag's
     free_before = device_free_bytes()
@@ -437,13 +438,13 @@ def test_release_leftovers_gives_back_what_an_idle_saver_pool_caches_and_keeps_l
     released = device_free_bytes() - free_before
     assert report.saver_pool_cache_bytes >= 256 * MiB, report
     assert released >= 0.99 * 256 * MiB, (released, report)
-    assert torch.equal(kept, pattern(kept.numel(), 5))
+    assert torch.equal(kept, pattern(kept.numel(), 5, device="cuda", **SCATTERED))
     # The live tensor is still the tag's: a pause covers it, and the tag's regions go on.
     free_before = device_free_bytes()
     saver.pause(tag)
     assert device_free_bytes() - free_before >= 0.99 * 64 * MiB
     saver.resume(tag)
-    assert torch.equal(kept, pattern(kept.numel(), 5))
+    assert torch.equal(kept, pattern(kept.numel(), 5, device="cuda", **SCATTERED))
     with saver.region(tag):
         more = torch.ones(MiB, device="cuda")
     assert float(more.sum()) == MiB

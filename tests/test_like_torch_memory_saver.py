@@ -17,17 +17,13 @@ from pathlib import Path
 import pytest
 from environment_child import defaults_in_child, neighbour, run_in_child
 
+from children import prelude
+
 MiB = 1 << 20
-TESTS = Path(__file__).resolve().parent
 SWITCH = "TMSL_LIKE_TORCH_MEMORY_SAVER"
 
 # What both children start with: a host-backend saver and memory to put in its regions.
-PRELUDE = """
-import os, sys
-sys.path.insert(0, {tests!r})
-from host_memory import HostMemory
-from torch_mem_saver_lite.testing import HostSaver
-MiB = 1 << 20
+PRELUDE = prelude() + """
 mem, host = HostMemory(), HostSaver()
 """
 
@@ -102,14 +98,14 @@ def ledger() -> Iterator[str]:
 
 
 def four(ledger: str, **env: str) -> dict:
-    return json.loads(run_in_child(FOUR.format(tests=str(TESTS)), TMSL_HOST_LEDGER=ledger, **env))
+    return json.loads(run_in_child(FOUR, TMSL_HOST_LEDGER=ledger, **env))
 
 
 def over_budget(ledger: str, **env: str) -> str:
     # The node's budget, set by a process started with the variable (it stays the node's).
     run_in_child("from torch_mem_saver_lite import saver; saver.host_memory()", TMSL_HOST_LEDGER=ledger,
                  TMSL_HOST_MEMORY_BUDGET="64M")
-    return run_in_child(OVER_BUDGET.format(tests=str(TESTS)), TMSL_HOST_LEDGER=ledger, **env).strip()
+    return run_in_child(OVER_BUDGET, TMSL_HOST_LEDGER=ledger, **env).strip()
 
 
 def test_by_default_the_four_behaviours_are_ours(ledger):

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import torch_mem_saver_lite
+from children import prelude, run_python
 from torch_mem_saver_lite import OutOfMemoryError, StrayAccessWarning, _lib, alias
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,8 +53,7 @@ print("torch imported:", "torch" in sys.modules)
 
 @pytest.mark.parametrize("option", ["--version", "--alias-path"])
 def test_version_and_alias_path_import_no_torch(option):
-    result = subprocess.run([sys.executable, "-c", WITHOUT_TORCH, option], capture_output=True, text=True,
-                            timeout=120, cwd=ROOT.parent)
+    result = run_python(WITHOUT_TORCH, option, cwd=ROOT.parent)
     assert result.returncode == 0, result.stderr
     answer, verdict = result.stdout.strip().splitlines()
     assert verdict == "torch imported: False"
@@ -146,11 +146,7 @@ def test_at_debug_regions_and_the_pauses_and_resumes_asked_are_logged_with_their
                      "resume of every tag asked; 'kv': 1 allocations, 4.00 MiB (0.00 MiB resident)"], lines
 
 
-ALLOCATIONS = """
-import sys
-sys.path.insert(0, {tests!r})
-from host_memory import HostMemory
-from torch_mem_saver_lite.testing import HostSaver
+ALLOCATIONS = prelude() + """
 saver, mem = HostSaver(), HostMemory()
 with saver.region("kv"):
     ptr = mem.malloc(3 << 20)
@@ -165,8 +161,7 @@ def test_TMSL_LOG_ALLOCATIONS_prints_a_line_per_allocation_and_free(value):
     env = {k: v for k, v in os.environ.items() if k != "TMSL_LOG_ALLOCATIONS"}
     if value is not None:
         env["TMSL_LOG_ALLOCATIONS"] = value
-    result = subprocess.run([sys.executable, "-c", ALLOCATIONS.format(tests=str(ROOT / "tests"))],
-                            capture_output=True, text=True, timeout=120, env=env)
+    result = run_python(ALLOCATIONS, env=env)
     assert result.returncode == 0, result.stderr
     address = result.stdout.strip()
     lines = [line for line in result.stderr.splitlines() if line.startswith("torch_mem_saver_lite: ")]

@@ -12,8 +12,10 @@ import backends
 import pytest
 import torch
 
-from cuda_evidence import device_free_bytes, mapped_range, pattern, unique_tag
+from children import run_python
+from cuda_evidence import device_free_bytes, mapped_range, unique_tag
 from host_memory import open_memfds, resident_pages
+from patterns import SCATTERED, pattern
 from torch_mem_saver_lite import OutOfMemoryError, saver
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -296,7 +298,7 @@ def test_pause_returns_device_memory_and_resume_takes_it_back(layout, backup):
     with saver.region(tag, enable_cpu_backup=backup):
         tensors = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in LAYOUTS[layout]]
     for seed, t in enumerate(tensors):
-        t.copy_(pattern(t.numel(), seed))
+        t.copy_(pattern(t.numel(), seed, device="cuda", **SCATTERED))
     addresses = [t.data_ptr() for t in tensors]
     tensor_bytes = sum(t.numel() for t in tensors)
     reserved = saver.stats()[tag].reserved_bytes
@@ -317,7 +319,8 @@ def test_pause_returns_device_memory_and_resume_takes_it_back(layout, backup):
     assert [t.data_ptr() for t in tensors] == addresses
     assert all(mapped_range(p) is not None for p in addresses[:: max(1, len(addresses) // 64)])
     if backup:
-        assert all(torch.equal(t, pattern(t.numel(), seed)) for seed, t in enumerate(tensors))
+        assert all(torch.equal(t, pattern(t.numel(), seed, device="cuda", **SCATTERED))
+                   for seed, t in enumerate(tensors))
     else:
         for t in tensors:
             t.fill_(7)
@@ -354,7 +357,7 @@ def test_a_large_backup_resumed_in_pieces_keeps_its_address_and_bytes_and_graphs
     size = GiB + 2 * MiB  # four 256 MiB pieces and a short one
     with saver.region(tag, enable_cpu_backup=True):
         big = torch.empty(size, dtype=torch.uint8, device="cuda")
-    big.copy_(pattern(size, 7))
+    big.copy_(pattern(size, 7, device="cuda", **SCATTERED))
     edges = torch.tensor([k * 256 * MiB - 1 for k in range(1, 5)], device="cuda")
     out = torch.zeros(8, dtype=torch.int64, device="cuda")
     graph = torch.cuda.CUDAGraph()
@@ -372,7 +375,7 @@ def test_a_large_backup_resumed_in_pieces_keeps_its_address_and_bytes_and_graphs
         assert free_before - device_free_bytes() <= 4 * MiB
         assert big.data_ptr() == address
         assert all(mapped_range(address + k * 256 * MiB) is not None for k in range(5))
-        assert torch.equal(big, pattern(size, 7))
+        assert torch.equal(big, pattern(size, 7, device="cuda", **SCATTERED))
         out.zero_()
         graph.replay()
         assert torch.equal(out, expected)
@@ -427,7 +430,7 @@ def test_resume_out_of_memory_keeps_everything_paused_and_a_retry_succeeds(backu
     tag = unique_tag("oom")
     with saver.region(tag, enable_cpu_backup=backup):
         big = torch.empty(4 * GiB, dtype=torch.uint8, device="cuda")
-    big.copy_(pattern(big.numel(), 11))
+    big.copy_(pattern(big.numel(), 11, device="cuda", **SCATTERED))
     reserved = saver.stats()[tag].reserved_bytes
     saver.pause(tag)
     torch.cuda.empty_cache()
@@ -447,7 +450,7 @@ def test_resume_out_of_memory_keeps_everything_paused_and_a_retry_succeeds(backu
     torch.cuda.empty_cache()
     saver.resume(tag)
     if backup:
-        assert torch.equal(big, pattern(big.numel(), 11))
+        assert torch.equal(big, pattern(big.numel(), 11, device="cuda", **SCATTERED))
     else:
         big.fill_(1)
         assert int(big.sum()) == big.numel()
@@ -508,8 +511,7 @@ def test_process_exits_cleanly_while_memory_is_paused():
         print("paused", sum(v.paused_bytes for v in saver.stats().values()))
         """
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=300, env=dict(os.environ))
+    result = run_python(code, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("paused ") and int(result.stdout.split()[1]) >= GiB
     assert "error" not in result.stderr.lower() and "abort" not in result.stderr.lower(), result.stderr

@@ -10,12 +10,15 @@ import json
 import sys
 from pathlib import Path
 
-import bench_pause_resume
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
 sys.path.insert(0, str(EXAMPLES))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # the side-by-side benchmark, whose chart is checked here
+import bench_pause_resume  # noqa: E402
+
 from rl.plots import memory_plot, reward_plot, shown_until  # noqa: E402
 from rl.smoothing import reward_window, running_mean  # noqa: E402
 from rl.summary import plot_title, replot, reward_figures  # noqa: E402

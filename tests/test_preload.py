@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 
+from children import run_python
 from torch_mem_saver_lite import MemorySaverError, _lib, configure_subprocess, saver
 from torch_mem_saver_lite.testing import HostSaver
 
@@ -19,9 +19,7 @@ MiB = 1 << 20
 
 
 def run_preloaded(code: str, **env: str) -> subprocess.CompletedProcess:
-    environment = {**os.environ, "LD_PRELOAD": _lib.library_path(), **env}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                          text=True, timeout=120, env=environment)
+    return run_python(code, LD_PRELOAD=_lib.library_path(), **env)
 
 
 def test_preloaded_cuda_malloc_serves_regions_and_forwards_everything_else():

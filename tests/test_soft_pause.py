@@ -9,12 +9,14 @@ kernels and a CUDA graph on a GPU."""
 from __future__ import annotations
 
 import os
+from functools import partial
 
 import pytest
 import torch
 from backends import permissions
 from environment_child import run_in_child
 
+import patterns
 from host_memory import open_memfds, soft_copy_rss_bytes
 from torch_mem_saver_lite import MemorySaverError
 from torch_mem_saver_lite.testing import HostSaver
@@ -22,8 +24,8 @@ from torch_mem_saver_lite.testing import HostSaver
 MiB = 1 << 20
 
 
-def pattern(size: int, seed: int = 7) -> bytes:
-    return bytes((i * 131 + seed) % 251 for i in range(size))
+# Content without a period: byte i is (i * 131 + seed) % 251 across the whole size.
+pattern = partial(patterns.pattern, step=131, period=None)
 
 
 def wake_verdict(backend) -> str:

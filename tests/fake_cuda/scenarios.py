@@ -16,7 +16,7 @@ import sys
 import threading
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: its helpers
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))  # tests/support/: the helpers
 from backends import permissions as access  # noqa: E402
 
 from torch_mem_saver_lite import _lib  # noqa: E402

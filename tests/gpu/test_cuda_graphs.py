@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
+from children import run_python
 from cuda_evidence import device_free_bytes, unique_tag
 from torch_mem_saver_lite import saver
 
@@ -135,8 +134,7 @@ def test_torch_mode_works_with_expandable_segments():
         """
     )
     env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=300, env=env)
+    result = run_python(code, timeout=300, env=env)
     assert result.returncode == 0, result.stderr
     words = result.stdout.split()
     assert int(words[1]) >= 0.99 * (1 << 30)

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from cuda_evidence import pattern, unique_tag
+from cuda_evidence import unique_tag
+from patterns import SCATTERED, pattern
 from torch_mem_saver_lite import saver
 
 pytestmark = [
@@ -27,7 +28,7 @@ def test_one_process_pauses_and_resumes_memory_on_two_gpus():
     for device in (0, 1):
         with torch.cuda.device(device), saver.region(tag, enable_cpu_backup=True):
             tensors.append(torch.empty(GiB, dtype=torch.uint8, device=f"cuda:{device}"))
-        tensors[-1].copy_(pattern(GiB, device, device=f"cuda:{device}"))
+        tensors[-1].copy_(pattern(GiB, device, device=f"cuda:{device}", **SCATTERED))
     for device in (0, 1):
         torch.cuda.synchronize(device)
     before = [torch.cuda.mem_get_info(d)[0] for d in (0, 1)]
@@ -36,7 +37,7 @@ def test_one_process_pauses_and_resumes_memory_on_two_gpus():
     assert all(a - b >= 0.99 * GiB for a, b in zip(after, before, strict=True)), (before, after)
     saver.resume(tag)
     for device, t in enumerate(tensors):
-        assert torch.equal(t, pattern(GiB, device, device=f"cuda:{device}"))
+        assert torch.equal(t, pattern(GiB, device, device=f"cuda:{device}", **SCATTERED))
     del tensors
     saver.pause(tag)
 

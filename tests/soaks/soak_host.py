@@ -18,7 +18,7 @@ import random
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: its helpers
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))  # tests/support/: the helpers
 from host_memory import HostMemory, rss_anon_bytes  # noqa: E402
 from interrupts import interrupted_at  # noqa: E402
 from torch_mem_saver_lite import MemorySaverError  # noqa: E402

@@ -6,10 +6,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
-import sys
-import textwrap
 from collections.abc import Iterator
+
+from children import run_python, start_python
 
 DEFAULTS = """
 import json
@@ -44,8 +43,7 @@ def clean_environment(**env: str) -> dict[str, str]:
 
 def run_in_child(code: str, **env: str) -> str:
     """What ``code`` prints in a fresh process with these variables (and no other TMS*)."""
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                            timeout=120, env=clean_environment(**env))
+    result = run_python(code, env=clean_environment(**env))
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -63,8 +61,7 @@ def neighbour(**env: str) -> Iterator[None]:
     ledger (the one ``env`` or the tests' own names), so that a pause there is not alone."""
     code = "import sys; from torch_mem_saver_lite.testing import HostSaver; h = HostSaver(); h.host_memory(); " \
            "print('here', flush=True); sys.stdin.read()"
-    process = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env=clean_environment(**env))
+    process = start_python(code, env=clean_environment(**env))
     try:
         said = process.stdout.readline().strip()
         assert said == "here", said + process.stderr.read()

@@ -31,16 +31,6 @@ def mapped_range(ptr: int) -> tuple[int, int] | None:
     return int(base), int(size)
 
 
-def pattern(nbytes: int, seed: int, device: str = "cuda", chunk: int = 64 << 20) -> torch.Tensor:
-    """Deterministic, position- and seed-dependent bytes (regenerated to check content),
-    computed in chunks so the int64 temporaries stay small."""
-    out = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    for start in range(0, nbytes, chunk):
-        index = torch.arange(start, min(start + chunk, nbytes), device=device, dtype=torch.int64)
-        out[start:start + index.numel()] = (((index * 2654435761 + seed * 40503) >> 7) & 255).to(torch.uint8)
-    return out
-
-
 def unique_tag(name: str) -> str:
     """The process-wide saver keeps every tag it has seen: each test takes fresh ones."""
     return f"{name}-{uuid.uuid4().hex[:8]}"

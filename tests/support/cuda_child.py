@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import textwrap
 
+from children import run_python
 from torch_mem_saver_lite import _lib
 
 MODES = ["torch", "preload"]
@@ -28,4 +28,4 @@ def run_in_fresh_process(mode: str, body: str) -> subprocess.CompletedProcess:
     if mode == "preload":
         env["LD_PRELOAD"] = _lib.library_path()
     code = textwrap.dedent(SETUP).format(mode=mode) + textwrap.dedent(body)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=400, env=env)
+    return run_python(code, env=env, timeout=400)
