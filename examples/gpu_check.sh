@@ -28,6 +28,6 @@ if [ "$($PYTHON -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; t
         examples/rl_example.py --steps 40 --out "$out/torchrun-2"
 fi
 if [ -z "${SKIP_TESTS:-}" ]; then
-    step gpu-tests $PYTHON -m pytest -q -p no:cacheprovider tests/gpu/test_rl_example.py
+    step gpu-tests $PYTHON -m pytest -q -p no:cacheprovider tests/examples/test_rl_example.py
 fi
 echo "results in $out: */summary.json, */memory.png, */reward.png, *.log, status.txt"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the portable wheel: manylinux_2_28 (glibc >= 2.28, as PyTorch's wheels; `glibc` below is
-# the one source of that figure, tests/test_docs.py holds the docs to it), with no CUDA
+# the one source of that figure, tests/contract/test_docs.py holds the docs to it), with no CUDA
 # toolkit and no Docker. The compiler is zig from PyPI, which targets an older glibc than the
 # build machine's and links its C++ runtime statically; cuda.h comes from
 # nvidia-cuda-runtime-cu12 (a build requirement). auditwheel checks and tags the result.

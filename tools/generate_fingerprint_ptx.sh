@@ -2,7 +2,7 @@
 # Regenerates csrc/platform/fingerprint_kernel.ptx from fingerprint_kernel.cu: run after
 # changing the kernel, on a machine with a CUDA toolkit (nvcc). The build and the users need
 # none: the library carries the PTX text and the driver compiles it at run time. The PTX is
-# declared at ISA 7.0 for sm_70, so drivers of CUDA 12 and 13 both take it (tests/test_fingerprint.py
+# declared at ISA 7.0 for sm_70, so drivers of CUDA 12 and 13 both take it (tests/features/test_fingerprint.py
 # checks the text assembles where ptxas is found).
 set -eu
 here=$(cd "$(dirname "$0")/.." && pwd)

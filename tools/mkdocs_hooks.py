@@ -3,7 +3,7 @@ says is said once. Its links are written for the repository (`docs/guide.md`, `C
 on the site a page of docs/ is linked as a page and any other file of the repository by its
 address in the repository (`repo_url`). Links from docs/ out of it (`../CHANGELOG.md`) get the
 same treatment. pyproject.toml's long description rewrites the README's links to the same
-places with absolute addresses (tests/test_package.py checks it)."""
+places with absolute addresses (tests/contract/test_package.py checks it)."""
 
 from __future__ import annotations
 

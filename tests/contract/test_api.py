@@ -286,7 +286,7 @@ saver.hook_mode = "preload"
 
 def test_a_type_checker_refuses_a_misspelt_choice(tmp_path):
     pytest.importorskip("mypy", reason="mypy is not installed (`make lint` installs it)")
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     snippet = tmp_path / "snippet.py"
     snippet.write_text(MISSPELT_CHOICES)
     # The checkout's package (an editable install's import hook is not something mypy follows).

@@ -282,12 +282,12 @@ def test_ctrl_c_tests_pass_in_a_session_started_with_sigint_ignored():
     runners) starts with SIGINT ignored: the tests that interrupt still get their
     KeyboardInterrupt, from a real SIGINT and from interrupted_at (tests/support/interrupts.py)."""
     here = Path(__file__).resolve()
-    hooks = here.parent / "test_host_hooks.py"
+    hooks = here.parents[1] / "features" / "test_host_hooks.py"
     chosen = [f"{here}::test_a_real_sigint_inside_a_deferred_block_is_raised_when_the_block_ends",
               f"{hooks}::test_a_ctrl_c_anywhere_in_paused_leaves_every_tags_hooks_balanced"]
     ignoring = ["sh", "-c", 'trap "" INT; exec "$0" "$@"']  # exec keeps SIGINT ignored, as a background job has it
     result = subprocess.run([*ignoring, sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *chosen],
-                            cwd=here.parents[1], capture_output=True, text=True, timeout=600, start_new_session=True)
+                            cwd=here.parents[2], capture_output=True, text=True, timeout=600, start_new_session=True)
     assert result.returncode == 0 and "2 passed" in result.stdout, result.stdout[-4000:] + result.stderr[-2000:]
 
 

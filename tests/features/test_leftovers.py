@@ -468,7 +468,7 @@ def test_release_leftovers_keeps_a_pool_a_captured_graph_uses():
 
 
 def run_ranks(nproc: int, port: int) -> list[dict]:
-    worker = Path(__file__).parent / "gpu" / "nccl_leftovers_worker.py"
+    worker = Path(__file__).with_name("nccl_leftovers_worker.py")
     env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
                              "--master-port", str(port), str(worker)],

@@ -15,7 +15,7 @@ import pytest
 
 from children import run_python
 
-FAKE_DIR = Path(__file__).parent / "fake_cuda"
+FAKE_DIR = Path(__file__).resolve().parents[1] / "fake_cuda"
 MiB = 1 << 20
 
 
@@ -74,12 +74,12 @@ def test_deep_ep_buffers_allocated_with_the_region_turned_off_through_the_drop_i
 @pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_the_promises_every_backend_keeps_hold_over_the_stand_in_driver(fake_driver):
     # The `backend` fixture offers the stand-in driver only in a process that loads it.
-    tests = Path(__file__).parent
+    tests = Path(__file__).parent  # tests/features/, as the files it names
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "stand_in",
          str(tests / "test_pause_resume.py"), str(tests / "test_backup_memory.py"), str(tests / "test_wake_checks.py"),
          str(tests / "test_stray_access.py"), str(tests / "test_soft_pause.py")],
-        capture_output=True, text=True, timeout=300, cwd=tests.parent,
+        capture_output=True, text=True, timeout=300, cwd=tests.parents[1],
         env={**os.environ, "TMSL_CUDA_DRIVER_LIBRARY": fake_driver},
     )
     summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""

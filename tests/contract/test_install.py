@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TESTING_FUNCTIONS = ("tmsl_create_host_saver", "tmsl_destroy_saver", "tmsl_malloc", "tmsl_free",
                      "tmsl_inject_fault", "tmsl_host_memory_limit", "tmsl_tiers_figures", "tmsl_hold_foreground",
                      "tmsl_set_patience_for_replicas", "tmsl_fingerprint_host_bytes", "tmsl_fingerprint_memory")

@@ -147,7 +147,7 @@ def test_pauseable_graphs_turn_nccl_graph_registration_off(monkeypatch):
 
 # On a GPU
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.gpu

@@ -1,7 +1,7 @@
 """The content fingerprint (csrc/platform/fingerprint.h): the CPU half against an independent
 reading of the definition in Python, the host backend's against the CPU half, and the
 properties identity rests on. The GPU half is checked against the CPU half in
-tests/gpu/test_fingerprint_gpu.py; the PTX text it is made of is checked here."""
+tests/features/test_fingerprint_gpu.py; the PTX text it is made of is checked here."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 from torch_mem_saver_lite import _lib
 from torch_mem_saver_lite.errors import InvalidArgumentError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KiB, MiB = 1 << 10, 1 << 20
 PRIME = (1 << 61) - 1
 MASK64 = (1 << 64) - 1

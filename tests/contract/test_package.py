@@ -19,7 +19,7 @@ import torch_mem_saver_lite
 from children import prelude, run_python
 from torch_mem_saver_lite import OutOfMemoryError, StrayAccessWarning, _lib, alias
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from torch_mem_saver_lite import _lib, driver_info
 
-CSRC = Path(__file__).resolve().parents[1] / "csrc"
+CSRC = Path(__file__).resolve().parents[2] / "csrc"
 DECLARATION = re.compile(r"TMSL_API\s+([\w\s\*]+?)\s*\b(\w+)\s*\(([^)]*)\)\s*;", re.S)
 
 # How each C type of the headers travels through ctypes.

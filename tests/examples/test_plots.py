@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 sys.path.insert(0, str(EXAMPLES))
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the side-by-side benchmark, whose chart is checked here
