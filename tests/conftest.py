@@ -138,3 +138,15 @@ def build_shared_library(source: Path, library: Path, what: str) -> None:
 def shared_library_builder():
     """build_shared_library, for tests that build a library of their own."""
     return build_shared_library
+
+
+@pytest.fixture
+def two_tags(host_saver, mem):
+    """Tags 'a' (backed up) and 'b', each with one 2 MiB allocation holding known bytes."""
+    with host_saver.region("a", enable_cpu_backup=True):
+        a = mem.malloc(2 * MiB)
+    with host_saver.region("b", enable_cpu_backup=True):
+        b = mem.malloc(2 * MiB)
+    mem.write(a, b"content of a")
+    mem.write(b, b"content of b")
+    return a, b

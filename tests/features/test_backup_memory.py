@@ -167,8 +167,7 @@ def test_a_full_cache_hands_its_memory_to_a_pause_of_the_same_shape(host_saver, 
 
 
 def test_pause_that_runs_out_of_host_memory_keeps_everything_resident():
-    code = prelude("import resource", "from torch_mem_saver_lite import OutOfMemoryError") + textwrap.dedent(
-        """
+    code = prelude("import resource", "from torch_mem_saver_lite import OutOfMemoryError", body="""
         mem, saver = HostMemory(), HostSaver()
         saver.host_cache_bytes = 0  # nothing set aside ahead: the pause itself needs the memory
         with saver.region("weights", enable_cpu_backup=True):
@@ -191,8 +190,7 @@ def test_pause_that_runs_out_of_host_memory_keeps_everything_resident():
         saver.pause("weights")
         saver.resume("weights")
         print("retry", all(mem.read(p, 32 << 20) == bytes([7 + i]) * (32 << 20) for i, p in enumerate(ptrs)))
-        """
-    )
+        """)
     result = run_python(code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["oom: True", f"state {64 * MiB} 0 0", "content True", "retry True"]
@@ -220,8 +218,7 @@ def test_backups_larger_than_a_page_locked_range_and_at_odd_offsets_keep_their_c
 def test_a_pause_whose_worker_threads_cannot_start_still_completes_and_settles():
     # The address space is capped just above what the process uses: room for the 4 MiB
     # backup, none for a worker thread's 8 MiB stack (as under a small pids or memory limit).
-    code = prelude("import resource") + textwrap.dedent(
-        """
+    code = prelude("import resource", body="""
         mem, saver = HostMemory(), HostSaver(granularity_bytes=1 << 20)
         saver.host_cache_bytes = 0
         with saver.region("weights", enable_cpu_backup=True):
@@ -247,8 +244,7 @@ def test_a_pause_whose_worker_threads_cannot_start_still_completes_and_settles()
         print("content", mem.read(ptr, 4000) == b"kept" * 1000)
         mem.free(ptr)  # settled: a free does not wait forever
         print("freed", saver.stats()["weights"].allocations == 0)
-        """
-    )
+        """)
     # host_memory comes from tests/support/, named explicitly by the prelude (the working
     # directory is not on sys.path under PYTHONSAFEPATH, as in the wheel test).
     result = run_python(code)

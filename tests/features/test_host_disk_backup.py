@@ -1,8 +1,8 @@
 """Disk backup (enable_disk_backup=True) on the host backend: content through real files, one
-per disk-backed allocation, visible while paused and removed at resume, close(), exit and,
-after a kill -9, by the next process choosing the directory; host memory released; a full
-disk and a failed read reported with nothing lost; per-region choice under one tag; tmpfs
-and bad environment values refused."""
+per disk-backed allocation, visible while paused and removed at resume, close() and exit
+(after a fork or a kill -9: tests/robustness/test_host_disk_backup_fork_and_kill.py); host
+memory released; a full disk and a failed read reported with nothing lost; per-region choice
+under one tag; tmpfs and bad environment values refused."""
 
 from __future__ import annotations
 
@@ -10,27 +10,19 @@ import errno
 import fcntl
 import os
 import re
-import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from children import SUPPORT, run_python, start_python
+from children import prelude, run_python, start_python
+from disk_backups import NAME, PAUSED_CHILD, files_in, pids_of
 from host_memory import filesystem_type, resident_pages
 from patterns import pattern
 from torch_mem_saver_lite import MemorySaverError
 from torch_mem_saver_lite.testing import HostSaver
 
 MiB = 1 << 20
-NAME = re.compile(r"tmsl-(\d+)-(\d+)-([0-9a-f]{8})-(.+)-dev(\d+)-([0-9a-f]+)\.bin")
-
-
-def files_in(directory: Path) -> dict[str, int]:
-    """name -> size of the files in ``directory`` (none if it does not exist)."""
-    if not directory.is_dir():
-        return {}
-    return {name: (directory / name).stat().st_size for name in os.listdir(directory)}
 
 
 def open_files_in(directory: Path) -> list[str]:
@@ -46,24 +38,6 @@ def open_files_in(directory: Path) -> list[str]:
         if target.startswith(inside):
             found.append(target)
     return found
-
-
-# A child that says so once its tag is paused, then waits for a line on stdin.
-PAUSED_CHILD = """
-    import sys
-    from host_memory import HostMemory
-    from torch_mem_saver_lite.testing import HostSaver
-    saver, mem = HostSaver(), HostMemory()
-    saver.set_disk_backup_dir({directory!r})
-    with saver.region("kv", enable_disk_backup=True):
-        ptrs = [mem.malloc(2 << 20), mem.malloc(4 << 20)]
-    mem.write(ptrs[0], b"child")
-    saver.pause("kv")
-    print("paused", flush=True)
-    sys.stdin.readline()
-    saver.resume("kv")
-    print("resumed", mem.read(ptrs[0], 5) == b"child", flush=True)
-"""
 
 
 def test_one_file_per_disk_allocation_visible_while_paused_and_removed_at_resume(host_saver, mem, disk_dir):
@@ -169,91 +143,16 @@ def test_file_names_carry_any_tag_safely(host_saver, mem, disk_dir):
 
 
 def test_files_are_removed_when_the_process_exits(disk_dir):
-    result = run_python(f"""
-        import os
-        from host_memory import HostMemory
-        from torch_mem_saver_lite.testing import HostSaver
+    result = run_python(prelude(body=f"""
         saver, mem = HostSaver(), HostMemory()
         saver.set_disk_backup_dir({str(disk_dir)!r})
         with saver.region("kv", enable_disk_backup=True):
             mem.malloc(2 << 20); mem.malloc(2 << 20)
         saver.pause("kv")
         print(len(os.listdir({str(disk_dir)!r})))
-    """, PYTHONPATH=SUPPORT)  # ends without resume or close
+    """))  # ends without resume or close
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["2"]
-    assert files_in(disk_dir) == {}
-
-
-def test_a_forked_child_leaves_its_parents_files_alone(disk_dir):
-    result = run_python(f"""
-        import os
-        from host_memory import HostMemory
-        from torch_mem_saver_lite.testing import HostSaver
-        saver, mem = HostSaver(), HostMemory()
-        saver.set_disk_backup_dir({str(disk_dir)!r})
-        with saver.region("kv", enable_disk_backup=True):
-            ptr = mem.malloc(2 << 20)
-        mem.write(ptr, b"parent")
-        saver.pause("kv")
-        child = os.fork()
-        if child == 0:
-            raise SystemExit(0)  # a normal exit: exit handlers run in the child
-        os.waitpid(child, 0)
-        print(len(os.listdir({str(disk_dir)!r})))
-        saver.resume("kv")
-        print(mem.read(ptr, 6))
-    """, PYTHONPATH=SUPPORT)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["1", "b'parent'"]
-
-
-def paused_then_killed(directory: Path) -> int:
-    """The pid of a child killed with SIGKILL (no exit handler runs) while its tag was paused."""
-    child = start_python(PAUSED_CHILD.format(directory=str(directory)), PYTHONPATH=SUPPORT)
-    assert child.stdout.readline() == "paused\n"
-    child.kill()
-    child.wait()
-    for stream in (child.stdin, child.stdout, child.stderr):
-        stream.close()
-    return child.pid
-
-
-def pids_of(names) -> set[int]:
-    return {int(NAME.fullmatch(name)[1]) for name in names}
-
-
-@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
-def test_files_of_a_killed_process_are_removed_by_the_next_one_choosing_the_directory(disk_dir):
-    disk_dir.mkdir(parents=True)
-    killed = paused_then_killed(disk_dir)
-    assert len(files_in(disk_dir)) == 2 and pids_of(files_in(disk_dir)) == {killed}
-
-    alive = start_python(PAUSED_CHILD.format(directory=str(disk_dir)), PYTHONPATH=SUPPORT)  # set_disk_backup_dir
-    try:
-        assert alive.stdout.readline() == "paused\n"
-        assert len(files_in(disk_dir)) == 2 and pids_of(files_in(disk_dir)) == {alive.pid}
-
-        killed = paused_then_killed(disk_dir)
-        assert pids_of(files_in(disk_dir)) == {alive.pid, killed}
-        # A new process taking the directory from the environment, at its first disk region.
-        result = run_python("""
-            from torch_mem_saver_lite.testing import HostSaver
-            saver = HostSaver()
-            with saver.region("x", enable_disk_backup=True):
-                pass
-        """, TMS_DISK_BACKUP_DIR=str(disk_dir), PYTHONPATH=SUPPORT)
-        assert result.returncode == 0, result.stderr
-        assert "removed 2 disk backup files (6 MiB)" in result.stderr
-        assert len(files_in(disk_dir)) == 2 and pids_of(files_in(disk_dir)) == {alive.pid}  # live: kept
-    finally:
-        alive.stdin.write("\n")
-        alive.stdin.close()
-    assert alive.stdout.readline() == "resumed True\n"
-    assert alive.wait() == 0
-    assert "removed 2 disk backup files (6 MiB)" in alive.stderr.read()
-    alive.stdout.close()
-    alive.stderr.close()
     assert files_in(disk_dir) == {}
 
 
@@ -303,7 +202,7 @@ def test_a_live_process_whose_pid_names_nobody_here_keeps_its_files_and_content(
     # In a pid namespace that sees its parent's /proc (unshare --pid --fork without
     # --mount-proc), a process's own pid names another process, or none, in /proc: its files
     # must survive a cleanup by any other process all the same.
-    owner = start_python(PAUSED_CHILD.format(directory=str(disk_dir)), PYTHONPATH=SUPPORT)
+    owner = start_python(prelude(body=PAUSED_CHILD.format(directory=str(disk_dir))))
     renamed = {}
     try:
         assert owner.stdout.readline() == "paused\n", owner.stderr.read()
@@ -317,7 +216,7 @@ def test_a_live_process_whose_pid_names_nobody_here_keeps_its_files_and_content(
         cleaner = run_python(f"""
             from torch_mem_saver_lite.testing import HostSaver
             HostSaver().set_disk_backup_dir({str(disk_dir)!r})
-        """, PYTHONPATH=SUPPORT)
+        """)
         assert cleaner.returncode == 0, cleaner.stderr
         assert len(files_in(disk_dir)) == 2, cleaner.stderr
     finally:
@@ -349,11 +248,8 @@ def test_a_failed_read_keeps_the_tag_paused_and_says_so(host_saver, mem, disk_di
 
 def test_a_full_disk_fails_the_pause_with_the_region_resident_and_intact(disk_dir):
     # RLIMIT_FSIZE makes the kernel refuse the file's space exactly as a full disk would.
-    result = run_python(f"""
-        import resource, signal, os
-        from host_memory import HostMemory, resident_pages
-        from torch_mem_saver_lite import MemorySaverError
-        from torch_mem_saver_lite.testing import HostSaver
+    result = run_python(prelude("import resource", "from host_memory import resident_pages",
+                                "from torch_mem_saver_lite import MemorySaverError", body=f"""
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         saver, mem = HostSaver(), HostMemory()
         saver.set_disk_backup_dir({str(disk_dir)!r})
@@ -371,7 +267,7 @@ def test_a_full_disk_fails_the_pause_with_the_region_resident_and_intact(disk_di
                if os.path.exists(f"/proc/self/fd/{{fd}}")]
         print("files", os.listdir({str(disk_dir)!r}), [t for t in fds if t.startswith({str(disk_dir)!r})])
         saver.close()
-    """, PYTHONPATH=SUPPORT)
+    """))
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith("refused: disk backup of tag 'kv' (18 MiB)") and "stays resident" in lines[0]
@@ -485,32 +381,6 @@ def test_a_failed_copy_back_keeps_the_tag_paused_with_its_files(host_saver, mem,
     assert mem.read(ptr, 4 * MiB) == pattern(4 * MiB, 7) and files_in(disk_dir) == {}
 
 
-def test_a_sigkill_leaves_nothing_the_next_process_cannot_clean(disk_dir):
-    """kill -9 in the middle of writing: the next process choosing the directory removes
-    whatever the killed one left, however far it got."""
-    disk_dir.mkdir(parents=True)
-    child = start_python(f"""
-        import sys
-        from host_memory import HostMemory
-        from torch_mem_saver_lite.testing import HostSaver
-        saver, mem = HostSaver(), HostMemory()
-        saver.set_disk_backup_dir({str(disk_dir)!r})
-        with saver.region("kv", enable_disk_backup=True):
-            [mem.malloc(2 << 20) for _ in range(64)]
-        saver.pause("kv")
-        print("paused", flush=True)
-        while True:
-            saver.resume("kv"); saver.pause("kv")
-    """, PYTHONPATH=SUPPORT)
-    assert child.stdout.readline() == "paused\n"
-    os.kill(child.pid, signal.SIGKILL)
-    child.wait()
-    for stream in (child.stdin, child.stdout, child.stderr):
-        stream.close()
-    HostSaver().set_disk_backup_dir(disk_dir)
-    assert files_in(disk_dir) == {}
-
-
 def takes_o_direct(directory: Path) -> bool:
     probe = directory / "probe"
     try:
@@ -545,10 +415,7 @@ def test_a_directory_that_cannot_be_looked_at_is_a_clear_error_and_spoils_nothin
         HostSaver().set_disk_backup_dir(unusable)
     # From the environment: the host-memory report says what is wrong, and tags without disk
     # backup pause and resume as ever.
-    result = run_python("""
-        from host_memory import HostMemory
-        from torch_mem_saver_lite import saver
-        from torch_mem_saver_lite.testing import HostSaver
+    result = run_python(prelude("from torch_mem_saver_lite import saver", body="""
         report = saver.host_memory()
         print(repr(report.error), report.disk_tier == "", report.disk_tier_problem)
         host, mem = HostSaver(), HostMemory()
@@ -558,7 +425,7 @@ def test_a_directory_that_cannot_be_looked_at_is_a_clear_error_and_spoils_nothin
         host.pause("kv")
         host.resume("kv")
         print(mem.read(ptr, 7))
-    """, TMSL_DISK_BACKUP_DIR=unusable, PYTHONPATH=SUPPORT)
+    """), TMSL_DISK_BACKUP_DIR=unusable)
     assert result.returncode == 0, result.stderr
     first, second = result.stdout.splitlines()
     assert first == (f"'' True TMSL_DISK_BACKUP_DIR: the disk backup directory {unusable!r} cannot be used: "
@@ -585,11 +452,7 @@ def bind_mounted(disk_dir):
 
 def test_a_directory_gone_read_only_fails_the_pause_clearly_and_loses_nothing(bind_mounted):
     directory = bind_mounted
-    result = run_python(f"""
-        import subprocess
-        from host_memory import HostMemory
-        from torch_mem_saver_lite import MemorySaverError
-        from torch_mem_saver_lite.testing import HostSaver
+    result = run_python(prelude("import subprocess", "from torch_mem_saver_lite import MemorySaverError", body=f"""
         saver, mem = HostSaver(), HostMemory()
         saver.set_disk_backup_dir({str(directory)!r})
         with saver.region("kv", enable_disk_backup=True):
@@ -602,7 +465,7 @@ def test_a_directory_gone_read_only_fails_the_pause_clearly_and_loses_nothing(bi
         except MemorySaverError as error:
             print("refused:", error)
         print(saver.stats()["kv"].paused, mem.read(ptr, 7))
-    """, PYTHONPATH=SUPPORT)
+    """))
     assert result.returncode == 0, result.stderr
     refusal, state = result.stdout.splitlines()
     assert refusal.startswith(f"refused: disk backup of tag 'kv' (2 MiB) to {str(directory)!r} failed: "

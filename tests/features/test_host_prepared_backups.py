@@ -6,7 +6,6 @@ aside, the pause takes itself; nothing is ever lost."""
 from __future__ import annotations
 
 import os
-import textwrap
 import time
 
 import pytest
@@ -61,8 +60,7 @@ def test_the_first_pause_uses_the_memory_set_aside_and_needs_no_more():
     # With the address space capped just above what the process uses, a pause that had to
     # map its own host memory fails (test_host_backup_memory's out-of-memory test); with the
     # memory set aside at the region's end, the same pause succeeds and keeps every byte.
-    code = prelude("import resource") + textwrap.dedent(
-        """
+    code = prelude("import resource", body="""
         mem, saver = HostMemory(), HostSaver()
         saver.host_cache_bytes = 128 << 20
         with saver.region("weights", enable_cpu_backup=True):
@@ -81,8 +79,7 @@ def test_the_first_pause_uses_the_memory_set_aside_and_needs_no_more():
         print("paused", s.resident_bytes, s.paused_bytes, s.host_backup_bytes)
         saver.resume("weights")
         print("content", [mem.read(p, 32 << 20) for p in ptrs] == contents)
-        """
-    )
+        """)
     result = run_python(code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [f"paused 0 {64 * MiB} {64 * MiB}", "content True"]

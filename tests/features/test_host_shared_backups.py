@@ -2,7 +2,8 @@
 content hold it once between them, in the node's store beside the ledger, decided from
 fingerprints before any copy (processes pausing at once copy each chunk once between them);
 each gets its own content back bit for bit, whatever another does meanwhile (resume, free,
-change its content and pause again, or die with SIGKILL); a resume keeps its chunks, so the
+change its content and pause again; a holder that forks or dies with SIGKILL:
+tests/robustness/test_host_shared_backups_fork_and_kill.py); a resume keeps its chunks, so the
 next pause of the same bytes copies nothing and takes no memory; nothing is left in the store
 once nobody holds it. Each test runs its processes on a ledger (and so a store) of its own."""
 
@@ -10,13 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
-import select
-import shutil
-import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,160 +20,25 @@ from pathlib import Path
 import pytest
 from environment_child import neighbour
 
+import shared_backups
 from children import prelude, run_python, start_python
 from patterns import pattern
+from shared_backups import (
+    CHILD,
+    ask,
+    finish,
+    line_of,
+    node_figures,
+    paused_children,
+    start,
+    store_bytes,
+    store_drains,
+    told,
+    why,
+)
 
 MiB = 1 << 20
-
-# A child: two 96 MiB backed-up allocations with content A and B (the same in every child),
-# paused; it says so, then runs the commands it is sent, one per line.
-CHILD = prelude("from host_memory import rss_anon_bytes", "from patterns import pattern") + """
-if os.environ.get("NOFILE_LIMIT"):  # a process started under a low `ulimit -n`
-    import resource
-    resource.setrlimit(resource.RLIMIT_NOFILE, (int(os.environ["NOFILE_LIMIT"]),) * 2)
-import json, warnings
-told = []  # the warnings this process was given, for the "told" command
-warnings.simplefilter("always")
-warnings.showwarning = lambda message, *rest: told.append(str(message))
-mem, host = HostMemory(), HostSaver()
-host.host_cache_bytes = 512 * MiB  # room to keep or set aside the 192 MiB, whatever the machine's memory
-if os.environ.get("PATIENCE_FOR_REPLICAS"):  # seconds a changed pause waits for the other holders to pause
-    host.set_patience_for_replicas(float(os.environ["PATIENCE_FOR_REPLICAS"]))
-if os.environ.get("NO_READ_ONLY_PAGE_LOCKING"):  # a driver that cannot page-lock read-only memory
-    host.inject_fault("register_host_read_only", 1, 1 << 30)
-def content(seed):
-    return pattern(96 * MiB, seed, step=31, modulus=256)
-with host.region("weights", enable_cpu_backup=True):
-    ptrs = [mem.malloc(96 * MiB), mem.malloc(96 * MiB)]
-expected = [content(1), content(2)]
-for ptr, data in zip(ptrs, expected):
-    mem.write(ptr, data)
-before = rss_anon_bytes()
-if os.environ.get("SAY_PAUSING"):
-    print("pausing", flush=True)
-host.pause("weights")
-host.wait_for_released_backups()  # shared in the background
-report = host.host_memory()
-print("paused", (rss_anon_bytes() - before) // MiB, report.held_by_this_process // MiB, flush=True)
-for line in sys.stdin:
-    command = line.split()
-    if command[0] == "resume":
-        host.resume("weights")
-        print("content", all(mem.read(p, 96 * MiB) == d for p, d in zip(ptrs, expected)), flush=True)
-    elif command[0] == "try":  # a resume that may be refused: what it raised, on one line
-        try:
-            host.resume("weights")
-            print("content", all(mem.read(p, 96 * MiB) == d for p, d in zip(ptrs, expected)), flush=True)
-        except Exception as error:
-            print("refused", host.stats()["weights"].paused, type(error).__name__, str(error).replace("\\n", " "),
-                  flush=True)
-    elif command[0] == "nocache":  # a host cache of no bytes: nothing kept after a resume
-        host.host_cache_bytes = 0
-        print("no cache", flush=True)
-    elif command[0] == "pause":  # resident, the same content: paused again
-        host.pause("weights")
-        print("paused again", flush=True)
-    elif command[0] == "change":  # resident: new content in the first allocation, then pause
-        expected[0] = content(7)
-        mem.write(ptrs[0], expected[0])
-        host.pause("weights")
-        host.wait_for_released_backups()
-        print("paused again", flush=True)
-    elif command[0] == "held":  # what this process holds in the budget once the background is done
-        host.wait_for_released_backups()
-        print("held", host.host_memory().held_by_this_process // MiB, flush=True)
-    elif command[0] == "free":  # while paused
-        mem.free(ptrs.pop(0))
-        expected.pop(0)
-        print("freed", flush=True)
-    elif command[0] == "lease":  # the first backup, zero-copy, then written to
-        import ctypes, torch
-        view = torch.frombuffer((ctypes.c_uint8 * (96 * MiB)).from_address(ptrs[0]), dtype=torch.uint8)
-        backup = host.get_cpu_backup(view, zero_copy=True)
-        same = backup.numpy().tobytes() == expected[0]
-        backup[:4096] = 0  # a lease is the caller's to write: never the other processes' copy
-        print("leased", same, flush=True)
-    elif command[0] == "read":  # the first backup, zero-copy, held (as a weight sync reads it)
-        import ctypes, torch
-        view = torch.frombuffer((ctypes.c_uint8 * (96 * MiB)).from_address(ptrs[0]), dtype=torch.uint8)
-        anon = rss_anon_bytes()
-        held_lease = host.get_cpu_backup(view, zero_copy=True)
-        same = held_lease.numpy().tobytes() == expected[0]
-        held = host.host_memory().held_by_this_process
-        print("read", same, (rss_anon_bytes() - anon) // MiB, held // MiB, flush=True)
-    elif command[0] == "drop":  # the lease "read" took let go of
-        del held_lease
-        print("dropped", flush=True)
-    elif command[0] == "fork":  # a child that lives on (a data-loader worker, say)
-        import time
-        pid = os.fork()
-        if pid == 0:
-            time.sleep(60)
-            os._exit(0)
-        print("forked", pid, flush=True)
-    elif command[0] == "sharing":  # whether its backups are shared, and if not why
-        report = host.host_memory()
-        print("sharing", report.backups_shared, report.sharing_off_reason, flush=True)
-    elif command[0] == "told":  # the warnings given so far, as JSON
-        print("told", json.dumps(told), flush=True)
-    elif command[0] == "exit":
-        break
-"""
-
-
-@pytest.fixture
-def ledger(monkeypatch) -> Iterator[Path]:
-    """A ledger (and store) of the test's own, in memory: the store must be on tmpfs."""
-    directory = Path(tempfile.mkdtemp(prefix="tmsl-test-", dir="/dev/shm"))
-    path = directory / "host-memory.ledger"
-    monkeypatch.setenv("TMSL_HOST_LEDGER", str(path))
-    monkeypatch.setenv("TMSL_SHARE_BACKUPS", "1")
-    monkeypatch.delenv("TMSL_HOST_MEMORY_BUDGET", raising=False)
-    yield path
-    shutil.rmtree(directory, ignore_errors=True)
-
-
-def start(**env: str) -> subprocess.Popen:
-    return start_python(CHILD, **env)
-
-
-def line_of(child: subprocess.Popen, timeout: float = 300) -> str:
-    """The child's next line; a child that hangs fails the test instead of hanging it."""
-    ready, _, _ = select.select([child.stdout], [], [], timeout)
-    assert ready, f"no answer in {timeout} s"
-    return child.stdout.readline().strip()
-
-
-def ask(child: subprocess.Popen, command: str, timeout: float = 300) -> str:
-    child.stdin.write(command + "\n")
-    child.stdin.flush()
-    return line_of(child, timeout)
-
-
-def store_bytes(ledger: Path) -> int:
-    """The bytes of the store's chunks (not its 4 KiB key, nor claims: names with a dot)."""
-    store = Path(str(ledger) + ".store")
-    if not store.exists():
-        return 0
-    return sum(f.stat().st_size for f in store.iterdir() if not f.name.startswith(".") and f.exists())
-
-
-def store_drains(ledger: Path) -> bool:
-    """Whether the store empties: a resume or a free lets its shared copies go in the
-    background, once the foreground is quiet (foreground_gate.h), not before it returns."""
-    deadline = time.monotonic() + 60
-    while store_bytes(ledger) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return store_bytes(ledger) == 0
-
-
-def node_figures(**env: str) -> list[int]:
-    """The node's shared bytes and what its processes hold, as a new process sees them."""
-    code = "from torch_mem_saver_lite import saver; r = saver.host_memory(); " \
-           "print(r.shared_bytes, r.held_by_this_process + r.held_by_others)"
-    result = run_python(code, timeout=60, **env)
-    assert result.returncode == 0, result.stderr
-    return [int(x) for x in result.stdout.split()]
+ledger = shared_backups.ledger  # the fixture: a ledger and store of the test's own
 
 
 def sharers(**env: str) -> list[tuple[int, int, int]]:
@@ -187,27 +48,6 @@ def sharers(**env: str) -> list[tuple[int, int, int]]:
     result = run_python(code, timeout=60, **env)
     assert result.returncode == 0, result.stderr
     return sorted(eval(result.stdout))  # a list of int tuples, printed by Python
-
-
-def paused_children(count: int, **env: str) -> list[subprocess.Popen]:
-    """Children started and paused (each says so before this returns)."""
-    children = [start(**env) for _ in range(count)]
-    for child in children:
-        assert line_of(child).startswith("paused"), child.stderr.read()
-    return children
-
-
-def finish(children: list[subprocess.Popen]) -> None:
-    """Ends the children: asked to exit, killed where one hangs (a failed test leaves none behind)."""
-    for child in children:
-        if child.poll() is None:
-            try:
-                child.stdin.write("exit\n")
-                child.stdin.flush()
-                child.communicate(timeout=60)
-            except (OSError, subprocess.TimeoutExpired):
-                child.kill()
-                child.communicate()
 
 
 @pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
@@ -402,26 +242,6 @@ def test_a_process_that_frees_or_changes_its_content_leaves_the_others_backups_i
 
 
 @pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
-def test_holders_killed_with_sigkill_leave_nothing_in_the_store_once_nobody_holds_it(ledger):
-    children = paused_children(3)
-    try:
-        children[0].send_signal(signal.SIGKILL)
-        children[0].wait()
-        assert ask(children[1], "resume") == "content True"  # the killed one's hold did not matter
-        assert ask(children[1], "held") == "held 0"  # its chunks kept, nothing set aside
-        assert store_bytes(ledger) == 192 * MiB  # held by the second and the third
-        for child in children[1:]:
-            child.send_signal(signal.SIGKILL)
-            child.wait()
-        assert store_bytes(ledger) == 192 * MiB  # nobody holds it, nobody has looked yet
-        # A process opening the ledger removes what nobody holds; nobody holds a share either.
-        assert node_figures() == [0, 0]
-        assert store_drains(ledger)
-    finally:
-        finish(children)
-
-
-@pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_sharing_is_on_by_default_where_another_process_uses_the_library_and_off_alone_or_at_0(ledger, monkeypatch):
     # Alone on the node, nobody could share a chunk and the store's memory would cost: a
     # private copy, and host_memory() says why. With another process of the node there (even
@@ -605,13 +425,6 @@ def test_a_store_directory_others_may_write_is_never_trusted(ledger):
         finish([child])
 
 
-def told(child: subprocess.Popen) -> list[str]:
-    """The warnings the child was given so far."""
-    answer = ask(child, "told")
-    assert answer.startswith("told "), answer + why(child)
-    return json.loads(answer[len("told "):])
-
-
 def changed(path: Path, how: str) -> None:
     """The file (or directory) made as another user, or a careless chmod, could leave it."""
     if how == "owned_by_another_user":
@@ -681,25 +494,6 @@ def test_chunks_another_user_may_write_are_refused_with_one_warning(ledger, how)
         finish([first])
 
 
-def test_chunks_are_vouched_for_by_their_holders_once_their_maker_is_gone(ledger):
-    # The process that made the chunks dies; the one that took them holds them still, and a
-    # newcomer of the same PID namespace takes them from the store on its word.
-    children = paused_children(1)  # the maker of every chunk,
-    children += paused_children(1)  # then one that takes them all
-    try:
-        assert ask(children[1], "held") == "held 0"
-        children[0].send_signal(signal.SIGKILL)
-        children[0].wait()
-        newcomer = start()
-        children.append(newcomer)
-        line = line_of(newcomer).split()
-        assert line[0] == "paused" and int(line[2]) == 0, line + [why(newcomer)]  # all of it the store's
-        assert told(newcomer) == []
-        assert ask(newcomer, "resume") == "content True"
-    finally:
-        finish(children)
-
-
 def test_chunks_made_in_another_pid_namespace_are_refused_with_one_warning(ledger):
     # A process of another PID namespace (a container sharing /dev/shm as this user) makes the
     # chunks; nothing in this namespace can vouch for their bytes.
@@ -729,36 +523,6 @@ def test_a_process_exiting_while_paused_leaves_nothing_it_held_alone(ledger):
         assert store_drains(ledger)
     finally:
         finish(children)
-
-
-def test_a_forked_child_holds_none_of_the_stores_chunks(ledger):
-    child = start()
-    grandchild = None
-    try:
-        assert line_of(child).startswith("paused"), child.stderr.read()
-        grandchild = int(ask(child, "fork").split()[1])
-        store = str(ledger) + ".store"
-
-        def held_by_grandchild() -> list[str]:
-            links = []
-            for fd in os.listdir(f"/proc/{grandchild}/fd"):
-                with contextlib.suppress(OSError):
-                    links.append(os.readlink(f"/proc/{grandchild}/fd/{fd}"))
-            return [link for link in links if link.startswith(store)]
-
-        deadline = time.monotonic() + 60  # its fork handler runs once it is scheduled
-        while held_by_grandchild() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert held_by_grandchild() == []
-        assert ask(child, "resume") == "content True"  # it keeps its chunks after the resume
-        child.stdin.write("exit\n")
-        child.stdin.flush()
-        child.wait(timeout=60)  # (its output stays open in the grandchild: not communicate())
-        assert store_drains(ledger)  # the grandchild, alive, holds none of them
-    finally:
-        if grandchild is not None:
-            os.kill(grandchild, signal.SIGKILL)
-        finish([child])
 
 
 def test_under_a_budget_of_one_processs_bytes_four_pausing_the_same_bytes_at_once_all_pause(ledger, monkeypatch):
@@ -836,97 +600,6 @@ def claim_held_by_another_process(ledger: Path) -> Iterator[None]:
         yield
     finally:
         os.close(claim)
-
-
-# A process that pauses, resumes and changes the same content as the others, in a loop, until
-# it is killed: at any point of a pause (fingerprinting, claiming, copying, naming, waiting for
-# another's chunk), of a resume, or of letting chunks go. Each is forked by one server that has
-# imported everything once (a hundred fresh interpreters importing torch took most of this
-# test's time); nothing of the library is made before the fork, so each victim's saver, node
-# ledger and store are its own, as a fresh process's are. A victim says "ready <pid>".
-VICTIMS = prelude("from patterns import pattern") + """
-signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the victims killed are reaped by the kernel
-def content(seed):
-    return pattern(96 * MiB, seed, step=31, modulus=256)
-def victim():
-    mem, host = HostMemory(), HostSaver()
-    with host.region("weights", enable_cpu_backup=True):
-        ptrs = [mem.malloc(96 * MiB), mem.malloc(96 * MiB)]
-    mem.write(ptrs[1], content(2))
-    print("ready", os.getpid(), flush=True)
-    seed = 1
-    while True:
-        mem.write(ptrs[0], content(seed))
-        host.pause("weights")
-        host.resume("weights")
-        seed = 8 - seed  # 1, 7, 1, ...: the others' content and their changed content in turn
-for line in sys.stdin:  # one victim per line, until the test closes stdin
-    if os.fork() == 0:
-        try:
-            victim()
-        finally:
-            os._exit(1)
-"""
-
-
-def gone(pid: int, timeout: float = 60) -> bool:
-    """Whether the process with this id has ended (and was reaped) within the timeout."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.005)
-    return False
-
-
-@pytest.mark.slow
-def test_processes_killed_at_random_points_leave_the_others_bit_exact_and_nothing_behind(ledger):
-    import random
-
-    rng = random.Random(34)
-    survivors = paused_children(2)
-    paused = [True, True]
-    victims = start_python(VICTIMS)
-    try:
-        for kill in range(100):
-            victims.stdin.write("fork\n")
-            victims.stdin.flush()
-            ready = line_of(victims, 120).split()
-            assert ready[:1] == ["ready"], (ready, victims.poll())
-            victim = int(ready[1])
-            # A survivor resumes (its content checked), or pauses (the same or changed content),
-            # while the victim works and is killed.
-            k = kill % 2
-            command = "resume" if paused[k] else rng.choice(["pause", "change"])
-            survivors[k].stdin.write(command + "\n")
-            survivors[k].stdin.flush()
-            time.sleep(rng.uniform(0, 0.4))
-            os.kill(victim, signal.SIGKILL)
-            assert gone(victim), f"victim {victim} still there after SIGKILL"
-            answer = line_of(survivors[k], 120)
-            assert answer == ("content True" if paused[k] else "paused again"), (kill, answer)
-            paused[k] = not paused[k]
-        for k, survivor in enumerate(survivors):
-            if not paused[k]:
-                assert ask(survivor, "pause") == "paused again"
-            assert ask(survivor, "resume") == "content True"
-    finally:
-        victims.stdin.close()  # the server's loop ends
-        try:
-            victims.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            victims.kill()
-            victims.wait()
-        victims.stdout.close()
-        victims.stderr.close()
-        finish(survivors)
-    # Nothing left once all are gone: a process opening the ledger collects what nobody holds.
-    assert node_figures() == [0, 0]
-    assert store_drains(ledger)
-    store = Path(str(ledger) + ".store")
-    assert sorted(p.name for p in store.iterdir()) == [".key"]  # no chunk, no claim
 
 
 # A process whose backups repeat one chunk (zeros): 192 MiB and 128 MiB of them.
@@ -1119,14 +792,6 @@ for line in sys.stdin:
 
 def start_ahead(**env: str) -> subprocess.Popen:
     return start_python(AHEAD_CHILD, **env)
-
-
-def why(child: subprocess.Popen) -> str:
-    """What the child wrote to stderr, for a failed assertion (ended first: a live child's
-    stderr never ends)."""
-    if child.poll() is None:
-        child.kill()
-    return child.stderr.read()
 
 
 @pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's

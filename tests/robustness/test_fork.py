@@ -90,7 +90,7 @@ def test_a_forked_child_holds_none_of_the_parents_backups_or_host_cache():
     # The node's ledger counts the parent's backups and host cache once: a child that kept
     # their pages (copy-on-write, but resident and counted in its RSS) would hold them again.
     code = prelude("import warnings", 'warnings.simplefilter("ignore", DeprecationWarning)',
-                   "from torch_mem_saver_lite import saver") + textwrap.dedent("""
+                   "from torch_mem_saver_lite import saver", body="""
         mem, s = HostMemory(), HostSaver()
         s.host_cache_bytes = 256 * MiB
         for tag in ("paused", "cached"):
@@ -122,7 +122,7 @@ def test_a_forked_child_holds_none_of_the_parents_backups_or_host_cache():
 
 
 def test_a_fork_before_any_saver_exists_is_an_ordinary_process():
-    code = prelude("from torch_mem_saver_lite import _lib") + textwrap.dedent("""
+    code = prelude("from torch_mem_saver_lite import _lib", body="""
         _lib.lib()  # the library is loaded, but no saver exists yet
         pid = os.fork()
         if pid == 0:
@@ -143,7 +143,7 @@ def test_a_child_forked_while_another_thread_holds_the_savers_locks_is_refused_n
     # A thread is inside a before_pause hook (the hooks' lock held) when the fork happens:
     # the child inherits that lock held forever, so every call must refuse before taking it.
     code = prelude("import warnings", 'warnings.simplefilter("ignore", DeprecationWarning)',
-                   "from torch_mem_saver_lite import MemorySaverError") + textwrap.dedent("""
+                   "from torch_mem_saver_lite import MemorySaverError", body="""
         mem, s = HostMemory(), HostSaver()
         with s.region("a", enable_cpu_backup=True):
             mem.malloc(1 << 20)

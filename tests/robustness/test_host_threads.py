@@ -1,4 +1,5 @@
-"""Threads allocating and freeing while another thread pauses and resumes a different tag."""
+"""Threads allocating and freeing while another thread pauses and resumes a different tag, and
+threads pausing and resuming tags with hooks at once."""
 
 from __future__ import annotations
 
@@ -182,3 +183,36 @@ def test_frees_of_other_memory_complete_while_a_long_pause_copies(mem):
         assert all(mem.read(p, 8) == b"\x01" * 8 for p in big)
     finally:
         saver.close()
+
+
+def test_hooks_follow_the_real_transitions_while_threads_pause_and_resume_concurrently(host_saver, mem, two_tags):
+    import threading
+    import time
+
+    seen = {"a": [], "b": []}  # per tag: (hook, memory mapped when it ran)
+    for t in ("a", "b"):
+        host_saver.register_hooks(
+            t, before_pause=lambda t=t: seen[t].append(("pause", not host_saver.stats()[t].paused)),
+            after_resume=lambda t=t: seen[t].append(("resume", not host_saver.stats()[t].paused)))
+    stop, errors = time.monotonic() + 1.5, []
+
+    def worker(k):
+        try:
+            while time.monotonic() < stop:
+                host_saver.pause(["a", "b"][k % 2] if k < 2 else None)
+                host_saver.resume(["a", "b"][k % 2] if k < 2 else None)
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    host_saver.resume()
+    assert errors == []
+    for t, calls in seen.items():
+        assert len(calls) > 10, t
+        assert all(mapped for _, mapped in calls), (t, [c for c in calls if not c[1]][:5])
+        assert [kind for kind, _ in calls] == ["pause", "resume"] * (len(calls) // 2), t  # strictly alternating
+    assert mem.read(two_tags[0], 12) == b"content of a" and mem.read(two_tags[1], 12) == b"content of b"

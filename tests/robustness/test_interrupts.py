@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 from pathlib import Path
 
@@ -93,7 +92,7 @@ def test_interrupting_paused_anywhere_leaves_the_tag_resumed(host_saver, mem):
 
 @pytest.mark.slow  # 30 s or more on 2 cores (fresh processes, sweeps): make test-slow's
 def test_a_real_sigint_during_a_large_pause_leaves_everything_resumable(tmp_path):
-    code = prelude() + textwrap.dedent("""
+    code = prelude(body="""
         mem, s = HostMemory(), HostSaver()
         s.host_cache_bytes = 0
         with s.region("weights", enable_cpu_backup=True):

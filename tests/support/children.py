@@ -15,15 +15,15 @@ from pathlib import Path
 SUPPORT = str(Path(__file__).resolve().parent)
 
 
-def prelude(*lines: str, host: bool = True) -> str:
+def prelude(*lines: str, host: bool = True, body: str = "") -> str:
     """The lines a child's code starts with: the standard modules the tests' children use, this
     folder on sys.path, then (where `host`) HostMemory and HostSaver imported and MiB, then
-    `lines` (more imports, say). Code of its own follows it, dedented."""
+    `lines` (more imports, say); then `body`, the child's own code, dedented."""
     head = ["import os, signal, sys, threading, time", f"sys.path.insert(0, {SUPPORT!r})"]
     if host:
         head += ["from host_memory import HostMemory", "from torch_mem_saver_lite.testing import HostSaver",
                  "MiB = 1 << 20"]
-    return "\n".join([*head, *lines]) + "\n"
+    return "\n".join([*head, *lines]) + "\n" + textwrap.dedent(body)
 
 
 def environment(env: Mapping | None, variables: Mapping[str, str]) -> dict:
