@@ -96,7 +96,7 @@ def test_a_resume_keeps_its_chunks_so_the_next_pause_of_the_same_bytes_takes_no_
 
 
 def store_files(ledger: Path) -> dict[str, int]:
-    """The store's chunks: name -> inode."""
+    """The store's named chunks: name -> inode (the file behind the name)."""
     store = Path(str(ledger) + ".store")
     return {f.name: f.stat().st_ino for f in store.iterdir() if not f.name.startswith(".")}
 
@@ -334,12 +334,6 @@ def test_a_zero_copy_lease_of_a_shared_backup_is_private_and_writable(ledger):
     assert store_drains(ledger)
 
 
-def store_chunks(ledger: Path) -> dict[str, int]:
-    """The store's named chunks: name -> inode (the file behind the name)."""
-    store = Path(str(ledger) + ".store")
-    return {f.name: f.stat().st_ino for f in store.iterdir() if not f.name.startswith(".")}
-
-
 def test_a_lone_processs_lease_takes_its_own_chunks_back_without_a_copy_and_its_next_pause_reuses_them(ledger):
     # The colocated trainer's weight sync: nobody else holds its chunks, so a zero-copy lease
     # makes them its own again by taking their names away (no private copy), and the next
@@ -347,7 +341,7 @@ def test_a_lone_processs_lease_takes_its_own_chunks_back_without_a_copy_and_its_
     child = start()
     try:
         assert line_of(child).startswith("paused"), child.stderr.read()
-        first = store_chunks(ledger)
+        first = store_files(ledger)
         assert store_bytes(ledger) == 192 * MiB
         read = ask(child, "read").split()
         assert read[:2] == ["read", "True"], read + [child.stderr.read()]
@@ -358,7 +352,7 @@ def test_a_lone_processs_lease_takes_its_own_chunks_back_without_a_copy_and_its_
         assert ask(child, "drop") == "dropped"
         assert ask(child, "resume") == "content True"
         assert ask(child, "change") == "paused again"
-        again = store_chunks(ledger)
+        again = store_files(ledger)
         assert store_bytes(ledger) == 192 * MiB
         assert sorted(again.values()) == sorted(first.values())  # the same files, new bytes in two of them
         assert again != first  # (renamed by their new content)
