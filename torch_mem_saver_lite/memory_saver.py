@@ -277,10 +277,7 @@ class MemorySaver:
         """
         choice = self._region_choice(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
         disk = choice == _lib.CHOICE_DISK
-        tag_options = dict(verify_wake=verify_wake, stray_access=stray_access, soft_pause=soft_pause)
-        for name, value in tag_options.items():  # checked before anything changes
-            if value is not None:
-                options.check(name, value)
+        tag_options = options.tag_texts(dict(verify_wake=verify_wake, stray_access=stray_access, soft_pause=soft_pause))
         native = self._enter()
         check_tag(tag)
         if disk:

@@ -115,9 +115,13 @@ class SaverOption(Generic[T]):
         saver._options.set(self.name, value)
 
 
-def set_tag_options(native: _lib.NativeSaver, tag: str, values: Mapping[str, object]) -> None:
-    """A region's own values for its tag (options of the tag scope; None: not given), each
-    checked first, so a bad one changes none."""
-    texts = {name: check(name, value) for name, value in values.items() if value is not None}
+def tag_texts(values: Mapping[str, object]) -> dict[str, str]:
+    """A region's own values for its tag (options of the tag scope; None: not given) as the
+    texts the core takes, each checked (TypeError/ValueError naming it) before any is set."""
+    return {name: check(name, value) for name, value in values.items() if value is not None}
+
+
+def set_tag_options(native: _lib.NativeSaver, tag: str, texts: Mapping[str, str]) -> None:
+    """Sets the tag's own values (``tag_texts``) on the core."""
     for name, text in texts.items():
         native.set_option(name, text, tag=tag)

@@ -369,34 +369,6 @@ Status process_option(const OptionRow& row, std::string* out) {
   return Status::Ok();
 }
 
-// A tag's own value ("" where it follows the saver's).
-Status tag_option(const Saver& saver, const std::string& tag, const OptionRow& row, std::string* out) {
-  if (!(row.scopes & kTagScope)) {
-    return Status::Error(Code::kInvalidArgument, std::string("option '") + row.name + "' is not a tag's");
-  }
-  TagInfo info;
-  if (!saver.tag_info(tag, &info)) {
-    return Status::Error(Code::kInvalidArgument, "unknown tag '" + tag + "': no region has used it");
-  }
-  switch (row.id) {
-    case Option::kVerifyWake:
-      *out = info.verifies_wakes ? "1" : "0";
-      break;
-    case Option::kCachesBackups:
-      *out = info.caches_backups ? "1" : "0";
-      break;
-    case Option::kStrayAccess:
-      *out = info.stray_mode < 0 ? "" : format_option(row, info.stray_mode);
-      break;
-    case Option::kSoftPause:
-      *out = info.soft_pause < 0 ? "" : std::to_string(info.soft_pause);
-      break;
-    default:
-      *out = "";
-  }
-  return Status::Ok();
-}
-
 Status named_option(const char* name, const OptionRow** row) {
   Status s = require(name != nullptr, "name must not be NULL");
   return s.ok() ? find_option(name, row) : s;
@@ -439,7 +411,7 @@ TMSL_API int tmsl_get_option(void* handle, const char* tag, const char* name, ch
     } else {
       SaverRef saver;
       s = live_saver(handle, &saver);
-      if (s.ok()) s = tag != nullptr ? tag_option(*saver, tag, *row, &text) : saver->option(*row, &text);
+      if (s.ok()) s = tag != nullptr ? saver->tag_option(tag, *row, &text) : saver->option(*row, &text);
     }
     return s.ok() ? copy_out(text, out, capacity) : s;
   });

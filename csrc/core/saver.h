@@ -134,6 +134,8 @@ class Saver {
   // back to the saver's (stray_access, soft_pause; verify_wake and caches_backups go back to
   // their defaults). Enters the tag if new. Its TagInfo field holds it.
   Status set_tag_option(const std::string& tag, const OptionRow& row, const std::string& text);
+  // The tag's own value of such an option as text ("" where it follows the saver's).
+  Status tag_option(const std::string& tag, const OptionRow& row, std::string* out) const;
   // The stray writes seen in the tag's memory since last asked, where it is awake (0 while
   // paused: they are told at its resume), and the StrayMode its last pause began with.
   Status take_stray_writes(const std::string& tag, size_t* count, StrayMode* mode);

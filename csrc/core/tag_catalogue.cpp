@@ -114,6 +114,31 @@ Status Saver::set_tag_option(const std::string& tag, const OptionRow& row, const
   });
 }
 
+Status Saver::tag_option(const std::string& tag, const OptionRow& row, std::string* out) const {
+  if (!(row.scopes & kTagScope)) {
+    return Status::Error(Code::kInvalidArgument, std::string("option '") + row.name + "' is not a tag's");
+  }
+  TagInfo info;
+  if (!tag_info(tag, &info)) return Status::Error(Code::kInvalidArgument, "unknown tag '" + tag + "': no region has used it");
+  switch (row.id) {
+    case Option::kVerifyWake:
+      *out = info.verifies_wakes ? "1" : "0";
+      break;
+    case Option::kCachesBackups:
+      *out = info.caches_backups ? "1" : "0";
+      break;
+    case Option::kStrayAccess:
+      *out = info.stray_mode < 0 ? "" : format_option(row, static_cast<uint64_t>(info.stray_mode));
+      break;
+    case Option::kSoftPause:
+      *out = info.soft_pause < 0 ? "" : std::to_string(info.soft_pause);
+      break;
+    default:
+      *out = "";
+  }
+  return Status::Ok();
+}
+
 Status Saver::set_option(const OptionRow& row, const std::string& text) {
   if (!(row.scopes & kSaverScope)) {
     return Status::Error(Code::kInvalidArgument, std::string("option '") + row.name + "' is not a saver's");

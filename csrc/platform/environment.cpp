@@ -18,11 +18,6 @@ std::string trimmed(const std::string& text) {
   return text.substr(first, text.find_last_not_of(" \t\n\r") - first + 1);
 }
 
-std::string lower(std::string text) {
-  for (char& c : text) c = (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
-  return text;
-}
-
 // A variable's value, trimmed; "" when unset or empty.
 std::string value_of(const char* name) {
   const char* value = getenv(name);

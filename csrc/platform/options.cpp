@@ -16,12 +16,24 @@ static_assert(sizeof(kRows) / sizeof(kRows[0]) == kOptionCount, "one row per opt
 
 const char* const kStrayNames[] = {"off", "warn", "raise"};  // StrayMode's order
 
+// Each kind's name (tmsl_options) and what its values must be (the errors), in OptionKind's order.
+struct KindText {
+  const char* name;
+  const char* takes;
+};
+constexpr KindText kKinds[] = {
+    {"flag", "0, 1, false or true"},
+    {"size", "a size in bytes: a whole number, optionally followed by K, M, G or T (powers of 1024)"},
+    {"stray", "one of off, warn, raise"},
+    {"path", "a path"},
+};
+
+}  // namespace
+
 std::string lower(std::string text) {
   for (char& c : text) c = (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
   return text;
 }
-
-}  // namespace
 
 bool parse_flag(const std::string& text, bool* out) {
   const std::string word = lower(text);
@@ -61,19 +73,7 @@ bool parse_size(const std::string& text, size_t* out) {
   return true;
 }
 
-std::string option_takes(OptionKind kind) {
-  switch (kind) {
-    case OptionKind::kFlag:
-      return "0, 1, false or true";
-    case OptionKind::kSize:
-      return "a size in bytes: a whole number, optionally followed by K, M, G or T (powers of 1024)";
-    case OptionKind::kStray:
-      return "one of off, warn, raise";
-    case OptionKind::kPath:
-      return "a path";
-  }
-  return "";
-}
+std::string option_takes(OptionKind kind) { return kKinds[static_cast<size_t>(kind)].takes; }
 
 namespace {
 
@@ -102,19 +102,7 @@ Status find_option(const std::string& name, const OptionRow** out) {
   return Status::Error(Code::kInvalidArgument, "no option named '" + name + "'; the options are " + names);
 }
 
-const char* option_kind_name(OptionKind kind) {
-  switch (kind) {
-    case OptionKind::kFlag:
-      return "flag";
-    case OptionKind::kSize:
-      return "size";
-    case OptionKind::kStray:
-      return "stray";
-    case OptionKind::kPath:
-      return "path";
-  }
-  return "";
-}
+const char* option_kind_name(OptionKind kind) { return kKinds[static_cast<size_t>(kind)].name; }
 
 std::string option_table_text() {
   std::string text;

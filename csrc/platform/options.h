@@ -70,6 +70,8 @@ struct OptionRow {
 
 // The grammar of environment.h, one function per form (false: not of that form), for the
 // environment's variables and the options' values alike.
+// ASCII letters in lower case (the grammar takes names in any case).
+std::string lower(std::string text);
 bool parse_flag(const std::string& text, bool* out);
 bool parse_whole_number(const std::string& text, size_t* out);
 bool parse_size(const std::string& text, size_t* out);
