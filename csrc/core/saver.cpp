@@ -455,7 +455,7 @@ Status Saver::queue_backups(std::vector<Allocation*>* batch_in, std::vector<Host
     const bool stored = copy && copy.arena->is_content();
     if (a.backup && !a.soft.pauses && content_addressed(a, key) && (store_now || stored)) {
       // (A private copy it kept goes at settle: the store's chunks replace it.)
-      Status s = content_copy(a, *key, &copy, &(*backups)[i], &a.wake.fingerprints, others_by);
+      Status s = content_copy(a, *key, &copy, &(*backups)[i], &a.wake.fingerprints, others_by, true, copies);
       if (!s.ok() && s.code != Code::kUnsupported) return s;
       if (s.ok()) r.tier = Tier::kContent;
       const bool verify = options_.flag(Option::kVerifyWake) && a.wake.verify;

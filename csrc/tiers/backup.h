@@ -166,6 +166,19 @@ class HostArena {
   // chunk cannot be had so (still held by others at `others_by`, or the store has its new
   // bytes as another file): the caller lets the arena go and copies anew.
   bool recycle(const std::vector<Fingerprint>& content, std::chrono::steady_clock::time_point others_by);
+  // recycle()'s way for one piece of a content arena of the last cycle, while the rest is still
+  // being fingerprinted (`content`: the fingerprints of chunks first, first + 1, ...): each
+  // changed chunk this process alone holds, whose new bytes the store does not have, is taken
+  // back and given its new fingerprint, for the caller to copy into at once; the taken chunks
+  // are returned. *all: whether every changed chunk of the piece was taken; where not (a chunk
+  // replicas hold, the store's bytes, a leased arena), the caller stops here and recycle() takes
+  // what is left (the chunks taken here count as unchanged there). Their copies are the
+  // caller's: writable_parts() leaves them out until publish(); forget() where one could not
+  // be queued.
+  std::vector<size_t> take_in_place(size_t first, const std::vector<Fingerprint>& content, bool* all);
+  // Chunk `index`, taken by take_in_place(), whose copy could not be queued: its bytes are
+  // unknown (no fingerprint matches it any more) and a later recycle() copies it.
+  void forget(size_t index);
   // Until when the maker of pending chunk `index`, retired by recycle(), may still claim its
   // new bytes (a replica pausing a little later): a waiter makes the chunk itself only after.
   std::chrono::steady_clock::time_point maker_expected_until(size_t index);
@@ -210,6 +223,7 @@ class HostArena {
     bool counted = false;     // its bytes given back to the node's budget (the store counts them)
     bool made_here = false;   // its chunk's file was made by this process (open for writing)
     bool retired = false;     // pending, its old chunk still mapped for its maker to rewrite (recycle)
+    bool copy_queued = false; // taken by take_in_place(): its copy is the caller's, queued already
   };
   struct Piece {
     size_t range;

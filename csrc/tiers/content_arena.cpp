@@ -89,6 +89,7 @@ void HostArena::publish() {
   size_t given_back = 0;  // (to the node's ledger once, not once per chunk)
   for (size_t r = 0; r < ranges_.size(); ++r) {
     Range& range = ranges_[r];
+    range.copy_queued = false;  // (its copy has landed: the caller waited for it)
     bool published = false;
     // (Not while a lease lets a user write it: it stays this process's own until then.)
     if (range.new_fd >= 0 && !range.own && live_leases_.load() == 0 &&
@@ -377,6 +378,60 @@ bool HostArena::recycle(const std::vector<Fingerprint>& content, std::chrono::st
   return true;
 }
 
+std::vector<size_t> HostArena::take_in_place(size_t first, const std::vector<Fingerprint>& content, bool* all) {
+  std::lock_guard<std::mutex> lock(mu_);
+  *all = false;
+  std::vector<size_t> taken;
+  if (soft_ || leased_ || content_.size() != ranges_.size() || first + content.size() > ranges_.size()) return taken;
+  // The changed chunks, up to the first that needs recycle()'s way.
+  std::vector<size_t> changed;
+  bool every = true;
+  for (size_t i = 0; i < content.size() && every; ++i) {
+    const size_t r = first + i;
+    if (content[i] == content_[r]) continue;
+    const Range& range = ranges_[r];
+    every = !range.pending && !range.retired && range.claim_fd < 0 && range.size == content[i].bytes;
+    if (every) {
+      // New bytes the store has already: taken from it by recycle()'s caller, not copied.
+      int fd = -1;
+      bool here = false;
+      every = budget_.open_chunk(content[i], &fd, &here).ok() && fd < 0;
+      if (fd >= 0) budget_.release_shared(fd);
+    }
+    if (every) changed.push_back(r);
+  }
+  // Their bytes from the store's count to this process's: from the budget at once (one look
+  // at the node's ledger per piece, as recycle() does for a whole arena).
+  size_t unused = 0;
+  for (size_t r : changed) {
+    const Range& range = ranges_[r];
+    if (range.shared_fd >= 0 && range.made_here && range.counted && reserved_) unused += range.size;
+  }
+  if (unused != 0 && !budget_.reserve(unused).ok()) return taken;
+  for (size_t r : changed) {
+    Range& range = ranges_[r];
+    const bool counted = range.shared_fd >= 0 && range.counted && reserved_;
+    // (Its own already where it is not the store's: unnamed, or private memory.)
+    if (range.shared_fd >= 0 && !take_back(range, counted)) {
+      every = false;  // another process holds it too: recycle()'s way, with the replicas
+      break;
+    }
+    if (counted) unused -= range.size;
+    content_[r] = content[r - first];
+    range.copy_queued = true;
+    taken.push_back(r);
+  }
+  if (unused != 0) budget_.give_back(unused);
+  *all = every;
+  return taken;
+}
+
+void HostArena::forget(size_t index) {
+  std::lock_guard<std::mutex> lock(mu_);
+  content_[index] = Fingerprint{};
+  ranges_[index].copy_queued = false;
+}
+
 std::chrono::steady_clock::time_point HostArena::maker_expected_until(size_t index) {
   std::lock_guard<std::mutex> lock(mu_);
   return ranges_[index].retired ? makers_expected_until_ : std::chrono::steady_clock::time_point{};
@@ -423,7 +478,10 @@ std::vector<std::pair<size_t, size_t>> HostArena::writable_parts(size_t offset, 
   if (filled_) return parts;  // taken again as it is: its bytes are the same
   for (const Range& range : ranges_) {
     // (Not the store's: a new chunk, or private memory in place of one.)
-    if (range.shared_fd >= 0 || range.pending || range.start < offset || range.start + range.size > offset + size) continue;
+    if (range.shared_fd >= 0 || range.pending || range.copy_queued || range.start < offset ||
+        range.start + range.size > offset + size) {
+      continue;
+    }
     parts.emplace_back(range.start - offset, range.size);
   }
   return parts;

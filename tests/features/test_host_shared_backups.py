@@ -167,6 +167,39 @@ def test_replicas_whose_bytes_changed_alike_rewrite_the_chunks_they_share_in_pla
     assert store_drains(ledger)
 
 
+def test_a_changed_copy_partly_its_own_and_partly_shared_copies_its_own_chunks_in_place_and_the_shared_once(ledger):
+    # Replicas whose first chunk is each one's own and whose last is the same, after a weight
+    # update: each takes its own changed chunk back and copies into it as soon as that chunk is
+    # fingerprinted, then rewrites the chunk they share with the other (its maker once both let
+    # go of the old bytes): the same files, renamed after the new bytes, each held once.
+    children = [start(OWN_FIRST_CHUNK=str(seed), PATIENCE_FOR_REPLICAS="120") for seed in (1, 2)]
+    try:
+        for child in children:
+            assert line_of(child).startswith("paused"), why(child)
+        before = store_files(ledger)
+        # Per allocation a first chunk of each child's (64 MiB) and a last one of both's (32 MiB).
+        assert len(before) == 6 and store_bytes(ledger) == (4 * 64 + 2 * 32) * MiB
+        for child in children:
+            assert ask(child, "resume") == "content True"
+        changed_at_once(children)
+        after = store_files(ledger)
+        assert sorted(after.values()) == sorted(before.values()), (before, after)  # the same files
+        assert len(set(after) - set(before)) == 3  # the changed allocation's own two and shared one
+        assert store_bytes(ledger) == (4 * 64 + 2 * 32) * MiB
+        for child in children:
+            assert ask(child, "held") == "held 0"  # no private copy anywhere
+        for child in children:
+            assert ask(child, "resume") == "content True"
+        for child in children:  # unchanged since: taken again as it is
+            assert ask(child, "pause") == "paused again"
+        assert store_files(ledger) == after
+        for child in children:
+            assert ask(child, "resume") == "content True"
+    finally:
+        finish(children)
+    assert store_drains(ledger)
+
+
 def test_a_changed_pause_whose_chunks_another_process_still_needs_makes_new_ones_after_its_patience(ledger):
     # The other holder stays paused (it needs the old bytes): nothing is rewritten under it. The
     # changed pause waits its patience (0.1 s by default), then copies into new chunks; both get

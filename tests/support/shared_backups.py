@@ -20,8 +20,8 @@ from children import prelude, run_python, start_python
 MiB = 1 << 20
 
 
-# A child: two 96 MiB backed-up allocations with content A and B (the same in every child),
-# paused; it says so, then runs the commands it is sent, one per line.
+# A child: two 96 MiB backed-up allocations with content A and B (the same in every child, or
+# with OWN_FIRST_CHUNK only their last 32 MiB), paused; it says so, then runs the commands it is sent, one per line.
 CHILD = prelude("from host_memory import rss_anon_bytes", "from patterns import pattern") + """
 if os.environ.get("NOFILE_LIMIT"):  # a process started under a low `ulimit -n`
     import resource
@@ -36,8 +36,12 @@ if os.environ.get("PATIENCE_FOR_REPLICAS"):  # seconds a changed pause waits for
     host.set_patience_for_replicas(float(os.environ["PATIENCE_FOR_REPLICAS"]))
 if os.environ.get("NO_READ_ONLY_PAGE_LOCKING"):  # a driver that cannot page-lock read-only memory
     host.inject_fault("register_host_read_only", 1, 1 << 30)
+own = os.environ.get("OWN_FIRST_CHUNK")  # a seed: each allocation's first chunk (64 MiB) this child's alone
 def content(seed):
-    return pattern(96 * MiB, seed, step=31, modulus=256)
+    data = pattern(96 * MiB, seed, step=31, modulus=256)
+    if own:  # (the rest, the last 32 MiB, the same in every child)
+        data = pattern(64 * MiB, 1000 * int(own) + seed, step=31, modulus=256) + data[64 * MiB:]
+    return data
 with host.region("weights", enable_cpu_backup=True):
     ptrs = [mem.malloc(96 * MiB), mem.malloc(96 * MiB)]
 expected = [content(1), content(2)]
