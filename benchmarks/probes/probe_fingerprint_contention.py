@@ -1,8 +1,10 @@
 """Does fingerprinting a backup before copying it leave the link idle while several processes
-pause at once? --processes processes each hold --gib GiB on one GPU; at one start, each
-fingerprints its bytes (the library's kernel, as a pause of a shared backup does) and then
-copies them to page-locked host memory, or copies them alone. Per variant: when the last
-fingerprint ended and when the last copy ended, from the common start.
+pause at once, and does fingerprinting beside the copy slow the copy? --processes processes
+each hold --gib GiB on one GPU; at one start, each copies its bytes to page-locked host memory
+alone, or fingerprints them first (the library's kernel, as a pause of a shared backup did),
+or fingerprints them while the copy runs (the kernel on its own stream, as a pause that copies
+while it fingerprints does). Per variant: when the last fingerprint ended and when the last
+copy ended, from the common start.
 
     python benchmarks/probes/probe_fingerprint_contention.py [--processes 4] [--gib 8] [--repeats 3]
 
@@ -22,7 +24,7 @@ WORKER = r"""
 import ctypes, json, sys, time
 import torch
 from torch_mem_saver_lite import _lib, saver
-gib, repeats, fingerprinted = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
+gib, repeats, variant = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 n = int(gib * (1 << 30))
 data = torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda")
 host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
@@ -36,17 +38,20 @@ for _ in range(repeats):
     start = float(sys.stdin.readline())  # a moment of time.time() shortly ahead: the common start
     while time.time() < start:
         pass
-    if fingerprinted:
+    if variant == "before":
         fingerprint()
     printed = time.time()
     host.copy_(data, non_blocking=True)
+    if variant == "beside":
+        fingerprint()
+        printed = time.time()
     torch.cuda.synchronize()
     print(json.dumps([printed - start, time.time() - start]), flush=True)
 """
 
 
-def run(processes: int, gib: float, repeats: int, fingerprinted: bool) -> list[tuple[float, float]]:
-    children = [subprocess.Popen([sys.executable, "-c", WORKER, str(gib), str(repeats), str(int(fingerprinted))],
+def run(processes: int, gib: float, repeats: int, variant: str) -> list[tuple[float, float]]:
+    children = [subprocess.Popen([sys.executable, "-c", WORKER, str(gib), str(repeats), variant],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(processes)]
     rows = []
     for _ in range(repeats):
@@ -73,11 +78,11 @@ def main() -> None:
     print(f"{args.processes} processes x {args.gib:g} GiB, {args.repeats} repeats (median)")
     print("| variant | last fingerprint ended (ms) | last copy ended (ms) |")
     print("| --- | --- | --- |")
-    for fingerprinted in (False, True):
-        rows = run(args.processes, args.gib, args.repeats, fingerprinted)
+    names = {"alone": "copy alone", "before": "fingerprint, then copy", "beside": "copy, fingerprinted beside it"}
+    for variant, name in names.items():
+        rows = run(args.processes, args.gib, args.repeats, variant)
         fp = statistics.median(r[0] for r in rows) * 1e3
         copy = statistics.median(r[1] for r in rows) * 1e3
-        name = "fingerprint, then copy" if fingerprinted else "copy alone"
         print(f"| {name} | {fp:.1f} | {copy:.1f} |")
 
 
