@@ -1,6 +1,7 @@
 // The saver's side of content backups: a pause fingerprints each large backup's memory on its
 // device and takes its copy in chunks of the node's store (tiers/content_copies.cpp), copying
-// only what no process of the node holds yet.
+// only what no process of the node holds yet. A changed copy this process alone holds (its
+// weights after a training step) is copied while it is fingerprinted, piece by piece.
 #include <algorithm>
 
 #include "core/copy_marks.h"
