@@ -1,6 +1,7 @@
-// The one guard every exported function runs its body in: a failed Status or any C++
-// exception becomes the calling thread's last error and a status code, so nothing escapes
-// into the caller's C frames and nothing ends the process.
+// The guard an exported function that returns a status code runs its body in (guarded, or a
+// helper over it: on_saver here, c_api.cpp's on_tags, tms_compat.cpp's on_one_tag): a failed
+// Status or any C++ exception becomes the calling thread's last error and a status code, so
+// nothing escapes into the caller's C frames and nothing ends the process.
 #pragma once
 
 #include <exception>

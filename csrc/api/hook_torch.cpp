@@ -1,6 +1,6 @@
 // torch hook mode: the two functions a torch.cuda.memory.CUDAPluggableAllocator calls.
-// Python creates one torch.cuda.MemPool per (tag, device) on top of them and routes a
-// region's allocations into it; the tag comes from the calling thread's region.
+// Python creates one torch.cuda.MemPool per (tag, device, backup choice) on top of them and
+// routes a region's allocations into it; the tag comes from the calling thread's region.
 #include "api/abi_guard.h"
 #include "api/node_budget.h"
 #include "api/c_api.h"

@@ -1,8 +1,15 @@
-// The only code that puts physical memory behind a reserved address range or takes it
-// away. Everything that maps (allocate, resume) and unmaps (free, pause, rollback,
-// teardown) goes through here, so the order and the error handling are written once: a
-// handle is released only once it is unmapped, and never dropped silently. What cannot be
+// An allocation's device memory put behind its reserved address range and taken away:
+// allocate and resume create and map it here (map_physical); free, pause, rollback and teardown
+// unmap and release it here (Mappings), but for a soft pause's moves (core/soft_pause.cpp).
+//
+// A handle is released only once it is unmapped, and never dropped silently. What cannot be
 // taken down now is an orphan, kept by the saver's Mappings and retried until released.
+//
+// Three other things are mapped at a saver's address ranges, each by its own owner: a soft
+// pause moves an allocation's device memory to a second address and back while its copy is
+// made (core/soft_pause.cpp), the stray catcher maps its scratch over a paused range
+// (core/stray_catcher.h), and a soft pause's host copy is mapped at the paused allocation's
+// address (tiers/soft_arena.cpp). What of these fails to come off becomes an orphan here too.
 #pragma once
 
 #include <algorithm>

@@ -1,6 +1,6 @@
 // The host memory the backup tiers may hold, as an interface handed to them: the node's
 // ledger implements it (node_ledger.h); the api layer picks it where savers are made, so
-// nothing below reaches for a process-wide object. It also stands for the node's store of
+// nothing below reaches for the ledger itself. It also stands for the node's store of
 // shared backups (node_store.h), whose chunks the budget counts once.
 #pragma once
 

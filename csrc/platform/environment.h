@@ -1,5 +1,9 @@
-// The one reader of the TMSL_*/TMS_* variables, for both languages (Python reads the result
-// through tmsl_process_defaults and tmsl_disk_backup_settings), with one grammar per kind:
+// The library's one reader of the TMSL_*/TMS_* variables, for both languages: Python reads what
+// it read through tmsl_process_defaults and tmsl_disk_backup_settings. (Python reads two itself,
+// before or without the library: TMSL_LIBRARY, the library _lib.py loads, and
+// TMSL_ALIAS_TORCH_MEMORY_SAVER, alias_hook.py's switch.)
+//
+// One grammar per kind:
 //   flag         0, 1, false or true, in any case
 //   whole number ASCII digits within the setting's range
 //   size         a whole number of bytes above 0, optionally followed by K, M, G or T

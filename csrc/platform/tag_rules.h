@@ -1,5 +1,6 @@
-// The one rule for tag names, applied by every entry point that takes a tag (the Python
-// side asks it through tmsl_check_tag instead of keeping a copy).
+// The one rule for tag names: the saver's tag catalogue applies it to every tag an allocation
+// names, and the C ABI's regions, pauses, resumes and options check theirs with it before use
+// (the Python side asks it through tmsl_check_tag instead of keeping a copy).
 #pragma once
 
 #include <cstddef>
