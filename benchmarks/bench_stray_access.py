@@ -1,8 +1,9 @@
 """What making stray access harmless costs (``stray_access``): pause and resume of memory
 without a backup with the scratch covering it ("warn", the default) and without ("off", the raw
-behaviour), in the same process, alternating, next to the bare driver calls a pause and resume
-without a backup make for the same bytes (unmap + release; create + map + access: what
-torch_memory_saver's own pause and resume do).
+behaviour), in the same process, alternating.
+
+Beside them, the bare driver calls a pause and resume without a backup make for the same bytes
+(unmap + release; create + map + access: what torch_memory_saver's own pause and resume do).
 
     python benchmarks/bench_stray_access.py [--gib 8] [--cycles 9]
 

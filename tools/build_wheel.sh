@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Build the portable wheel: manylinux_2_28 (glibc >= 2.28, as PyTorch's wheels; `glibc` below is
-# the one source of that figure, tests/contract/test_docs.py holds the docs to it), with no CUDA
-# toolkit and no Docker. The compiler is zig from PyPI, which targets an older glibc than the
+# Build the portable wheel (manylinux, at the glibc floor PyTorch's wheels have), with no CUDA
+# toolkit and no Docker.
+#
+# The floor is `glibc` below, the one source of that figure (tests/contract/test_docs.py holds
+# the docs to it): manylinux_2_28, glibc >= 2.28. The compiler is zig from PyPI, which targets an older glibc than the
 # build machine's and links its C++ runtime statically; cuda.h comes from
 # nvidia-cuda-runtime-cu12 (a build requirement). auditwheel checks and tags the result.
 #   tools/build_wheel.sh [x86_64|aarch64] [output dir, default dist]

@@ -1,7 +1,9 @@
-"""A griffe extension for the API page (mkdocs.yml): the members `TorchMemorySaver` serves
-from `saver` as they are there (compat.py's `_Method(MemorySaver.name)` and `_Setting()`)
-are read as what they are, a pointer to `MemorySaver`'s member, not as attributes with no
-docstring; and `MemorySaver`'s options (options.py's `SaverOption[T](doc)`, one per
+"""A griffe extension for the API page (mkdocs.yml): two kinds of member are read as what
+they are, not as attributes with no docstring.
+
+The members `TorchMemorySaver` serves from `saver` as they are there (compat.py's
+`_Method(MemorySaver.name)` and `_Setting()`) are read as a pointer to `MemorySaver`'s member;
+and `MemorySaver`'s options (options.py's `SaverOption[T](doc)`, one per
 row of the options table) are read with the documentation their descriptor is given."""
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Install a built wheel into a fresh venv, with torch at the lowest version the package
 # declares (pyproject.toml's floor), check its library as shipped (it loads and exports no
-# testing ABI), then run the host tests against that install with the library's testing twin
+# testing ABI), then run the host tests against that install.
+#
+# The host tests (the contract tests and pause/resume) run with the library's testing twin
 # (tools/build_wheel.sh builds it: the same sources and compiler, plus the testing ABI the host
-# tests' HostSaver needs) in the installed library's place: the contract tests and
-# pause/resume.
+# tests' HostSaver needs) in the installed library's place.
 #   tools/test_wheel.sh path/to/torch_mem_saver_lite-*.whl [torch requirement]
 # The floor's torch on PyPI is its CUDA build: about 7 GB installed plus 4 GB of downloads
 # (12 GB asked for, a little to spare).

@@ -1,8 +1,10 @@
 """Pauseable CUDA graphs: ``saver.cuda_graph``'s capture into the tag's pool, and what it
-needs from the process, each done once: every capture tells the saver that the capturing
-thread's region holds graph memory (a patch of ``CUDAGraph.capture_begin``), NCCL's graph
-buffer registration is off (``NCCL_GRAPH_REGISTER=0``), and torch's random generator keeps its
-graph state outside regions (one graph object registered with it and held per device). All are listed in
+needs from the process, each done once.
+
+What it needs: every capture tells the saver that the capturing thread's region holds graph
+memory (a patch of ``CUDAGraph.capture_begin``), NCCL's graph buffer registration is off
+(``NCCL_GRAPH_REGISTER=0``), and torch's random generator keeps its graph state outside regions
+(one graph object registered with it and held per device). All are listed in
 docs/side-effects.md."""
 
 from __future__ import annotations

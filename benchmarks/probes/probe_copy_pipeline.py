@@ -1,4 +1,5 @@
-"""Where a backed-up pause or resume loses time against the link, answered on the GPU machine:
+"""Where a backed-up pause or resume loses time against the link, in six questions answered on
+the GPU machine.
 
 1. one_big resume: creating and mapping 8 GiB, then copying it in, from torch's pinned memory
    or from 64 MiB page-locked ranges (the saver's arena), in one copy or in 64 MiB parts, on

@@ -1,4 +1,6 @@
-"""Two questions about the driver, answered on the GPU machine:
+"""What the driver's calls cost where a saver makes many of them, in five questions answered on
+the GPU machine: many small allocations, page-locking host memory, a first pause's host memory,
+and a pause and resume without backup against the bare driver calls they make.
 
 1. Do several threads speed up creating/mapping many 2 MiB allocations, and how fast do
    4096 x 2 MiB saver allocations (no backup) pause and resume?

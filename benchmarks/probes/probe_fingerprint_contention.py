@@ -1,5 +1,7 @@
 """Does fingerprinting a backup before copying it leave the link idle while several processes
-pause at once, and does fingerprinting beside the copy slow the copy? --processes processes
+pause at once, and does fingerprinting beside the copy slow the copy?
+
+--processes processes
 each hold --gib GiB on one GPU; at one start, each copies its bytes to page-locked host memory
 alone, or fingerprints them first (the library's kernel, as a pause of a shared backup did),
 or fingerprints them while the copy runs (the kernel on its own stream, as a pause that copies

@@ -1,5 +1,6 @@
 """What backing a paused range without a backup (a KV cache) with one small handle costs, on
-the GPU machine (for `stray_access`: a stray touch of paused memory without a backup made harmless):
+the GPU machine (for `stray_access`: a stray touch of paused memory without a backup made
+harmless), in three questions.
 
 1. Mapping one S-byte handle (device memory or CUDA-VMM host memory, HOST_NUMA) again and
    again over an 8 GiB range, then setting access once over the whole range: how long for

@@ -1,6 +1,7 @@
 /* Times cudaMalloc/cudaFree through the preloaded hook against the CUDA runtime's own
  * functions, in one process, for calls the hook only forwards (outside any region).
  * The saver holds live allocations meanwhile, so cudaFree's ownership lookup runs for real.
+ *
  * usage: hook_overhead <path of libcudart> <iterations>   (run with the library in LD_PRELOAD) */
 #include <dlfcn.h>
 #include <stdio.h>

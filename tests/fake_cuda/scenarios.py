@@ -1,4 +1,4 @@
-"""Scenarios for the CUDA backend over the fake driver, one per process:
+"""Scenarios for the CUDA backend over the fake driver, one per process, each run by its name.
 
     TMSL_CUDA_DRIVER_LIBRARY=fake_libcuda.so python scenarios.py NAME
 

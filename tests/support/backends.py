@@ -1,5 +1,6 @@
 """One memory interface over the three places the saver's core runs, so that a feature's
-promises are written once and checked on each (the `backend` fixture in conftest.py):
+promises are written once and checked on each (the `backend` fixture in conftest.py): host,
+stand_in and cuda.
 
 - host: a HostSaver (memfd-backed host memory), in this process;
 - stand_in: the process-wide saver on the CUDA backend over tests/fake_cuda/fake_libcuda.c,
