@@ -5,10 +5,13 @@ and each figure the docs state is the code's, stated once."""
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import inspect
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -164,6 +167,61 @@ def test_each_docs_page_says_what_it_is_for_under_its_title(page):
     lines = [line for line in page.read_text().splitlines() if line.strip()]
     assert lines[0].startswith("# "), f"{page.name} starts without a title"
     assert not lines[1].startswith(("#", "|", "```", "-")), f"{page.name}: a line saying what it is for comes first"
+
+
+@functools.cache
+def architecture_rooms():
+    """tools/architecture_rooms.py, which writes docs/architecture.md's room tables."""
+    spec = importlib.util.spec_from_file_location("architecture_rooms", ROOT / "tools" / "architecture_rooms.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["architecture_rooms"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_architecture_pages_rooms_are_what_the_files_opening_comments_say():
+    rooms = architecture_rooms()
+    found = rooms.problems()
+    assert not found, ("docs/architecture.md's room tables are not what the files say:\n" + "\n".join(found)
+                       + f"\n({rooms.COMMAND} rewrites the tables; a comment that gives no row is fixed in its file)")
+
+
+def test_the_architecture_checker_sees_a_stale_row_a_missing_comment_and_an_unlisted_folder(tmp_path, monkeypatch):
+    rooms = architecture_rooms()
+    core, tools = tmp_path / "csrc" / "core", tmp_path / "tools"
+    core.mkdir(parents=True)
+    tools.mkdir()
+    (core / "a.h").write_text("// What a is for. More about it.\n//\n// Details.\n#pragma once\n")
+    (core / "a.cpp").write_text('#include "core/a.h"\n')
+    (core / "b.cpp").write_text('#include "core/a.h"\n')
+    (tools / "t.py").write_text(f'"""{"A tool. " + "Long words. " * 40}"""\n')
+    page = tmp_path / "page.md"
+    page.write_text("# Page\n\n<!-- rooms:csrc/core begin -->\n<!-- rooms:csrc/core end -->\n")
+    monkeypatch.setattr(rooms, "ROOT", tmp_path)
+    monkeypatch.setattr(rooms, "PAGE", page)
+    found = rooms.problems()
+    assert "csrc/core/b.cpp: no opening comment (say in it what the file is for)" in found
+    assert any(p.startswith("tools/ holds source files") for p in found)
+    before = page.read_text()
+    assert rooms.main(["--write"]) == 1 and page.read_text() == before  # nothing written meanwhile
+    (core / "b.cpp").write_text("// What b is for.\n" + (core / "b.cpp").read_text())
+    page.write_text(page.read_text() + "<!-- rooms:tools begin -->\n<!-- rooms:tools end -->\n")
+    assert [p.split(":")[1] for p in rooms.problems()] == ["csrc/core -->", "tools -->"]  # both tables stale
+    assert rooms.main(["--write"]) == 0 and rooms.problems() == []
+    text = page.read_text()
+    assert "| `a.{h,cpp}` | What a is for. More about it. |" in text  # the header's first paragraph
+    assert "| `b.cpp` | What b is for. |" in text
+    assert "| `t.py` | A tool. |" in text  # a paragraph too long for a row: its first sentence
+    (core / "a.h").write_text("// What a does now.\n#pragma once\n")
+    [stale] = rooms.problems()
+    assert "- | `a.{h,cpp}` | What a is for. More about it. |" in stale
+    assert "+ | `a.{h,cpp}` | What a does now. |" in stale
+
+
+def test_no_table_cell_of_the_architecture_page_is_longer_than_400_characters():
+    long = [(n, len(cell)) for n, line in enumerate((ROOT / "docs" / "architecture.md").read_text().splitlines(), 1)
+            if line.startswith("|") for cell in re.split(r"(?<!\\)\|", line.strip())[1:-1] if len(cell.strip()) > 400]
+    assert not long, f"docs/architecture.md: cells over 400 characters (line, length): {long}"
 
 
 def test_every_test_the_guarantees_name_exists():
