@@ -349,6 +349,11 @@ class CudaBackend final : public Backend {
   Status fingerprint(int device, uintptr_t va, size_t bytes, const FingerprintKey& key, uint64_t* out,
                      const CopyMark* after) override {
     return in_context(device, [&] {
+      // Share-ahead fingerprints from a background thread, maybe while the user captures a graph
+      // in global mode: the key's upload (from pageable memory) and the waits count as unsafe
+      // there and would invalidate that capture. Everything here goes on the fingerprint's own
+      // stream, never a capturing one.
+      RelaxedCapture relaxed(api_);
       std::lock_guard<std::mutex> lock(fingerprint_mu_);  // one device buffer per device
       FingerprintState* state = nullptr;
       Status s = fingerprint_state(device, key, &state);

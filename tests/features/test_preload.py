@@ -166,6 +166,7 @@ def test_gpu_suite_passes_in_preload_mode():
                                 capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
     finally:
         saver.resume(awake)
-    print(result.stdout[-6000:], result.stderr[-3000:])
+    # (A crash's report starts with the test it crashed in: its head is kept too.)
+    print(result.stdout[-6000:], result.stderr[:4000], result.stderr[-3000:] if len(result.stderr) > 4000 else "")
     assert result.returncode == 0
     assert " passed" in result.stdout.splitlines()[-1] and "failed" not in result.stdout.splitlines()[-1]
