@@ -177,7 +177,7 @@ def report(rows: list[dict], limits: dict, cache_bytes: int) -> bool:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gib", type=float, default=8.0, help="bytes per workload, in GiB")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--hook-modes", default="torch,preload")

@@ -69,7 +69,7 @@ def tms_torch_hook(tms_path: str | None) -> str | None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--allocations", type=int, default=256)
     parser.add_argument("--blocks", type=int, default=41, help="blocks per path for the times (median)")
     parser.add_argument("--tms-path", help="a directory holding torch_memory_saver")

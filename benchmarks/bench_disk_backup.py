@@ -92,7 +92,7 @@ def parallel_speed(path: str, nbytes: int, write: bool) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gib", type=float, default=8)
     parser.add_argument("--dir", default=str(ROOT / "build" / "disk-bench"))
     parser.add_argument("--cycles", type=int, default=2)

@@ -80,7 +80,7 @@ def big_pool(suffix: str, graph_backup: bool | None, pool_bytes: int):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cycles", type=int, default=4)
     parser.add_argument("--pool-gib", type=float, default=1.0)
     args = parser.parse_args()

@@ -33,7 +33,7 @@ def libcudart_path() -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iterations", type=int, default=20000)
     args = parser.parse_args()
     if not torch.cuda.is_available():

@@ -44,7 +44,7 @@ def cycle_ms(saver: HostSaver, tag: str) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--counts", default="1,100,10000")
     args = parser.parse_args()
     print(f"{'allocations':>11} {'pause bulk':>11} {'resume bulk':>12} {'pause one':>10} {'resume one':>11}"

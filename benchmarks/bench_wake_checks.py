@@ -31,7 +31,7 @@ def link_ms(device: torch.Tensor) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gib", type=int, default=8)
     parser.add_argument("--cycles", type=int, default=6, help="cycles per setting (the first is left out)")
     args = parser.parse_args()

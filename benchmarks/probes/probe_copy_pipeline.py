@@ -412,7 +412,7 @@ SECTIONS = {"one_big": one_big, "fresh_write": fresh_write, "chunked": chunked, 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default=",".join(SECTIONS))
     args = parser.parse_args()
     torch.cuda.init()

@@ -284,7 +284,7 @@ SECTIONS = {"allocations": allocations, "footprint": footprint, "pinning": pinni
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default=",".join(SECTIONS))
     parser.add_argument("--hook-mode", default="torch", help="preload: run under LD_PRELOAD of the saver's library")
     args = parser.parse_args()

@@ -72,7 +72,7 @@ def run(processes: int, gib: float, repeats: int, variant: str) -> list[tuple[fl
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--gib", type=float, default=8)
     parser.add_argument("--repeats", type=int, default=3)

@@ -70,7 +70,7 @@ def child(variant: str, gib: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gib", type=int, default=16, help="host memory per variant (GiB)")
     parser.add_argument("--repeats", type=int, default=2, help="rounds over the variants")
     parser.add_argument("--variants", default="none,shm64,shm64-unreg,anon,anon64")

@@ -1,4 +1,4 @@
-"""The native library's layout shows its architecture (issue 33): csrc/ drawn from its includes
+"""The native library's layout shows its architecture: csrc/ drawn from its includes
 has no circle and no arrow from a lower layer up (tools/check_layout.py, which also draws the
 graph)."""
 
