@@ -134,8 +134,9 @@ TMSL_API int tmsl_tag_allocations(void* saver, const char* tag, uint64_t* addres
 // what a new saver starts with (the environment's, else the table's default), a tag's
 // default, or the node's (host_memory_budget, the only one set with saver NULL: for every
 // process of the node). tag NULL: the saver's value; a tag: that tag's own (options of the tag
-// scope, from its next pause on; the value "" for stray_access and soft_pause follows the
-// saver's again, and reads back as "" where the tag follows it). Setting a tag enters it.
+// scope, from its next pause on; the value "" takes the tag's own back, so that it follows the
+// saver's value again (stray_access, soft_pause) or the default (verify_wake, caches_backups),
+// and reads back as "" where the tag has none). Setting a tag enters it.
 // tmsl_get_option writes the value and its NUL into out (kInvalidArgument where capacity is
 // too small). tmsl_options: the table, one line per option, "name, kind, scopes, variable,
 // torch_memory_saver's variable, default, default under TMSL_LIKE_TORCH_MEMORY_SAVER"

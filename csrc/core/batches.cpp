@@ -44,7 +44,8 @@ std::string Saver::describe(const std::vector<Allocation*>& batch) {
 HostCopies::Resumed Saver::resumed(const Allocation& a) {
   HostCopies::Resumed r;
   r.va = a.va;
-  r.cacheable = a.choice != BackupChoice::kOnUncached && a.tag_info->caches_backups;
+  r.cacheable = a.choice != BackupChoice::kOnUncached &&
+                a.tag_info->options.value_or(Option::kCachesBackups, option_default(Option::kCachesBackups)) != 0;
   r.uncached = a.choice == BackupChoice::kOnUncached;
   return r;
 }

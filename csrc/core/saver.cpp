@@ -218,7 +218,7 @@ std::vector<Saver::Allocation*> Saver::claim(const TagSelection& selection, Stat
     // allocation's mark says its content is in a file, and stays until it is resident).
     if (!disk_ && from == State::kActive) a.disk.marked = false;
     a.backup = a.backs_up();
-    a.wake.verify = a.tag_info->verifies_wakes;
+    a.wake.verify = checks_wakes_of(*a.tag_info);
     // A resume (and its rollback) keeps to the mode its pause covered the memory by.
     a.stray.catches = from == State::kPaused && a.tag_info->paused_stray_mode >= 0
                            ? a.tag_info->paused_stray_mode != static_cast<int>(StrayMode::kOff)
@@ -458,7 +458,7 @@ Status Saver::queue_backups(std::vector<Allocation*>* batch_in, std::vector<Host
       Status s = content_copy(a, *key, &copy, &(*backups)[i], &a.wake.fingerprints, others_by, true, copies);
       if (!s.ok() && s.code != Code::kUnsupported) return s;
       if (s.ok()) r.tier = Tier::kContent;
-      const bool verify = options_.flag(Option::kVerifyWake) && a.wake.verify;
+      const bool verify = wake_check_on(a);
       if (s.ok() && verify) a.wake.key = key;
       if (!s.ok() || !verify) a.wake.fingerprints.clear();
     }

@@ -68,20 +68,19 @@ struct TagInfo {
   BackupChoice backup = BackupChoice::kAuto;
   bool graph_memory = false;  // a CUDA graph was captured into it
   bool paused = false;        // paused and not resumed since
-  // Whether backups may stay in the host cache after a resume ("pinned"); false ("mmap"):
-  // host memory comes back at every resume unless retain_backups is set.
-  bool caches_backups = true;
   // Wall time of the last successful pause / resume call that released / restored memory of
   // the tag (the whole call, every tag it moved together); negative until there was one.
   double last_pause_seconds = -1;
   double last_resume_seconds = -1;
   WakeCheck last_wake_check = WakeCheck::kNever;
-  bool verifies_wakes = true;  // false: its wakes are not checked (a region's verify_wake=False)
-  int stray_mode = -1;  // a StrayMode its regions chose; -1: the saver's
+  // Its own values of the options of kTagScope (set_tag_option), each read by the feature
+  // that obeys it: whether its wakes are checked, whether its backups may stay in the host cache
+  // after a resume ("pinned"; "mmap": host memory comes back at every resume unless
+  // retain_cpu_backup is set), its stray access mode, whether its pauses are soft.
+  TagOptionValues options;
   // The StrayMode in effect when its last pause began (-1: never paused): what its resume tells
   // the writes found by, as that pause promised, whatever the mode was set to meanwhile.
   int paused_stray_mode = -1;
-  int soft_pause = -1;  // 1 / 0: its regions chose soft pauses or not; -1: the saver's
   // Writes found in the scratch while its memory without a backup was covered: the checks
   // that found some (each counts every tag then covered on the device), by device, and in all
   // since the last take_stray_writes.
@@ -130,11 +129,10 @@ class Saver {
   Status mark_graph_memory(const std::string& tag);
   // The tag's catalogue entry; false when no region or allocation has named it.
   bool tag_info(const std::string& tag, TagInfo* out) const;
-  // A tag's own value of an option of kTagScope (options.h), from its next pause on; "" goes
-  // back to the saver's (stray_access, soft_pause; verify_wake and caches_backups go back to
-  // their defaults). Enters the tag if new. Its TagInfo field holds it.
+  // A tag's own value of an option of kTagScope (options.h), from its next pause on; "" takes
+  // it back (TagOptionValues: the saver's value or the default again). Enters the tag if new.
   Status set_tag_option(const std::string& tag, const OptionRow& row, const std::string& text);
-  // The tag's own value of such an option as text ("" where it follows the saver's).
+  // The tag's own value of such an option as text ("" where it has none).
   Status tag_option(const std::string& tag, const OptionRow& row, std::string* out) const;
   // The stray writes seen in the tag's memory since last asked, where it is awake (0 while
   // paused: they are told at its resume), and the StrayMode its last pause began with.
@@ -278,7 +276,7 @@ class Saver {
     std::vector<Fingerprint> fingerprints;
     const FingerprintKey* key = nullptr;
     bool unchecked = false;  // its pause copied it without fingerprints
-    bool verify = true;  // its tag's verifies_wakes when a pause or resume claimed it
+    bool verify = true;  // whether its tag's wakes are checked, when a pause or resume claimed it (checks_wakes_of)
     size_t checked_chunks = 0;  // of fingerprints, those its resume checked so far
   };
   // The stray catcher (stray_writes.cpp).
@@ -432,9 +430,11 @@ class Saver {
   Status take_wake_fingerprints(const std::vector<Allocation*>& batch, bool* taken);
   // Whether a's resume checks it now: it has fingerprints, and the check is on for the saver
   // and its tag (turned off after the pause: its backup is taken as it is).
-  bool checks_wake(const Allocation& a) const {
-    return !a.wake.fingerprints.empty() && options_.flag(Option::kVerifyWake) && a.wake.verify;
-  }
+  bool checks_wake(const Allocation& a) const { return !a.wake.fingerprints.empty() && wake_check_on(a); }
+  // Whether the check is on for the saver and a's tag (its WakeRecord says the tag's, as its
+  // pause or resume found it), and whether a tag's wakes are checked.
+  bool wake_check_on(const Allocation& a) const;
+  static bool checks_wakes_of(const TagInfo& info);
   Status check_wake_behind(Allocation& a, size_t restored, WakeCheckBehind* behind);
   Status drop_wake_mark(WakeCheckBehind* behind);
   Status check_wake(const std::vector<Allocation*>& batch);

@@ -8,7 +8,7 @@
 namespace tmsl {
 
 bool Saver::soft_pauses(const TagInfo& info) const {
-  return info.soft_pause >= 0 ? info.soft_pause == 1 : options_.flag(Option::kSoftPause);
+  return info.options.value_or(Option::kSoftPause, options_.get(Option::kSoftPause)) != 0;
 }
 
 bool Saver::soft_request(const Allocation& a, const HostBuffer& kept) const {

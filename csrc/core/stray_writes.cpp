@@ -6,7 +6,7 @@
 namespace tmsl {
 
 StrayMode Saver::stray_mode_of(const TagInfo& info) const {
-  return static_cast<StrayMode>(info.stray_mode >= 0 ? info.stray_mode : options_.get(Option::kStrayAccess));
+  return static_cast<StrayMode>(info.options.value_or(Option::kStrayAccess, options_.get(Option::kStrayAccess)));
 }
 
 bool Saver::catches_strays(const TagInfo& info) const { return stray_mode_of(info) != StrayMode::kOff; }

@@ -88,28 +88,14 @@ Status Saver::set_tag_option(const std::string& tag, const OptionRow& row, const
     return Status::Error(Code::kInvalidArgument,
                          std::string("option '") + row.name + "' is not a tag's: set it on the saver");
   }
-  // "" for stray_access and soft_pause: the saver's again (-1); for the others, the default.
-  const bool saver_again = text.empty() && (row.id == Option::kStrayAccess || row.id == Option::kSoftPause);
-  uint64_t number = 0;
-  Status s = saver_again ? Status::Ok() : parse_option(row, text.empty() ? row.fallback : text, &number);
+  uint64_t value = 0;
+  Status s = text.empty() ? Status::Ok() : parse_option(row, text, &value);
   if (!s.ok()) return s;
-  const int value = saver_again ? -1 : static_cast<int>(number);  // (flags and modes: 0 to 2)
-  return set_tag(tag, [&row, value](TagInfo& info) {
-    switch (row.id) {
-      case Option::kVerifyWake:
-        info.verifies_wakes = value == 1;
-        break;
-      case Option::kCachesBackups:
-        info.caches_backups = value == 1;
-        break;
-      case Option::kStrayAccess:
-        info.stray_mode = value;
-        break;
-      case Option::kSoftPause:
-        info.soft_pause = value;
-        break;
-      default:
-        break;
+  return set_tag(tag, [&row, &text, value](TagInfo& info) {
+    if (text.empty()) {
+      info.options.clear(row.id);  // the saver's value, or the default, again
+    } else {
+      info.options.set(row.id, value);
     }
   });
 }
@@ -120,22 +106,7 @@ Status Saver::tag_option(const std::string& tag, const OptionRow& row, std::stri
   }
   TagInfo info;
   if (!tag_info(tag, &info)) return Status::Error(Code::kInvalidArgument, "unknown tag '" + tag + "': no region has used it");
-  switch (row.id) {
-    case Option::kVerifyWake:
-      *out = info.verifies_wakes ? "1" : "0";
-      break;
-    case Option::kCachesBackups:
-      *out = info.caches_backups ? "1" : "0";
-      break;
-    case Option::kStrayAccess:
-      *out = info.stray_mode < 0 ? "" : format_option(row, static_cast<uint64_t>(info.stray_mode));
-      break;
-    case Option::kSoftPause:
-      *out = info.soft_pause < 0 ? "" : std::to_string(info.soft_pause);
-      break;
-    default:
-      *out = "";
-  }
+  *out = info.options.has(row.id) ? format_option(row, info.options.get(row.id)) : std::string();
   return Status::Ok();
 }
 

@@ -20,12 +20,19 @@ std::string chunk_range(uintptr_t va, size_t chunk, size_t bytes) {
 
 }  // namespace
 
+bool Saver::checks_wakes_of(const TagInfo& info) {
+  // (A tag only turns its checks off: none of its own means the default, on.)
+  return info.options.value_or(Option::kVerifyWake, option_default(Option::kVerifyWake)) != 0;
+}
+
+bool Saver::wake_check_on(const Allocation& a) const { return options_.flag(Option::kVerifyWake) && a.wake.verify; }
+
 Status Saver::take_wake_fingerprints(const std::vector<Allocation*>& batch, bool* taken) {
   if (*taken) return Status::Ok();
   *taken = true;
   for (Allocation* a : batch) {
     if (!a->copied() || !a->wake.fingerprints.empty()) continue;  // (content copies: theirs)
-    a->wake.unchecked = !options_.flag(Option::kVerifyWake) || !a->wake.verify || !fingerprintable(a->backup_bytes());
+    a->wake.unchecked = !wake_check_on(*a) || !fingerprintable(a->backup_bytes());
     if (a->wake.unchecked) continue;
     // One key per process (the store's where it shares): the device keeps the last one it had.
     const FingerprintKey* key = &process_key();

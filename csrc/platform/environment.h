@@ -46,17 +46,11 @@ constexpr size_t kMaxDiskBackupDirBytes = 4096;  // with its NUL: what TmslProce
 //   TMSL_DEFAULT_CPU_BACKUP_BACKEND / TMS_INIT_CPU_BACKUP_BACKEND (pinned|mmap)   the backend
 //                               of backed-up regions that name none; with mmap the default
 //                               region's choice is kOnUncached
-//   TMSL_POISON_ON_RESUME (flag)   savers start with poison on resume turned on
-//   TMSL_RETAIN_CPU_BACKUP / TMS_RETAIN_CPU_BACKUP (flag)   keep host backups after a resume
-//   TMSL_VERIFY_WAKE (flag, default 1)   savers check restored content against the pause's
-//                               fingerprints
-//   TMSL_STRAY_ACCESS (off|warn|raise, default warn)   what a stray access to paused memory
-//                               without a backup meets (0, 1, 2: Saver's StrayMode)
-//   TMSL_SOFT_PAUSE (flag)      savers start with soft pauses turned on
-//   TMSL_DISK_BACKUP_DIR / TMS_DISK_BACKUP_DIR (path)   where disk backups go; checked where used
+//   the options table's variables (options.h: its rows name them, with each one's kind and
+//                               default): what a saver starts with, and TMSL_HOST_MEMORY_BUDGET,
+//                               the node's budget, set when the ledger opens
 //   TMSL_SHARE_BACKUPS (flag)   identical large backups are stored once per node: unset, where
 //                               another process of the node uses the library; 1 also alone; 0 never
-//   TMSL_HOST_MEMORY_BUDGET (size)   the node's host-memory budget, set when the ledger opens
 //   TMSL_HOST_LEDGER (path)     the ledger file the node's processes share ("": the default)
 //   TMSL_LOG_ALLOCATIONS (flag)   savers print a line per allocation and free to stderr
 // A bad value leaves the default regions off and is kept in `error`.
@@ -68,8 +62,7 @@ struct ProcessDefaults {
   BackupChoice backup = BackupChoice::kAuto;
   bool caches_backups = true;  // the default backend is "pinned"
   // The process defaults of the options a saver holds itself (options.h's saver_holds), by
-  // Option: TMSL_POISON_ON_RESUME, TMSL_RETAIN_CPU_BACKUP, TMSL_VERIFY_WAKE, TMSL_STRAY_ACCESS,
-  // TMSL_SOFT_PAUSE; the others' slots unused.
+  // Option, from their variables; the others' slots unused.
   std::array<uint64_t, kOptionCount> saver_options{};
   std::string disk_backup_dir_variable;  // the variable that named it ("": none did)
   std::string disk_backup_dir;

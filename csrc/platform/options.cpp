@@ -153,6 +153,13 @@ bool saver_holds(const OptionRow& row) {
   return (row.scopes & kSaverScope) && row.kind != OptionKind::kPath && strcmp(row.fallback, "auto") != 0;
 }
 
+uint64_t option_default(Option id) {
+  const OptionRow& row = option_row(id);
+  uint64_t value = 0;
+  if (row.kind != OptionKind::kPath && strcmp(row.fallback, "auto") != 0) parse_option(row, row.fallback, &value);
+  return value;
+}
+
 OptionValues::OptionValues() {
   for (size_t i = 0; i < kOptionCount; ++i) {
     const OptionRow& row = kRows[i];

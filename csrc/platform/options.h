@@ -109,5 +109,27 @@ class OptionValues {
 
 // Whether a saver holds the row's value itself in OptionValues.
 bool saver_holds(const OptionRow& row);
+// The row's default as a number (its kind's; 0 for kPath and "auto").
+uint64_t option_default(Option id);
+
+// A tag's own values of the options of kTagScope, by option: none where its regions chose
+// none (or "" set it back). What none means is the obeyer's, as with the saver's values: the
+// saver's value (stray_access, soft_pause), or the option's default (verify_wake and
+// caches_backups, which a tag turns off beside the saver's). Read and written under the
+// saver's table lock, as the rest of the tag's entry.
+class TagOptionValues {
+ public:
+  TagOptionValues() { own_.fill(kNone); }
+  bool has(Option id) const { return own_[static_cast<size_t>(id)] != kNone; }
+  uint64_t get(Option id) const { return static_cast<uint64_t>(own_[static_cast<size_t>(id)]); }
+  // Its own value, else `otherwise`.
+  uint64_t value_or(Option id, uint64_t otherwise) const { return has(id) ? get(id) : otherwise; }
+  void set(Option id, uint64_t value) { own_[static_cast<size_t>(id)] = static_cast<int64_t>(value); }
+  void clear(Option id) { own_[static_cast<size_t>(id)] = kNone; }
+
+ private:
+  static constexpr int64_t kNone = -1;
+  std::array<int64_t, kOptionCount> own_{};
+};
 
 }  // namespace tmsl

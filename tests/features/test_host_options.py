@@ -115,3 +115,34 @@ def test_the_generic_pair_refuses_what_is_not_an_option_or_not_its_scope_by_name
     assert native.option("stray_access", tag="kv") == "off"
     native.set_option("stray_access", "", tag="kv")
     assert native.option("stray_access", tag="kv") == ""
+
+
+def test_every_tag_option_is_held_by_the_tag_until_given_back_and_obeyed_meanwhile(mem):
+    # One store for every tag option (the tag's own values by option): each row of the tag
+    # scope reads back as set and as "" once given back; and a tag's own value is obeyed: its
+    # wakes unchecked, its stray mode its own, while the saver's stay as they were.
+    from torch_mem_saver_lite import _lib
+
+    saver = HostSaver(capacity_bytes=64 * MiB)
+    try:
+        native = saver._core()
+        rows = {name: row for name, row in _lib.option_table().items() if "tag" in row.scopes}
+        assert set(rows) == {"verify_wake", "stray_access", "soft_pause", "caches_backups"}
+        other = {"flag": ("0", "1"), "stray": ("raise", "off")}
+        for name, row in rows.items():
+            for value in other[row.kind]:
+                native.set_option(name, value, tag="kv")
+                assert native.option(name, tag="kv") == value, name
+            native.set_option(name, "", tag="kv")
+            assert native.option(name, tag="kv") == "", name
+        with saver.region("weights", enable_cpu_backup=True, verify_wake=False, stray_access="off"):
+            ptr = mem.malloc(4 * MiB)
+        mem.write(ptr, b"\x07" * (4 * MiB))
+        saver.pause("weights")
+        saver.resume("weights")
+        assert saver.stats()["weights"].last_wake_check == "unchecked"
+        assert (native.option("verify_wake"), native.option("stray_access")) == ("1", "warn")  # the saver's
+        assert (native.option("verify_wake", tag="weights"), native.option("stray_access", tag="weights")) == \
+            ("0", "off")
+    finally:
+        saver.close()
