@@ -205,7 +205,7 @@ Status Saver::free(uintptr_t va, void* stream) {
   return with_context(first, "freeing " + format_address(va) + " (tag '" + a.tag + "')");
 }
 
-std::vector<Saver::Allocation*> Saver::claim(const TagSelection& selection, State from,
+std::vector<Allocation*> Saver::claim(const TagSelection& selection, State from,
                                              State to) {
   std::vector<Allocation*> batch;
   std::vector<uintptr_t> vas;  // for the tiers: made room for first, so nothing below allocates
@@ -218,7 +218,7 @@ std::vector<Saver::Allocation*> Saver::claim(const TagSelection& selection, Stat
     // allocation's mark says its content is in a file, and stays until it is resident).
     if (!disk_ && from == State::kActive) a.disk.marked = false;
     a.backup = a.backs_up();
-    a.wake.verify = checks_wakes_of(*a.tag_info);
+    a.wake.verify = WakeChecks::checked_for(*a.tag_info);
     // A resume (and its rollback) keeps to the mode its pause covered the memory by.
     a.stray.catches = from == State::kPaused && a.tag_info->paused_stray_mode >= 0
                            ? a.tag_info->paused_stray_mode != static_cast<int>(StrayMode::kOff)
@@ -458,7 +458,7 @@ Status Saver::queue_backups(std::vector<Allocation*>* batch_in, std::vector<Host
       Status s = content_copy(a, *key, &copy, &(*backups)[i], &a.wake.fingerprints, others_by, true, copies);
       if (!s.ok() && s.code != Code::kUnsupported) return s;
       if (s.ok()) r.tier = Tier::kContent;
-      const bool verify = wake_check_on(a);
+      const bool verify = wake_.on(a);
       if (s.ok() && verify) a.wake.key = key;
       if (!s.ok() || !verify) a.wake.fingerprints.clear();
     }
@@ -562,7 +562,7 @@ Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>
       if (r.ok() && a.physical.handles.size() == a.physical.count(a.size)) ++done;
     }
     if (r.ok()) r = read_disk_backups(batch, copies);  // everything is mapped now
-    Status waited = drop_wake_mark(&behind);
+    Status waited = wake_.drop_mark(&behind);
     if (waited.ok()) waited = wait_copies(batch);
     if (r.ok() && waited.ok()) r = check_wake(batch);
     return r.ok() ? with_context(waited, "restoring backups") : r;
@@ -570,7 +570,7 @@ Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>
   if (!s.ok()) {
     // Whatever happens in here too, the batch is settled below: a free waiting on it wakes.
     s = status_of([&] {
-      drop_wake_mark(&behind);  // (the copies are waited for next)
+      wake_.drop_mark(&behind);  // (the copies are waited for next)
       wait_copies(batch);  // the memory must not be unmapped under a running copy
       for (size_t i = 0; i < batch.size() && i <= done; ++i) {  // batch[done]: the pieces mapped so far
         mappings_.take_down(batch[i]->device, batch[i]->va, batch[i]->size, batch[i]->physical);
@@ -606,6 +606,66 @@ Status Saver::resume_locked(const TagSelection& selection, std::set<std::string>
   older.clear();  // back to the pool within its limit, else freed after the foreground's work
   settle(batch, batch.size(), State::kActive, State::kPaused, nullptr, !keep);
   return Status::Ok();
+}
+
+// ----- the wake check's stages (WakeChecks) ------------------------------------------------
+
+Status Saver::take_wake_fingerprints(const std::vector<Allocation*>& batch, bool* taken) {
+  if (*taken) return Status::Ok();
+  *taken = true;
+  // One key per process (the store's where it shares): the device keeps the last one it had.
+  return wake_.fingerprint_pause(batch, process_key());
+}
+
+Status Saver::check_wake_chunks(Allocation& a, size_t end, const CopyMark* after) {
+  std::vector<std::pair<size_t, Fingerprint>> differing;
+  Status s = wake_.compare(a, end, after, &differing);
+  if (!s.ok()) return s;
+  for (const auto& [k, restored] : differing) {
+    if (soft_write_kept(a, k, restored)) {
+      WakeChecks::accept(a, k, restored);  // written while soft-paused: the write is the content
+      continue;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      a.tag_info->last_wake_check = WakeCheck::kFailed;
+    }
+    return WakeChecks::mismatch(a, k);
+  }
+  WakeChecks::checked_up_to(a, end);
+  return Status::Ok();
+}
+
+Status Saver::check_wake_behind(Allocation& a, size_t restored, WakeCheckBehind* behind) {
+  if (behind->marked) {
+    // The chunks wholly restored by the pieces before this one (all of them, at the end).
+    Allocation& earlier = *behind->a;
+    const size_t chunks = earlier.wake.fingerprints.size();
+    const size_t end = behind->restored >= earlier.backup_bytes() ? chunks : behind->restored / HostArena::kRangeBytes;
+    Status s = check_wake_chunks(earlier, end, &behind->mark);
+    const Status waited = wake_.drop_mark(behind);  // its copies have landed: a failure there is theirs
+    if (!s.ok()) return s;
+    if (!waited.ok()) return with_context(waited, "restoring backups");
+  }
+  return wake_.mark_behind(a, restored, behind);
+}
+
+Status Saver::check_wake(const std::vector<Allocation*>& batch) {
+  for (Allocation* a : batch) {
+    if (!wake_.checks(*a)) continue;
+    Status s = check_wake_chunks(*a, a->wake.fingerprints.size(), nullptr);
+    if (!s.ok()) return s;
+  }
+  return Status::Ok();
+}
+
+void Saver::note_wake_checks(const std::vector<Allocation*>& batch) {
+  const std::map<TagInfo*, WakeCheck> verdicts = wake_.verdicts(batch);
+  for (Allocation* a : batch) a->soft.copy_at = 0;  // (the check's second look is done)
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [info, verdict] : verdicts) {
+    if (verdict != WakeCheck::kNever) info->last_wake_check = verdict;
+  }
 }
 
 }  // namespace tmsl

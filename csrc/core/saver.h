@@ -36,6 +36,9 @@
 #include "tiers/disk_tier.h"
 #include "core/mapping.h"
 #include "core/stray_catcher.h"
+#include "core/allocation.h"
+#include "core/tag_info.h"
+#include "core/wake_checks.h"
 #include "platform/status.h"
 
 namespace tmsl {
@@ -48,48 +51,6 @@ Status tag_paused_error(const std::string& tag);
 
 // What poison-on-resume writes into every byte: 0xFF.. is NaN in every float format.
 constexpr unsigned char kPoisonByte = 0xFF;
-
-// What a tag's last resume found when it checked the restored bytes against the fingerprints
-// its pause took (core/wake_checks.cpp). kUnchecked: some backed-up bytes were not checked
-// (the check is off, or the device cannot fingerprint); kNever: no resume restored content.
-enum class WakeCheck { kNever, kPassed, kFailed, kUnchecked };
-
-// What happens to a stray access to paused memory without a backup (core/stray_catcher.h):
-// kOff: nothing maps it (the raw behaviour: the GPU reports an illegal address); kWarn and
-// kRaise: the scratch takes it, and the resume warns, or raises, naming the tag (the Python
-// side does either; both are the same here).
-enum class StrayMode { kOff = 0, kWarn = 1, kRaise = 2 };
-
-// What the saver knows of one tag: its catalogue entry, created by the first region or
-// allocation that names it.
-struct TagInfo {
-  // The first explicit host-backup choice (kOn or kOff; kAuto until one): what its regions
-  // that give none follow.
-  BackupChoice backup = BackupChoice::kAuto;
-  bool graph_memory = false;  // a CUDA graph was captured into it
-  bool paused = false;        // paused and not resumed since
-  // Wall time of the last successful pause / resume call that released / restored memory of
-  // the tag (the whole call, every tag it moved together); negative until there was one.
-  double last_pause_seconds = -1;
-  double last_resume_seconds = -1;
-  WakeCheck last_wake_check = WakeCheck::kNever;
-  // Its own values of the options of kTagScope (set_tag_option), each read by the feature
-  // that obeys it: whether its wakes are checked, whether its backups may stay in the host cache
-  // after a resume ("pinned"; "mmap": host memory comes back at every resume unless
-  // retain_cpu_backup is set), its stray access mode, whether its pauses are soft.
-  TagOptionValues options;
-  // The StrayMode in effect when its last pause began (-1: never paused): what its resume tells
-  // the writes found by, as that pause promised, whatever the mode was set to meanwhile.
-  int paused_stray_mode = -1;
-  // Writes found in the scratch while its memory without a backup was covered: the checks
-  // that found some (each counts every tag then covered on the device), by device, and in all
-  // since the last take_stray_writes.
-  std::map<int, size_t> stray_writes;
-  size_t stray_writes_unreported = 0;
-  bool backs_up() const {
-    return backup == BackupChoice::kOn || (backup == BackupChoice::kAuto && graph_memory);
-  }
-};
 
 // What one tag holds on one device (device -1: a tag with no allocation), with the tag's
 // own facts repeated on each of its devices.
@@ -262,91 +223,7 @@ class Saver {
   BackupTiers& tiers() { return tiers_; }
 
  private:
-  enum class State { kActive, kPausing, kPaused, kResuming };
-
-  // The records of the features that follow an allocation through its pauses, one each,
-  // written only by that feature (and read by the pipeline that calls it). Each is written by
-  // the pause or resume that has claimed the allocation (state kPausing or kResuming), or
-  // under mu_.
-  //
-  // Verified wakes (wake_checks.cpp): what its resume checks the restored bytes against.
-  struct WakeRecord {
-    // The fingerprints of its backed-up bytes, chunk by chunk (HostArena::kRangeBytes), when
-    // its pause copied them, under `key`. Empty: not checked.
-    std::vector<Fingerprint> fingerprints;
-    const FingerprintKey* key = nullptr;
-    bool unchecked = false;  // its pause copied it without fingerprints
-    bool verify = true;  // whether its tag's wakes are checked, when a pause or resume claimed it (checks_wakes_of)
-    size_t checked_chunks = 0;  // of fingerprints, those its resume checked so far
-  };
-  // The stray catcher (stray_writes.cpp).
-  struct StrayRecord {
-    bool catches = false;  // its tag's StrayMode is not kOff (when a pause or resume claimed it)
-    bool covered = false;  // paused with the scratch mapped over it (written under op_mu_)
-  };
-  // Soft pauses (soft_pause.cpp).
-  struct SoftRecord {
-    bool pauses = false;  // its tag's soft pause (when a pause or resume claimed it)
-    // While paused: its host copy (a soft arena), mapped at its address. Held here too, so the
-    // copy's memory never goes while mapped there.
-    std::shared_ptr<HostArena> arena;
-    // Mid-resume: where the soft copy it restores from lies (for the wake check's second look),
-    // and the bytes from its start the copy is off its address already (piece by piece).
-    uintptr_t copy_at = 0;
-    size_t unmapped = 0;
-    // Mid-pause: its device memory mapped here too, the source of its copy, so that its own
-    // address can map the soft copy while the copy still runs (soft_swap).
-    uintptr_t alias = 0;
-  };
-  // Sharing ahead (share_ahead.cpp).
-  struct AheadRecord {
-    bool sharing = false;  // its backup is being made ahead: a free waits
-  };
-  // The disk tier's spill (disk_backups.cpp).
-  struct DiskMark {
-    // Marked for the disk tier by the pause's choose_spill (judged afresh at each pause, the
-    // choice the tiers'; dropped once resumed, and by a pause while no directory is set).
-    bool marked = false;
-  };
-
-  // What every allocation has, and one slot per feature. (Its copies, host and disk, are the
-  // tiers': tiers_.copies(), tiers_.disk_copies(), by va.)
-  struct Allocation {
-    uintptr_t va = 0;
-    size_t size = 0;  // reserved = mapped bytes, a multiple of the granularity
-    size_t requested = 0;  // the bytes asked for: what a backup holds (rounded to whole pages)
-    int device = 0;
-    std::string tag;
-    TagInfo* tag_info = nullptr;  // its tag's entry in tags_ (never erased), read under mu_
-    BackupChoice choice = BackupChoice::kAuto;  // its region's
-    bool backup = false;  // whether the pause that claimed it copies it out (backs_up())
-    State state = State::kActive;
-    Pieces physical;      // while active; mid-resume, the pieces mapped so far
-    WakeRecord wake;
-    StrayRecord stray;
-    SoftRecord soft;
-    AheadRecord ahead;
-    DiskMark disk;
-
-    BackupChoice effective_choice() const { return disk.marked ? BackupChoice::kDisk : choice; }
-    // Whether its pause keeps its content: a host copy, or disk files (its region's or the spill's).
-    bool copied() const { return backup || effective_choice() == BackupChoice::kDisk; }
-    // The bytes a backup holds: what was asked for, to whole host pages; the rest of the
-    // last granule was never the caller's.
-    size_t backup_bytes() const { return std::min(size, (requested + kPageBytes - 1) / kPageBytes * kPageBytes); }
-    static constexpr size_t kPageBytes = 4096;
-    // Whether a pause copies it to host memory: its own choice, else its tag's.
-    bool backs_up() const {
-      switch (effective_choice()) {
-        case BackupChoice::kOn:
-        case BackupChoice::kOnUncached: return true;
-        case BackupChoice::kOff:
-        case BackupChoice::kDisk: return false;
-        case BackupChoice::kAuto: break;
-      }
-      return tag_info->backs_up();
-    }
-  };
+  using State = AllocationState;
 
   // Checks that every tag `selection` names is in the catalogue; needs mu_.
   Status check_known(const TagSelection& selection) const;
@@ -410,35 +287,17 @@ class Saver {
   // the end of each allocation's copies in `copies`.
   // (Reorders the batch and its backups: see order_pending_last.)
   Status queue_backups(std::vector<Allocation*>* batch, std::vector<HostBuffer>* backups, CopyMarks* copies);
-  // Verified wakes (wake_checks.cpp). take_wake_fingerprints: once a pause's copies are queued,
-  // fingerprints the batch's backed-up allocations that have none from their content copy,
-  // beside the copies (the devices are idle: nothing else writes there). check_wake: once a
-  // resume's copies have landed, compares each checked allocation's restored bytes with them;
-  // kContentMismatch names the first that differs (its tag's verdict: failed).
-  // note_wake_checks: a resume's verdict for its tags, once it succeeded.
-  // check_wake_behind runs the checks one piece behind the copies: once a's bytes
-  // [0, restored) are queued, the chunks the pieces queued before are checked (after their
-  // copies' mark) while the newest piece's copy runs, so a wake's check costs about one piece's
-  // fingerprint; check_wake then checks what is left. drop_wake_mark: the mark, waited for.
-  struct WakeCheckBehind {
-    Allocation* a = nullptr;  // its bytes [0, restored) lie before `mark` on the copy stream
-    size_t restored = 0;
-    CopyMark mark = 0;
-    bool marked = false;
-  };
-  // (Once per pause: *taken says it ran.)
+  // Verified wakes (WakeChecks, core/wake_checks.h), at the pipeline's stages (saver.cpp).
+  // take_wake_fingerprints: once a pause's copies are queued (once per pause: *taken says it
+  // ran). check_wake: once a resume's copies have landed, each checked allocation's restored
+  // bytes against its pause's; check_wake_behind runs it one piece behind the copies, so a
+  // wake's check costs about one piece's fingerprint, and check_wake checks what is left.
+  // check_wake_chunks: a's chunks [checked_chunks, end) (after `after`, where given): a chunk
+  // that differs is a soft pause's kept write, else kContentMismatch (its tag's verdict:
+  // failed). note_wake_checks: a resume's verdicts for its tags, once it succeeded.
   Status take_wake_fingerprints(const std::vector<Allocation*>& batch, bool* taken);
-  // Whether a's resume checks it now: it has fingerprints, and the check is on for the saver
-  // and its tag (turned off after the pause: its backup is taken as it is).
-  bool checks_wake(const Allocation& a) const { return !a.wake.fingerprints.empty() && wake_check_on(a); }
-  // Whether the check is on for the saver and a's tag (its WakeRecord says the tag's, as its
-  // pause or resume found it), and whether a tag's wakes are checked.
-  bool wake_check_on(const Allocation& a) const;
-  static bool checks_wakes_of(const TagInfo& info);
   Status check_wake_behind(Allocation& a, size_t restored, WakeCheckBehind* behind);
-  Status drop_wake_mark(WakeCheckBehind* behind);
   Status check_wake(const std::vector<Allocation*>& batch);
-  // Checks a's chunks [wake_checked_chunks, end) (after `after`, where given).
   Status check_wake_chunks(Allocation& a, size_t end, const CopyMark* after);
   void note_wake_checks(const std::vector<Allocation*>& batch);
   // The key the process fingerprints under: the store's where it shares, else its own.
@@ -602,6 +461,8 @@ class Saver {
   // api layer hands them over when it makes the saver.
   OptionValues options_;
   FingerprintKey wake_key_;  // drawn at construction; where the process shares, the store key serves instead
+  // The wake check (bound to tiers_ below, which it uses only from the first pause on).
+  WakeChecks wake_{*backend_, tiers_, options_};
   // TMSL_LOG_ALLOCATIONS: a line on stderr per allocation and free (read once: off, it costs
   // each of them one predictable branch).
   const bool log_allocations_ = process_defaults().log_allocations;

@@ -68,7 +68,7 @@ size_t Saver::spilled_bytes() const {
   return bytes;
 }
 
-const Saver::Allocation* Saver::containing(uintptr_t address) const {
+const Allocation* Saver::containing(uintptr_t address) const {
   auto it = table_.upper_bound(address);
   if (it == table_.begin()) return nullptr;
   --it;

@@ -147,9 +147,7 @@ bool Saver::soft_write_kept(Allocation& a, size_t k, const Fingerprint& restored
   const size_t bytes = std::min(a.backup_bytes(), from + HostArena::kRangeBytes) - from;
   std::vector<Fingerprint> copy;
   if (!tiers_.fingerprint_chunks(a.device, a.soft.copy_at + from, bytes, *a.wake.key, &copy).ok()) return false;
-  if (copy.size() != 1 || !(copy[0] == restored)) return false;
-  a.wake.fingerprints[k] = restored;
-  return true;
+  return copy.size() == 1 && copy[0] == restored;
 }
 
 }  // namespace tmsl
