@@ -8,8 +8,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <pthread.h>
-
 #include <atomic>
 #include <cerrno>
 #include <climits>
