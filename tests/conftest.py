@@ -47,7 +47,7 @@ if "TMSL_HOST_LEDGER" not in os.environ:
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["TMSL_HOST_LEDGER"] += "." + os.environ["PYTEST_XDIST_WORKER"]
 # This process joins its ledger before any test runs (a process alone on the node keeps its
-# backups private: HostBudget::store_key_now), so that a test's children sharing this ledger are
+# backups private: ChunkStore::store_key_now), so that a test's children sharing this ledger are
 # never alone, whichever tests ran here before: they share as every process with a neighbour
 # does. The tests of a process alone use ledgers of their own (test_host_shared_backups.py).
 saver.host_memory()

@@ -8,7 +8,6 @@
 #include "api/abi_guard.h"
 #include "platform/environment.h"
 #include "platform/options.h"
-#include "node/node_ledger.h"
 #include "node/node_store.h"
 #include "platform/tag_rules.h"
 #include "core/thread_region.h"
@@ -121,7 +120,8 @@ TMSL_API int tmsl_host_memory(TmslHostMemory* out) {
   return guarded([&] {
     Status s = require(out != nullptr, "out must not be NULL");
     if (!s.ok()) return s;
-    const NodeLedger::Figures f = NodeLedger::instance().figures();
+    const NodeFigures node = node_figures();
+    const NodeLedger::Figures& f = node.ledger;
     *out = TmslHostMemory{};
     out->active = f.active ? 1 : 0;
     out->budget_bytes = f.budget;
@@ -139,10 +139,10 @@ TMSL_API int tmsl_host_memory(TmslHostMemory* out) {
     }
     snprintf(out->path, sizeof(out->path), "%s", f.path.c_str());
     snprintf(out->error, sizeof(out->error), "%s", f.error.c_str());
-    out->backups_shared = f.backups_shared ? 1 : 0;
-    snprintf(out->sharing_off, sizeof(out->sharing_off), "%s", f.sharing_off.c_str());
-    snprintf(out->store, sizeof(out->store), "%s", f.store.c_str());
-    out->alone = f.alone ? 1 : 0;
+    out->backups_shared = node.backups_shared ? 1 : 0;
+    snprintf(out->sharing_off, sizeof(out->sharing_off), "%s", node.sharing_off.c_str());
+    snprintf(out->store, sizeof(out->store), "%s", node.store.c_str());
+    out->alone = node.alone ? 1 : 0;
     return s;
   });
 }
@@ -151,7 +151,7 @@ TMSL_API int tmsl_default_saver(void** out) {
   return guarded([&] {
     Status s = require(out != nullptr, "out must not be NULL");
     SaverHandle handle = 0;
-    if (s.ok()) s = default_saver(&node_budget, &handle);
+    if (s.ok()) s = default_saver(&saver_setup, process_defaults(), &handle);
     if (s.ok()) *out = reinterpret_cast<void*>(handle);
     return s;
   });
@@ -197,7 +197,7 @@ TMSL_API int tmsl_disable_thread_region(void) {
 
 TMSL_API int tmsl_note_graph_capture(void) {
   return guarded([] {
-    const ThreadRegion& region = effective_region(&node_budget);
+    const ThreadRegion& region = effective_region(&saver_setup, process_defaults());
     SaverRef saver = find_saver(region.saver);
     return saver ? saver->mark_graph_memory(region.tag) : Status::Ok();
   });
@@ -356,9 +356,9 @@ namespace {
 Status process_option(const OptionRow& row, std::string* out) {
   const ProcessDefaults& d = process_defaults();
   if (row.id == Option::kHostMemoryBudget) {
-    *out = std::to_string(NodeLedger::instance().figures().budget);
+    *out = std::to_string(node_ledger().figures().budget);
   } else if (row.id == Option::kHostCacheBytes) {
-    *out = std::to_string(BackupTiers::default_cache_bytes());
+    *out = std::to_string(BackupTiers::default_cache_bytes(d.keeps_host_cache));
   } else if (row.id == Option::kDiskBackupDir) {
     *out = d.disk_backup_dir;
   } else if (saver_holds(row)) {
@@ -390,7 +390,7 @@ TMSL_API int tmsl_set_option(void* handle, const char* tag, const char* name, co
       }
       uint64_t bytes = 0;
       s = parse_option(*row, value, &bytes);
-      return s.ok() ? NodeLedger::instance().set_budget(static_cast<size_t>(bytes)) : s;
+      return s.ok() ? node_ledger().set_budget(static_cast<size_t>(bytes)) : s;
     }
     SaverRef saver;
     s = live_saver(handle, &saver);

@@ -23,7 +23,8 @@ TMSL_API int tmsl_create_host_saver(size_t capacity_bytes, size_t granularity_by
                   "host granularity must be a positive multiple of the page size");
     }
     SaverHandle handle = 0;
-    if (s.ok()) s = add_saver(std::make_unique<Saver>(make_host_backend(capacity_bytes, granularity_bytes), node_budget()), &handle);
+    if (s.ok()) s = add_saver(std::make_unique<Saver>(make_host_backend(capacity_bytes, granularity_bytes), saver_setup()),
+                              process_defaults(), &handle);
     if (s.ok()) *out = reinterpret_cast<void*>(handle);
     return s;
   });

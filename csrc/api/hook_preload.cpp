@@ -65,7 +65,7 @@ void warn_about_defaults_once() {
 
 TMSL_API int cudaMalloc(void** ptr, size_t size) {
   warn_about_defaults_once();
-  const ThreadRegion& region = effective_region(&node_budget);
+  const ThreadRegion& region = effective_region(&saver_setup, process_defaults());
   if (size == 0 || region.saver == 0) {
     MallocFn real = runtime_malloc();
     return real != nullptr ? real(ptr, size) : kCudaErrorInitializationError;

@@ -14,7 +14,7 @@ TMSL_API void* tmsl_torch_malloc(ssize_t size, int device, void* /*stream*/) {
     Status s = size > 0 ? Status::Ok()
                         : Status::Error(Code::kInvalidArgument,
                                         "torch asked for " + std::to_string(size) + " bytes; sizes must be > 0");
-    const ThreadRegion& region = effective_region(&node_budget);
+    const ThreadRegion& region = effective_region(&saver_setup, process_defaults());
     if (s.ok() && region.saver == 0) {
       s = Status::Error(Code::kInvalidArgument,
                         "an allocation reached a torch_mem_saver_lite pool outside saver.region(): "

@@ -23,7 +23,7 @@ bool host_backup(BackupChoice choice) {
 // The thread's region as torch_memory_saver's per-thread configuration sees it: a copy of
 // the effective one, to change and make the thread's own.
 ThreadRegion current() {
-  ThreadRegion region = effective_region(&node_budget);
+  ThreadRegion region = effective_region(&saver_setup, process_defaults());
   if (region.tag.empty()) region.tag = process_defaults().tag;
   return region;
 }
@@ -33,7 +33,7 @@ ThreadRegion current() {
 int on_one_tag(const char* tag, Status (Saver::*operation)(const TagSelection&)) {
   return guarded([&] {
     SaverHandle handle = 0;
-    Status s = default_saver(&node_budget, &handle);
+    Status s = default_saver(&saver_setup, process_defaults(), &handle);
     SaverRef saver;
     if (s.ok()) s = live_saver(reinterpret_cast<void*>(handle), &saver);
     if (!s.ok()) return s;
@@ -67,13 +67,13 @@ TMSL_API void tms_set_current_tag(const char* tag) {
   thread_region() = std::move(region);
 }
 
-TMSL_API bool tms_get_interesting_region(void) { return effective_region(&node_budget).saver != 0; }
+TMSL_API bool tms_get_interesting_region(void) { return effective_region(&saver_setup, process_defaults()).saver != 0; }
 
 TMSL_API void tms_set_interesting_region(bool interesting) {
   ThreadRegion region = current();
   if (interesting == (region.saver != 0)) return;
   if (interesting) {
-    if (!default_saver(&node_budget, &region.saver).ok()) return;  // no driver: allocations stay ordinary
+    if (!default_saver(&saver_setup, process_defaults(), &region.saver).ok()) return;  // no driver: allocations stay ordinary
     region.explicit_none = false;
   } else {
     region.saver = 0;
@@ -82,7 +82,7 @@ TMSL_API void tms_set_interesting_region(bool interesting) {
   thread_region() = std::move(region);
 }
 
-TMSL_API bool tms_get_enable_cpu_backup(void) { return host_backup(effective_region(&node_budget).backup); }
+TMSL_API bool tms_get_enable_cpu_backup(void) { return host_backup(effective_region(&saver_setup, process_defaults()).backup); }
 
 TMSL_API void tms_set_enable_cpu_backup(bool enable) {
   ThreadRegion region = current();
@@ -94,7 +94,7 @@ TMSL_API void tms_set_enable_cpu_backup(bool enable) {
 }
 
 TMSL_API const char* tms_get_cpu_backup_backend(void) {
-  BackupChoice choice = effective_region(&node_budget).backup;
+  BackupChoice choice = effective_region(&saver_setup, process_defaults()).backup;
   bool caches = host_backup(choice) ? choice == BackupChoice::kOn : process_defaults().caches_backups;
   return caches ? "pinned" : "mmap";
 }
@@ -107,7 +107,7 @@ TMSL_API void tms_set_cpu_backup_backend(const char* backend) {
   thread_region() = std::move(region);
 }
 
-TMSL_API bool tms_get_enable_disk_backup(void) { return effective_region(&node_budget).backup == BackupChoice::kDisk; }
+TMSL_API bool tms_get_enable_disk_backup(void) { return effective_region(&saver_setup, process_defaults()).backup == BackupChoice::kDisk; }
 
 TMSL_API void tms_set_enable_disk_backup(bool enable) {
   ThreadRegion region = current();
@@ -119,7 +119,7 @@ TMSL_API void tms_set_enable_disk_backup(bool enable) {
 TMSL_API void set_memory_margin_bytes(uint64_t bytes) {
   SaverHandle handle = 0;
   SaverRef saver;
-  if (default_saver(&node_budget, &handle).ok() && live_saver(reinterpret_cast<void*>(handle), &saver).ok()) {
+  if (default_saver(&saver_setup, process_defaults(), &handle).ok() && live_saver(reinterpret_cast<void*>(handle), &saver).ok()) {
     saver->set_option(Option::kMemoryMarginBytes, bytes);
   }
 }
@@ -127,7 +127,7 @@ TMSL_API void set_memory_margin_bytes(uint64_t bytes) {
 TMSL_API void tms_set_retain_cpu_backup(bool retain) {
   SaverHandle handle = 0;
   SaverRef saver;
-  if (default_saver(&node_budget, &handle).ok() && live_saver(reinterpret_cast<void*>(handle), &saver).ok()) {
+  if (default_saver(&saver_setup, process_defaults(), &handle).ok() && live_saver(reinterpret_cast<void*>(handle), &saver).ok()) {
     saver->set_option(Option::kRetainCpuBackup, retain ? 1 : 0);
   }
 }
@@ -135,6 +135,6 @@ TMSL_API void tms_set_retain_cpu_backup(bool retain) {
 TMSL_API bool tms_get_retain_cpu_backup(void) {
   SaverHandle handle = 0;
   SaverRef saver;
-  if (!default_saver(&node_budget, &handle).ok() || !live_saver(reinterpret_cast<void*>(handle), &saver).ok()) return false;
+  if (!default_saver(&saver_setup, process_defaults(), &handle).ok() || !live_saver(reinterpret_cast<void*>(handle), &saver).ok()) return false;
   return saver->option(Option::kRetainCpuBackup) != 0;
 }

@@ -5,8 +5,6 @@
 #include <mutex>
 #include <thread>
 
-#include "platform/environment.h"
-
 namespace tmsl {
 namespace {
 
@@ -69,12 +67,11 @@ Status publish(Registry& r, Saver* saver, SaverHandle* out, bool permanent = fal
 }
 
 // The environment's defaults a new saver starts with (the options it holds, options.h, and
-// TMSL_DISK_BACKUP_DIR): the library owns them, so a saver the hooks
-// made has them too (tms_pause pauses disk-backed tags). A directory that cannot serve leaves
-// the saver without one: its disk-backed pauses are refused, and the Python side, setting
-// it again, says why.
-void take_process_defaults(Saver* saver) {
-  const ProcessDefaults& d = process_defaults();
+// TMSL_DISK_BACKUP_DIR), as the api layer read them: the library owns them, so a saver the
+// hooks made has them too (tms_pause pauses disk-backed tags). A directory that cannot serve
+// leaves the saver without one: its disk-backed pauses are refused, and the Python side,
+// setting it again, says why.
+void take_defaults(Saver* saver, const ProcessDefaults& d) {
   for (size_t i = 0; i < kOptionCount; ++i) {
     if (saver_holds(option_row(static_cast<Option>(i)))) saver->set_option(static_cast<Option>(i), d.saver_options[i]);
   }
@@ -83,7 +80,7 @@ void take_process_defaults(Saver* saver) {
 
 }  // namespace
 
-Status default_saver(BudgetSource budget, SaverHandle* out) {
+Status default_saver(SetupSource setup, const ProcessDefaults& defaults, SaverHandle* out) {
   Registry& r = registry();
   if (SaverHandle existing = r.process_wide.load(std::memory_order_acquire)) {
     *out = existing;
@@ -94,8 +91,8 @@ Status default_saver(BudgetSource budget, SaverHandle* out) {
     std::unique_ptr<Backend> backend;
     Status s = make_cuda_backend(&backend);
     if (!s.ok()) return s;
-    auto saver = std::make_unique<Saver>(std::move(backend), budget());
-    take_process_defaults(saver.get());
+    auto saver = std::make_unique<Saver>(std::move(backend), setup());
+    take_defaults(saver.get(), defaults);
     // Unpublished, the hooks could not find its allocations to free them.
     SaverHandle handle = 0;
     s = publish(r, saver.get(), &handle, /*permanent=*/true);
@@ -109,8 +106,8 @@ Status default_saver(BudgetSource budget, SaverHandle* out) {
 
 SaverHandle existing_default_saver() { return registry().process_wide.load(std::memory_order_acquire); }
 
-Status add_saver(std::unique_ptr<Saver> saver, SaverHandle* out) {
-  take_process_defaults(saver.get());
+Status add_saver(std::unique_ptr<Saver> saver, const ProcessDefaults& defaults, SaverHandle* out) {
+  take_defaults(saver.get(), defaults);
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   Status s = publish(r, saver.get(), out);

@@ -3,7 +3,8 @@
 // The process-wide saver (CUDA backend) is what the allocation hooks serve; further savers
 // (host backend) exist for tests. A handle names a slot and the generation of the saver in
 // it, so the handle of a destroyed saver never reaches a saver made later in the same slot
-// (it resolves to nothing). The process-wide saver is never destroyed, so frees that arrive
+// (it resolves to nothing). A saver is made with what the api layer hands (SetupSource, the
+// process defaults). The process-wide saver is never destroyed, so frees that arrive
 // during interpreter or process teardown still find it. Lookups from the hooks (owner_of,
 // find_saver) read a fixed array of atomics: no lock.
 #pragma once
@@ -14,6 +15,7 @@
 #include <utility>
 
 #include "core/saver.h"
+#include "platform/environment.h"
 
 namespace tmsl {
 
@@ -47,14 +49,16 @@ class SaverRef {
   std::atomic<int>* users_ = nullptr;
 };
 
-// The node's host-memory budget a saver made here takes its backups from: the api layer
-// picks it (the node's ledger) and hands it down; asked only when a saver is made.
-using BudgetSource = HostBudget& (*)();
+// What a saver made here is handed (SaverSetup: the node's budget and store): the api layer
+// makes it (api/node_budget.h) and hands it down; asked only when a saver is made, so the
+// node's ledger opens with the first saver.
+using SetupSource = SaverSetup (*)();
 // Creates the CUDA-backed saver on first call; fails (and retries next time) without a driver.
-Status default_saver(BudgetSource budget, SaverHandle* out);
+// `defaults`: the process defaults it starts with (take_defaults below), which the api layer reads.
+Status default_saver(SetupSource setup, const ProcessDefaults& defaults, SaverHandle* out);
 // The process-wide saver's handle, or 0 if it was never created (creates nothing).
 SaverHandle existing_default_saver();
-Status add_saver(std::unique_ptr<Saver> saver, SaverHandle* out);
+Status add_saver(std::unique_ptr<Saver> saver, const ProcessDefaults& defaults, SaverHandle* out);
 // Destroys a saver made by add_saver (the process-wide one cannot be removed): from now on
 // its handle finds nothing; it is deleted once the calls still using it have returned.
 Status remove_saver(SaverHandle handle);

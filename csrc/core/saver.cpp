@@ -32,16 +32,16 @@ const char* backup_name(BackupChoice choice) {
 
 }  // namespace
 
-Saver::Saver(std::unique_ptr<Backend> backend, HostBudget& budget)
+Saver::Saver(std::unique_ptr<Backend> backend, const SaverSetup& setup)
     : backend_(std::move(backend)), mappings_(*backend_), catcher_(*backend_, mappings_, kPoisonByte),
-      tiers_(backend_, budget) {
+      log_allocations_(setup.log_allocations), tiers_(backend_, setup.budget, setup.store, setup.keeps_host_cache) {
   // (Without the kernel's random source, a key of the clock's: it guards against damage, not
   // an adversary, and the store's own key is never this one.)
   if (!FingerprintKey::random(&wake_key_).ok()) {
     wake_key_ = FingerprintKey::from_seed(static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
   }
   // The tiers own the cache: the ledger's figure and its requests are theirs (by their address).
-  budget.on_pressure(&tiers_, [this] { give_cache_back_on_request(); });
+  setup.budget.on_pressure(&tiers_, [this] { give_cache_back_on_request(); });
 }
 
 Saver::~Saver() {

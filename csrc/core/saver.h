@@ -10,6 +10,9 @@
 // they work on as pausing/resuming, and a free of such an allocation waits until the
 // operation has settled it (`settled_`). Frees and allocations of other memory proceed.
 // The tiers' locks are taken after mu_ where both are held, never before it.
+//
+// What it is handed when made (SaverSetup: the node's budget and store, the process defaults
+// it keeps itself) comes from the api layer, which alone reads the process defaults.
 #pragma once
 
 #include <atomic>
@@ -29,7 +32,7 @@
 #include "platform/backend.h"
 #include "platform/backup_choice.h"
 #include "platform/options.h"
-#include "platform/environment.h"
+#include "node/chunk_store.h"
 #include "node/host_budget.h"
 #include "tiers/backup.h"
 #include "tiers/backup_tiers.h"
@@ -73,10 +76,18 @@ struct TagSelection {
   bool matches(const std::string& tag) const { return all || tags.count(tag) != 0; }
 };
 
+// What the api layer hands a saver it makes, besides its backend (api/node_budget.h makes it
+// from the process defaults, environment.h).
+struct SaverSetup {
+  HostBudget& budget;  // the node's host-memory budget its backups are taken from (outlives the saver)
+  ChunkStore* store = nullptr;  // the node's store of shared backups (outlives it); nullptr: no sharing
+  bool keeps_host_cache = true;  // false: its host cache starts at 0 bytes (TMSL_LIKE_TORCH_MEMORY_SAVER=1)
+  bool log_allocations = false;  // TMSL_LOG_ALLOCATIONS: a line on stderr per allocation and free
+};
+
 class Saver {
  public:
-  // `budget`: the node's host-memory budget its backups are taken from (outlives the saver).
-  Saver(std::unique_ptr<Backend> backend, HostBudget& budget);
+  Saver(std::unique_ptr<Backend> backend, const SaverSetup& setup);
   // Gives back everything still held, paused or not.
   ~Saver();
 
@@ -463,9 +474,9 @@ class Saver {
   FingerprintKey wake_key_;  // drawn at construction; where the process shares, the store key serves instead
   // The wake check (bound to tiers_ below, which it uses only from the first pause on).
   WakeChecks wake_{*backend_, tiers_, options_};
-  // TMSL_LOG_ALLOCATIONS: a line on stderr per allocation and free (read once: off, it costs
+  // TMSL_LOG_ALLOCATIONS: a line on stderr per allocation and free (handed once: off, it costs
   // each of them one predictable branch).
-  const bool log_allocations_ = process_defaults().log_allocations;
+  const bool log_allocations_;
   // The disk tier (null: none); set under op_mu_ and mu_, read under either.
   std::shared_ptr<DiskTier> disk_;
   // Tags whose host memory is to be prepared, and whether a task to do it is queued.

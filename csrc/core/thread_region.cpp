@@ -7,13 +7,12 @@ ThreadRegion& thread_region() {
   return region;
 }
 
-const ThreadRegion& effective_region(BudgetSource budget) {
+const ThreadRegion& effective_region(SetupSource setup, const ProcessDefaults& d) {
   const ThreadRegion& region = thread_region();
   if (region.saver != 0 || region.explicit_none) return region;
   // The process defaults as this thread's region, filled in once the saver exists.
   static thread_local ThreadRegion from_defaults;
-  const ProcessDefaults& d = process_defaults();
-  if (from_defaults.saver == 0 && d.all_threads && default_saver(budget, &from_defaults.saver).ok()) {
+  if (from_defaults.saver == 0 && d.all_threads && default_saver(setup, d, &from_defaults.saver).ok()) {
     from_defaults.tag = d.tag;
     from_defaults.backup = d.backup;
   }

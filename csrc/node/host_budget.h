@@ -1,15 +1,14 @@
 // The host memory the backup tiers may hold, as an interface handed to them: the node's
-// ledger implements it (node_ledger.h); the api layer picks it where savers are made, so
-// nothing below reaches for the ledger itself. It also stands for the node's store of
-// shared backups (node_store.h), whose chunks the budget counts once.
+// ledger implements it (node_ledger.h); the api layer makes it where savers are made
+// (api/node_budget.h), so nothing below reaches for the ledger itself. The node's store of
+// shared backups is another interface (chunk_store.h), handed beside it; the budget counts the
+// store's chunks once, beside what each process holds.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <functional>
-#include <string>
 
-#include "platform/fingerprint.h"
 #include "platform/status.h"
 
 namespace tmsl {
@@ -33,61 +32,10 @@ class HostBudget {
   virtual bool ask_others_for(size_t bytes, std::chrono::milliseconds patience) = 0;
   // What could be reserved once the others' caches were given back; SIZE_MAX: no budget.
   virtual size_t room_with_others_caches() = 0;
-
-  // The node's store of backups held once (node_store.h). The fingerprint key its chunks are
-  // named under; nullptr where this process does not share (TMSL_SHARE_BACKUPS=0, no trusted
-  // store in memory), and then none of the calls below is made.
-  virtual const FingerprintKey* content_key() = 0;
-  // The key to store a backup offered now under: content_key() where another live process of
-  // the node uses the library, or where sharing was asked for by name (TMSL_SHARE_BACKUPS=1);
-  // nullptr where this process is alone on the node. A process alone has nobody to share
-  // with, and the store's memory would cost it: /dev/shm gives 4 KiB pages (no huge pages on
-  // most nodes), faulted in and page-locked one chunk at a time at its first pause, and its
-  // next device allocations slow beside them. So it copies privately, as with sharing off,
-  // and its next pause after another process arrives stores what it pauses then.
-  virtual const FingerprintKey* store_key_now() = 0;
-  // The chunk of the bytes fingerprinted `f`, held (*fd; -1 where the store has none, or where
-  // this process holds or claims it already: *here).
-  virtual Status open_chunk(const Fingerprint& f, int* fd, bool* here) = 0;
-  // A new, unnamed chunk of `size` bytes for the caller to write (its bytes are the caller's
-  // in the budget until published).
-  virtual Status new_chunk(size_t size, int* fd) = 0;
-  // Names a new chunk, written and never written again, after its fingerprint, and holds it;
-  // *published false: the store has those bytes already, the caller's stays unnamed.
-  virtual Status publish_chunk(int fd, const Fingerprint& f, bool* published) = 0;
-  // Claims the making of the chunk of `f` (*claim >= 0, held until unclaim_chunk, after
-  // publishing it or giving up; -1: a live process of the node makes it), and waits until a
-  // chunk another process makes is in the store (*fd held; -1: nobody makes it any more, or
-  // `patience` ran out).
-  virtual Status claim_chunk(const Fingerprint& f, int* claim) = 0;
-  virtual void unclaim_chunk(const Fingerprint& f, int claim) = 0;
-  virtual Status wait_for_chunk(const Fingerprint& f, std::chrono::milliseconds patience, int* fd) = 0;
-  // Waits while other processes of the node are making chunks (claims held), until each is
-  // named or given up or `deadline` passes; true once they are done, false where none was
-  // (nothing to wait for) or some still were at the deadline. A chunk in the making holds its
-  // maker's budget, which a copy given up (one made ahead while its memory was written, say)
-  // hands back: a pause short of budget meanwhile tries again after, instead of refusing.
-  virtual bool wait_while_others_make_chunks(std::chrono::steady_clock::time_point deadline) = 0;
-  // Lets go of a chunk open_chunk or publish_chunk holds / of a new chunk never published.
-  virtual void release_shared(int fd) = 0;
-  virtual void discard_chunk(int fd) = 0;
-  // A chunk this process made and alone holds, unnamed again for new bytes (*taken; false:
-  // still held as it was).
-  virtual Status take_back_chunk(int fd, bool* taken) = 0;
-  // A held chunk's bytes let go of, its file kept open and mapped, for its maker to rewrite in
-  // place; then adopted as the chunk `fd` it became (the same file), or released.
-  virtual void retire_chunk(int fd) = 0;
-  virtual void adopt_chunk(int retired, int fd) = 0;
-  // The bytes new chunks may still take in the store (its file system's free space, less
-  // what stays free for others).
-  virtual size_t store_room() = 0;
-  // How many more files this process may keep open for the store's chunks (one per chunk it
-  // holds, one per claim), leaving a quarter of its limit (at least 256) to everything else.
-  virtual size_t store_descriptors_left() = 0;
-  // What the latest backup offered to the store met: "" taken into it, else why it became a
-  // private copy instead (no room, no descriptors, the store's files failing, a device that
-  // cannot fingerprint), which the node's figures report until one is taken again.
-  virtual void note_store_refusal(const std::string& why) = 0;
+  // Whether no other live process of the node uses the library now, as far as the budget can
+  // tell: false where it cannot (no ledger, a forked child's copy, a ledger that cannot be
+  // read). Whether a pause has anybody to share its backups with (ChunkStore::store_key_now).
+  virtual bool alone_on_node() = 0;
 };
 
 }  // namespace tmsl

@@ -8,8 +8,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <pthread.h>
-
 #include <atomic>
 #include <cerrno>
 #include <climits>
@@ -19,9 +17,7 @@
 #include <system_error>
 #include <thread>
 
-#include "platform/environment.h"
 #include "node/host_limits.h"
-#include "node/node_store.h"
 #include "node/process_identity.h"
 
 namespace tmsl {
@@ -85,24 +81,9 @@ class FileLock {
   int error_ = 0;
 };
 
-std::atomic<NodeLedger*> g_ledger{nullptr};
-
 }  // namespace
 
-NodeLedger& NodeLedger::instance() {
-  NodeLedger* ledger = g_ledger.load(std::memory_order_acquire);
-  if (ledger != nullptr) return *ledger;
-  // Never destroyed: arenas may go at exit. A forked child starts a ledger of its own.
-  static const int registered = pthread_atfork(nullptr, nullptr, [] {
-    NodeLedger* inherited = g_ledger.exchange(nullptr);
-    if (inherited != nullptr) inherited->leave_after_fork();
-  });
-  (void)registered;
-  NodeLedger* made = new NodeLedger();
-  if (g_ledger.compare_exchange_strong(ledger, made)) return *made;
-  delete made;  // another thread made it first
-  return *ledger;
-}
+std::string NodeLedger::path_for(const std::string& named) { return named.empty() ? default_path() : named; }
 
 void NodeLedger::leave_after_fork() {
   // In the child, right after fork: the parent's slot and its flock stay the parent's.
@@ -110,19 +91,16 @@ void NodeLedger::leave_after_fork() {
   fd_ = -1;
 }
 
-NodeLedger::NodeLedger() : owner_(getpid()), start_time_(process_start_time(getpid())) {
-  const ProcessDefaults& env = process_defaults();  // TMSL_HOST_LEDGER, TMSL_HOST_MEMORY_BUDGET (0: not set)
-  path_ = env.host_ledger.empty() ? default_path() : env.host_ledger;
-  budget_applies_.store(env.host_memory_budget_applies);
-  sharing_asked_for_ = env.share_backups && env.share_backups_given;
+NodeLedger::NodeLedger(const Settings& settings, SharedHoldings* held_once)
+    : owner_(getpid()), start_time_(process_start_time(getpid())), path_(settings.path), held_once_(held_once) {
+  budget_applies_.store(settings.budget_applies);
   // Counted whether or not this process shares: another process of the node may.
-  store_ = NodeStore::directory_for(path_);
-  NodeStore::collect_garbage(store_);  // chunks of processes that died
-  if (!env.host_memory_budget_error.empty()) {
-    error_ = env.host_memory_budget_error + "; no budget applies";
+  if (held_once_ != nullptr) held_once_->collect_garbage();  // chunks of processes that died
+  if (!settings.budget_error.empty()) {
+    error_ = settings.budget_error + "; no budget applies";
     return;
   }
-  const size_t budget_from_env = env.host_memory_budget;
+  const size_t budget_from_env = settings.budget;
   fd_ = open_private(&error_);
   if (fd_ < 0) return;
   Status opened = status_of([&] {  // open_shared says what went wrong in error_
@@ -136,13 +114,15 @@ NodeLedger::NodeLedger() : owner_(getpid()), start_time_(process_start_time(getp
     return;
   }
   // The ledger opens where a saver is made: from here on the node's other processes see this
-  // one, and a pause of theirs is not alone (store_key_now()).
+  // one, and a pause of theirs is not alone (alone_on_node()).
   joined_ = true;
   locked([&] {
     my_slot();
     return Status::Ok();
   });
 }
+
+NodeLedger::~NodeLedger() = default;
 
 int NodeLedger::open_private(std::string* why) const {
   // O_NOFOLLOW: a link planted at the path is refused, nothing made where it points.
@@ -332,7 +312,7 @@ void NodeLedger::forget_dead_processes() {
 }
 
 size_t NodeLedger::total_held() const {
-  size_t total = NodeStore::bytes_in(store_);  // 0 where no process of the node shares
+  size_t total = held_once_ != nullptr ? held_once_->bytes() : 0;  // 0 where no process of the node shares
   for (const Slot& slot : shared_->slots) total += slot.held;
   return total;
 }
@@ -345,7 +325,7 @@ std::string NodeLedger::holders_text() const {
             (slot_ >= 0 && &slot == &shared_->slots[slot_] ? " (this process)" : "") + " " + format_bytes(slot.held) +
             (slot.cached != 0 ? " (" + format_bytes(slot.cached) + " of it cache)" : "");
   }
-  const size_t shared = NodeStore::bytes_in(store_);
+  const size_t shared = held_once_ != nullptr ? held_once_->bytes() : 0;
   if (shared != 0) text += std::string(text.empty() ? "" : ", ") + "the shared backup store " + format_bytes(shared);
   return text.empty() ? "nobody" : text;
 }
@@ -359,7 +339,7 @@ Status NodeLedger::reserve(size_t bytes) {
     const size_t budget = budget_applies_.load() ? shared_->budget : 0;
     if (budget != 0 && total_held() + bytes > budget) {
       forget_dead_processes();
-      NodeStore::collect_garbage(store_);  // chunks of processes that died
+      if (held_once_ != nullptr) held_once_->collect_garbage();  // chunks of processes that died
       if (total_held() + bytes > budget) {
         return Status::Error(
             Code::kOutOfMemory,
@@ -541,7 +521,6 @@ size_t NodeLedger::room_with_others_caches() {
 NodeLedger::Figures NodeLedger::figures() {
   Figures f;
   f.path = path_;
-  f.store = store_;
   f.error = error_;
   Status read = locked([&] {
     f.active = true;
@@ -556,7 +535,7 @@ NodeLedger::Figures NodeLedger::figures() {
         f.holders.push_back(Holder{i, slot.pid, slot.held, slot.cached, mine, size_t{slot.shared_mib} << 20});
       }
     }
-    f.shared = NodeStore::bytes_in(store_);
+    f.shared = held_once_ != nullptr ? held_once_->bytes() : 0;
     return Status::Ok();
   });
   if (!read.ok()) f.error = read.message();
@@ -565,15 +544,6 @@ NodeLedger::Figures NodeLedger::figures() {
     f.error = "no host-memory budget limits this process: TMSL_LIKE_TORCH_MEMORY_SAVER=1, as torch_memory_saver "
               "(TMSL_HOST_MEMORY_BUDGET or saver.host_memory_budget sets one)";
   }
-  const bool keyed = content_key() != nullptr;
-  f.alone = keyed && store_key_now() == nullptr;
-  std::lock_guard<std::mutex> lock(refusal_mu_);
-  f.backups_shared = keyed && !f.alone && store_refusal_.empty();
-  f.sharing_off = !keyed   ? store_off_
-                  : f.alone ? "this process is alone on the node: its backups are private copies (the store's memory "
-                              "would cost it and nobody could share it) until another process of the node uses the "
-                              "library; TMSL_SHARE_BACKUPS=1 stores them anyway"
-                            : store_refusal_;
   return f;
 }
 
@@ -593,70 +563,15 @@ Status NodeLedger::set_budget(size_t bytes) {
   return s;
 }
 
-const FingerprintKey* NodeLedger::content_key() {
-  // Decided once: a store turned off, or that cannot be trusted or read, means no sharing (and
-  // the reason, for host_memory()), not an error.
-  std::call_once(key_once_, [this] {
-    if (!NodeStore::enabled(&store_off_)) return;
-    Status s = NodeStore::key(store_, &key_);
-    has_key_ = s.ok();
-    if (!s.ok()) store_off_ = s.message();
-  });
-  return has_key_ ? &key_ : nullptr;
-}
-
-const FingerprintKey* NodeLedger::store_key_now() {
-  const FingerprintKey* key = content_key();
-  if (key == nullptr || sharing_asked_for_) return key;
+bool NodeLedger::alone_on_node() {
   bool others = false;
   // No ledger (or a forked child's copy): nobody to tell apart, so the store is used as before.
-  if (shared_ == nullptr || getpid() != owner_) return key;
+  if (shared_ == nullptr || getpid() != owner_) return false;
   Status read = locked([&] {
     others = others_alive();
     return Status::Ok();
   });
-  return !read.ok() || others ? key : nullptr;
+  return read.ok() && !others;
 }
-
-void NodeLedger::note_store_refusal(const std::string& why) {
-  std::lock_guard<std::mutex> lock(refusal_mu_);
-  store_refusal_ = why;
-}
-
-Status NodeLedger::open_chunk(const Fingerprint& f, int* fd, bool* here) {
-  return NodeStore::open(store_, f, fd, here);
-}
-
-Status NodeLedger::new_chunk(size_t size, int* fd) { return NodeStore::create(store_, size, fd); }
-
-Status NodeLedger::publish_chunk(int fd, const Fingerprint& f, bool* published) {
-  return NodeStore::publish(store_, fd, f, published);
-}
-
-Status NodeLedger::claim_chunk(const Fingerprint& f, int* claim) { return NodeStore::claim(store_, f, claim); }
-
-void NodeLedger::unclaim_chunk(const Fingerprint& f, int claim) { NodeStore::unclaim(store_, f, claim); }
-
-Status NodeLedger::wait_for_chunk(const Fingerprint& f, std::chrono::milliseconds patience, int* fd) {
-  return NodeStore::wait_for(store_, f, patience, fd);
-}
-
-bool NodeLedger::wait_while_others_make_chunks(std::chrono::steady_clock::time_point deadline) {
-  return content_key() != nullptr && NodeStore::wait_while_others_make(store_, deadline);
-}
-
-void NodeLedger::release_shared(int fd) { NodeStore::release(fd); }
-
-void NodeLedger::discard_chunk(int fd) { NodeStore::discard(fd); }
-
-Status NodeLedger::take_back_chunk(int fd, bool* taken) { return NodeStore::take_back(fd, taken); }
-
-void NodeLedger::retire_chunk(int fd) { NodeStore::retire(fd); }
-
-void NodeLedger::adopt_chunk(int retired, int fd) { NodeStore::adopt(retired, fd); }
-
-size_t NodeLedger::store_room() { return NodeStore::room(store_); }
-
-size_t NodeLedger::store_descriptors_left() { return NodeStore::descriptors_left(); }
 
 }  // namespace tmsl

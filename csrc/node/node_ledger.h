@@ -28,6 +28,11 @@
 // one does, it is half of the host memory the process opening the ledger may use
 // (host_memory_limit: the machine's memory, what is available and the container's limit,
 // whichever is least), worked out again whenever a process opens it with nobody holding a share.
+//
+// The node's store of shared backups (node_store.h) holds bytes for all its processes at once:
+// the ledger counts them once, beside the processes' own, knowing the store only as those bytes
+// (shared_holdings.h). The api layer makes both, one per process (api/node_budget.h), and hands
+// the ledger its settings (Settings, from the process defaults) and the store to count.
 #pragma once
 
 #include <sys/types.h>
@@ -44,15 +49,32 @@
 #include <vector>
 
 #include "node/host_budget.h"
+#include "node/shared_holdings.h"
 #include "platform/status.h"
 
 namespace tmsl {
 
 class NodeLedger final : public HostBudget {
  public:
-  // Opened on first use. A ledger that cannot be opened leaves budgets off (every
-  // reservation succeeds); the reason is kept for host_memory().
-  static NodeLedger& instance();
+  // What the api layer reads for it from the process defaults (environment.h).
+  struct Settings {
+    std::string path;  // TMSL_HOST_LEDGER, else path_for("")
+    size_t budget = 0;  // TMSL_HOST_MEMORY_BUDGET (0: not set)
+    std::string budget_error;  // what is wrong with that variable ("": nothing): no budget applies
+    // false: the budget does not limit this process (TMSL_LIKE_TORCH_MEMORY_SAVER=1 without a
+    // budget of its own), though what it holds is still in the ledger for the others to see.
+    bool budget_applies = true;
+  };
+  // The ledger file at `named`, or the default one where "" (in /dev/shm, this user's).
+  static std::string path_for(const std::string& named);
+  // Opens the ledger at settings.path, taking this process's slot, and counts `held_once`'s
+  // bytes (the node's store; nullptr: nothing) in the budget, after collecting its garbage. A
+  // ledger that cannot be opened leaves budgets off (every reservation succeeds); the reason
+  // is kept for host_memory(). Never destroyed (arenas may go at exit); a forked child makes
+  // one of its own, its copy of this one left (leave_after_fork).
+  NodeLedger(const Settings& settings, SharedHoldings* held_once);
+  ~NodeLedger() override;  // (only the one of two made at once that is not kept)
+  void leave_after_fork();  // in a forked child, right after fork: no slot, no file
 
   // Takes `bytes` for this process, or refuses with Code::kOutOfMemory (naming the budget,
   // what was asked for and who holds what) when the node's processes would exceed the budget.
@@ -74,24 +96,10 @@ class NodeLedger final : public HostBudget {
   // What could be reserved now once the other processes' host caches were given back;
   // SIZE_MAX where no budget applies.
   size_t room_with_others_caches() override;
-  // The node's store (node_store.h), in this ledger's directory; its key is read once.
-  const FingerprintKey* content_key() override;
-  const FingerprintKey* store_key_now() override;
-  Status open_chunk(const Fingerprint& f, int* fd, bool* here) override;
-  Status new_chunk(size_t size, int* fd) override;
-  Status publish_chunk(int fd, const Fingerprint& f, bool* published) override;
-  Status claim_chunk(const Fingerprint& f, int* claim) override;
-  void unclaim_chunk(const Fingerprint& f, int claim) override;
-  Status wait_for_chunk(const Fingerprint& f, std::chrono::milliseconds patience, int* fd) override;
-  bool wait_while_others_make_chunks(std::chrono::steady_clock::time_point deadline) override;
-  void release_shared(int fd) override;
-  void discard_chunk(int fd) override;
-  Status take_back_chunk(int fd, bool* taken) override;
-  void retire_chunk(int fd) override;
-  void adopt_chunk(int retired, int fd) override;
-  size_t store_room() override;
-  size_t store_descriptors_left() override;
-  void note_store_refusal(const std::string& why) override;
+  // Whether no other live process of the node holds a slot (each takes one when its ledger
+  // opens, before it holds anything); false with no ledger, in a forked child's copy, or where
+  // the file cannot be read: nobody to tell apart.
+  bool alone_on_node() override;
 
   struct Holder {
     size_t entry;  // the process's entry in the ledger: unique while it lives
@@ -107,16 +115,7 @@ class NodeLedger final : public HostBudget {
     size_t held_here = 0;    // by this process
     size_t held_by_others = 0;
     std::vector<Holder> holders;  // every process holding some, this one included
-    size_t shared = 0;       // the node's shared backups (node_store.h), counted once
-    // Whether this process's large backups go into the node's store; where not, why (the
-    // store's own decision: sharing turned off, a store on disk or not trusted; or what the
-    // latest backup offered to it met: no room, no descriptors).
-    bool backups_shared = false;
-    std::string sharing_off;
-    // Whether this process is alone on the node (no other live process uses the library), so
-    // that its backups are private copies until another arrives (store_key_now()).
-    bool alone = false;
-    std::string store;  // the store's directory (NodeStore::directory_for the ledger's path)
+    size_t shared = 0;       // the node's shared backups (what it was handed to count), counted once
   };
   Figures figures();
   // The ledger file's path ("" when none could be opened).
@@ -126,7 +125,6 @@ class NodeLedger final : public HostBudget {
   Status set_budget(size_t bytes);
 
  private:
-  NodeLedger();
   struct Shared;
   struct Slot;
   // Runs `body` with the file locked (flock) and this process's slot found or made.
@@ -142,7 +140,6 @@ class NodeLedger final : public HostBudget {
   void follow_path();  // under mu_: moves to the file the path names now
   void watch_in_background();         // starts watch() once
   uint32_t pressure_now();            // the file's pressure counter
-  void leave_after_fork();            // a forked child's copy: no slot, no file
   Slot* my_slot();                    // under the lock; takes a free slot the first time
   bool alive(size_t index) const;     // whether a process holds slot `index`'s record lock
   bool nobody_alive() const;          // under the lock
@@ -174,22 +171,14 @@ class NodeLedger final : public HostBudget {
   int slot_ = -1;    // this process's slot, once it took one
   uint64_t start_time_ = 0;
   std::string path_, error_;
-  std::string store_;  // the shared backup store's directory (node_store.h)
-  std::once_flag key_once_;
-  FingerprintKey key_;
-  bool has_key_ = false;  // set once, under key_once_
-  std::string store_off_;  // why this process does not share ("": it does), set with has_key_
-  std::mutex refusal_mu_;
-  std::string store_refusal_;  // under refusal_mu_: what the latest backup offered to the store met
+  SharedHoldings* const held_once_;  // the node's store, counted once (nullptr: nothing)
   // Whether the budget limits this process (TMSL_LIKE_TORCH_MEMORY_SAVER=1 without a budget
   // of its own: not, as torch_memory_saver's backups take what they need; what it holds is
   // still in the ledger for the others to see).
   std::atomic<bool> budget_applies_{true};
-  // TMSL_SHARE_BACKUPS=1 given: the store is used also by a process alone on the node.
-  bool sharing_asked_for_ = false;
   // This process took its slot when the ledger opened, so that the others see it before it
-  // holds anything (whether a pause is alone is told by the slots); a ledger made again gets
-  // it back at once.
+  // holds anything (whether a pause is alone is told by the slots: alone_on_node()); a ledger
+  // made again gets it back at once.
   bool joined_ = false;
 };
 

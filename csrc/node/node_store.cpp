@@ -26,13 +26,8 @@
 
 #include "node/process_identity.h"
 #include "node/store_files.h"
-#include "platform/environment.h"
 
 namespace tmsl {
-
-bool private_to_this_user(const struct stat& st) {
-  return st.st_uid == geteuid() && (st.st_mode & 022) == 0;
-}
 
 using namespace store_files;  // NOLINT: this file's own helpers
 
@@ -235,20 +230,15 @@ std::vector<std::string> NodeStore::take_notices() { return Notices::instance().
 
 size_t NodeStore::notices_waiting() { return Notices::instance().waiting(); }
 
-bool NodeStore::enabled(std::string* why_not) {
-  const ProcessDefaults& d = process_defaults();
-  if (d.share_backups) return true;
-  *why_not = d.share_backups_given ? "TMSL_SHARE_BACKUPS=0: this process holds its backups privately"
-                                   : "TMSL_LIKE_TORCH_MEMORY_SAVER=1: this process holds its backups privately, as "
-                                     "torch_memory_saver does (TMSL_SHARE_BACKUPS=1 shares them)";
-  return false;
-}
+NodeStore::NodeStore(std::string directory, bool stores_when_alone)
+    : directory_(std::move(directory)), stores_when_alone_(stores_when_alone) {}
 
 std::string NodeStore::directory_for(const std::string& ledger_path) {
   return ledger_path.empty() ? std::string() : ledger_path + ".store";
 }
 
-size_t NodeStore::bytes_in(const std::string& path) {
+size_t NodeStore::bytes() {
+  const std::string& path = directory_;
   StoreDirectory directory(path, false);
   size_t bytes = 0;
   directory.each([&](const char* name) {
@@ -310,7 +300,8 @@ Status untrusted_store(const std::string& path, const StoreDirectory& directory)
 
 }  // namespace
 
-Status NodeStore::key(const std::string& path, FingerprintKey* out) {
+// The key of the store at `path`, read, or drawn where it has none.
+static Status node_key(const std::string& path, FingerprintKey* out) {
   StoreDirectory directory(path, true);
   if (directory.fd() < 0) return untrusted_store(path, directory);
   // Chunks are host memory every holder page-locks: files of a disk's file system can be
@@ -364,7 +355,40 @@ Status refused_chunk(const char* kind, const std::string& path, const std::strin
 
 }  // namespace
 
-Status NodeStore::open(const std::string& path, const Fingerprint& f, int* fd, bool* here) {
+const FingerprintKey* NodeStore::content_key() {
+  // Decided once: a store that cannot be trusted or read means no sharing (and the reason,
+  // for host_memory()), not an error.
+  std::call_once(key_once_, [this] {
+    Status s = node_key(directory_, &key_);
+    has_key_ = s.ok();
+    if (!s.ok()) key_refusal_ = s.message();
+  });
+  return has_key_ ? &key_ : nullptr;
+}
+
+const FingerprintKey* NodeStore::store_key_now(HostBudget& node) {
+  const FingerprintKey* key = content_key();
+  if (key == nullptr || stores_when_alone_) return key;
+  return node.alone_on_node() ? nullptr : key;
+}
+
+std::string NodeStore::key_refusal() {
+  content_key();  // (decided by then)
+  return key_refusal_;
+}
+
+void NodeStore::note_refusal(const std::string& why) {
+  std::lock_guard<std::mutex> lock(refusal_mu_);
+  refusal_ = why;
+}
+
+std::string NodeStore::refusal() {
+  std::lock_guard<std::mutex> lock(refusal_mu_);
+  return refusal_;
+}
+
+Status NodeStore::open_chunk(const Fingerprint& f, int* fd, bool* here) {
+  const std::string& path = directory_;
   *fd = -1;
   StoreDirectory directory(path, true);
   if (directory.fd() < 0) return untrusted_store(path, directory);
@@ -425,7 +449,8 @@ Status NodeStore::open(const std::string& path, const Fingerprint& f, int* fd, b
   return Status::Error(Code::kHostError, "the shared backup chunk " + path + "/" + name + " kept changing");
 }
 
-Status NodeStore::create(const std::string& path, size_t size, int* fd) {
+Status NodeStore::new_chunk(size_t size, int* fd) {
+  const std::string& path = directory_;
   StoreDirectory directory(path, true);
   if (directory.fd() < 0) return untrusted_store(path, directory);
   const int chunk = openat(directory.fd(), ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
@@ -441,7 +466,8 @@ Status NodeStore::create(const std::string& path, size_t size, int* fd) {
   return Status::Ok();
 }
 
-Status NodeStore::publish(const std::string& path, int fd, const Fingerprint& f, bool* published) {
+Status NodeStore::publish_chunk(int fd, const Fingerprint& f, bool* published) {
+  const std::string& path = directory_;
   *published = false;
   StoreDirectory directory(path, false);
   if (directory.fd() < 0) return untrusted_store(path, directory);
@@ -478,7 +504,7 @@ Status NodeStore::publish(const std::string& path, int fd, const Fingerprint& f,
   return Status::Ok();
 }
 
-void NodeStore::discard(int fd) {
+void NodeStore::discard_chunk(int fd) {
   if (in_forked_child()) return;  // closed when the child started
   std::string hidden;
   if (HeldChunks::instance().hidden_path(fd, &hidden)) {
@@ -506,7 +532,8 @@ bool claim_held(int directory, const std::string& name) {
 
 }  // namespace
 
-Status NodeStore::claim(const std::string& path, const Fingerprint& f, int* claim) {
+Status NodeStore::claim_chunk(const Fingerprint& f, int* claim) {
+  const std::string& path = directory_;
   *claim = -1;
   StoreDirectory directory(path, true);
   if (directory.fd() < 0) return untrusted_store(path, directory);
@@ -529,9 +556,9 @@ Status NodeStore::claim(const std::string& path, const Fingerprint& f, int* clai
   return Status::Error(Code::kHostError, "the claim of shared backup chunk " + f.name() + " kept changing");
 }
 
-void NodeStore::unclaim(const std::string& path, const Fingerprint& f, int claim) {
+void NodeStore::unclaim_chunk(const Fingerprint& f, int claim) {
   if (in_forked_child()) return;  // the parent's claim: closed when the child started
-  StoreDirectory directory(path, false);
+  StoreDirectory directory(directory_, false);
   const std::string name = claim_name(f);
   // Only our own claim's name goes (a stale one may have been replaced by another's).
   if (directory.fd() >= 0) unlink_if_named(directory.fd(), claim, name.c_str());
@@ -540,24 +567,27 @@ void NodeStore::unclaim(const std::string& path, const Fingerprint& f, int claim
   close(claim);
 }
 
-Status NodeStore::wait_for(const std::string& path, const Fingerprint& f, std::chrono::milliseconds patience, int* fd) {
+Status NodeStore::wait_for_chunk(const Fingerprint& f, std::chrono::milliseconds patience, int* fd) {
+  const std::string& path = directory_;
   const auto deadline = std::chrono::steady_clock::now() + patience;
   const std::string name = claim_name(f);
   bool here = false;  // (never: the caller waits for another process's chunk)
   for (;;) {
-    Status s = open(path, f, fd, &here);
+    Status s = open_chunk(f, fd, &here);
     if (!s.ok() || *fd >= 0) return s;
     StoreDirectory directory(path, false);
     if (directory.fd() < 0 || !claim_held(directory.fd(), name)) {
       // Named meanwhile (its maker lets the claim go after naming it), or given up.
-      return open(path, f, fd, &here);
+      return open_chunk(f, fd, &here);
     }
     if (std::chrono::steady_clock::now() >= deadline) return Status::Ok();
     usleep(500);
   }
 }
 
-bool NodeStore::wait_while_others_make(const std::string& path, std::chrono::steady_clock::time_point deadline) {
+bool NodeStore::wait_while_others_make_chunks(std::chrono::steady_clock::time_point deadline) {
+  if (content_key() == nullptr) return false;  // (no chunks made here, nor waited for)
+  const std::string& path = directory_;
   auto others_making = [&] {
     StoreDirectory directory(path, false);
     bool any = false;
@@ -575,17 +605,17 @@ bool NodeStore::wait_while_others_make(const std::string& path, std::chrono::ste
   return true;
 }
 
-void NodeStore::release(int fd) {
+void NodeStore::release_shared(int fd) {
   std::string path;
   if (HeldChunks::instance().take(fd, &path)) HeldChunks::let_go(fd, path);
 }
 
-void NodeStore::retire(int fd) {
+void NodeStore::retire_chunk(int fd) {
   // (Its record lock stays: this process still vouches for the file it maps.)
   if (!in_forked_child()) flock(fd, LOCK_UN);
 }
 
-void NodeStore::adopt(int retired, int fd) {
+void NodeStore::adopt_chunk(int retired, int fd) {
   std::string path;
   // No name to remove: the file is held under its new one.
   if (HeldChunks::instance().take(retired, &path)) close(retired);
@@ -593,7 +623,7 @@ void NodeStore::adopt(int retired, int fd) {
   hold_range_shared(fd, kVouchStart, kVouchLength);
 }
 
-Status NodeStore::take_back(int fd, bool* taken) {
+Status NodeStore::take_back_chunk(int fd, bool* taken) {
   *taken = false;
   std::string path;
   const int mode = fcntl(fd, F_GETFL);
@@ -627,7 +657,8 @@ Status NodeStore::take_back(int fd, bool* taken) {
   return Status::Ok();
 }
 
-size_t NodeStore::room(const std::string& path) {
+size_t NodeStore::room() {
+  const std::string& path = directory_;
   StoreDirectory directory(path, true);
   return directory.fd() < 0 ? 0 : room_of(directory.fd());
 }
@@ -657,7 +688,8 @@ size_t NodeStore::descriptors_left() {
   return most > open + kept ? most - open - kept : 0;
 }
 
-void NodeStore::collect_garbage(const std::string& path) {
+void NodeStore::collect_garbage() {
+  const std::string& path = directory_;
   StoreDirectory directory(path, false);
   directory.each_claim([&](const char* name) { claim_held(directory.fd(), name); });
   // (Not the files this process holds: see holds_file().)
@@ -672,7 +704,7 @@ void NodeStore::collect_garbage(const std::string& path) {
   });
   directory.each([&](const char* name) {
     if (held_here(name)) return;
-    const int chunk = open_chunk(directory.fd(), name);
+    const int chunk = store_files::open_chunk(directory.fd(), name);
     if (chunk >= 0) {
       unlink_if_unheld(directory.fd(), chunk, name);
       close(chunk);

@@ -67,4 +67,8 @@ bool held_in_another_pid_namespace(int fd, off_t start, off_t length) {
            stat("/proc/self/ns/pid", &own) == 0 && holder.st_ino == own.st_ino && holder.st_dev == own.st_dev);
 }
 
+bool private_to_this_user(const struct stat& st) {
+  return st.st_uid == geteuid() && (st.st_mode & 022) == 0;
+}
+
 }  // namespace tmsl

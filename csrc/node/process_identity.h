@@ -1,4 +1,6 @@
-// Who a process is and whether it still lives: the one owner of both for the node's files.
+// Who a process is and whether it still lives: the one owner of both for the node's files;
+// and whose a file of the node is (private_to_this_user: the one trust check of the ledger and
+// the store, both in /dev/shm, which every user may write).
 //
 // Identity: a pid with its start time (clock ticks after boot, /proc/<pid>/stat field 22), so a
 // pid reused by a new process is not taken for the old one.
@@ -7,6 +9,7 @@
 // not inherit it, and it is seen across PID namespaces that share the file, where /proc is not.
 #pragma once
 
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <cstdint>
@@ -36,5 +39,9 @@ bool hold_range_shared(int fd, off_t start, off_t length);
 // locks on a file go whenever it closes any descriptor of it, so a holder of this namespace
 // may have lost its own, and nothing then says the file is another namespace's.
 bool held_in_another_pid_namespace(int fd, off_t start, off_t length);
+
+// Whether a file (or directory) of /dev/shm, which every user may write, can be trusted: this
+// user's (the effective one), and nobody else may write it.
+bool private_to_this_user(const struct stat& st);
 
 }  // namespace tmsl

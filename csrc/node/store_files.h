@@ -14,11 +14,10 @@
 #include <cstring>
 #include <string>
 
+#include "node/process_identity.h"
 #include "platform/status.h"
 
 namespace tmsl {
-
-bool private_to_this_user(const struct stat& st);  // (node_store.h)
 
 namespace store_files {
 

@@ -1,7 +1,5 @@
 #include "tiers/backup.h"
 
-#include "node/node_store.h"
-
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -87,16 +85,16 @@ bool HostArena::private_memory_at(char* at, size_t size) {
   if (mmap(at, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED) return false;
   madvise(at, size, MADV_HUGEPAGE);
   keep_from_children(at, size);
-  return fault_in_pages(at, size, -1, 0);
+  return fault_in_pages(at, size, -1, 0, nullptr);
 }
 
-bool HostArena::fault_in_pages(char* at, size_t size, int file, size_t in_file) {
+bool HostArena::fault_in_pages(char* at, size_t size, int file, size_t in_file, ChunkStore* store) {
   if (file >= 0) {
     // A file's pages are allocated in the file first: a full tmpfs answers ENOSPC here, where
     // a write to a page it cannot back would end the process with SIGBUS. The store's room is
     // looked at again (others may have filled it since the pause looked): what stays free for
     // everyone else is never taken.
-    if (NodeStore::room_of(file) < size) return false;
+    if (store == nullptr || store->room_of(file) < size) return false;
     if (fallocate(file, 0, static_cast<off_t>(in_file), static_cast<off_t>(size)) != 0) return false;
     // Then mapped in the kernel, in one call, where it can (Linux 5.14); else by a write to each.
     if (madvise(at, size, MADV_POPULATE_WRITE) == 0 || errno != EINVAL) return true;
@@ -118,7 +116,7 @@ size_t fault_in_workers(size_t pieces) {
 
 Status HostArena::create(std::shared_ptr<Backend> backend, HostBudget& budget, ForegroundGate& gate, bool urgent,
                          int device, const std::vector<size_t>& buffer_sizes, std::unique_ptr<HostArena>* out) {
-  std::unique_ptr<HostArena> arena(new HostArena(std::move(backend), budget, gate, urgent, device, buffer_sizes));
+  std::unique_ptr<HostArena> arena(new HostArena(std::move(backend), budget, nullptr, gate, urgent, device, buffer_sizes));
   Status reserved = budget.reserve(arena->used_);
   if (!reserved.ok()) return reserved;
   arena->reserved_ = true;
@@ -135,9 +133,9 @@ Status HostArena::create(std::shared_ptr<Backend> backend, HostBudget& budget, F
   return Status::Ok();
 }
 
-HostArena::HostArena(std::shared_ptr<Backend> backend, HostBudget& budget, ForegroundGate& gate, bool urgent,
-                     int device, const std::vector<size_t>& buffer_sizes)
-    : backend_(std::move(backend)), budget_(budget), gate_(gate), urgent_(urgent), device_(device),
+HostArena::HostArena(std::shared_ptr<Backend> backend, HostBudget& budget, ChunkStore* store, ForegroundGate& gate,
+                     bool urgent, int device, const std::vector<size_t>& buffer_sizes)
+    : backend_(std::move(backend)), budget_(budget), store_(store), gate_(gate), urgent_(urgent), device_(device),
       buffer_sizes_(buffer_sizes) {
   // Buffers in order. Small ones share a range until it has kRangeBytes; a larger one starts
   // a range and is cut into ranges of kRangeBytes, and the buffer after it starts a new one.
@@ -240,7 +238,8 @@ void HostArena::fault_in() {
     // (A new chunk's file that cannot get its pages gets private memory instead, from the
     // registrar: the pause goes on as with sharing off.)
     const bool room =
-        fault_in_pages(data_ + piece.start, piece.size, ranges_[piece.range].new_fd, piece.start - ranges_[piece.range].start);
+        fault_in_pages(data_ + piece.start, piece.size, ranges_[piece.range].new_fd, piece.start - ranges_[piece.range].start,
+                       store_);
     std::lock_guard<std::mutex> lock(mu_);
     if (!room) ranges_[piece.range].no_room = true;
     if (--ranges_[piece.range].pieces_left == 0) changed_.notify_all();
@@ -281,7 +280,7 @@ void HostArena::page_lock() {
         std::lock_guard<std::mutex> lock(mu_);
         range.own = true;
         range.no_room = false;
-        budget_.discard_chunk(range.new_fd);  // no longer mapped: its memory is private now
+        store_->discard_chunk(range.new_fd);  // no longer mapped: its memory is private now
         range.new_fd = -1;
       }
     }
@@ -453,9 +452,9 @@ HostArena::~HostArena() {
     if (data_ != nullptr) munmap(data_, size_);
   }
   for (const Range& range : ranges_) {
-    if (range.shared_fd >= 0) budget_.release_shared(range.shared_fd);
-    if (range.new_fd >= 0) budget_.discard_chunk(range.new_fd);
-    if (range.claim_fd >= 0) budget_.unclaim_chunk(content_[&range - ranges_.data()], range.claim_fd);
+    if (range.shared_fd >= 0) store_->release_shared(range.shared_fd);
+    if (range.new_fd >= 0) store_->discard_chunk(range.new_fd);
+    if (range.claim_fd >= 0) store_->unclaim_chunk(content_[&range - ranges_.data()], range.claim_fd);
   }
   if (reserved_) budget_.give_back(used_ - shared_bytes_.load());
 }
@@ -499,7 +498,7 @@ Status HostArena::unshare(Range& range) {
     if (reserve) budget_.give_back(range.size);
     return errno_status("making a shared backup range private again", error);
   }
-  budget_.release_shared(range.shared_fd);
+  store_->release_shared(range.shared_fd);
   range.shared_fd = -1;
   shared_ranges_--;
   if (range.counted) shared_bytes_ -= range.size;

@@ -14,7 +14,8 @@
 // from with torch (get_cpu_backup(zero_copy=True)) is first made one registration
 // (register_as_one). A pooled arena (host_pool.h) may be carved again into buffers of any
 // sizes at any page of its ranges (spans()). Its bytes are taken from the budget it
-// is handed (host_budget.h) and given back when it goes. Its workers give way to the
+// is handed (host_budget.h) and given back when it goes; a content arena is handed the node's
+// store too (chunk_store.h), whose chunks it maps. Its workers give way to the
 // foreground (foreground_gate.h) unless it is urgent: a pause waits for it.
 #pragma once
 
@@ -31,6 +32,7 @@
 #include <utility>
 #include <vector>
 
+#include "node/chunk_store.h"
 #include "node/host_budget.h"
 #include "platform/backend.h"
 #include "platform/fingerprint.h"
@@ -55,7 +57,7 @@ class HostArena {
                        int device, const std::vector<size_t>& buffer_sizes, std::unique_ptr<HostArena>* out);
   // A content arena: one buffer of `size` bytes (a multiple of the page) for one allocation's
   // copy, whose ranges (kRangeBytes each, the last shorter: chunks_in(size) of them) are
-  // chunks of the node's store (node_store.h), chunks[i] for range i. A chunk the store has
+  // chunks of the node's store `store` (chunk_store.h), chunks[i] for range i. A chunk the store has
   // (fd held open by open_chunk) is mapped read-only as it is: no memory of this process, no
   // copy. A new one (fd -1) is made here, a file the pause copies into and publish() names,
   // its bytes taken from `budget` until then (private memory instead where its file gets no
@@ -73,7 +75,8 @@ class HostArena {
     bool own = false;   // a new chunk never named: this process holds or makes those bytes already
   };
   static size_t chunks_in(size_t size) { return (size + kRangeBytes - 1) / kRangeBytes; }
-  static Status create_content(std::shared_ptr<Backend> backend, HostBudget& budget, ForegroundGate& gate, int device,
+  static Status create_content(std::shared_ptr<Backend> backend, HostBudget& budget, ChunkStore& store,
+                               ForegroundGate& gate, int device,
                                size_t size, const std::vector<Chunk>& chunks, std::unique_ptr<HostArena>* out);
   // A soft arena (soft_arena.cpp): one buffer of `size` bytes (a multiple of the device's
   // granularity: an allocation's reserved bytes) of host memory the GPU maps like its own
@@ -96,9 +99,9 @@ class HostArena {
   ~HostArena();  // waits for its workers, unregisters, unmaps
   // Marks memory a forked child must not get (MADV_DONTFORK); faults pages in by writing them
   // (those of `file` at `in_file`, -1 for anonymous memory, allocated in the file first: false
-  // where it has no room).
+  // where it has no room, which `store`, the file's, tells).
   static void keep_from_children(void* at, size_t size);
-  static bool fault_in_pages(char* at, size_t size, int file, size_t in_file);
+  static bool fault_in_pages(char* at, size_t size, int file, size_t in_file, ChunkStore* store);
   // Gives its pages back range by range, each once the foreground is quiet: the background's
   // way of freeing it. Unpinning and freeing gigabytes at once holds the driver's lock and
   // the process's memory map for a tenth of a second, which an allocation or a copy starting
@@ -231,7 +234,7 @@ class HostArena {
     size_t size;
   };
 
-  HostArena(std::shared_ptr<Backend> backend, HostBudget& budget, ForegroundGate& gate, bool urgent, int device,
+  HostArena(std::shared_ptr<Backend> backend, HostBudget& budget, ChunkStore* store, ForegroundGate& gate, bool urgent, int device,
             const std::vector<size_t>& buffer_sizes);
   void start_workers();  // the registrar and the workers that fault pages in (or does it all here)
   void release_soft();   // a soft arena's handles and address range, given back (the destructor's)
@@ -266,6 +269,7 @@ class HostArena {
 
   const std::shared_ptr<Backend> backend_;
   HostBudget& budget_;
+  ChunkStore* const store_;  // a content arena's (its chunks'); nullptr for the others
   ForegroundGate& gate_;
   std::atomic<bool> urgent_;
   const int device_;

@@ -5,23 +5,24 @@
 #include <algorithm>
 
 #include "node/host_limits.h"
-#include "platform/environment.h"
 
 namespace tmsl {
 
-BackupTiers::BackupTiers(std::shared_ptr<Backend> backend, HostBudget& budget)
-    : backend_(std::move(backend)), budget_(budget), pool_(background_, gate_) {
+BackupTiers::BackupTiers(std::shared_ptr<Backend> backend, HostBudget& budget, ChunkStore* store,
+                         bool keeps_host_cache)
+    : backend_(std::move(backend)), budget_(budget), store_(store), cache_bytes_(default_cache_bytes(keeps_host_cache)),
+      pool_(background_, gate_) {
   pool_.set_limit(cache_bytes_.load());
 }
 
 BackupTiers::~BackupTiers() { background_.wait_idle(); }
 
-size_t BackupTiers::default_cache_bytes() {
+size_t BackupTiers::default_cache_bytes(bool keeps_host_cache) {
+  // Like torch_memory_saver (TMSL_LIKE_TORCH_MEMORY_SAVER): a backup is freed at its resume.
+  if (!keeps_host_cache) return 0;
   // Judged once per process: the available memory moves, and a default that changed
   // between two reads would be no setting at all.
   static const size_t chosen = [] {
-    // Like torch_memory_saver (TMSL_LIKE_TORCH_MEMORY_SAVER): a backup is freed at its resume.
-    if (!process_defaults().keeps_host_cache) return size_t{0};
     size_t memory = host_memory_limit();
     if (memory == 0) {
       const long pages = sysconf(_SC_PHYS_PAGES);

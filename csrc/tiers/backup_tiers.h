@@ -5,7 +5,8 @@
 // resume, which cached arenas give way, the figure the node's ledger is told: host_cache.cpp),
 // the node's budget it is handed (host_budget.h), the spill's choice (which copies a pause
 // sends to the disk tier instead: spill_choice.cpp), the copies made of chunks of the node's
-// store (content_copies.cpp), the background thread that prepares and frees host memory,
+// store, which it is handed beside the budget where the process shares (chunk_store.h;
+// content_copies.cpp), the background thread that prepares and frees host memory,
 // and the gate that makes that thread give way to the foreground (foreground_gate.h). It
 // chooses, per batch, where each allocation's copy goes: memory the allocation kept, the
 // pool, fresh memory.
@@ -27,6 +28,7 @@
 #include <mutex>
 #include <vector>
 
+#include "node/chunk_store.h"
 #include "node/host_budget.h"
 #include "platform/backend.h"
 #include "platform/status.h"
@@ -60,7 +62,9 @@ struct CopyRequest {
 
 class BackupTiers {
  public:
-  BackupTiers(std::shared_ptr<Backend> backend, HostBudget& budget);
+  // `budget` and `store` outlive it; `store` nullptr: this process does not share (every copy
+  // private). `keeps_host_cache` false: its cache starts at 0 bytes (default_cache_bytes).
+  BackupTiers(std::shared_ptr<Backend> backend, HostBudget& budget, ChunkStore* store, bool keeps_host_cache);
   ~BackupTiers();  // waits for the background work, frees the pool
   BackupTiers(const BackupTiers&) = delete;
   BackupTiers& operator=(const BackupTiers&) = delete;
@@ -78,9 +82,9 @@ class BackupTiers {
   // The host cache's budget: copies kept after a resume and the pool together (0: none).
   size_t cache_bytes() const { return cache_bytes_.load(); }
   void set_cache_bytes(size_t bytes) { cache_bytes_.store(bytes); }
-  // The default: an eighth of the host memory this process may use, at most 32 GiB; 0 under
-  // TMSL_LIKE_TORCH_MEMORY_SAVER=1 (environment.h).
-  static size_t default_cache_bytes();
+  // The default: an eighth of the host memory this process may use, at most 32 GiB; 0 where
+  // it keeps none (TMSL_LIKE_TORCH_MEMORY_SAVER=1, environment.h: the api layer tells).
+  static size_t default_cache_bytes(bool keeps_host_cache);
   // The copies kept after resumes hold `bytes` of the cache: the pool keeps at most the rest
   // (`now`: what it lets go is freed here, not in the background).
   void note_kept(size_t bytes, bool now = false);
@@ -143,13 +147,16 @@ class BackupTiers {
   std::vector<uintptr_t> choose_spill(const std::vector<SpillCandidate>& selected, bool everything);
 
   // The node's store (content_copies.cpp). The key chunks are fingerprinted under; nullptr
-  // where this process does not share.
-  const FingerprintKey* content_key() { return budget_.content_key(); }
-  // The key where a backup offered now goes to the store; nullptr: a private copy (HostBudget).
-  const FingerprintKey* store_key_now() { return budget_.store_key_now(); }
-  // A backup that could have gone into the store became a private copy: why (HostBudget).
+  // where this process does not share (no store handed, or one that cannot be used).
+  const FingerprintKey* content_key() { return store_ != nullptr ? store_->content_key() : nullptr; }
+  // The key where a backup offered now goes to the store; nullptr: a private copy (the store
+  // asks the budget whether this process is alone on the node: ChunkStore::store_key_now).
+  const FingerprintKey* store_key_now() { return store_ != nullptr ? store_->store_key_now(budget_) : nullptr; }
+  // A backup that could have gone into the store became a private copy: why (ChunkStore).
   // content_copy notes its own outcome.
-  void note_store_refusal(const std::string& why) { budget_.note_store_refusal(why); }
+  void note_store_refusal(const std::string& why) {
+    if (store_ != nullptr) store_->note_refusal(why);
+  }
   // The fingerprints of the chunks of [va, va + bytes) on `device`, computed there
   // (Backend::fingerprint); kUnsupported where the device cannot: the pause copies instead.
   // (After the copies before the mark `after`, where given: Backend::fingerprint.)
@@ -191,7 +198,8 @@ class BackupTiers {
  private:
   std::shared_ptr<Backend> backend_;
   HostBudget& budget_;
-  std::atomic<size_t> cache_bytes_{default_cache_bytes()};
+  ChunkStore* const store_;  // nullptr: this process does not share
+  std::atomic<size_t> cache_bytes_;
   std::atomic<size_t> fresh_arenas_{0};
   std::atomic<size_t> published_cache_{0};  // what the node's ledger was last told
   std::atomic<size_t> published_shared_{0};  // and of the store's bytes this process maps

@@ -14,11 +14,12 @@
 
 namespace tmsl {
 
-Status HostArena::create_content(std::shared_ptr<Backend> backend, HostBudget& budget, ForegroundGate& gate, int device,
+Status HostArena::create_content(std::shared_ptr<Backend> backend, HostBudget& budget, ChunkStore& store,
+                                 ForegroundGate& gate, int device,
                                  size_t size, const std::vector<Chunk>& chunks, std::unique_ptr<HostArena>* out) {
   bool any_new = false;
   for (const Chunk& chunk : chunks) any_new = any_new || chunk.fd < 0;
-  std::unique_ptr<HostArena> arena(new HostArena(std::move(backend), budget, gate, any_new, device, {size}));
+  std::unique_ptr<HostArena> arena(new HostArena(std::move(backend), budget, &store, gate, any_new, device, {size}));
   HostArena& a = *arena;
   // From here on the arena holds the chunks: its destructor lets go of them, whatever fails.
   const bool laid_out = a.ranges_.size() == chunks.size() && a.buffer_offsets_[0] == 0;
@@ -31,8 +32,8 @@ Status HostArena::create_content(std::shared_ptr<Backend> backend, HostBudget& b
   }
   if (!laid_out || size % static_cast<size_t>(sysconf(_SC_PAGESIZE)) != 0) {
     for (size_t r = a.ranges_.size(); r < chunks.size(); ++r) {
-      if (chunks[r].fd >= 0) budget.release_shared(chunks[r].fd);
-      if (chunks[r].claim >= 0) budget.unclaim_chunk(chunks[r].fingerprint, chunks[r].claim);
+      if (chunks[r].fd >= 0) store.release_shared(chunks[r].fd);
+      if (chunks[r].claim >= 0) store.unclaim_chunk(chunks[r].fingerprint, chunks[r].claim);
     }
     // (A size that is no whole number of pages, say: the pause copies it as before.)
     return Status::Error(Code::kUnsupported, "a content arena's chunks do not match its size");
@@ -66,7 +67,7 @@ Status HostArena::create_content(std::shared_ptr<Backend> backend, HostBudget& b
   for (Range& range : a.ranges_) {
     if (range.pending) continue;
     if (range.shared_fd < 0) {
-      s = budget.new_chunk(range.size, &range.new_fd);
+      s = store.new_chunk(range.size, &range.new_fd);
       if (!s.ok()) return s;
     }
     const bool fresh = range.new_fd >= 0;
@@ -93,7 +94,7 @@ void HostArena::publish() {
     bool published = false;
     // (Not while a lease lets a user write it: it stays this process's own until then.)
     if (range.new_fd >= 0 && !range.own && live_leases_.load() == 0 &&
-        budget_.publish_chunk(range.new_fd, content_[r], &published).ok() &&
+        store_->publish_chunk(range.new_fd, content_[r], &published).ok() &&
         published) {
       // Other processes read it from now on: never written here again (no copy goes into a
       // chunk of the store). Its mapping stays writable all the same: changing the protection
@@ -108,7 +109,7 @@ void HostArena::publish() {
       if (reserved_) given_back += range.size;
     }
     // Named, or the store had it first: whoever waits for it finds it now.
-    if (range.claim_fd >= 0) budget_.unclaim_chunk(content_[r], range.claim_fd);
+    if (range.claim_fd >= 0) store_->unclaim_chunk(content_[r], range.claim_fd);
     range.claim_fd = -1;
   }
   if (given_back != 0) budget_.give_back(given_back);
@@ -117,7 +118,7 @@ void HostArena::publish() {
 void HostArena::drop_claims() {
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t r = 0; r < ranges_.size(); ++r) {
-    if (ranges_[r].claim_fd >= 0) budget_.unclaim_chunk(content_[r], ranges_[r].claim_fd);
+    if (ranges_[r].claim_fd >= 0) store_->unclaim_chunk(content_[r], ranges_[r].claim_fd);
     ranges_[r].claim_fd = -1;
   }
 }
@@ -144,19 +145,19 @@ bool same_file(int a, int b) {
 Status HostArena::replace_retired(Range& range, int fd) {
   // (A recycled arena's ranges are all done: no registrar runs.)
   if (range.registered && !backend_->unregister_host(device_, data_ + range.start).ok()) {
-    if (fd >= 0) budget_.release_shared(fd);
+    if (fd >= 0) store_->release_shared(fd);
     return Status::Error(Code::kHostError, "a changed shared backup chunk stayed page-locked");
   }
   range.registered = false;  // page-locked again at its first copy (for_each_part)
   if (fd >= 0) {
     if (mmap(data_ + range.start, range.size, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
       const int error = errno;
-      budget_.release_shared(fd);
+      store_->release_shared(fd);
       return errno_status("mapping a shared backup chunk", error);
     }
     keep_from_children(data_ + range.start, range.size);
   }
-  budget_.release_shared(range.shared_fd);  // the old file, unmapped now (or mapped over next)
+  store_->release_shared(range.shared_fd);  // the old file, unmapped now (or mapped over next)
   std::lock_guard<std::mutex> lock(mu_);
   range.shared_fd = fd;
   range.retired = false;
@@ -172,7 +173,7 @@ Status HostArena::settle_chunk(size_t index, int fd) {
     if (same_file(fd, range.shared_fd)) {
       // Rewritten in place by its maker: its mapping and page-locking here already hold the
       // new bytes.
-      budget_.adopt_chunk(range.shared_fd, fd);
+      store_->adopt_chunk(range.shared_fd, fd);
     } else {
       Status s = replace_retired(range, fd);
       if (!s.ok()) return s;
@@ -186,7 +187,7 @@ Status HostArena::settle_chunk(size_t index, int fd) {
   }
   if (mmap(data_ + range.start, range.size, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
     const int error = errno;
-    budget_.release_shared(fd);
+    store_->release_shared(fd);
     return errno_status("mapping a shared backup chunk", error);
   }
   keep_from_children(data_ + range.start, range.size);
@@ -213,15 +214,15 @@ Status HostArena::make_chunk(size_t index, int claim) {
   Status s = budget_.reserve(range.size);
   if (!s.ok()) return s;
   int fd = -1;
-  bool in_file = budget_.new_chunk(range.size, &fd).ok() &&
+  bool in_file = store_->new_chunk(range.size, &fd).ok() &&
                  mmap(data_ + range.start, range.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) != MAP_FAILED;
   if (in_file) {
     madvise(data_ + range.start, range.size, MADV_HUGEPAGE);
-    in_file = fault_in_pages(data_ + range.start, range.size, fd, 0);
+    in_file = fault_in_pages(data_ + range.start, range.size, fd, 0, store_);
   }
   if (!in_file) {
     // No file, or no room for its pages (a full /dev/shm): private memory, never published.
-    if (fd >= 0) budget_.discard_chunk(fd);
+    if (fd >= 0) store_->discard_chunk(fd);
     fd = -1;
     if (!private_memory_at(data_ + range.start, range.size)) {
       budget_.give_back(range.size);
@@ -248,7 +249,7 @@ bool HostArena::take_back(Range& range, bool reserved) {
   const bool reserve = range.counted && reserved_ && !reserved;
   if (reserve && !budget_.reserve(range.size).ok()) return false;
   bool taken = false;
-  if (!budget_.take_back_chunk(range.shared_fd, &taken).ok() || !taken) {
+  if (!store_->take_back_chunk(range.shared_fd, &taken).ok() || !taken) {
     if (reserve) budget_.give_back(range.size);
     return false;
   }
@@ -273,9 +274,9 @@ bool HostArena::recycle(const std::vector<Fingerprint>& content, std::chrono::st
     // New bytes the store has already are taken from it, not copied again (the caller's way).
     int fd = -1;
     bool here = false;
-    if (!budget_.open_chunk(content[r], &fd, &here).ok()) return false;
+    if (!store_->open_chunk(content[r], &fd, &here).ok()) return false;
     if (fd >= 0) {
-      budget_.release_shared(fd);
+      store_->release_shared(fd);
       return false;
     }
     changed.push_back(r);
@@ -315,10 +316,10 @@ bool HostArena::recycle(const std::vector<Fingerprint>& content, std::chrono::st
   // nobody's any more).
   std::vector<std::pair<size_t, int>> claimed;  // chunks made here, waited for: (range, claim)
   auto give_up = [&] {
-    for (const auto& [r, claim] : claimed) budget_.unclaim_chunk(content[r], claim);
+    for (const auto& [r, claim] : claimed) store_->unclaim_chunk(content[r], claim);
     for (size_t t : changed) {
       Range& range = ranges_[t];
-      if (range.claim_fd >= 0) budget_.unclaim_chunk(content[t], range.claim_fd);  // (taken back below)
+      if (range.claim_fd >= 0) store_->unclaim_chunk(content[t], range.claim_fd);  // (taken back below)
       range.claim_fd = -1;
       if (range.shared_fd < 0) range.own = true;
     }
@@ -333,22 +334,22 @@ bool HostArena::recycle(const std::vector<Fingerprint>& content, std::chrono::st
   for (size_t r : held_by_others) {
     Range& range = ranges_[r];
     int claim = -1;
-    if (range.made_here && !budget_.claim_chunk(content[r], &claim).ok()) return give_up();
+    if (range.made_here && !store_->claim_chunk(content[r], &claim).ok()) return give_up();
     if (claim >= 0) {
       claimed.emplace_back(r, claim);
       // Named by another process since the look above (see BackupTiers::taken_if_named_meanwhile):
       // the caller takes it from the store.
       int fd = -1;
       bool here = false;
-      if (!budget_.open_chunk(content[r], &fd, &here).ok()) return give_up();
+      if (!store_->open_chunk(content[r], &fd, &here).ok()) return give_up();
       if (fd >= 0) {
-        budget_.release_shared(fd);
+        store_->release_shared(fd);
         return give_up();
       }
       continue;
     }
     // (Made here, but another process makes the new bytes: waited for as the others' are.)
-    budget_.retire_chunk(range.shared_fd);
+    store_->retire_chunk(range.shared_fd);
     range.retired = true;
     range.pending = true;
   }
@@ -395,8 +396,8 @@ std::vector<size_t> HostArena::take_in_place(size_t first, const std::vector<Fin
       // New bytes the store has already: taken from it by recycle()'s caller, not copied.
       int fd = -1;
       bool here = false;
-      every = budget_.open_chunk(content[i], &fd, &here).ok() && fd < 0;
-      if (fd >= 0) budget_.release_shared(fd);
+      every = store_->open_chunk(content[i], &fd, &here).ok() && fd < 0;
+      if (fd >= 0) store_->release_shared(fd);
     }
     if (every) changed.push_back(r);
   }

@@ -1,7 +1,8 @@
-// Copies made of chunks of the node's store (node_store.h), the tiers' side of holding
-// identical bytes once per node: a pause fingerprints a large backup's memory where it lies,
-// chunk by chunk (kRangeBytes each), and its copy becomes a content arena (backup.h) whose
-// chunks the store has are taken as they are; only the new ones are copied, then named.
+// Copies made of chunks of the node's store (chunk_store.h, handed to the tiers where the
+// process shares), the tiers' side of holding identical bytes once per node: a pause
+// fingerprints a large backup's memory where it lies, chunk by chunk (kRangeBytes each), and
+// its copy becomes a content arena (backup.h) whose chunks the store has are taken as they
+// are; only the new ones are copied, then named.
 #include <unistd.h>
 
 #include <algorithm>
@@ -29,6 +30,7 @@ Status BackupTiers::fingerprint_chunks(int device, uintptr_t va, size_t bytes, c
 
 Status BackupTiers::content_copy(int device, size_t bytes, const std::vector<Fingerprint>& fingerprints,
                                  HostBuffer* out, size_t* new_bytes, bool make_room) {
+  if (store_ == nullptr) return Status::Error(Code::kUnsupported, "this process does not share backups: a private copy");
   std::unique_ptr<HostArena> made;
   auto attempt = [&] {
     // Opened again at each attempt: the arena takes the chunks, also when it fails.
@@ -42,7 +44,7 @@ Status BackupTiers::content_copy(int device, size_t bytes, const std::vector<Fin
     *new_bytes = 0;
     // One file per chunk it holds, one per claim: never the descriptors the rest of the
     // process needs (a private copy then, as with sharing off).
-    if (2 * chunks.size() > budget_.store_descriptors_left()) {
+    if (2 * chunks.size() > store_->descriptors_left()) {
       return Status::Error(Code::kUnsupported, "no file descriptors left for the node's store: a private copy");
     }
     Status opened;
@@ -50,9 +52,9 @@ Status BackupTiers::content_copy(int device, size_t bytes, const std::vector<Fin
       HostArena::Chunk& chunk = chunks[i];
       chunk.fingerprint = fingerprints[i];
       chunk.own = !seen.insert(chunk.fingerprint.name()).second;
-      if (!chunk.own) opened = budget_.open_chunk(chunk.fingerprint, &chunk.fd, &chunk.own);
+      if (!chunk.own) opened = store_->open_chunk(chunk.fingerprint, &chunk.fd, &chunk.own);
       if (opened.ok() && chunk.fd < 0 && !chunk.own) {
-        opened = budget_.claim_chunk(chunk.fingerprint, &chunk.claim);
+        opened = store_->claim_chunk(chunk.fingerprint, &chunk.claim);
         if (opened.ok() && chunk.claim >= 0) opened = taken_if_named_meanwhile(&chunk.fd, chunk.fingerprint, &chunk.claim);
       }
       chunk.pending = opened.ok() && chunk.fd < 0 && chunk.claim < 0 && !chunk.own;
@@ -60,18 +62,18 @@ Status BackupTiers::content_copy(int device, size_t bytes, const std::vector<Fin
     }
     // New chunks only where the store's file system keeps room for everyone else: a small
     // /dev/shm (a container's 64 MiB) means a private copy, as with sharing off.
-    if (opened.ok() && *new_bytes > budget_.store_room()) {
+    if (opened.ok() && *new_bytes > store_->room()) {
       opened = Status::Error(Code::kUnsupported, "the node's store has no room for " + format_bytes(*new_bytes) +
                                                      " of new chunks: a private copy");
     }
     if (!opened.ok()) {
       for (const HostArena::Chunk& chunk : chunks) {
-        if (chunk.fd >= 0) budget_.release_shared(chunk.fd);
-        if (chunk.claim >= 0) budget_.unclaim_chunk(chunk.fingerprint, chunk.claim);
+        if (chunk.fd >= 0) store_->release_shared(chunk.fd);
+        if (chunk.claim >= 0) store_->unclaim_chunk(chunk.fingerprint, chunk.claim);
       }
       return opened;
     }
-    return HostArena::create_content(backend_, budget_, gate_, device, bytes, chunks, &made);
+    return HostArena::create_content(backend_, budget_, *store_, gate_, device, bytes, chunks, &made);
   };
   // Short of room: the pool and the caches give way for the new chunks' bytes (only those).
   auto attempt_with_room = [&] {
@@ -84,7 +86,7 @@ Status BackupTiers::content_copy(int device, size_t bytes, const std::vector<Fin
   // of a failed attempt is held meanwhile: its arena let its claims go.) A guess made in the
   // background (no room made) never waits: the pause that follows it would.
   const auto deadline = std::chrono::steady_clock::now() + kPatienceForChunks;
-  while (s.code == Code::kOutOfMemory && make_room && budget_.wait_while_others_make_chunks(deadline)) {
+  while (s.code == Code::kOutOfMemory && make_room && store_->wait_while_others_make_chunks(deadline)) {
     s = attempt_with_room();
   }
   // The store failing otherwise (its files: descriptors, inodes, mapping) means a private copy,
@@ -92,9 +94,9 @@ Status BackupTiers::content_copy(int device, size_t bytes, const std::vector<Fin
   if (!s.ok() && s.code != Code::kOutOfMemory && s.code != Code::kUnsupported) {
     s = Status::Error(Code::kUnsupported, "the node's store: " + s.message() + ": a private copy");
   }
-  if (s.code == Code::kUnsupported) budget_.note_store_refusal(s.message());  // host_memory() says it
+  if (s.code == Code::kUnsupported) note_store_refusal(s.message());  // host_memory() says it
   if (!s.ok()) return s;
-  budget_.note_store_refusal("");
+  note_store_refusal("");
   // Never pooled: its memory is chunks of the store (written again only by recycle()).
   *out = HostBuffer{pool_.track(std::move(made), false), 0, bytes};
   return Status::Ok();
@@ -105,9 +107,9 @@ Status BackupTiers::taken_if_named_meanwhile(int* fd, const Fingerprint& f, int*
   // had after that look may lie on either side of both. Looked for again (else two copies of
   // one chunk: the second stays its maker's own, unnamed).
   bool here = false;
-  Status s = budget_.open_chunk(f, fd, &here);
+  Status s = store_->open_chunk(f, fd, &here);
   if (s.ok() && *fd >= 0) {
-    budget_.unclaim_chunk(f, *claim);
+    store_->unclaim_chunk(f, *claim);
     *claim = -1;
   }
   return s;
@@ -122,7 +124,7 @@ Status BackupTiers::wait_for_chunk(HostArena& arena, size_t index, const Fingerp
   for (;;) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     int fd = -1;
-    Status s = budget_.wait_for_chunk(f, std::max(left, std::chrono::milliseconds(0)), &fd);
+    Status s = store_->wait_for_chunk(f, std::max(left, std::chrono::milliseconds(0)), &fd);
     if (!s.ok()) return s;
     if (fd >= 0) return arena.settle_chunk(index, fd);
     if (std::chrono::steady_clock::now() < maker_expected_until) {
@@ -130,10 +132,10 @@ Status BackupTiers::wait_for_chunk(HostArena& arena, size_t index, const Fingerp
       continue;
     }
     int claim = -1;
-    s = budget_.claim_chunk(f, &claim);
+    s = store_->claim_chunk(f, &claim);
     if (s.ok() && claim >= 0) s = taken_if_named_meanwhile(&fd, f, &claim);
     if (!s.ok()) {
-      if (claim >= 0) budget_.unclaim_chunk(f, claim);
+      if (claim >= 0) store_->unclaim_chunk(f, claim);
       return s;
     }
     if (fd >= 0) return arena.settle_chunk(index, fd);

@@ -10,7 +10,7 @@ namespace tmsl {
 Status HostArena::create_soft(std::shared_ptr<Backend> backend, HostBudget& budget, ForegroundGate& gate, int device,
                               size_t size, std::unique_ptr<HostArena>* out) {
   // One buffer: the constructor lays its ranges out, kRangeBytes each from 0, the last shorter.
-  std::unique_ptr<HostArena> arena(new HostArena(std::move(backend), budget, gate, true, device, {size}));
+  std::unique_ptr<HostArena> arena(new HostArena(std::move(backend), budget, nullptr, gate, true, device, {size}));
   arena->soft_ = true;
   arena->pieces_.clear();  // nothing to fault in: the driver makes the memory page-locked
   for (Range& range : arena->ranges_) {

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "../../csrc/api/c_api_testing.h"
+#include "../../csrc/node/chunk_store.h"
 #include "../../csrc/node/host_budget.h"
 #include "../../csrc/platform/backend.h"
 #include "../../csrc/tiers/backup.h"
@@ -457,9 +458,13 @@ struct NoLimit : tmsl::HostBudget {
   void forget(const void*) override {}
   bool ask_others_for(size_t, std::chrono::milliseconds) override { return true; }
   size_t room_with_others_caches() override { return SIZE_MAX; }
-  // A store of memfds: new chunks are memfds, publishing names nothing but says it did.
+  bool alone_on_node() override { return false; }
+};
+
+// A store of memfds: new chunks are memfds, publishing names nothing but says it did.
+struct MemfdStore : tmsl::ChunkStore {
   const tmsl::FingerprintKey* content_key() override { return nullptr; }
-  const tmsl::FingerprintKey* store_key_now() override { return nullptr; }
+  const tmsl::FingerprintKey* store_key_now(tmsl::HostBudget&) override { return nullptr; }
   tmsl::Status open_chunk(const tmsl::Fingerprint&, int* fd, bool* here) override {
     *fd = -1;
     *here = false;
@@ -489,10 +494,11 @@ struct NoLimit : tmsl::HostBudget {
     close(retired);
     ++adopted_;
   }
-  size_t store_room() override { return SIZE_MAX; }
+  size_t room() override { return SIZE_MAX; }
+  size_t room_of(int) override { return SIZE_MAX; }  // (a file that gets no pages still fails at fallocate: FullStore)
   bool wait_while_others_make_chunks(std::chrono::steady_clock::time_point) override { return false; }
-  size_t store_descriptors_left() override { return SIZE_MAX; }
-  void note_store_refusal(const std::string&) override {}
+  size_t descriptors_left() override { return SIZE_MAX; }
+  void note_refusal(const std::string&) override {}
   tmsl::Status claim_chunk(const tmsl::Fingerprint&, int* claim) override {
     *claim = -1;
     return tmsl::Status::Ok();
@@ -507,6 +513,7 @@ struct NoLimit : tmsl::HostBudget {
 
 struct CopiesFixture {
   NoLimit budget;
+  MemfdStore store;
   tmsl::ForegroundGate gate;
   std::shared_ptr<tmsl::Backend> backend{tmsl::make_host_backend(0, 2 * MiB)};
   // One arena of `count` buffers of 64 KiB on device 0, taken (note_use) when made.
@@ -537,7 +544,7 @@ void content_arena_maps_held_chunks_and_copies_into_new_ones_only() {
   chunks[1].fingerprint.lanes[0] = 1;
   CHECK(tmsl::HostArena::chunks_in(size) == 2);
   std::unique_ptr<tmsl::HostArena> made;
-  CHECK(tmsl::HostArena::create_content(f.backend, f.budget, f.gate, 0, size, chunks, &made).ok());
+  CHECK(tmsl::HostArena::create_content(f.backend, f.budget, f.store, f.gate, 0, size, chunks, &made).ok());
   if (made == nullptr) return;
   std::shared_ptr<tmsl::HostArena> arena(std::move(made));
   tmsl::HostBuffer buffer{arena, 0, size};
@@ -551,19 +558,19 @@ void content_arena_maps_held_chunks_and_copies_into_new_ones_only() {
           return tmsl::Status::Ok();
         }).ok());
   arena->publish();
-  CHECK(f.budget.published_.load() == 1 && arena->own_bytes() == 0);
+  CHECK(f.store.published_.load() == 1 && arena->own_bytes() == 0);
   const std::vector<tmsl::Fingerprint> content = arena->content();
   CHECK(content.size() == 2 && content[0] == chunks[0].fingerprint && content[1] == chunks[1].fingerprint);
   CHECK(arena->writable_parts(0, size).empty());  // published: never written again
   CHECK(buffer.data()[range] == 0x33);
   buffer = tmsl::HostBuffer();
   arena.reset();
-  CHECK(f.budget.released_.load() == 2);  // both chunks let go with the arena
+  CHECK(f.store.released_.load() == 2);  // both chunks let go with the arena
 }
 
 // A store whose new chunks cannot get their pages (as a /dev/shm filled by others between the
 // room check and the copy): /dev/zero maps, but refuses fallocate.
-struct FullStore : NoLimit {
+struct FullStore : MemfdStore {
   tmsl::Status new_chunk(size_t, int* fd) override {
     *fd = open("/dev/zero", O_RDWR | O_CLOEXEC);
     return *fd >= 0 ? tmsl::Status::Ok() : tmsl::Status::Error(tmsl::Code::kHostError, "/dev/zero");
@@ -571,7 +578,8 @@ struct FullStore : NoLimit {
 };
 
 void content_arena_without_room_in_the_store_copies_into_private_memory() {
-  FullStore budget;
+  NoLimit budget;
+  FullStore store;
   tmsl::ForegroundGate gate;
   std::shared_ptr<tmsl::Backend> backend{tmsl::make_host_backend(0, 2 * MiB)};
   const size_t range = tmsl::HostArena::kRangeBytes, size = 2 * range;
@@ -581,7 +589,7 @@ void content_arena_without_room_in_the_store_copies_into_private_memory() {
     chunks[i].fingerprint.lanes[0] = i + 1;
   }
   std::unique_ptr<tmsl::HostArena> made;
-  CHECK(tmsl::HostArena::create_content(backend, budget, gate, 0, size, chunks, &made).ok());
+  CHECK(tmsl::HostArena::create_content(backend, budget, store, gate, 0, size, chunks, &made).ok());
   if (made == nullptr) return;
   std::shared_ptr<tmsl::HostArena> arena(std::move(made));
   tmsl::HostBuffer buffer{arena, 0, size};
@@ -594,7 +602,7 @@ void content_arena_without_room_in_the_store_copies_into_private_memory() {
           }).ok());
   }
   arena->publish();
-  CHECK(budget.published_.load() == 0);  // private memory is never named
+  CHECK(store.published_.load() == 0);  // private memory is never named
   CHECK(arena->own_bytes() == size && !arena->has_shared());
   CHECK(buffer.data()[0] == 0x40 && buffer.data()[range - 1] == 0x40 && buffer.data()[range] == 0x41 &&
         buffer.data()[size - 1] == 0x41);
@@ -603,7 +611,7 @@ void content_arena_without_room_in_the_store_copies_into_private_memory() {
 // A store whose chunks can be taken back while `take_backs` lasts (node_store.h: this process
 // made them and alone holds them), and refused after (another process holds them: a replica
 // that never pauses). New bytes are claimed here (a claim is a memfd), counted.
-struct RecyclingStore : NoLimit {
+struct RecyclingStore : MemfdStore {
   int take_backs = 0;
   std::atomic<int> claims_{0}, unclaims_{0};
   tmsl::Status take_back_chunk(int, bool* taken) override {
@@ -623,7 +631,8 @@ struct RecyclingStore : NoLimit {
 };
 
 void changed_content_arena_is_recycled_only_where_every_changed_chunk_is_taken_back() {
-  RecyclingStore budget;
+  NoLimit budget;
+  RecyclingStore store;
   tmsl::ForegroundGate gate;
   std::shared_ptr<tmsl::Backend> backend{tmsl::make_host_backend(0, 2 * MiB)};
   const size_t range = tmsl::HostArena::kRangeBytes, size = 3 * range;
@@ -640,7 +649,7 @@ void changed_content_arena_is_recycled_only_where_every_changed_chunk_is_taken_b
     const auto f = fingerprints(10);
     for (size_t i = 0; i < 3; ++i) chunks[i].fingerprint = f[i];
     std::unique_ptr<tmsl::HostArena> arena;
-    CHECK(tmsl::HostArena::create_content(backend, budget, gate, 0, size, chunks, &arena).ok());
+    CHECK(tmsl::HostArena::create_content(backend, budget, store, gate, 0, size, chunks, &arena).ok());
     if (arena == nullptr) return;
     *out = std::shared_ptr<tmsl::HostArena>(std::move(arena));
     tmsl::HostBuffer buffer{*out, 0, size};
@@ -655,32 +664,32 @@ void changed_content_arena_is_recycled_only_where_every_changed_chunk_is_taken_b
   std::shared_ptr<tmsl::HostArena> arena;
   made(&arena);
   if (arena == nullptr) return;
-  CHECK(budget.published_.load() == 3 && arena->own_bytes() == 0 && arena->writable_parts(0, size).empty());
+  CHECK(store.published_.load() == 3 && arena->own_bytes() == 0 && arena->writable_parts(0, size).empty());
   // Chunks 1 and 2 changed, both taken back: the pause copies into them, then names them.
   std::vector<tmsl::Fingerprint> changed = fingerprints(10);
   changed[1].lanes[0] = 99;
   changed[2].lanes[0] = 98;
-  budget.take_backs = 2;
+  store.take_backs = 2;
   CHECK(arena->recycle(changed, std::chrono::steady_clock::now()));
   CHECK(arena->content() == changed && arena->own_bytes() == 2 * range);
   const auto parts = arena->writable_parts(0, size);
   CHECK(parts.size() == 2 && parts[0].first == range && parts[1].first == 2 * range);
   arena->publish();
-  CHECK(budget.published_.load() == 5 && arena->own_bytes() == 0 && arena->writable_parts(0, size).empty());
+  CHECK(store.published_.load() == 5 && arena->own_bytes() == 0 && arena->writable_parts(0, size).empty());
   // Changed again, but the second stays held by another process until the replicas' patience
   // ends (claimed meanwhile, so others would wait for it, then let go): nothing recycled, the
   // arena keeps saying what it holds (the bytes before the change), never reused as new.
   std::vector<tmsl::Fingerprint> again = changed;
   again[1].lanes[0] = 77;
   again[2].lanes[0] = 76;
-  budget.take_backs = 1;
+  store.take_backs = 1;
   const auto asked = std::chrono::steady_clock::now();
   CHECK(!arena->recycle(again, asked + std::chrono::milliseconds(30)));
   CHECK(std::chrono::steady_clock::now() - asked >= std::chrono::milliseconds(30));  // it waited that long
-  CHECK(budget.claims_.load() == 1 && budget.unclaims_.load() == 1 && budget.retired_.load() == 0);
+  CHECK(store.claims_.load() == 1 && store.unclaims_.load() == 1 && store.retired_.load() == 0);
   CHECK(arena->content() == changed);
   arena->publish();
-  CHECK(budget.published_.load() == 5);  // the one taken back is never named again
+  CHECK(store.published_.load() == 5);  // the one taken back is never named again
 }
 
 // Replicas whose bytes changed alike: another process made this arena's chunks. A changed
@@ -688,7 +697,8 @@ void changed_content_arena_is_recycled_only_where_every_changed_chunk_is_taken_b
 // bytes: the same file rewritten in place is adopted as it is mapped; another file is mapped
 // in its place; one nobody made is made here.
 void replicas_changed_chunks_are_retired_then_adopted_in_place_or_replaced() {
-  RecyclingStore budget;  // (take_backs 0: the chunks are another process's, held by others)
+  NoLimit budget;
+  RecyclingStore store;  // (take_backs 0: the chunks are another process's, held by others)
   tmsl::ForegroundGate gate;
   std::shared_ptr<tmsl::Backend> backend{tmsl::make_host_backend(0, 2 * MiB)};
   const size_t range = tmsl::HostArena::kRangeBytes, size = 3 * range;
@@ -704,7 +714,7 @@ void replicas_changed_chunks_are_retired_then_adopted_in_place_or_replaced() {
     chunks[i].fd = dup(files[i]);  // the store's chunk, held (read-only here)
   }
   std::unique_ptr<tmsl::HostArena> made;
-  CHECK(tmsl::HostArena::create_content(backend, budget, gate, 0, size, chunks, &made).ok());
+  CHECK(tmsl::HostArena::create_content(backend, budget, store, gate, 0, size, chunks, &made).ok());
   if (made == nullptr) return;
   std::shared_ptr<tmsl::HostArena> arena(std::move(made));
   tmsl::HostBuffer buffer{arena, 0, size};
@@ -725,7 +735,7 @@ void replicas_changed_chunks_are_retired_then_adopted_in_place_or_replaced() {
   changed[2].lanes[0] = 92;
   const auto others_by = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   CHECK(arena->recycle(changed, others_by));  // at once: nothing of its own to wait for
-  CHECK(budget.retired_.load() == 3 && budget.claims_.load() == 0);  // a maker claims, not a holder
+  CHECK(store.retired_.load() == 3 && store.claims_.load() == 0);  // a maker claims, not a holder
   CHECK(arena->pending_chunks() == std::vector<size_t>({0, 1, 2}));
   CHECK(arena->writable_parts(0, size).empty());  // nothing copied here: the makers write them
   CHECK(arena->content().empty());                // not known until they are settled
@@ -734,20 +744,20 @@ void replicas_changed_chunks_are_retired_then_adopted_in_place_or_replaced() {
   std::vector<char> fresh(range, 0x50);
   CHECK(pwrite(files[0], fresh.data(), range, 0) == static_cast<ssize_t>(range));
   CHECK(arena->settle_chunk(0, dup(files[0])).ok());
-  CHECK(budget.adopted_.load() == 1 && first_byte_of(0) == 0x50);
+  CHECK(store.adopted_.load() == 1 && first_byte_of(0) == 0x50);
   // Chunk 1 came as another file: mapped in place of the old one, page-locked at its read.
   const int other = memfd_create("another maker's chunk", MFD_CLOEXEC);
   CHECK(other >= 0 && ftruncate(other, static_cast<off_t>(range)) == 0);
   std::vector<char> elsewhere(range, 0x61);
   CHECK(pwrite(other, elsewhere.data(), range, 0) == static_cast<ssize_t>(range));
-  const int released = budget.released_.load();
+  const int released = store.released_.load();
   CHECK(arena->settle_chunk(1, other).ok());
-  CHECK(budget.released_.load() == released + 1 && budget.adopted_.load() == 1);  // the old file let go of
+  CHECK(store.released_.load() == released + 1 && store.adopted_.load() == 1);  // the old file let go of
   CHECK(first_byte_of(1) == 0x61);
   // Chunk 2: nobody made it: a new file here, for the pause to copy into and publish.
   CHECK(arena->maker_expected_until(1) == std::chrono::steady_clock::time_point{});
   CHECK(arena->make_chunk(2, -1).ok());
-  CHECK(budget.released_.load() == released + 2);
+  CHECK(store.released_.load() == released + 2);
   const auto parts = arena->writable_parts(0, size);
   CHECK(parts.size() == 1 && parts[0].first == 2 * range);
   CHECK(buffer.for_each_part(2 * range, range, [](char* host, size_t, size_t part) {
