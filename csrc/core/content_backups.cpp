@@ -94,7 +94,7 @@ void Saver::order_pending_last(std::vector<Allocation*>* batch, std::vector<Host
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_partition(order.begin(), order.end(), [&](size_t i) {
     const HostBuffer& b = (*backups)[i];
-    return !b || !b.arena->is_content() || b.arena->pending_chunks().empty();
+    return !b || b.arena->pending_chunks().empty();  // (only a content arena has any)
   });
   std::vector<Allocation*> allocations;
   std::vector<HostBuffer> copies;
@@ -109,15 +109,15 @@ void Saver::order_pending_last(std::vector<Allocation*>* batch, std::vector<Host
 Status Saver::finish_content(const std::vector<Allocation*>& batch, const std::vector<HostBuffer>& backups,
                              CopyMarks* copies, size_t i) {
   const HostBuffer& backup = backups[i];
-  if (!backup || !backup.arena->is_content()) return Status::Ok();
-  backup.arena->publish();
+  if (!backup) return Status::Ok();
+  backup.arena->publish();  // (a content arena's new chunks named: any other has none)
   const std::vector<size_t> pending = backup.arena->pending_chunks();
   if (pending.empty()) return Status::Ok();
   // Another process may be waiting for the chunks this pause makes: all named first.
   for (size_t j = i + 1; j < batch.size(); ++j) {
     Status s = copies->wait(j);
     if (!s.ok()) return with_context(s, "copying backups to the host");
-    if (backups[j] && backups[j].arena->is_content()) backups[j].arena->publish();
+    if (backups[j]) backups[j].arena->publish();
   }
   return settle_pending_chunks(*batch[i], backup, nullptr, nullptr);
 }

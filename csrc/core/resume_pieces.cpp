@@ -57,8 +57,7 @@ Status Saver::restore(const Allocation& a, const HostBuffer& copy, size_t k) {
   }
   if (copied_end > from) {
     Status s = copy.for_each_part(from, copied_end - from, [&](char* host, size_t at, size_t n) {
-      return copy.arena->is_soft() ? backend_->copy_async(a.device, a.va + at, reinterpret_cast<uintptr_t>(host), n)
-                                   : backend_->copy_from_host_async(a.device, a.va + at, host, n);
+      return copy.arena->copy_out(a.device, a.va + at, host, n);
     });
     if (!s.ok()) return with_context(s, "restoring backups");
   }

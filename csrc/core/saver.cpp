@@ -404,7 +404,7 @@ Status Saver::pause_locked(const TagSelection& selection, std::set<std::string>*
   if (!s.ok()) {
     // Chunks this pause claimed and did not name: the processes waiting for them go on at once.
     for (size_t i = done; i < backups.size(); ++i) {
-      if (backups[i] && backups[i].arena->is_content()) backups[i].arena->drop_claims();
+      if (backups[i]) backups[i].arena->drop_claims();  // (a content arena's: any other has none)
     }
   }
   if (!s.ok() && done == 0) backups.assign(batch.size(), HostBuffer());  // nothing released: none kept
@@ -495,9 +495,7 @@ Status Saver::queue_backups(std::vector<Allocation*>* batch_in, std::vector<Host
     // Into the whole copy, or into a content arena's new chunks only.
     for (const auto& [from, n] : backup.arena->writable_parts(backup.offset, backup.size)) {
       s = backup.for_each_part(from, n, [&](char* host, size_t at, size_t part) {
-        // (A soft arena is host memory the device maps: a copy between two of its ranges.)
-        return backup.arena->is_soft() ? backend_->copy_async(a.device, reinterpret_cast<uintptr_t>(host), source + at, part)
-                                       : backend_->copy_to_host_async(a.device, host, source + at, part);
+        return backup.arena->copy_in(a.device, host, source + at, part);
       });
       if (!s.ok()) break;
     }

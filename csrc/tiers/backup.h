@@ -88,6 +88,18 @@ class HostArena {
   static Status create_soft(std::shared_ptr<Backend> backend, HostBudget& budget, ForegroundGate& gate, int device,
                             size_t size, std::unique_ptr<HostArena>* out);
   bool is_soft() const { return soft_; }
+  // Queues, on the device's copy stream, the copy of `n` bytes of device memory at `va` into
+  // its memory at `host` (a place for_each_part gave), or back (copy_out), as its kind takes
+  // it: a soft arena's memory is host memory the device maps, so a copy between two device
+  // ranges; any other's a copy to or from page-locked host memory.
+  Status copy_in(int device, char* host, uintptr_t va, size_t n) const {
+    return soft_ ? backend_->copy_async(device, reinterpret_cast<uintptr_t>(host), va, n)
+                 : backend_->copy_to_host_async(device, host, va, n);
+  }
+  Status copy_out(int device, uintptr_t va, const char* host, size_t n) const {
+    return soft_ ? backend_->copy_async(device, va, reinterpret_cast<uintptr_t>(host), n)
+                 : backend_->copy_from_host_async(device, va, host, n);
+  }
   // Maps its handles at [va, va + size()) for the device as well (undone on failure): those
   // of its ranges that start in [from, to).
   Status map_at(uintptr_t va, size_t from = 0, size_t to = SIZE_MAX);
@@ -142,7 +154,7 @@ class HostArena {
 
   // A content arena's: names its new chunks in the store once the pause's copies into them
   // have landed (their bytes go from this process's budget to the store's); a chunk whose
-  // bytes another process named first stays this process's own.
+  // bytes another process named first stays this process's own. Any other arena: nothing.
   void publish();
   // Lets go of the claims of new chunks not yet named (a pause that failed: the processes
   // waiting for them make them themselves at once, and a retry here claims them again).

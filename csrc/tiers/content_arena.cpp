@@ -85,6 +85,7 @@ Status HostArena::create_content(std::shared_ptr<Backend> backend, HostBudget& b
 }
 
 void HostArena::publish() {
+  if (content_.empty()) return;  // not a content arena: nothing to name
   std::lock_guard<std::mutex> lock(mu_);
   filled_ = true;
   size_t given_back = 0;  // (to the node's ledger once, not once per chunk)
@@ -116,6 +117,7 @@ void HostArena::publish() {
 }
 
 void HostArena::drop_claims() {
+  if (content_.empty()) return;  // not a content arena: no claims
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t r = 0; r < ranges_.size(); ++r) {
     if (ranges_[r].claim_fd >= 0) store_->unclaim_chunk(content_[r], ranges_[r].claim_fd);
